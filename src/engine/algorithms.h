@@ -1,0 +1,106 @@
+// Policy-gradient math: advantage estimators, the clipped surrogate loss, KL
+// estimators, entropy and loss aggregation.
+//
+// Pure functions on tensors; no state, no I/O, safe to call from any thread.
+// Shapes: B = responses in the batch, T = response tokens (right-padded).
+// `mask` is a float tensor [B, T] with 1 on response tokens (eos included)
+// and 0 on padding. Formulas follow verl's core_algos where it has one, so
+// results can be compared; each function's comment states its formula.
+#ifndef FUSIONRL_ENGINE_ALGORITHMS_H_
+#define FUSIONRL_ENGINE_ALGORITHMS_H_
+
+#include <string_view>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/statusor.h"
+
+namespace fusionrl::algo {
+
+enum class AggMode {
+  kTokenMean,            // sum(loss * mask) / num_tokens
+  kSeqMeanTokenMean,     // mean over seqs of (per-seq token mean)
+  kSeqMeanTokenSum,      // mean over seqs of (per-seq token sum)
+  kSeqMeanTokenSumNorm,  // sum(loss * mask) / (num_seqs * max_len) (Dr.GRPO)
+};
+absl::StatusOr<AggMode> ParseAggMode(std::string_view name);
+
+enum class KlEstimator { kK1, kK2, kK3 };
+absl::StatusOr<KlEstimator> ParseKlEstimator(std::string_view name);
+
+// Denominators for AggLoss. When a batch is split into micro-batches, pass the
+// whole batch's values so that the micro-batch losses add up to exactly the
+// full-batch loss (and so do their gradients). A value <= 0 means "take it
+// from this call's mask": num_tokens = mask.sum(), num_seqs = B,
+// max_len = T.
+struct AggNorm {
+  double num_tokens = 0;
+  double num_seqs = 0;
+  double max_len = 0;
+};
+
+// Reduces a per-token loss matrix [B, T] to a scalar, per `mode`.
+// Sequences with no valid token contribute 0 to the seq-mean modes (their
+// per-seq mean is taken as 0) but still count in num_seqs.
+at::Tensor AggLoss(const at::Tensor& loss_mat, const at::Tensor& mask,
+                   AggMode mode, const AggNorm& norm = {});
+
+// GRPO: scores [B] laid out group-major (response i of group g at
+// g * group_size + i). adv = (s - mean_g) / (std_g + eps) with the unbiased
+// std, or s - mean_g when !norm_by_std (Dr.GRPO). A group of size 1 gets
+// mean 0 and std 1 (as verl). Returns [B].
+at::Tensor GrpoAdvantages(const at::Tensor& scores, int group_size,
+                          bool norm_by_std, double eps = 1e-6);
+
+// RLOO: adv_i = s_i - mean_{j != i} s_j within each group (group_size >= 2;
+// a group of 1 gets advantage 0). Returns [B].
+at::Tensor RlooAdvantages(const at::Tensor& scores, int group_size);
+
+// Masked whitening: (x - mean) / sqrt(var + eps) over mask == 1 entries, with
+// the unbiased variance (verl's masked_whiten); masked-out entries become 0.
+at::Tensor MaskedWhiten(const at::Tensor& values, const at::Tensor& mask,
+                        double eps = 1e-8);
+
+// REINFORCE++: token_rewards [B, T] (the outcome score on each sequence's
+// last valid token, minus any per-token KL penalty). Discounted returns
+// G_t = r_t + gamma * G_{t+1} (reset past the mask), then whitened over the
+// batch. Returns [B, T], 0 on padding.
+at::Tensor ReinforcePlusPlusAdvantages(const at::Tensor& token_rewards,
+                                       const at::Tensor& mask, double gamma);
+
+// Per-token KL estimate between the policy (logp) and the reference (ref_logp),
+// both [B, T] log-probs of the sampled tokens:
+//   k1 = logp - ref_logp
+//   k2 = 0.5 * (logp - ref_logp)^2
+//   k3 = exp(ref - logp) - (ref - logp) - 1, with ref - logp clamped to
+//        [-20, 20] and the result clamped to [-10, 10]
+at::Tensor KlPenalty(const at::Tensor& logp, const at::Tensor& ref_logp,
+                     KlEstimator estimator);
+
+// Entropy of softmax(logits) along the last dim:
+// logsumexp(l) - sum(softmax(l) * l). logits [..., V] -> [...].
+at::Tensor EntropyFromLogits(const at::Tensor& logits);
+
+struct PolicyLossResult {
+  at::Tensor loss;             // scalar, aggregated per mode
+  at::Tensor clip_frac;        // fraction of tokens where clipping bound
+  at::Tensor dual_clip_frac;   // fraction of tokens where the dual clip bound
+  at::Tensor approx_kl;        // token-mean of (old_logp - logp)
+};
+
+// PPO clipped surrogate with asymmetric clip and dual clip:
+//   ratio = exp(clamp(logp - old_logp, -20, 20))
+//   l1 = -A * ratio;  l2 = -A * clamp(ratio, 1 - clip_low, 1 + clip_high)
+//   l_clip = max(l1, l2)
+//   l_dual = min(-A * clip_c, l_clip)        (used where A < 0)
+//   loss = agg(A < 0 ? l_dual : l_clip)
+// clip_c <= 1 disables the dual clip. advantages are [B, T].
+PolicyLossResult PpoClipLoss(const at::Tensor& logp, const at::Tensor& old_logp,
+                             const at::Tensor& advantages,
+                             const at::Tensor& mask, double clip_low,
+                             double clip_high, double clip_c, AggMode mode,
+                             const AggNorm& norm = {});
+
+}  // namespace fusionrl::algo
+
+#endif  // FUSIONRL_ENGINE_ALGORITHMS_H_
