@@ -105,6 +105,9 @@ struct RunConfig {
 struct SftConfig {
   int steps = 300;              // optimizer steps
   int batch_size = 64;          // sequences per step
+  double lr = 1e-3;             // peak learning rate (AdamW; optim.* betas,
+                                //   eps, weight_decay, grad_clip apply)
+  int warmup_steps = 20;        // linear warm-up of the lr from 0
   int eval_every = 100;         // greedy eval period; 0 = only at the end
 };
 

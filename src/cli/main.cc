@@ -1,1 +1,122 @@
-int main() { return 0; }
+// fusionrl: the command-line entry point.
+//
+//   fusionrl run  <job.yaml> [--output-dir DIR] [--set key.path=value ...]
+//   fusionrl sft  <job.yaml> [--output-dir DIR] [--set key.path=value ...]
+//   fusionrl eval <job.yaml> [--checkpoint DIR] [--set key.path=value ...]
+//   fusionrl validate <job.yaml> [--set key.path=value ...]
+//
+// Exit codes: 0 success; 2 bad input (config file, key, value, a missing or
+// mismatching file, command-line usage); 1 the job failed while running.
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "fusionrl/config.h"
+#include "fusionrl/job.h"
+#include "spdlog/spdlog.h"
+
+namespace {
+
+constexpr int kExitFailure = 1;
+constexpr int kExitBadInput = 2;
+
+int ExitCodeFor(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+      return kExitBadInput;
+    default:
+      return kExitFailure;
+  }
+}
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "fusionrl: error: %s\n",
+               std::string(status.message()).c_str());
+  return ExitCodeFor(status);
+}
+
+struct JobArgs {
+  std::string config_path;
+  std::string output_dir;
+  std::string checkpoint;
+  std::vector<std::string> overrides;
+};
+
+void AddJobArgs(CLI::App* cmd, JobArgs* args, bool with_output_dir) {
+  cmd->add_option("config", args->config_path, "job YAML file")->required();
+  if (with_output_dir) {
+    cmd->add_option("--output-dir,-o", args->output_dir,
+                    "write metrics, checkpoints and summary.json here "
+                    "(overrides output_dir)");
+  }
+  cmd->add_option("--set", args->overrides,
+                  "override a config key: key.path=value (repeatable)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+}
+
+absl::StatusOr<fusionrl::JobConfig> LoadConfig(const JobArgs& args) {
+  std::vector<std::string> overrides = args.overrides;
+  auto config = fusionrl::LoadJobConfig(args.config_path, overrides);
+  if (!config.ok()) return config.status();
+  if (!args.output_dir.empty()) config->output_dir = args.output_dir;
+  if (!args.checkpoint.empty()) config->init_checkpoint = args.checkpoint;
+  absl::Status valid = fusionrl::ValidateJobConfig(*config);
+  if (!valid.ok()) return valid;
+  return config;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  spdlog::set_pattern("[%H:%M:%S] %v");
+  CLI::App app{"FusionRL: reinforcement-learning post-training of language "
+               "models"};
+  app.require_subcommand(1);
+  JobArgs args;
+  CLI::App* run = app.add_subcommand("run", "run an RL job (synchronous "
+                                            "on-policy loop)");
+  AddJobArgs(run, &args, true);
+  CLI::App* sft = app.add_subcommand("sft", "supervised warm start on the "
+                                            "task's reference solutions");
+  AddJobArgs(sft, &args, true);
+  CLI::App* eval = app.add_subcommand(
+      "eval", "greedy accuracy of a checkpoint on the held-out split");
+  AddJobArgs(eval, &args, false);
+  eval->add_option("--checkpoint,-c", args.checkpoint,
+                   "checkpoint directory (overrides init_checkpoint)");
+  CLI::App* validate = app.add_subcommand(
+      "validate", "check a job file and print the resolved config");
+  AddJobArgs(validate, &args, false);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : kExitBadInput;
+  }
+
+  auto config = LoadConfig(args);
+  if (!config.ok()) return Fail(config.status());
+
+  if (validate->parsed()) {
+    std::cout << fusionrl::JobConfigToYaml(*config);
+    return 0;
+  }
+  if (eval->parsed()) {
+    auto accuracy = fusionrl::EvaluateJob(*config);
+    if (!accuracy.ok()) return Fail(accuracy.status());
+    std::cout << "eval_accuracy " << *accuracy << "\n";
+    return 0;
+  }
+  auto summary = sft->parsed() ? fusionrl::RunSftJob(*config)
+                               : fusionrl::RunRlJob(*config);
+  if (!summary.ok()) return Fail(summary.status());
+  std::cout << summary->summary_path << "\n";
+  return 0;
+}

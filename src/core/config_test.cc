@@ -1,0 +1,709 @@
+#include "fusionrl/config.h"
+
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace fusionrl {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::StartsWith;
+
+// A file under the test temp dir with `content`; returns its path.
+std::string WriteTempFile(const std::string& name, const std::string& content) {
+  const std::string path =
+      absl::StrCat(testing::TempDir(), "/fusionrl_config_test_", name);
+  std::ofstream(path) << content;
+  return path;
+}
+
+// A path under the test temp dir that does not exist.
+std::string MissingPath(const std::string& name) {
+  return absl::StrCat(testing::TempDir(), "/fusionrl_config_test_no_such_dir/",
+                      name);
+}
+
+// Every field is emitted and doubles are exact, so equal YAML means equal
+// configs.
+void ExpectSameConfig(const JobConfig& a, const JobConfig& b) {
+  EXPECT_EQ(JobConfigToYaml(a), JobConfigToYaml(b));
+  EXPECT_EQ(a.source_path, b.source_path);
+}
+
+// Parses `yaml` as "job.yaml" and expects an error with `code` whose message
+// contains every fragment.
+void ExpectError(const std::string& yaml, absl::StatusCode code,
+                 const std::vector<std::string>& fragments,
+                 const std::vector<std::string>& overrides = {}) {
+  SCOPED_TRACE(yaml);
+  absl::StatusOr<JobConfig> config =
+      ParseJobConfig(yaml, "job.yaml", overrides);
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), code) << config.status();
+  const std::string message(config.status().message());
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  for (const std::string& fragment : fragments) {
+    EXPECT_THAT(message, HasSubstr(fragment));
+  }
+}
+
+TEST(ConfigTest, DefaultConfigIsValid) {
+  EXPECT_TRUE(ValidateJobConfig(JobConfig{}).ok());
+}
+
+TEST(ConfigTest, EmptyTextGivesDefaults) {
+  absl::StatusOr<JobConfig> config = ParseJobConfig("", "job.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  JobConfig expected;
+  expected.source_path = "job.yaml";
+  ExpectSameConfig(*config, expected);
+}
+
+TEST(ConfigTest, CommentsOnlyGiveDefaults) {
+  absl::StatusOr<JobConfig> config =
+      ParseJobConfig("# nothing here\n\n   # at all\n", "job.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  JobConfig expected;
+  expected.source_path = "job.yaml";
+  ExpectSameConfig(*config, expected);
+}
+
+TEST(ConfigTest, EmptySectionsAndNullStringsAreAccepted) {
+  absl::StatusOr<JobConfig> config = ParseJobConfig(
+      "init_checkpoint:\nmodel:\n  # all defaults\ntask:\n  reward: ~\n",
+      "job.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->init_checkpoint, "");
+  EXPECT_EQ(config->model.d_model, 128);
+  EXPECT_EQ(config->task.reward, "");
+}
+
+TEST(ConfigTest, LoadsEveryField) {
+  const std::string ckpt = WriteTempFile("every_ckpt.pt", "x");
+  const std::string train = WriteTempFile("every_train.jsonl", "{}\n");
+  const std::string eval = WriteTempFile("every_eval.jsonl", "{}\n");
+  const std::string yaml = absl::StrCat(R"(
+name: my job
+seed: 7
+device: cuda:1
+num_threads: 8
+output_dir: runs/my job
+init_checkpoint: )",
+                                        ckpt, R"(
+model:
+  d_model: 64
+  n_layers: 2
+  n_heads: 2
+  d_ff: 256
+  max_seq_len: 96
+  rope_theta: 500000.0
+  norm_eps: 1.0e-6
+  init_std: 0.01
+task:
+  name: jsonl
+  seed: -5
+  eval_size: 50
+  min_digits: 2
+  max_digits: 5
+  num_operands: 4
+  max_operand: 99
+  train_path: )",
+                                        train, R"(
+  eval_path: )",
+                                        eval, R"(
+  reward: exact_match
+rollout:
+  prompts_per_step: 32
+  group_size: 4
+  max_new_tokens: 24
+  temperature: 0.7
+  top_k: 50
+  top_p: 0.95
+algorithm:
+  adv_estimator: rloo
+  norm_adv_by_std: false
+  gamma: 0.99
+  clip_ratio_low: 0.1
+  clip_ratio_high: 0.28
+  clip_ratio_c: 10
+  loss_agg_mode: seq-mean-token-sum-norm
+  kl_coef: 0.05
+  kl_estimator: k2
+  kl_mode: reward
+  entropy_coef: 0.001
+  ppo_epochs: 3
+optim:
+  lr: 3e-4
+  weight_decay: 0.1
+  beta1: 0.8
+  beta2: 0.95
+  eps: 1e-6
+  grad_clip: 0
+  warmup_steps: 10
+  mini_batch_size: 32
+  micro_batch_size: 16
+run:
+  total_steps: 500
+  eval_every: 25
+  checkpoint_every: 100
+  log_every: 5
+sft:
+  steps: 1000
+  batch_size: 128
+  lr: 5e-4
+  warmup_steps: 7
+  eval_every: 200
+)");
+  absl::StatusOr<JobConfig> config = ParseJobConfig(yaml, "full.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const JobConfig& c = *config;
+  EXPECT_EQ(c.name, "my job");
+  EXPECT_EQ(c.source_path, "full.yaml");
+  EXPECT_EQ(c.seed, 7);
+  EXPECT_EQ(c.device, "cuda:1");
+  EXPECT_EQ(c.num_threads, 8);
+  EXPECT_EQ(c.output_dir, "runs/my job");
+  EXPECT_EQ(c.init_checkpoint, ckpt);
+  EXPECT_EQ(c.model.d_model, 64);
+  EXPECT_EQ(c.model.n_layers, 2);
+  EXPECT_EQ(c.model.n_heads, 2);
+  EXPECT_EQ(c.model.d_ff, 256);
+  EXPECT_EQ(c.model.max_seq_len, 96);
+  EXPECT_EQ(c.model.rope_theta, 500000.0);
+  EXPECT_EQ(c.model.norm_eps, 1.0e-6);
+  EXPECT_EQ(c.model.init_std, 0.01);
+  EXPECT_EQ(c.task.name, "jsonl");
+  EXPECT_EQ(c.task.seed, -5);
+  EXPECT_EQ(c.task.eval_size, 50);
+  EXPECT_EQ(c.task.min_digits, 2);
+  EXPECT_EQ(c.task.max_digits, 5);
+  EXPECT_EQ(c.task.num_operands, 4);
+  EXPECT_EQ(c.task.max_operand, 99);
+  EXPECT_EQ(c.task.train_path, train);
+  EXPECT_EQ(c.task.eval_path, eval);
+  EXPECT_EQ(c.task.reward, "exact_match");
+  EXPECT_EQ(c.rollout.prompts_per_step, 32);
+  EXPECT_EQ(c.rollout.group_size, 4);
+  EXPECT_EQ(c.rollout.max_new_tokens, 24);
+  EXPECT_EQ(c.rollout.temperature, 0.7);
+  EXPECT_EQ(c.rollout.top_k, 50);
+  EXPECT_EQ(c.rollout.top_p, 0.95);
+  EXPECT_EQ(c.algorithm.adv_estimator, "rloo");
+  EXPECT_FALSE(c.algorithm.norm_adv_by_std);
+  EXPECT_EQ(c.algorithm.gamma, 0.99);
+  EXPECT_EQ(c.algorithm.clip_ratio_low, 0.1);
+  EXPECT_EQ(c.algorithm.clip_ratio_high, 0.28);
+  EXPECT_EQ(c.algorithm.clip_ratio_c, 10.0);
+  EXPECT_EQ(c.algorithm.loss_agg_mode, "seq-mean-token-sum-norm");
+  EXPECT_EQ(c.algorithm.kl_coef, 0.05);
+  EXPECT_EQ(c.algorithm.kl_estimator, "k2");
+  EXPECT_EQ(c.algorithm.kl_mode, "reward");
+  EXPECT_EQ(c.algorithm.entropy_coef, 0.001);
+  EXPECT_EQ(c.algorithm.ppo_epochs, 3);
+  EXPECT_EQ(c.optim.lr, 3e-4);
+  EXPECT_EQ(c.optim.weight_decay, 0.1);
+  EXPECT_EQ(c.optim.beta1, 0.8);
+  EXPECT_EQ(c.optim.beta2, 0.95);
+  EXPECT_EQ(c.optim.eps, 1e-6);
+  EXPECT_EQ(c.optim.grad_clip, 0.0);
+  EXPECT_EQ(c.optim.warmup_steps, 10);
+  EXPECT_EQ(c.optim.mini_batch_size, 32);
+  EXPECT_EQ(c.optim.micro_batch_size, 16);
+  EXPECT_EQ(c.run.total_steps, 500);
+  EXPECT_EQ(c.run.eval_every, 25);
+  EXPECT_EQ(c.run.checkpoint_every, 100);
+  EXPECT_EQ(c.run.log_every, 5);
+  EXPECT_EQ(c.sft.steps, 1000);
+  EXPECT_EQ(c.sft.batch_size, 128);
+  EXPECT_EQ(c.sft.lr, 5e-4);
+  EXPECT_EQ(c.sft.warmup_steps, 7);
+  EXPECT_EQ(c.sft.eval_every, 200);
+}
+
+TEST(ConfigTest, LoadJobConfigReadsFileAndSetsSourcePath) {
+  const std::string path =
+      WriteTempFile("load.yaml", "name: from_file\nrollout:\n  top_k: 5\n");
+  absl::StatusOr<JobConfig> config = LoadJobConfig(path, {"rollout.top_k=7"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->name, "from_file");
+  EXPECT_EQ(config->rollout.top_k, 7);
+  EXPECT_EQ(config->source_path, path);
+}
+
+TEST(ConfigTest, LoadJobConfigReportsMissingFile) {
+  const std::string path = MissingPath("missing.yaml");
+  absl::StatusOr<JobConfig> config = LoadJobConfig(path);
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(std::string(config.status().message()),
+            absl::StrCat(path,
+                         ": cannot open config file (No such file or "
+                         "directory)"));
+}
+
+TEST(ConfigTest, LoadJobConfigErrorsNameTheFile) {
+  const std::string path =
+      WriteTempFile("bad.yaml", "rollout:\n  temperature: hot\n");
+  absl::StatusOr<JobConfig> config = LoadJobConfig(path);
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(config.status().message()),
+            absl::StrCat(path,
+                         ": rollout.temperature: expected a number, got "
+                         "'hot'"));
+}
+
+TEST(ConfigTest, RejectsTopLevelNonMap) {
+  ExpectError("3\n", absl::StatusCode::kInvalidArgument,
+              {"job.yaml: ", "expected a map", "'3'"});
+  ExpectError("- a\n- b\n", absl::StatusCode::kInvalidArgument,
+              {"job.yaml: ", "expected a map", "a sequence"});
+}
+
+TEST(ConfigTest, RejectsMultipleDocuments) {
+  ExpectError("name: a\n---\nname: b\n", absl::StatusCode::kInvalidArgument,
+              {"job.yaml: ", "one YAML document"});
+}
+
+TEST(ConfigTest, RejectsUnknownKeyWithSuggestion) {
+  absl::StatusOr<JobConfig> config =
+      ParseJobConfig("rollout:\n  temprature: 0.7\n", "job.yaml");
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(config.status().message()),
+            "job.yaml: rollout.temprature: unknown key (did you mean "
+            "'temperature'?)");
+  ExpectError("nmae: x\n", absl::StatusCode::kInvalidArgument,
+              {"job.yaml: nmae: unknown key (did you mean 'name'?)"});
+  ExpectError("modle:\n  d_model: 64\n", absl::StatusCode::kInvalidArgument,
+              {"job.yaml: modle: unknown key (did you mean 'model'?)"});
+  ExpectError("optim:\n  betta2: 0.9\n", absl::StatusCode::kInvalidArgument,
+              {"job.yaml: optim.betta2: unknown key (did you mean 'beta2'?)"});
+}
+
+TEST(ConfigTest, RejectsUnknownKeyListingKnownKeys) {
+  ExpectError("run:\n  wallclock_limit: 5\n",
+              absl::StatusCode::kInvalidArgument,
+              {"job.yaml: run.wallclock_limit: unknown key",
+               "total_steps, eval_every, checkpoint_every, log_every"});
+}
+
+TEST(ConfigTest, RejectsDuplicateKey) {
+  ExpectError("model:\n  d_model: 64\n  d_model: 32\n",
+              absl::StatusCode::kInvalidArgument,
+              {"job.yaml: model.d_model: duplicate key"});
+}
+
+TEST(ConfigTest, RejectsWrongTypes) {
+  struct Case {
+    std::string yaml;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"rollout:\n  temperature: hot\n",
+       "job.yaml: rollout.temperature: expected a number, got 'hot'"},
+      {"rollout:\n  temperature: [1]\n",
+       "job.yaml: rollout.temperature: expected a number, got a sequence"},
+      {"rollout:\n  temperature: .nan\n",
+       "job.yaml: rollout.temperature: expected a finite number, got '.nan'"},
+      {"model:\n  d_model: 1.5\n",
+       "job.yaml: model.d_model: expected an integer, got '1.5'"},
+      {"model:\n  d_model:\n",
+       "job.yaml: model.d_model: expected an integer, got an empty value"},
+      {"model:\n  d_model: 99999999999\n",
+       "job.yaml: model.d_model: integer out of range, got 99999999999"},
+      {"seed: 99999999999999999999\n",
+       "job.yaml: seed: expected an integer, got '99999999999999999999'"},
+      {"algorithm:\n  norm_adv_by_std: yes\n",
+       "job.yaml: algorithm.norm_adv_by_std: expected true or false, got "
+       "'yes'"},
+      {"algorithm:\n  norm_adv_by_std: 1\n",
+       "job.yaml: algorithm.norm_adv_by_std: expected true or false, got "
+       "'1'"},
+      {"name: [a, b]\n", "job.yaml: name: expected a string, got a sequence"},
+      {"task:\n  name: {a: 1}\n",
+       "job.yaml: task.name: expected a string, got a map"},
+      {"model: 3\n", "job.yaml: model: expected a map, got '3'"},
+      {"sft: [1, 2]\n", "job.yaml: sft: expected a map, got a sequence"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.yaml);
+    absl::StatusOr<JobConfig> config = ParseJobConfig(c.yaml, "job.yaml");
+    ASSERT_FALSE(config.ok());
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(std::string(config.status().message()), c.message);
+  }
+}
+
+TEST(ConfigTest, AcceptsYamlBoolSpellingsAndQuotedNumbers) {
+  absl::StatusOr<JobConfig> config = ParseJobConfig(
+      "algorithm:\n  norm_adv_by_std: False\nrollout:\n  temperature: '0.5'\n"
+      "  top_k: +3\n",
+      "job.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->algorithm.norm_adv_by_std);
+  EXPECT_EQ(config->rollout.temperature, 0.5);
+  EXPECT_EQ(config->rollout.top_k, 3);
+}
+
+TEST(ConfigTest, RejectsOutOfRangeValue) {
+  absl::StatusOr<JobConfig> config =
+      ParseJobConfig("rollout:\n  top_p: 1.5\n", "job.yaml");
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(config.status().message()),
+            "job.yaml: rollout.top_p: must be in (0, 1], got 1.5");
+}
+
+TEST(ConfigTest, RejectsEnumOutsideSet) {
+  absl::StatusOr<JobConfig> config =
+      ParseJobConfig("algorithm:\n  adv_estimator: ppo2\n", "job.yaml");
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(config.status().message()),
+            "job.yaml: algorithm.adv_estimator: must be one of grpo, rloo, "
+            "reinforce_pp; got 'ppo2'");
+}
+
+TEST(ConfigTest, ReportsYamlSyntaxErrorWithLineAndColumn) {
+  absl::StatusOr<JobConfig> config = ParseJobConfig(
+      "name: a\nmodel:\n  d_model: 64\n    n_layers: 2\n", "job.yaml");
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(config.status().message()),
+              StartsWith("job.yaml:4:"));
+  EXPECT_THAT(std::string(config.status().message()),
+              HasSubstr(": invalid YAML: "));
+  ExpectError("rollout: [1, 2\n", absl::StatusCode::kInvalidArgument,
+              {"job.yaml:", "invalid YAML: end of sequence flow not found"});
+}
+
+TEST(ConfigTest, RejectsMissingInitCheckpoint) {
+  const std::string ckpt = MissingPath("x.pt");
+  absl::StatusOr<JobConfig> config =
+      ParseJobConfig(absl::StrCat("init_checkpoint: ", ckpt, "\n"), "job.yaml");
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(
+      std::string(config.status().message()),
+      absl::StrCat("job.yaml: init_checkpoint: file not found: '", ckpt, "'"));
+}
+
+TEST(ConfigTest, RejectsMissingTaskFiles) {
+  const std::string train = WriteTempFile("task_train.jsonl", "{}\n");
+  ExpectError(absl::StrCat("task:\n  name: jsonl\n  train_path: ",
+                           MissingPath("t.jsonl"), "\n"),
+              absl::StatusCode::kNotFound,
+              {"job.yaml: task.train_path: file not found: '", "t.jsonl'"});
+  ExpectError(absl::StrCat("task:\n  name: jsonl\n  train_path: ", train,
+                           "\n  eval_path: ", MissingPath("e.jsonl"), "\n"),
+              absl::StatusCode::kNotFound,
+              {"job.yaml: task.eval_path: file not found: '", "e.jsonl'"});
+  absl::StatusOr<JobConfig> config = ParseJobConfig(
+      absl::StrCat("task:\n  name: jsonl\n  train_path: ", train, "\n"),
+      "job.yaml");
+  EXPECT_TRUE(config.ok()) << config.status();
+}
+
+TEST(ConfigTest, JsonlTaskRequiresTrainPath) {
+  ExpectError("task:\n  name: jsonl\n", absl::StatusCode::kInvalidArgument,
+              {"job.yaml: task.train_path: required when task.name is jsonl"});
+}
+
+TEST(ConfigTest, AppliesOverridesInOrder) {
+  absl::StatusOr<JobConfig> config = ParseJobConfig(
+      absl::StrCat("init_checkpoint: ", MissingPath("gone.pt"),
+                   "\nrollout:\n  temperature: 1.0\n"),
+      "job.yaml",
+      {"rollout.temperature=0.7", "task.name=reverse",
+       "init_checkpoint=", "model.n_layers=2", "model.n_layers=3",
+       "name='a: b'", " seed = 42", "algorithm.norm_adv_by_std=false"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rollout.temperature, 0.7);
+  EXPECT_EQ(config->task.name, "reverse");
+  EXPECT_EQ(config->init_checkpoint, "");
+  EXPECT_EQ(config->model.n_layers, 3);
+  EXPECT_EQ(config->name, "a: b");
+  EXPECT_EQ(config->seed, 42);
+  EXPECT_FALSE(config->algorithm.norm_adv_by_std);
+  EXPECT_EQ(config->model.d_model, 128);  // untouched
+}
+
+TEST(ConfigTest, OverrideCanReplaceAWholeSection) {
+  absl::StatusOr<JobConfig> config =
+      ParseJobConfig("", "job.yaml", {"optim={lr: 0.5, eps: 1e-6}"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->optim.lr, 0.5);
+  EXPECT_EQ(config->optim.eps, 1e-6);
+}
+
+TEST(ConfigTest, RejectsOverrideWithUnknownKey) {
+  absl::StatusOr<JobConfig> config =
+      ParseJobConfig("", "job.yaml", {"rollout.temprature=0.7"});
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(config.status().message()),
+            "--set rollout.temprature=0.7: unknown key (did you mean "
+            "'temperature'?)");
+  ExpectError("", absl::StatusCode::kInvalidArgument,
+              {"--set rolout.temperature=0.7: rolout: unknown key (did you "
+               "mean 'rollout'?)"},
+              {"rolout.temperature=0.7"});
+}
+
+TEST(ConfigTest, RejectsOverrideWithBadSyntax) {
+  for (const char* o : {"foo", "=1", "a..b=1", "model.=3"}) {
+    SCOPED_TRACE(o);
+    absl::StatusOr<JobConfig> config = ParseJobConfig("", "job.yaml", {o});
+    ASSERT_FALSE(config.ok());
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(std::string(config.status().message()),
+              absl::StrCat("--set ", o, ": expected key.path=value"));
+  }
+  ExpectError("", absl::StatusCode::kInvalidArgument,
+              {"--set name=[a: invalid YAML value"}, {"name=[a"});
+}
+
+TEST(ConfigTest, RejectsOverrideWithWrongType) {
+  absl::StatusOr<JobConfig> config =
+      ParseJobConfig("", "job.yaml", {"rollout.temperature=hot"});
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(config.status().message()),
+            "--set rollout.temperature=hot: expected a number, got 'hot'");
+  ExpectError("", absl::StatusCode::kInvalidArgument,
+              {"--set model=3: expected a map, got '3'"}, {"model=3"});
+  ExpectError("", absl::StatusCode::kInvalidArgument,
+              {"--set seed.x=1: seed: expected an integer, got a map"},
+              {"seed.x=1"});
+}
+
+TEST(ConfigTest, RangeErrorsBlameTheOverride) {
+  ExpectError("", absl::StatusCode::kInvalidArgument,
+              {"--set rollout.top_p=1.5: must be in (0, 1], got 1.5"},
+              {"rollout.top_p=1.5"});
+  ExpectError("", absl::StatusCode::kNotFound,
+              {"--set init_checkpoint=", ": file not found: '"},
+              {absl::StrCat("init_checkpoint=", MissingPath("o.pt"))});
+  // A range error in the file that an override does not touch.
+  ExpectError("rollout:\n  top_k: -1\n", absl::StatusCode::kInvalidArgument,
+              {"job.yaml: rollout.top_k: must be >= 0, got -1"},
+              {"rollout.top_p=0.5"});
+}
+
+TEST(ConfigTest, RoundTripsThroughYaml) {
+  JobConfig c;
+  c.source_path = "rt.yaml";
+  c.name = "run: 1 # not a comment";
+  c.output_dir = "runs/with spaces/and:colon";
+  c.device = "cuda:0";
+  c.seed = 1234567890123LL;
+  c.model.norm_eps = 1e-5;
+  c.model.init_std = 1.0 / 3.0;
+  c.model.rope_theta = 1e6;
+  c.task.name = "null";
+  c.task.reward = "true";
+  c.task.seed = -3;
+  c.rollout.temperature = 0.1 + 0.2;  // 0.30000000000000004
+  c.rollout.top_p = 0.9;
+  c.algorithm.norm_adv_by_std = false;
+  c.algorithm.clip_ratio_high = 0.28;
+  c.algorithm.gamma = 0.0;
+  c.optim.lr = 3e-4;
+  c.optim.eps = 1e-300;
+  c.optim.beta2 = 0.999999999999;
+  c.run.eval_every = 0;
+  c.sft.steps = 0;
+  c.sft.lr = 2.5e-3;
+
+  const std::string yaml = JobConfigToYaml(c);
+  absl::StatusOr<JobConfig> back = ParseJobConfig(yaml, "rt.yaml");
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << yaml;
+  ExpectSameConfig(*back, c);
+  EXPECT_EQ(back->name, c.name);
+  EXPECT_EQ(back->output_dir, c.output_dir);
+  EXPECT_EQ(back->seed, c.seed);
+  EXPECT_EQ(back->model.norm_eps, c.model.norm_eps);
+  EXPECT_EQ(back->model.init_std, c.model.init_std);
+  EXPECT_EQ(back->task.name, "null");
+  EXPECT_EQ(back->task.reward, "true");
+  EXPECT_EQ(back->rollout.temperature, c.rollout.temperature);
+  EXPECT_EQ(back->optim.eps, c.optim.eps);
+  EXPECT_EQ(back->optim.beta2, c.optim.beta2);
+  EXPECT_FALSE(back->algorithm.norm_adv_by_std);
+}
+
+TEST(ConfigTest, ToYamlIsReadable) {
+  const std::string yaml = JobConfigToYaml(JobConfig{});
+  EXPECT_THAT(yaml, HasSubstr("clip_ratio_low: 0.2\n"));
+  EXPECT_THAT(yaml, HasSubstr("norm_eps: 1e-05\n"));
+  EXPECT_THAT(yaml, HasSubstr("temperature: 1.0\n"));
+  EXPECT_THAT(yaml, HasSubstr("rope_theta: 10000.0\n"));
+  EXPECT_THAT(yaml, HasSubstr("init_checkpoint: \"\"\n"));
+  EXPECT_THAT(yaml, HasSubstr("rollout:\n  prompts_per_step: 16\n"));
+  EXPECT_THAT(yaml, HasSubstr("sft:\n  steps: 300\n"));
+  EXPECT_THAT(yaml, Not(HasSubstr("source_path")));
+  // The defaults round-trip too.
+  absl::StatusOr<JobConfig> back = ParseJobConfig(yaml, "");
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectSameConfig(*back, JobConfig{});
+}
+
+TEST(ConfigTest, ValidateChecksRanges) {
+  struct Case {
+    std::function<void(JobConfig&)> mutate;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](JobConfig& c) { c.seed = -1; }, "seed: must be >= 0, got -1"},
+      {[](JobConfig& c) { c.num_threads = 0; },
+       "num_threads: must be in [1, 1024], got 0"},
+      {[](JobConfig& c) { c.num_threads = 2000; },
+       "num_threads: must be in [1, 1024], got 2000"},
+      {[](JobConfig& c) { c.device = "gpu"; },
+       "device: must be cpu, cuda, cuda:<index> or mps; got 'gpu'"},
+      {[](JobConfig& c) { c.device = "cuda:"; },
+       "device: must be cpu, cuda, cuda:<index> or mps; got 'cuda:'"},
+      {[](JobConfig& c) { c.device = ""; }, "device: must not be empty"},
+      {[](JobConfig& c) { c.name = ""; }, "name: must not be empty"},
+      {[](JobConfig& c) { c.output_dir = ""; },
+       "output_dir: must not be empty"},
+      {[](JobConfig& c) { c.model.d_model = 4; },
+       "model.d_model: must be >= 8, got 4"},
+      {[](JobConfig& c) { c.model.d_model = 130; },
+       "model.d_model: must be divisible by model.n_heads (4), got 130"},
+      {[](JobConfig& c) { c.model.d_model = 12; },
+       "model.d_model: head size model.d_model / model.n_heads must be even"},
+      {[](JobConfig& c) { c.model.max_seq_len = 1; },
+       "model.max_seq_len: must be >= 2, got 1"},
+      {[](JobConfig& c) { c.model.norm_eps = 0; },
+       "model.norm_eps: must be > 0, got 0"},
+      {[](JobConfig& c) { c.model.rope_theta = -1; },
+       "model.rope_theta: must be > 0, got -1"},
+      {[](JobConfig& c) { c.task.name = ""; }, "task.name: must not be empty"},
+      {[](JobConfig& c) { c.task.eval_size = 0; },
+       "task.eval_size: must be >= 1, got 0"},
+      {[](JobConfig& c) { c.task.min_digits = 0; },
+       "task.min_digits: must be in [1, 18], got 0"},
+      {[](JobConfig& c) { c.task.max_digits = 19; },
+       "task.max_digits: must be in [1, 18], got 19"},
+      {[](JobConfig& c) {
+         c.task.min_digits = 5;
+         c.task.max_digits = 3;
+       },
+       "task.max_digits: must be >= task.min_digits (5), got 3"},
+      {[](JobConfig& c) { c.task.num_operands = 7; },
+       "task.num_operands: must be in [2, 6], got 7"},
+      {[](JobConfig& c) { c.task.max_operand = 0; },
+       "task.max_operand: must be in [1, 1000], got 0"},
+      {[](JobConfig& c) { c.rollout.group_size = 0; },
+       "rollout.group_size: must be >= 1, got 0"},
+      {[](JobConfig& c) { c.rollout.temperature = -0.5; },
+       "rollout.temperature: must be >= 0, got -0.5"},
+      {[](JobConfig& c) {
+         c.rollout.temperature = std::numeric_limits<double>::quiet_NaN();
+       },
+       "rollout.temperature: must be >= 0, got nan"},
+      {[](JobConfig& c) { c.rollout.top_k = -1; },
+       "rollout.top_k: must be >= 0, got -1"},
+      {[](JobConfig& c) { c.rollout.top_p = 0; },
+       "rollout.top_p: must be in (0, 1], got 0"},
+      {[](JobConfig& c) {
+         c.algorithm.adv_estimator = "rloo";
+         c.rollout.group_size = 1;
+       },
+       "rollout.group_size: must be >= 2 when algorithm.adv_estimator is "
+       "rloo, got 1"},
+      {[](JobConfig& c) { c.algorithm.adv_estimator = ""; },
+       "algorithm.adv_estimator: must be one of grpo, rloo, reinforce_pp; "
+       "got ''"},
+      {[](JobConfig& c) { c.algorithm.gamma = 1.5; },
+       "algorithm.gamma: must be in [0, 1], got 1.5"},
+      {[](JobConfig& c) { c.algorithm.clip_ratio_low = 1; },
+       "algorithm.clip_ratio_low: must be in [0, 1), got 1"},
+      {[](JobConfig& c) { c.algorithm.clip_ratio_c = -1; },
+       "algorithm.clip_ratio_c: must be >= 0, got -1"},
+      {[](JobConfig& c) { c.algorithm.loss_agg_mode = "mean"; },
+       "algorithm.loss_agg_mode: must be one of token-mean, "
+       "seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm; "
+       "got 'mean'"},
+      {[](JobConfig& c) { c.algorithm.kl_coef = -0.1; },
+       "algorithm.kl_coef: must be >= 0, got -0.1"},
+      {[](JobConfig& c) { c.algorithm.kl_estimator = "k4"; },
+       "algorithm.kl_estimator: must be one of k1, k2, k3; got 'k4'"},
+      {[](JobConfig& c) { c.algorithm.kl_mode = "both"; },
+       "algorithm.kl_mode: must be one of loss, reward; got 'both'"},
+      {[](JobConfig& c) { c.algorithm.ppo_epochs = 0; },
+       "algorithm.ppo_epochs: must be >= 1, got 0"},
+      {[](JobConfig& c) { c.optim.lr = 0; }, "optim.lr: must be > 0, got 0"},
+      {[](JobConfig& c) { c.optim.beta2 = 1; },
+       "optim.beta2: must be in [0, 1), got 1"},
+      {[](JobConfig& c) { c.optim.eps = 0; }, "optim.eps: must be > 0, got 0"},
+      {[](JobConfig& c) { c.optim.grad_clip = -1; },
+       "optim.grad_clip: must be >= 0, got -1"},
+      {[](JobConfig& c) { c.optim.micro_batch_size = 0; },
+       "optim.micro_batch_size: must be >= 1, got 0"},
+      {[](JobConfig& c) { c.run.total_steps = 0; },
+       "run.total_steps: must be >= 1, got 0"},
+      {[](JobConfig& c) { c.run.log_every = 0; },
+       "run.log_every: must be >= 1, got 0"},
+      {[](JobConfig& c) { c.sft.batch_size = 0; },
+       "sft.batch_size: must be >= 1, got 0"},
+      {[](JobConfig& c) { c.sft.lr = 0; }, "sft.lr: must be > 0, got 0"},
+      {[](JobConfig& c) { c.sft.warmup_steps = -1; },
+       "sft.warmup_steps: must be >= 0, got -1"},
+      {[](JobConfig& c) { c.sft.steps = -1; },
+       "sft.steps: must be >= 0, got -1"},
+      {[](JobConfig& c) { c.rollout.max_new_tokens = 80; },
+       "rollout.max_new_tokens: must be < model.max_seq_len (64), got 80"},
+      {[](JobConfig& c) { c.rollout.max_new_tokens = 64; },
+       "rollout.max_new_tokens: must be < model.max_seq_len (64), got 64"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.message);
+    JobConfig config;
+    c.mutate(config);
+    absl::Status status = ValidateJobConfig(config);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(status.message()), StartsWith(c.message));
+    // With a source, messages are prefixed by it.
+    config.source_path = "job.yaml";
+    status = ValidateJobConfig(config);
+    EXPECT_THAT(std::string(status.message()),
+                StartsWith("job.yaml: " + c.message));
+  }
+}
+
+TEST(ConfigTest, ValidateAcceptsEdgeValues) {
+  JobConfig c;
+  c.device = "cuda:12";
+  c.algorithm.adv_estimator = "rloo";
+  c.rollout.group_size = 2;
+  c.algorithm.clip_ratio_c = 0.5;  // <= 1: dual clip off
+  c.rollout.temperature = 0;
+  c.rollout.top_p = 1;
+  c.rollout.max_new_tokens = 63;
+  c.task.min_digits = 18;
+  c.task.max_digits = 18;
+  c.task.name = "my_registered_task";
+  c.optim.beta1 = 0;
+  c.model.d_model = 8;
+  c.model.n_heads = 4;
+  EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
+  c.device = "mps";
+  EXPECT_TRUE(ValidateJobConfig(c).ok());
+}
+
+}  // namespace
+}  // namespace fusionrl

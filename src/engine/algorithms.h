@@ -58,6 +58,7 @@ at::Tensor RlooAdvantages(const at::Tensor& scores, int group_size);
 
 // Masked whitening: (x - mean) / sqrt(var + eps) over mask == 1 entries, with
 // the unbiased variance (verl's masked_whiten); masked-out entries become 0.
+// With fewer than 2 valid entries (where verl raises) the result is all 0.
 at::Tensor MaskedWhiten(const at::Tensor& values, const at::Tensor& mask,
                         double eps = 1e-8);
 
@@ -85,7 +86,8 @@ struct PolicyLossResult {
   at::Tensor loss;             // scalar, aggregated per mode
   at::Tensor clip_frac;        // fraction of tokens where clipping bound
   at::Tensor dual_clip_frac;   // fraction of tokens where the dual clip bound
-  at::Tensor approx_kl;        // token-mean of (old_logp - logp)
+  at::Tensor approx_kl;        // token-mean of (old_logp - logp), the
+                               // difference clamped to [-20, 20] as in ratio
 };
 
 // PPO clipped surrogate with asymmetric clip and dual clip:

@@ -1,0 +1,116 @@
+#include "engine/checkpoint.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "core/metrics.h"
+#include "core/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace fusionrl {
+namespace fs = std::filesystem;
+namespace {
+
+nlohmann::ordered_json ModelJson(const ModelConfig& m, int vocab) {
+  return {{"vocab_size", vocab},       {"d_model", m.d_model},
+          {"n_layers", m.n_layers},    {"n_heads", m.n_heads},
+          {"d_ff", m.d_ff},            {"max_seq_len", m.max_seq_len},
+          {"rope_theta", m.rope_theta}, {"norm_eps", m.norm_eps}};
+}
+
+}  // namespace
+
+absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,
+                             const Trainer* trainer,
+                             const CheckpointMeta& meta) {
+  const fs::path final_dir(dir);
+  const fs::path tmp_dir = fs::path(dir + ".tmp");
+  std::error_code ec;
+  fs::remove_all(tmp_dir, ec);
+  fs::create_directories(tmp_dir, ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat(
+        "checkpoint: cannot create '", tmp_dir.string(), "': ", ec.message()));
+  }
+  FUSIONRL_RETURN_IF_ERROR(model.Save((tmp_dir / "model.pt").string()));
+  if (trainer != nullptr) {
+    FUSIONRL_RETURN_IF_ERROR(
+        trainer->SaveOptimizer((tmp_dir / "optim.pt").string()));
+  }
+  nlohmann::ordered_json j = {{"format", "fusionrl-checkpoint-v1"},
+                              {"kind", meta.kind},
+                              {"job_name", meta.job_name},
+                              {"step", meta.step},
+                              {"policy_version", meta.policy_version},
+                              {"data_cursor", meta.data_cursor},
+                              {"model", ModelJson(model.config(), model.vocab_size())}};
+  FUSIONRL_RETURN_IF_ERROR(
+      WriteFileAtomic((tmp_dir / "meta.json").string(), j.dump(2) + "\n"));
+  // Swap into place: the old checkpoint is removed only once the new one is
+  // complete on disk.
+  const fs::path old_dir = fs::path(dir + ".old");
+  fs::remove_all(old_dir, ec);
+  if (fs::exists(final_dir)) fs::rename(final_dir, old_dir, ec);
+  if (!ec) fs::rename(tmp_dir, final_dir, ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat(
+        "checkpoint: cannot move '", tmp_dir.string(), "' to '", dir,
+        "': ", ec.message()));
+  }
+  fs::remove_all(old_dir, ec);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir,
+                                              PolicyModel& model,
+                                              Trainer* trainer) {
+  const fs::path root(dir);
+  const fs::path meta_path = root / "meta.json";
+  std::ifstream in(meta_path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat(
+        "checkpoint '", dir, "': no meta.json (not a FusionRL checkpoint "
+        "directory)"));
+  }
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const nlohmann::json::exception& e) {
+    return absl::DataLossError(absl::StrCat("checkpoint '", dir,
+                                            "': meta.json: ", e.what()));
+  }
+  const auto expected = ModelJson(model.config(), model.vocab_size());
+  if (!j.contains("model") || !j["model"].is_object()) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint '", dir, "': meta.json has no model section"));
+  }
+  for (const auto& [key, value] : expected.items()) {
+    const auto& stored = j["model"].value(key, nlohmann::json());
+    if (stored.dump() != value.dump()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint '", dir, "': model.", key, " is ", stored.dump(),
+          " in the checkpoint but ", value.dump(), " in this config"));
+    }
+  }
+  CheckpointMeta meta;
+  try {
+    meta.kind = j.value("kind", "");
+    meta.job_name = j.value("job_name", "");
+    meta.step = j.value("step", int64_t{0});
+    meta.policy_version = j.value("policy_version", int64_t{0});
+    meta.data_cursor = j.value("data_cursor", uint64_t{0});
+  } catch (const nlohmann::json::exception& e) {
+    return absl::DataLossError(absl::StrCat("checkpoint '", dir,
+                                            "': meta.json: ", e.what()));
+  }
+  FUSIONRL_RETURN_IF_ERROR(model.Load((root / "model.pt").string()));
+  if (trainer != nullptr && fs::exists(root / "optim.pt")) {
+    FUSIONRL_RETURN_IF_ERROR(trainer->LoadOptimizer((root / "optim.pt").string()));
+  }
+  return meta;
+}
+
+}  // namespace fusionrl

@@ -1,0 +1,206 @@
+// The synchronous on-policy RL loop (`fusionrl run`).
+//
+// Each step: take prompts_per_step training problems from the task's data
+// cursor, sample group_size responses per prompt with the current policy,
+// score them, and train on the batch. Every sample records the policy
+// version that generated it; in this loop behaviour version == trainer
+// version at training time (staleness 0).
+#include <chrono>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/metrics.h"
+#include "core/seed.h"
+#include "core/status_macros.h"
+#include "engine/checkpoint.h"
+#include "engine/job_common.h"
+#include "engine/rollout.h"
+#include "engine/sample.h"
+#include "engine/trainer.h"
+#include "fusionrl/job.h"
+#include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
+
+namespace fusionrl {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+constexpr uint64_t kRolloutStream = 0x726f6c6c;  // "roll"
+
+}  // namespace
+
+absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config) {
+  const auto job_start = Clock::now();
+  FUSIONRL_RETURN_IF_ERROR(ValidateJobConfig(config));
+  const std::string& out = config.output_dir;
+  FUSIONRL_ASSIGN_OR_RETURN(JobContext ctx, PrepareJob(config, out));
+  PolicyModel& policy = *ctx.policy;
+  std::unique_ptr<PolicyModel> reference;
+  if (config.algorithm.kl_coef > 0) reference = policy.CloneFrozen();
+  FUSIONRL_ASSIGN_OR_RETURN(
+      std::unique_ptr<Trainer> trainer,
+      Trainer::Create(policy, reference.get(), config,
+                      ctx.tokenizer->pad_id()));
+  RolloutEngine rollout(policy, ctx.tokenizer->pad_id(),
+                        ctx.tokenizer->eos_id());
+  FUSIONRL_ASSIGN_OR_RETURN(auto metrics,
+                            MetricsLog::Open(out + "/metrics.jsonl", true));
+
+  const auto& rc = config.rollout;
+  SamplingParams sampling;
+  sampling.temperature = rc.temperature;
+  sampling.top_k = rc.top_k;
+  sampling.top_p = rc.top_p;
+  sampling.max_new_tokens = rc.max_new_tokens;
+
+  spdlog::info("[{}] policy {} parameters on {}, task {} ({} eval problems)",
+               config.name, policy.num_parameters(), ctx.device.str(),
+               ctx.task->name(), ctx.task->eval_set().size());
+  FUSIONRL_ASSIGN_OR_RETURN(EvalResult initial,
+                            EvaluateGreedy(policy, ctx, rc.max_new_tokens));
+  spdlog::info("[{}] initial eval accuracy {:.3f} ({:.1f}s)", config.name,
+               initial.accuracy, initial.seconds);
+
+  JobSummary summary;
+  summary.kind = "rl";
+  summary.initial_eval_accuracy = initial.accuracy;
+  summary.summary_path = out + "/summary.json";
+  double last_eval = initial.accuracy;
+  double loop_seconds = 0;  // rollout + train time, eval excluded
+  uint64_t cursor = 0;
+  const int total = config.run.total_steps;
+
+  auto checkpoint = [&](const std::string& name, int64_t step) {
+    CheckpointMeta meta{"rl", config.name, step, trainer->version(), cursor};
+    const std::string dir = out + "/checkpoints/" + name;
+    return WriteCheckpoint(dir, policy, trainer.get(), meta);
+  };
+
+  for (int step = 1; step <= total; ++step) {
+    const auto t0 = Clock::now();
+    // 1. Prompts for this step: prompts_per_step problems, each repeated
+    //    group_size times (group-major layout).
+    std::vector<Sample> samples;
+    std::vector<Problem> problems;
+    std::vector<std::vector<int>> prompts;
+    samples.reserve(rc.prompts_per_step * rc.group_size);
+    for (int g = 0; g < rc.prompts_per_step; ++g) {
+      const uint64_t index = cursor++;
+      problems.push_back(ctx.task->TrainProblem(index));
+      FUSIONRL_ASSIGN_OR_RETURN(
+          auto ids, EncodePrompt(*ctx.tokenizer, problems.back().prompt));
+      for (int i = 0; i < rc.group_size; ++i) {
+        Sample s;
+        s.group_id = index;
+        s.problem_index = index;
+        s.prompt_ids = ids;
+        s.behaviour_version = trainer->version();
+        samples.push_back(std::move(s));
+        prompts.push_back(ids);
+      }
+    }
+    // 2. Rollout.
+    FUSIONRL_ASSIGN_OR_RETURN(
+        auto completions,
+        rollout.Generate(prompts, sampling,
+                         MixSeed(MixSeed(config.seed, kRolloutStream), step)));
+    const double rollout_s = SecondsSince(t0);
+    // 3. Score.
+    int64_t step_tokens = 0, correct = 0, finished = 0;
+    double reward_sum = 0;
+    for (size_t i = 0; i < samples.size(); ++i) {
+      Sample& s = samples[i];
+      s.response_ids = std::move(completions[i].tokens);
+      s.behaviour_logp = std::move(completions[i].logp);
+      s.finished = completions[i].finished;
+      const Verdict v = ctx.reward->Score(
+          problems[i / rc.group_size],
+          DecodeResponse(*ctx.tokenizer, s.response_ids));
+      s.reward = v.reward;
+      s.correct = v.correct;
+      reward_sum += v.reward;
+      correct += v.correct;
+      finished += s.finished;
+      step_tokens += static_cast<int64_t>(s.response_ids.size());
+    }
+    // 4. Train.
+    const auto t1 = Clock::now();
+    FUSIONRL_ASSIGN_OR_RETURN(TrainStats ts, trainer->Step(samples));
+    const double train_s = SecondsSince(t1);
+    loop_seconds += SecondsSince(t0);
+    summary.rollout_tokens += step_tokens;
+
+    const double n = static_cast<double>(samples.size());
+    const double reward_mean = reward_sum / n;
+    summary.final_train_reward = reward_mean;
+    MetricRecord rec = {
+        {"step", step},
+        {"policy_version", static_cast<double>(trainer->version())},
+        {"reward_mean", reward_mean},
+        {"train_accuracy", correct / n},
+        {"response_len_mean", step_tokens / n},
+        {"finished_frac", finished / n},
+        {"loss", ts.loss},
+        {"pg_loss", ts.pg_loss},
+        {"kl", ts.kl},
+        {"entropy", ts.entropy},
+        {"clip_frac", ts.clip_frac},
+        {"grad_norm", ts.grad_norm},
+        {"lr", ts.lr},
+        {"advantage_abs_mean", ts.advantage_abs_mean},
+        {"max_staleness", 0},
+        {"rollout_tokens", static_cast<double>(step_tokens)},
+        {"rollout_seconds", rollout_s},
+        {"train_seconds", train_s},
+        {"tokens_per_second", summary.rollout_tokens / loop_seconds}};
+    const bool eval_now = (config.run.eval_every > 0 &&
+                           step % config.run.eval_every == 0) ||
+                          step == total;
+    if (eval_now) {
+      FUSIONRL_ASSIGN_OR_RETURN(EvalResult ev,
+                                EvaluateGreedy(policy, ctx, rc.max_new_tokens));
+      last_eval = ev.accuracy;
+      rec.push_back({"eval_accuracy", ev.accuracy});
+      rec.push_back({"eval_seconds", ev.seconds});
+    }
+    FUSIONRL_RETURN_IF_ERROR(metrics->Append(rec));
+    if (step % config.run.log_every == 0 || step == total || eval_now) {
+      const double per_step = loop_seconds / step;
+      spdlog::info(
+          "[{}] step {}/{} | reward {:.3f} | acc {:.3f} | eval {:.3f} | "
+          "len {:.1f} | kl {:.4f} | {} tok/s | ETA {}",
+          config.name, step, total, reward_mean, correct / n, last_eval,
+          step_tokens / n, ts.kl,
+          FormatCount(summary.rollout_tokens / loop_seconds),
+          FormatDuration(per_step * (total - step)));
+    }
+    if (config.run.checkpoint_every > 0 &&
+        step % config.run.checkpoint_every == 0 && step != total) {
+      FUSIONRL_RETURN_IF_ERROR(checkpoint(absl::StrCat("step_", step), step));
+    }
+  }
+
+  FUSIONRL_RETURN_IF_ERROR(checkpoint("final", total));
+  summary.final_eval_accuracy = last_eval;
+  summary.steps = total;
+  summary.policy_version = trainer->version();
+  summary.checkpoint_dir = out + "/checkpoints/final";
+  summary.tokens_per_second =
+      loop_seconds > 0 ? summary.rollout_tokens / loop_seconds : 0;
+  summary.wall_seconds = SecondsSince(job_start);
+  FUSIONRL_RETURN_IF_ERROR(WriteSummary(summary));
+  spdlog::info("[{}] done: eval accuracy {:.3f} -> {:.3f} in {} ({} tok/s)",
+               config.name, summary.initial_eval_accuracy,
+               summary.final_eval_accuracy,
+               FormatDuration(summary.wall_seconds),
+               FormatCount(summary.tokens_per_second));
+  return summary;
+}
+
+}  // namespace fusionrl

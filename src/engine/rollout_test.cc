@@ -1,0 +1,184 @@
+#include "engine/rollout.h"
+
+#include <cmath>
+
+#include <torch/types.h>
+
+#include "engine/test_util.h"
+#include "engine/trainer.h"
+#include "gtest/gtest.h"
+
+namespace fusionrl {
+namespace {
+
+using testing_util::TinyModel;
+
+constexpr int kPad = 0, kBos = 1, kEos = 2;
+
+std::vector<std::vector<int>> Prompts() {
+  return {{kBos, 20, 21, 22}, {kBos, 40}, {kBos, 50, 51}, {kBos, 60, 61, 62, 63}};
+}
+
+TEST(RolloutTest, SameSeedGivesSameSamples) {
+  auto model = TinyModel();
+  RolloutEngine engine(*model, kPad, kEos);
+  SamplingParams p;
+  p.max_new_tokens = 12;
+  auto a = engine.Generate(Prompts(), p, 123).value();
+  auto b = engine.Generate(Prompts(), p, 123).value();
+  auto c = engine.Generate(Prompts(), p, 124).value();
+  bool any_diff = false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].tokens, b[i].tokens);
+    EXPECT_EQ(a[i].logp, b[i].logp);
+    any_diff |= a[i].tokens != c[i].tokens;
+  }
+  EXPECT_TRUE(any_diff);
+}
+
+TEST(RolloutTest, GreedyMatchesArgmaxOfUncachedForward) {
+  auto model = TinyModel();
+  RolloutEngine engine(*model, kPad, kEos);
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_new_tokens = 10;
+  auto prompts = Prompts();
+  auto out = engine.Generate(prompts, p, 0).value();
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::vector<int64_t> seq(prompts[i].begin(), prompts[i].end());
+    for (size_t t = 0; t < out[i].tokens.size(); ++t) {
+      auto tokens = torch::tensor(seq, torch::kLong).unsqueeze(0);
+      auto valid = torch::ones_like(tokens, torch::kBool);
+      auto logits = model->Forward(tokens, PositionsFromValid(valid), valid);
+      const int expected = logits[0][-1].argmax().item<int>();
+      ASSERT_EQ(out[i].tokens[t], expected) << "prompt " << i << " token " << t;
+      seq.push_back(expected);
+    }
+  }
+}
+
+TEST(RolloutTest, StopsAtEosAndMarksFinished) {
+  auto model = TinyModel();
+  RolloutEngine engine(*model, kPad, kEos);
+  SamplingParams p;
+  p.max_new_tokens = 20;
+  // Make eos likely at every step so some sequences stop early.
+  {
+    torch::NoGradGuard no_grad;
+    auto params = model->parameters();
+    // The last parameter is lm_head.weight [V, D]; add a bias direction.
+    params.back()[kEos].add_(params.back().mean(0) * 0 + 0.6);
+  }
+  std::vector<std::vector<int>> prompts(32, {kBos, 30, 31});
+  auto out = engine.Generate(prompts, p, 5).value();
+  int finished = 0;
+  for (const auto& c : out) {
+    ASSERT_FALSE(c.tokens.empty());
+    ASSERT_EQ(c.tokens.size(), c.logp.size());
+    for (size_t t = 0; t + 1 < c.tokens.size(); ++t) EXPECT_NE(c.tokens[t], kEos);
+    EXPECT_EQ(c.finished, c.tokens.back() == kEos);
+    if (!c.finished) EXPECT_EQ(c.tokens.size(), 20u);
+    finished += c.finished;
+  }
+  EXPECT_GT(finished, 0);
+}
+
+TEST(RolloutTest, BehaviourLogProbsMatchTrainerRecomputation) {
+  auto model = TinyModel();
+  RolloutEngine engine(*model, kPad, kEos);
+  SamplingParams p;
+  p.temperature = 0.7;
+  p.max_new_tokens = 12;
+  auto prompts = Prompts();
+  auto out = engine.Generate(prompts, p, 99).value();
+  std::vector<Sample> samples(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    samples[i].prompt_ids = prompts[i];
+    samples[i].response_ids = out[i].tokens;
+    samples[i].behaviour_logp = out[i].logp;
+  }
+  auto batch = Collate(samples, kPad, c10::Device("cpu"));
+  torch::NoGradGuard no_grad;
+  auto logp = ResponseLogProbs(*model, batch, 0.7, nullptr);
+  auto diff = ((logp - batch.behaviour_logp) * batch.response_mask).abs().max();
+  EXPECT_LT(diff.item<float>(), 1e-4);
+}
+
+TEST(RolloutTest, RejectsPromptsThatDoNotFit) {
+  auto model = TinyModel();  // max_seq_len 32
+  RolloutEngine engine(*model, kPad, kEos);
+  SamplingParams p;
+  p.max_new_tokens = 30;
+  auto st = engine.Generate(Prompts(), p, 1).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("max_seq_len"), std::string::npos);
+  EXPECT_EQ(engine.Generate({{}}, SamplingParams{}, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RolloutTest, FilterLogitsTopK) {
+  auto logits = torch::tensor({{1.0, 3.0, 2.0, 0.5}});
+  auto f = FilterLogits(logits, 2, 1.0);
+  EXPECT_TRUE(std::isinf(f[0][0].item<float>()));
+  EXPECT_FLOAT_EQ(f[0][1].item<float>(), 3.0f);
+  EXPECT_FLOAT_EQ(f[0][2].item<float>(), 2.0f);
+  EXPECT_TRUE(std::isinf(f[0][3].item<float>()));
+}
+
+TEST(RolloutTest, FilterLogitsTopPKeepsSmallestSetReachingP) {
+  // probs = {0.5, 0.3, 0.15, 0.05}
+  auto logits = torch::log(torch::tensor({{0.5, 0.3, 0.15, 0.05}}));
+  auto keep = [&](double top_p) {
+    auto f = FilterLogits(logits, 0, top_p);
+    return torch::isfinite(f).sum().item<int>();
+  };
+  EXPECT_EQ(keep(0.4), 1);   // 0.5 already reaches 0.4
+  EXPECT_EQ(keep(0.5), 1);
+  EXPECT_EQ(keep(0.75), 2);  // 0.5 + 0.3
+  EXPECT_EQ(keep(0.9), 3);
+  EXPECT_EQ(keep(0.99), 4);
+}
+
+TEST(RolloutTest, TopKOneSamplingIsGreedy) {
+  auto model = TinyModel();
+  RolloutEngine engine(*model, kPad, kEos);
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.max_new_tokens = 8;
+  SamplingParams top1 = greedy;
+  top1.temperature = 1.0;
+  top1.top_k = 1;
+  auto a = engine.Generate(Prompts(), greedy, 3).value();
+  auto b = engine.Generate(Prompts(), top1, 4).value();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].tokens, b[i].tokens);
+}
+
+TEST(RolloutTest, SampledTokenFrequenciesFollowTheDistribution) {
+  // One decode step from many identical prompts: the empirical frequency of
+  // each token should match softmax(logits / T).
+  auto model = TinyModel();
+  RolloutEngine engine(*model, kPad, kEos);
+  SamplingParams p;
+  p.temperature = 1.5;
+  p.max_new_tokens = 1;
+  const int n = 4000;
+  std::vector<std::vector<int>> prompts(n, {kBos, 33});
+  auto out = engine.Generate(prompts, p, 11).value();
+  torch::NoGradGuard no_grad;
+  auto tokens = torch::tensor({{kBos, 33}}, torch::kLong);
+  auto valid = torch::ones_like(tokens, torch::kBool);
+  auto probs = torch::softmax(
+      model->Forward(tokens, PositionsFromValid(valid), valid)[0][-1] / 1.5, -1);
+  std::vector<int> counts(98, 0);
+  for (const auto& c : out) counts[c.tokens[0]]++;
+  for (int v = 0; v < 98; ++v) {
+    const double pv = probs[v].item<double>();
+    const double sd = std::sqrt(pv * (1 - pv) / n);
+    EXPECT_NEAR(counts[v] / static_cast<double>(n), pv, 5 * sd + 1e-3)
+        << "token " << v;
+  }
+}
+
+}  // namespace
+}  // namespace fusionrl

@@ -1,0 +1,330 @@
+#include "engine/trainer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <torch/optim/adamw.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/serialize.h>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "engine/algorithms.h"
+
+namespace fusionrl {
+
+CollatedBatch Collate(const std::vector<Sample>& samples, int pad_id,
+                      c10::Device device) {
+  const int64_t batch = static_cast<int64_t>(samples.size());
+  int64_t p_len = 1, r_len = 1;
+  for (const auto& s : samples) {
+    p_len = std::max<int64_t>(p_len, s.prompt_ids.size());
+    r_len = std::max<int64_t>(r_len, s.response_ids.size());
+  }
+  const auto long_opts = at::TensorOptions().dtype(at::kLong);
+  auto input_ids = at::full({batch, p_len + r_len}, pad_id, long_opts);
+  auto valid = at::zeros({batch, p_len + r_len}, long_opts.dtype(at::kBool));
+  auto resp_mask = at::zeros({batch, r_len}, at::kFloat);
+  auto behaviour = at::zeros({batch, r_len}, at::kFloat);
+  auto ids = input_ids.accessor<int64_t, 2>();
+  auto val = valid.accessor<bool, 2>();
+  auto mask = resp_mask.accessor<float, 2>();
+  auto blp = behaviour.accessor<float, 2>();
+  for (int64_t b = 0; b < batch; ++b) {
+    const auto& s = samples[b];
+    const int64_t off = p_len - static_cast<int64_t>(s.prompt_ids.size());
+    for (size_t j = 0; j < s.prompt_ids.size(); ++j) {
+      ids[b][off + j] = s.prompt_ids[j];
+      val[b][off + j] = true;
+    }
+    for (size_t j = 0; j < s.response_ids.size(); ++j) {
+      ids[b][p_len + j] = s.response_ids[j];
+      val[b][p_len + j] = true;
+      mask[b][j] = 1.0f;
+      if (j < s.behaviour_logp.size()) blp[b][j] = s.behaviour_logp[j];
+    }
+  }
+  CollatedBatch out;
+  out.prompt_len = p_len;
+  out.input_ids = input_ids.to(device);
+  out.valid = valid.to(device);
+  out.positions = PositionsFromValid(out.valid);
+  out.response_ids = out.input_ids.narrow(1, p_len, r_len);
+  out.response_mask = resp_mask.to(device);
+  out.behaviour_logp = behaviour.to(device);
+  return out;
+}
+
+at::Tensor ResponseLogProbs(PolicyModel& model, const CollatedBatch& batch,
+                            double temperature, at::Tensor* logits_out) {
+  const int64_t r_len = batch.response_ids.size(1);
+  auto logits = model.Forward(batch.input_ids, batch.positions, batch.valid)
+                    .narrow(1, batch.prompt_len - 1, r_len)
+                    .to(at::kFloat);
+  if (temperature > 0 && temperature != 1.0) logits = logits / temperature;
+  if (logits_out != nullptr) *logits_out = logits;
+  return at::log_softmax(logits, -1)
+      .gather(-1, batch.response_ids.unsqueeze(-1))
+      .squeeze(-1);
+}
+
+namespace {
+
+// Rows [start, start + n) of every tensor in the batch.
+CollatedBatch Slice(const CollatedBatch& b, int64_t start, int64_t n) {
+  CollatedBatch s;
+  s.prompt_len = b.prompt_len;
+  s.input_ids = b.input_ids.narrow(0, start, n);
+  s.valid = b.valid.narrow(0, start, n);
+  s.positions = b.positions.narrow(0, start, n);
+  s.response_ids = b.response_ids.narrow(0, start, n);
+  s.response_mask = b.response_mask.narrow(0, start, n);
+  s.behaviour_logp = b.behaviour_logp.narrow(0, start, n);
+  return s;
+}
+
+double MaskedMean(const at::Tensor& x, const at::Tensor& mask) {
+  const double denom = mask.sum().item<double>();
+  return denom > 0 ? (x * mask).sum().item<double>() / denom : 0.0;
+}
+
+}  // namespace
+
+double LearningRateAt(const OptimConfig& optim, int64_t step) {
+  if (optim.warmup_steps > 0 && step < optim.warmup_steps) {
+    return optim.lr * static_cast<double>(step + 1) / optim.warmup_steps;
+  }
+  return optim.lr;
+}
+
+struct Trainer::Optim {
+  std::unique_ptr<torch::optim::AdamW> adamw;
+  algo::AggMode agg;
+  algo::KlEstimator kl_estimator;
+};
+
+Trainer::Trainer(PolicyModel& policy, PolicyModel* reference,
+                 const JobConfig& config, int pad_id)
+    : policy_(policy),
+      reference_(reference),
+      algo_(config.algorithm),
+      optim_(config.optim),
+      group_size_(config.rollout.group_size),
+      temperature_(config.rollout.temperature > 0 ? config.rollout.temperature
+                                                  : 1.0),
+      pad_id_(pad_id) {}
+
+Trainer::~Trainer() = default;
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
+    PolicyModel& policy, PolicyModel* reference, const JobConfig& config,
+    int pad_id) {
+  if (config.algorithm.kl_coef > 0 && reference == nullptr) {
+    return absl::InvalidArgumentError(
+        "algorithm.kl_coef > 0 needs a reference policy");
+  }
+  auto optim = std::make_unique<Optim>();
+  FUSIONRL_ASSIGN_OR_RETURN(optim->agg,
+                            algo::ParseAggMode(config.algorithm.loss_agg_mode));
+  FUSIONRL_ASSIGN_OR_RETURN(
+      optim->kl_estimator,
+      algo::ParseKlEstimator(config.algorithm.kl_estimator));
+  const auto& o = config.optim;
+  optim->adamw = std::make_unique<torch::optim::AdamW>(
+      policy.parameters(), torch::optim::AdamWOptions(o.lr)
+                               .betas(std::make_tuple(o.beta1, o.beta2))
+                               .eps(o.eps)
+                               .weight_decay(o.weight_decay));
+  std::unique_ptr<Trainer> trainer(
+      new Trainer(policy, reference, config, pad_id));
+  trainer->optim_state_ = std::move(optim);
+  return trainer;
+}
+
+absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
+  const int64_t batch = static_cast<int64_t>(samples.size());
+  if (batch == 0 || batch % group_size_ != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "trainer: batch of ", batch, " samples is not a positive multiple of "
+        "rollout.group_size (", group_size_, ")"));
+  }
+  for (size_t i = 0; i < samples.size(); ++i) {
+    if (samples[i].response_ids.empty() || samples[i].prompt_ids.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("trainer: sample ", i, " has an empty prompt or response"));
+    }
+  }
+  const auto device = policy_.device();
+  const CollatedBatch full = Collate(samples, pad_id_, device);
+  const auto& mask = full.response_mask;
+  const int64_t r_len = mask.size(1);
+  const bool use_kl = algo_.kl_coef > 0 && reference_ != nullptr;
+
+  // Reference log-probs (no grad), needed for either KL mode.
+  at::Tensor ref_logp;
+  if (use_kl) {
+    at::NoGradGuard no_grad;
+    reference_->set_training(false);
+    ref_logp = ResponseLogProbs(*reference_, full, temperature_, nullptr);
+  }
+
+  // Token-level rewards and advantages (no grad).
+  at::Tensor advantages;
+  {
+    at::NoGradGuard no_grad;
+    std::vector<float> scores_host(batch);
+    std::vector<int64_t> last_idx(batch);
+    for (int64_t b = 0; b < batch; ++b) {
+      scores_host[b] = static_cast<float>(samples[b].reward);
+      last_idx[b] = static_cast<int64_t>(samples[b].response_ids.size()) - 1;
+    }
+    auto scores = at::tensor(scores_host).to(device);
+    auto last = at::tensor(last_idx).to(device);
+    auto token_rewards = at::zeros_like(mask).scatter(
+        1, last.unsqueeze(1), scores.unsqueeze(1));
+    if (use_kl && algo_.kl_mode == "reward") {
+      token_rewards = token_rewards -
+                      algo_.kl_coef *
+                          algo::KlPenalty(full.behaviour_logp, ref_logp,
+                                          optim_state_->kl_estimator) *
+                          mask;
+    }
+    if (algo_.adv_estimator == "reinforce_pp") {
+      advantages = algo::ReinforcePlusPlusAdvantages(token_rewards, mask,
+                                                     algo_.gamma);
+    } else {
+      auto returns = (token_rewards * mask).sum(1);
+      auto seq_adv = algo_.adv_estimator == "rloo"
+                         ? algo::RlooAdvantages(returns, group_size_)
+                         : algo::GrpoAdvantages(returns, group_size_,
+                                                algo_.norm_adv_by_std);
+      advantages = seq_adv.unsqueeze(1) * mask;
+    }
+  }
+
+  TrainStats stats;
+  stats.advantage_abs_mean = MaskedMean(advantages.abs(), mask);
+  stats.tokens = static_cast<int64_t>(mask.sum().item<double>());
+  const int64_t mini = optim_.mini_batch_size > 0
+                           ? std::min<int64_t>(optim_.mini_batch_size, batch)
+                           : batch;
+  const int64_t micro = std::max<int64_t>(1, optim_.micro_batch_size);
+  auto& adamw = *optim_state_->adamw;
+  policy_.set_training(true);
+  double loss_sum = 0, pg_sum = 0, kl_sum = 0, ent_sum = 0, clip_sum = 0;
+  double token_weight = 0;
+  for (int epoch = 0; epoch < algo_.ppo_epochs; ++epoch) {
+    for (int64_t m0 = 0; m0 < batch; m0 += mini) {
+      const int64_t m_n = std::min(mini, batch - m0);
+      algo::AggNorm norm;
+      norm.num_tokens = mask.narrow(0, m0, m_n).sum().item<double>();
+      norm.num_seqs = static_cast<double>(m_n);
+      norm.max_len = static_cast<double>(r_len);
+      adamw.zero_grad();
+      double mini_loss = 0;
+      for (int64_t u0 = m0; u0 < m0 + m_n; u0 += micro) {
+        const int64_t u_n = std::min(micro, m0 + m_n - u0);
+        const CollatedBatch mb = Slice(full, u0, u_n);
+        const auto adv = advantages.narrow(0, u0, u_n);
+        at::Tensor logits;
+        auto logp = ResponseLogProbs(policy_, mb, temperature_, &logits);
+        auto pg = algo::PpoClipLoss(logp, mb.behaviour_logp, adv,
+                                    mb.response_mask, algo_.clip_ratio_low,
+                                    algo_.clip_ratio_high, algo_.clip_ratio_c,
+                                    optim_state_->agg, norm);
+        auto loss = pg.loss;
+        const double mb_tokens = mb.response_mask.sum().item<double>();
+        if (use_kl) {
+          auto kl_tok = algo::KlPenalty(logp, ref_logp.narrow(0, u0, u_n),
+                                        optim_state_->kl_estimator);
+          if (algo_.kl_mode == "loss") {
+            loss = loss + algo_.kl_coef * algo::AggLoss(kl_tok, mb.response_mask,
+                                                        optim_state_->agg, norm);
+          }
+          kl_sum += MaskedMean(kl_tok.detach(), mb.response_mask) * mb_tokens;
+        }
+        if (algo_.entropy_coef > 0) {
+          auto ent = algo::EntropyFromLogits(logits);
+          loss = loss - algo_.entropy_coef *
+                            algo::AggLoss(ent, mb.response_mask,
+                                          optim_state_->agg, norm);
+          ent_sum += MaskedMean(ent.detach(), mb.response_mask) * mb_tokens;
+        } else {
+          at::NoGradGuard no_grad;
+          ent_sum += MaskedMean(algo::EntropyFromLogits(logits.detach()),
+                                mb.response_mask) * mb_tokens;
+        }
+        loss.backward();
+        mini_loss += loss.item<double>();
+        pg_sum += pg.loss.item<double>();  // micro parts add up to the mini loss
+        clip_sum += pg.clip_frac.item<double>() * mb_tokens;
+        token_weight += mb_tokens;
+      }
+      auto params = policy_.parameters();
+      double grad_norm;
+      if (optim_.grad_clip > 0) {
+        grad_norm = torch::nn::utils::clip_grad_norm_(params, optim_.grad_clip);
+      } else {
+        at::NoGradGuard no_grad;
+        double sq = 0;
+        for (const auto& p : params) {
+          if (p.grad().defined()) sq += p.grad().pow(2).sum().item<double>();
+        }
+        grad_norm = std::sqrt(sq);
+      }
+      if (!std::isfinite(grad_norm)) {
+        return absl::InternalError(absl::StrCat(
+            "trainer: non-finite gradient norm at policy version ", version_,
+            " (loss ", mini_loss, "); lower optim.lr or enable optim.grad_clip"));
+      }
+      const double lr = LearningRateAt(optim_, optimizer_steps_);
+      for (auto& group : adamw.param_groups()) {
+        static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+      }
+      adamw.step();
+      ++optimizer_steps_;
+      ++stats.optimizer_steps;
+      loss_sum += mini_loss;
+      stats.grad_norm = grad_norm;
+      stats.lr = lr;
+    }
+  }
+  const double tw = std::max(1.0, token_weight);
+  stats.loss = loss_sum / std::max(1, stats.optimizer_steps);
+  stats.pg_loss = pg_sum / std::max(1, stats.optimizer_steps);
+  stats.kl = kl_sum / tw;
+  stats.entropy = ent_sum / tw;
+  stats.clip_frac = clip_sum / tw;
+  ++version_;
+  return stats;
+}
+
+absl::Status Trainer::SaveOptimizer(const std::string& path) const {
+  try {
+    torch::serialize::OutputArchive archive;
+    optim_state_->adamw->save(archive);
+    archive.write("optimizer_steps", at::tensor(optimizer_steps_));
+    archive.save_to(path);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("cannot write optimizer state to '",
+                                            path, "': ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::LoadOptimizer(const std::string& path) {
+  try {
+    torch::serialize::InputArchive archive;
+    archive.load_from(path);
+    optim_state_->adamw->load(archive);
+    at::Tensor steps;
+    archive.read("optimizer_steps", steps);
+    optimizer_steps_ = steps.item<int64_t>();
+  } catch (const c10::Error& e) {
+    return absl::DataLossError(absl::StrCat("cannot read optimizer state from '",
+                                            path, "': ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fusionrl

@@ -1,0 +1,51 @@
+// Running FusionRL jobs from C++ (what `fusionrl run` and `fusionrl sft` do).
+//
+//   auto config = fusionrl::LoadJobConfig("job.yaml", {"run.total_steps=50"});
+//   if (!config.ok()) { ... }
+//   auto summary = fusionrl::RunRlJob(*config);
+//
+// Each call owns its model, optimizer and files under config.output_dir:
+//   metrics.jsonl        one JSON object per step
+//   config.yaml          the resolved config
+//   checkpoints/<name>/  model.pt, optim.pt, meta.json (atomic directories)
+//   summary.json         the JobSummary below, written last
+// Calls block until the job ends; they may run concurrently on different
+// output directories.
+#ifndef FUSIONRL_JOB_H_
+#define FUSIONRL_JOB_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "fusionrl/config.h"
+
+namespace fusionrl {
+
+struct JobSummary {
+  std::string kind;                    // "rl" or "sft"
+  double initial_eval_accuracy = 0;    // greedy, held-out split, before step 1
+  double final_eval_accuracy = 0;      // greedy, held-out split, after the last
+  int64_t steps = 0;                   // RL steps or SFT optimizer steps
+  int64_t rollout_tokens = 0;          // response tokens sampled for training
+  double wall_seconds = 0;             // whole job, evaluation included
+  double tokens_per_second = 0;        // rollout_tokens / time in rollout+train
+  double final_train_reward = 0;       // mean reward of the last step's batch
+  int64_t policy_version = 0;          // trainer version at the end
+  std::string checkpoint_dir;          // the final checkpoint
+  std::string summary_path;            // <output_dir>/summary.json
+};
+
+// The synchronous on-policy RL loop: rollout a batch, score, train, repeat.
+absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config);
+
+// Supervised warm start on the task's reference solutions.
+absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config);
+
+// Greedy accuracy of config.init_checkpoint (or a random init) on the task's
+// held-out split.
+absl::StatusOr<double> EvaluateJob(const JobConfig& config);
+
+}  // namespace fusionrl
+
+#endif  // FUSIONRL_JOB_H_

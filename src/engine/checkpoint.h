@@ -1,0 +1,46 @@
+// Checkpoints: one directory per checkpoint, written atomically.
+//
+//   <dir>/model.pt    policy weights (torch archive, named tensors)
+//   <dir>/optim.pt    AdamW state (RL and SFT checkpoints; optional to read)
+//   <dir>/meta.json   kind, job name, step, policy version, data cursor and
+//                     the model config, so a mismatching config is reported
+//                     before any tensor is touched
+// The directory is assembled as "<dir>.tmp" and renamed into place; an older
+// checkpoint of the same name is replaced only after the new one is complete.
+// All randomness in FusionRL derives from (seed, step, index), so step and
+// data cursor are the whole RNG state: resuming continues exactly.
+#ifndef FUSIONRL_ENGINE_CHECKPOINT_H_
+#define FUSIONRL_ENGINE_CHECKPOINT_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/model.h"
+#include "engine/trainer.h"
+
+namespace fusionrl {
+
+struct CheckpointMeta {
+  std::string kind;            // "rl" | "sft"
+  std::string job_name;
+  int64_t step = 0;            // steps completed
+  int64_t policy_version = 0;
+  uint64_t data_cursor = 0;    // next Task::TrainProblem index
+};
+
+// `trainer` may be null (no optim.pt is written).
+absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,
+                             const Trainer* trainer, const CheckpointMeta& meta);
+
+// Reads meta.json, checks its model config against `model`'s, loads the
+// weights and, when `trainer` is non-null and optim.pt exists, the optimizer.
+// NotFound / FailedPrecondition / DataLoss with the path and the reason.
+absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir,
+                                              PolicyModel& model,
+                                              Trainer* trainer);
+
+}  // namespace fusionrl
+
+#endif  // FUSIONRL_ENGINE_CHECKPOINT_H_

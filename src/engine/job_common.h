@@ -1,0 +1,65 @@
+// What the RL, SFT and eval jobs share: turning a validated JobConfig into a
+// ready policy, task and reward, and greedy evaluation on the held-out split.
+#ifndef FUSIONRL_ENGINE_JOB_COMMON_H_
+#define FUSIONRL_ENGINE_JOB_COMMON_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <c10/core/Device.h>
+
+#include "absl/status/statusor.h"
+#include "engine/model.h"
+#include "fusionrl/config.h"
+#include "fusionrl/job.h"
+#include "fusionrl/task.h"
+#include "fusionrl/tokenizer.h"
+
+namespace fusionrl {
+
+// "cpu", "cuda", "cuda:1" -> a device this LibTorch build can use;
+// FailedPrecondition (naming the `device` key) when CUDA is asked for but
+// unavailable.
+absl::StatusOr<c10::Device> ResolveDevice(const std::string& name);
+
+struct JobContext {
+  c10::Device device = c10::Device("cpu");
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<Task> task;
+  std::unique_ptr<RewardFn> reward;
+  std::unique_ptr<PolicyModel> policy;  // init_checkpoint loaded if set
+};
+
+// Sets LibTorch's thread count, resolves the device, builds tokenizer, task,
+// reward and policy, loads config.init_checkpoint. When `output_dir` is
+// non-empty, creates it and writes the resolved config there as config.yaml.
+absl::StatusOr<JobContext> PrepareJob(const JobConfig& config,
+                                      const std::string& output_dir);
+
+// bos + the prompt's tokens.
+absl::StatusOr<std::vector<int>> EncodePrompt(const Tokenizer& tokenizer,
+                                              const std::string& prompt);
+
+// Response tokens -> text, stopping at eos.
+std::string DecodeResponse(const Tokenizer& tokenizer,
+                           const std::vector<int>& tokens);
+
+struct EvalResult {
+  double accuracy = 0;     // fraction of eval problems answered correctly
+  double reward_mean = 0;
+  int64_t problems = 0;
+  double seconds = 0;
+};
+
+// Greedy decoding of every eval problem with `model`, in batches.
+absl::StatusOr<EvalResult> EvaluateGreedy(PolicyModel& model,
+                                          const JobContext& ctx,
+                                          int max_new_tokens);
+
+// Writes `summary` as JSON to summary.summary_path (atomically).
+absl::Status WriteSummary(const JobSummary& summary);
+
+}  // namespace fusionrl
+
+#endif  // FUSIONRL_ENGINE_JOB_COMMON_H_

@@ -1,0 +1,101 @@
+// The policy: a Llama-style decoder-only transformer (RMSNorm, rotary
+// positions, SwiGLU feed-forward, causal multi-head attention), with a
+// key/value cache for incremental decoding.
+//
+// Layout conventions shared by rollout and training:
+//   tokens    [B, T] int64
+//   positions [B, T] int64   rotary position of each token (0 for padding)
+//   key_valid [B, K] bool    which key slots hold real tokens; K = T for a
+//                            full forward, K = cache length after the call
+//                            for a cached one
+// A query attends to keys at or before its own slot that are valid; a padding
+// query attends only to itself, so padded rows never produce NaN.
+//
+// Ownership and threads: PolicyModel owns its parameters. It is not
+// thread-safe: one thread at a time may call Forward/ForwardCached/Load, and
+// the caller is responsible for exclusion between a trainer and a sampler.
+// KvCache is owned by the caller and bound to the model that made it.
+#ifndef FUSIONRL_ENGINE_MODEL_H_
+#define FUSIONRL_ENGINE_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "fusionrl/config.h"
+
+namespace fusionrl {
+
+// Per-layer key/value buffers [B, H, capacity, Dh], filled from slot 0 up.
+struct KvCache {
+  std::vector<at::Tensor> keys;
+  std::vector<at::Tensor> values;
+  int64_t length = 0;    // slots filled so far
+  int64_t capacity = 0;  // slots allocated
+};
+
+class PolicyModel {
+ public:
+  // A freshly initialised model (deterministic in `seed`) on `device`.
+  static absl::StatusOr<std::unique_ptr<PolicyModel>> Create(
+      const ModelConfig& config, int vocab_size, c10::Device device,
+      uint64_t seed);
+  ~PolicyModel();
+  PolicyModel(const PolicyModel&) = delete;
+  PolicyModel& operator=(const PolicyModel&) = delete;
+
+  // Logits [B, T, V] for a whole padded batch (autograd on).
+  at::Tensor Forward(const at::Tensor& tokens, const at::Tensor& positions,
+                     const at::Tensor& key_valid);
+
+  // Allocates an empty cache for `batch` sequences of up to `capacity` slots.
+  KvCache NewCache(int64_t batch, int64_t capacity) const;
+
+  // Appends `tokens` [B, t] at slots cache.length.. and returns their logits
+  // [B, t, V]. `key_valid` is [B, cache.length + t]. Run under no-grad.
+  // REQUIRES: cache.length + t <= cache.capacity.
+  at::Tensor ForwardCached(const at::Tensor& tokens,
+                           const at::Tensor& positions,
+                           const at::Tensor& key_valid, KvCache& cache);
+
+  // Copies all parameter values from `other` (same config). Used to create
+  // rollout snapshots and the frozen reference policy.
+  void CopyWeightsFrom(const PolicyModel& other);
+
+  // A new model with a copy of these weights, gradients off.
+  std::unique_ptr<PolicyModel> CloneFrozen() const;
+
+  std::vector<at::Tensor> parameters() const;
+  int64_t num_parameters() const;
+  void set_training(bool on);
+
+  // Weights in torch's archive format (model.pt) and the shape metadata.
+  absl::Status Save(const std::string& path) const;
+  // Loads weights saved by Save(); FailedPrecondition naming the mismatching
+  // tensor if the shapes differ from this model's config.
+  absl::Status Load(const std::string& path);
+
+  const ModelConfig& config() const;
+  int vocab_size() const;
+  c10::Device device() const;
+
+  struct Impl;  // defined in model.cc
+
+ private:
+  explicit PolicyModel(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Positions and key-validity for a left-padded batch: given valid [B, T]
+// (bool), positions = cumsum(valid) - 1 clamped at 0.
+at::Tensor PositionsFromValid(const at::Tensor& valid);
+
+}  // namespace fusionrl
+
+#endif  // FUSIONRL_ENGINE_MODEL_H_

@@ -1,0 +1,29 @@
+// One rollout sample: a prompt, one sampled response and everything the
+// trainer needs to learn from it, including what off-policy correction needs
+// (the behaviour log-probs and the policy version that produced them).
+//
+// Plain host data (no tensors), so samples can be queued, moved between
+// threads and sent over the wire cheaply; the trainer collates them.
+#ifndef FUSIONRL_ENGINE_SAMPLE_H_
+#define FUSIONRL_ENGINE_SAMPLE_H_
+
+#include <cstdint>
+#include <vector>
+
+namespace fusionrl {
+
+struct Sample {
+  uint64_t group_id = 0;        // samples of one prompt share a group id
+  uint64_t problem_index = 0;   // Task::TrainProblem index of the prompt
+  std::vector<int> prompt_ids;  // bos + prompt tokens
+  std::vector<int> response_ids;       // sampled tokens, eos included if hit
+  std::vector<float> behaviour_logp;   // log-prob of each response token
+  int64_t behaviour_version = 0;       // policy version that sampled it
+  bool finished = false;  // ended with eos (false: cut at max_new_tokens)
+  double reward = 0.0;    // from the task's RewardFn
+  bool correct = false;   // counted in accuracy
+};
+
+}  // namespace fusionrl
+
+#endif  // FUSIONRL_ENGINE_SAMPLE_H_

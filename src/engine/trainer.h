@@ -1,0 +1,114 @@
+// Trainer: turns scored rollout samples into policy updates.
+//
+// One Step() consumes one rollout batch (groups of group_size samples, laid
+// out group-major) and:
+//   1. collates samples into padded tensors (prompt left-padded, response
+//      right-padded, as the rollout engine lays them out);
+//   2. builds token-level rewards (the outcome reward on the last response
+//      token, minus beta * KL on every token when kl_mode == "reward") and
+//      advantages (GRPO / Dr.GRPO / RLOO from the per-sequence return,
+//      REINFORCE++ per token);
+//   3. for ppo_epochs passes, splits the batch into mini-batches (one
+//      optimizer step each) and micro-batches (gradient accumulation; losses
+//      are normalised by the mini-batch's totals so accumulation is exact);
+//      loss = clipped surrogate (+ kl_coef * KL when kl_mode == "loss")
+//      - entropy_coef * entropy;
+//   4. clips the global gradient norm, applies the warm-up schedule and takes
+//      an AdamW step; the policy version is incremented once per Step().
+// The proximal ("old") log-probs of the surrogate are the behaviour log-probs
+// stored on the samples: in synchronous on-policy RL the sampler and the
+// trainer hold the same weights, so they coincide.
+//
+// Ownership: borrows the policy (and the optional frozen reference), which
+// must outlive the trainer; owns the optimizer. Not thread-safe.
+#ifndef FUSIONRL_ENGINE_TRAINER_H_
+#define FUSIONRL_ENGINE_TRAINER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/model.h"
+#include "engine/sample.h"
+#include "fusionrl/config.h"
+
+namespace fusionrl {
+
+struct TrainStats {
+  double loss = 0;            // total loss (mean over optimizer steps)
+  double pg_loss = 0;         // clipped surrogate part
+  double kl = 0;              // token-mean KL to the reference (0 if none)
+  double entropy = 0;         // token-mean policy entropy
+  double clip_frac = 0;       // fraction of tokens clipped
+  double grad_norm = 0;       // pre-clip global norm (last optimizer step)
+  double lr = 0;              // learning rate used (last optimizer step)
+  double advantage_abs_mean = 0;  // mean |A| over valid tokens
+  int64_t tokens = 0;         // response tokens trained on (per epoch)
+  int optimizer_steps = 0;
+};
+
+// Tensors for a batch of samples. Shapes: [B, P + R] for the sequence,
+// [B, R] for response-aligned tensors. Exposed for tests and SFT.
+struct CollatedBatch {
+  at::Tensor input_ids;       // int64: left-padded prompt, right-padded response
+  at::Tensor valid;           // bool: real tokens
+  at::Tensor positions;       // int64
+  at::Tensor response_ids;    // int64 [B, R]
+  at::Tensor response_mask;   // float [B, R]
+  at::Tensor behaviour_logp;  // float [B, R]
+  int64_t prompt_len = 0;     // P
+};
+CollatedBatch Collate(const std::vector<Sample>& samples, int pad_id,
+                      c10::Device device);
+
+// Per-token log-probs [B, R] of batch.response_ids under `model` (with
+// autograd unless the caller disables it); optionally the logits of the
+// response positions [B, R, V].
+at::Tensor ResponseLogProbs(PolicyModel& model, const CollatedBatch& batch,
+                            double temperature, at::Tensor* logits_out);
+
+class Trainer {
+ public:
+  // `reference` may be null when algorithm.kl_coef == 0.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(
+      PolicyModel& policy, PolicyModel* reference, const JobConfig& config,
+      int pad_id);
+  ~Trainer();
+
+  // One update from one rollout batch. InvalidArgument if the batch size is
+  // not a multiple of group_size or a sample has an empty response.
+  absl::StatusOr<TrainStats> Step(const std::vector<Sample>& samples);
+
+  int64_t version() const { return version_; }
+  void set_version(int64_t v) { version_ = v; }
+
+  // Optimizer state (torch archive), for checkpoints.
+  absl::Status SaveOptimizer(const std::string& path) const;
+  absl::Status LoadOptimizer(const std::string& path);
+
+ private:
+  Trainer(PolicyModel& policy, PolicyModel* reference, const JobConfig& config,
+          int pad_id);
+  struct Optim;
+  PolicyModel& policy_;
+  PolicyModel* reference_;
+  AlgorithmConfig algo_;
+  OptimConfig optim_;
+  int group_size_;
+  double temperature_;
+  int pad_id_;
+  int64_t version_ = 0;
+  int64_t optimizer_steps_ = 0;
+  std::unique_ptr<Optim> optim_state_;
+};
+
+// Learning rate at optimizer step `step` (0-based): linear warm-up from
+// lr / warmup_steps to lr over warmup_steps, then constant.
+double LearningRateAt(const OptimConfig& optim, int64_t step);
+
+}  // namespace fusionrl
+
+#endif  // FUSIONRL_ENGINE_TRAINER_H_
