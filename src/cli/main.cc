@@ -1,7 +1,9 @@
 // fusionrl: the command-line entry point.
 //
-//   fusionrl run  <job.yaml> [--output-dir DIR] [--set key.path=value ...]
-//   fusionrl sft  <job.yaml> [--output-dir DIR] [--set key.path=value ...]
+//   fusionrl run  <job.yaml> [--output-dir DIR] [--init-checkpoint DIR]
+//                            [--set key.path=value ...]
+//   fusionrl sft  <job.yaml> [--output-dir DIR] [--init-checkpoint DIR]
+//                            [--set key.path=value ...]
 //   fusionrl eval <job.yaml> [--checkpoint DIR] [--set key.path=value ...]
 //   fusionrl validate <job.yaml> [--set key.path=value ...]
 //
@@ -16,6 +18,7 @@
 #include "absl/status/status.h"
 #include "fusionrl/config.h"
 #include "fusionrl/job.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
 namespace {
@@ -55,25 +58,43 @@ void AddJobArgs(CLI::App* cmd, JobArgs* args, bool with_output_dir) {
                     "write metrics, checkpoints and summary.json here "
                     "(overrides output_dir)");
   }
+  cmd->add_option("--init-checkpoint", args->checkpoint,
+                  "start from this checkpoint directory (overrides "
+                  "init_checkpoint)");
   cmd->add_option("--set", args->overrides,
                   "override a config key: key.path=value (repeatable)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
 }
 
+// `key="value"` as an override, the value double-quoted for YAML.
+std::string QuotedOverride(const std::string& key, const std::string& value) {
+  std::string quoted = key + "=\"";
+  for (char c : value) {
+    if (c == '"' || c == '\\') quoted += '\\';
+    quoted += c;
+  }
+  return quoted + "\"";
+}
+
 absl::StatusOr<fusionrl::JobConfig> LoadConfig(const JobArgs& args) {
+  // Flags become overrides, applied last, so that the file's own values for
+  // these keys are never checked (e.g. a checkpoint that does not exist yet).
   std::vector<std::string> overrides = args.overrides;
-  auto config = fusionrl::LoadJobConfig(args.config_path, overrides);
-  if (!config.ok()) return config.status();
-  if (!args.output_dir.empty()) config->output_dir = args.output_dir;
-  if (!args.checkpoint.empty()) config->init_checkpoint = args.checkpoint;
-  absl::Status valid = fusionrl::ValidateJobConfig(*config);
-  if (!valid.ok()) return valid;
-  return config;
+  if (!args.output_dir.empty()) {
+    overrides.push_back(QuotedOverride("output_dir", args.output_dir));
+  }
+  if (!args.checkpoint.empty()) {
+    overrides.push_back(QuotedOverride("init_checkpoint", args.checkpoint));
+  }
+  return fusionrl::LoadJobConfig(args.config_path, overrides);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Logs and progress go to stderr; stdout carries only results (the summary
+  // path, eval figures, the resolved config), so scripts can capture them.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("fusionrl"));
   spdlog::set_pattern("[%H:%M:%S] %v");
   CLI::App app{"FusionRL: reinforcement-learning post-training of language "
                "models"};
@@ -89,7 +110,7 @@ int main(int argc, char** argv) {
       "eval", "greedy accuracy of a checkpoint on the held-out split");
   AddJobArgs(eval, &args, false);
   eval->add_option("--checkpoint,-c", args.checkpoint,
-                   "checkpoint directory (overrides init_checkpoint)");
+                   "checkpoint to evaluate (same as --init-checkpoint)");
   CLI::App* validate = app.add_subcommand(
       "validate", "check a job file and print the resolved config");
   AddJobArgs(validate, &args, false);

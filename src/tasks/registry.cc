@@ -148,6 +148,7 @@ RewardRegistry& RewardRegistry::Global() {
   static RewardRegistry* const registry = [] {
     auto* r = new RewardRegistry;
     const std::pair<const char*, RewardFactory> builtins[] = {
+        {"char_match", tasks::MakeCharMatchReward},
         {"countdown", tasks::MakeCountdownReward},
         {"exact", tasks::MakeExactReward},
         {"numeric", tasks::MakeNumericReward},

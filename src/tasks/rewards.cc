@@ -185,6 +185,26 @@ class ExactReward final : public RewardFn {
   }
 };
 
+// Partial credit: the fraction of aligned positions where response and answer
+// agree, over the longer of the two; correct only on an exact match. A dense
+// signal for tasks whose answers are built character by character.
+class CharMatchReward final : public RewardFn {
+ public:
+  Verdict Score(const Problem& problem,
+                std::string_view response) const override {
+    const absl::string_view r = absl::StripAsciiWhitespace(AsAbsl(response));
+    const absl::string_view a = absl::StripAsciiWhitespace(problem.answer);
+    if (r == a) return kCorrect;
+    const size_t longest = std::max(r.size(), a.size());
+    size_t same = 0;
+    for (size_t i = 0; i < std::min(r.size(), a.size()); ++i) {
+      same += r[i] == a[i] ? 1 : 0;
+    }
+    return Verdict{static_cast<double>(same) / static_cast<double>(longest),
+                   false};
+  }
+};
+
 class NumericReward final : public RewardFn {
  public:
   Verdict Score(const Problem& problem,
@@ -248,6 +268,9 @@ absl::StatusOr<CountdownPrompt> ParseCountdownPrompt(std::string_view prompt) {
 
 std::unique_ptr<RewardFn> MakeExactReward() {
   return std::make_unique<ExactReward>();
+}
+std::unique_ptr<RewardFn> MakeCharMatchReward() {
+  return std::make_unique<CharMatchReward>();
 }
 std::unique_ptr<RewardFn> MakeNumericReward() {
   return std::make_unique<NumericReward>();

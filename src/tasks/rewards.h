@@ -1,6 +1,6 @@
 // Built-in reward functions and the countdown expression parser they share
 // with the countdown task. Private to fusionrl_tasks; users reach the rewards
-// through RewardRegistry::Global() ("exact", "numeric", "countdown").
+// through RewardRegistry::Global() ("exact", "char_match", "numeric", "countdown").
 #ifndef FUSIONRL_TASKS_REWARDS_H_
 #define FUSIONRL_TASKS_REWARDS_H_
 
@@ -35,6 +35,10 @@ absl::StatusOr<CountdownPrompt> ParseCountdownPrompt(std::string_view prompt);
 // 1.0 iff the response, surrounding whitespace trimmed, equals the answer
 // (also trimmed).
 std::unique_ptr<RewardFn> MakeExactReward();
+
+// Partial credit: (positions i where response[i] == answer[i]) / max of the
+// two lengths, both trimmed; 1.0 and correct only on an exact match.
+std::unique_ptr<RewardFn> MakeCharMatchReward();
 
 // 1.0 iff response and answer (trimmed) both parse completely as decimal
 // numbers ([+-]digits[.digits][e[+-]digits]) and

@@ -862,13 +862,28 @@ TEST(RegistryTest, UnknownNamesListTheKnownOnes) {
   config.reward = "nope";
   s = TaskRegistry::Global().Create(config).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(s.message().substr(0, 53),
-            "task.reward: unknown reward 'nope' (known: countdown,");
+  EXPECT_EQ(s.message().substr(0, 54),
+            "task.reward: unknown reward 'nope' (known: char_match,");
   EXPECT_EQ(RewardRegistry::Global().Create("nope").status().code(),
             absl::StatusCode::kNotFound);
 
   config.reward = "numeric";
   EXPECT_NE(MustCreate(config), nullptr);
+}
+
+TEST(RewardTest, CharMatchGivesPartialCreditAndExactCorrectness) {
+  auto reward = RewardRegistry::Global().Create("char_match").value();
+  const Problem p{"rev:abcd=", "dcba"};
+  Verdict exact = reward->Score(p, " dcba ");
+  EXPECT_DOUBLE_EQ(exact.reward, 1.0);
+  EXPECT_TRUE(exact.correct);
+  Verdict half = reward->Score(p, "dcxx");  // 2 of 4 positions
+  EXPECT_DOUBLE_EQ(half.reward, 0.5);
+  EXPECT_FALSE(half.correct);
+  Verdict longer = reward->Score(p, "dcbaaa");  // 4 of max(6, 4)
+  EXPECT_DOUBLE_EQ(longer.reward, 4.0 / 6.0);
+  EXPECT_FALSE(longer.correct);
+  EXPECT_DOUBLE_EQ(reward->Score(p, "").reward, 0.0);
 }
 
 TEST(RegistryTest, DuplicateRegistrationIsAlreadyExists) {
