@@ -131,8 +131,7 @@ absl::StatusOr<EvalResult> EvaluateGreedy(PolicyModel& model,
     result.accuracy = static_cast<double>(correct) / result.problems;
     result.reward_mean = reward_sum / result.problems;
   }
-  result.seconds = std::chrono::duration<double>(
-                       std::chrono::steady_clock::now() - start).count();
+  result.seconds = SecondsSince(start);
   return result;
 }
 

@@ -3,6 +3,7 @@
 #ifndef FUSIONRL_ENGINE_JOB_COMMON_H_
 #define FUSIONRL_ENGINE_JOB_COMMON_H_
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +57,12 @@ struct EvalResult {
 absl::StatusOr<EvalResult> EvaluateGreedy(PolicyModel& model,
                                           const JobContext& ctx,
                                           int max_new_tokens);
+
+// Seconds elapsed since `start` on the steady clock.
+inline double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+      .count();
+}
 
 // Writes `summary` as JSON to summary.summary_path (atomically).
 absl::Status WriteSummary(const JobSummary& summary);

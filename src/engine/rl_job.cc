@@ -27,10 +27,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double SecondsSince(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
 constexpr uint64_t kRolloutStream = 0x726f6c6c;  // "roll"
 
 }  // namespace

@@ -21,15 +21,7 @@
 #include "spdlog/spdlog.h"
 
 namespace fusionrl {
-namespace {
-
 using Clock = std::chrono::steady_clock;
-
-double SecondsSince(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-}  // namespace
 
 absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config) {
   const auto job_start = Clock::now();
