@@ -14,6 +14,7 @@
 #ifndef FUSIONRL_JOB_H_
 #define FUSIONRL_JOB_H_
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -32,12 +33,27 @@ struct JobSummary {
   double tokens_per_second = 0;        // rollout_tokens / time in rollout+train
   double final_train_reward = 0;       // mean reward of the last step's batch
   int64_t policy_version = 0;          // trainer version at the end
-  std::string checkpoint_dir;          // the final checkpoint
+  std::string checkpoint_dir;          // the last checkpoint written
   std::string summary_path;            // <output_dir>/summary.json
+  bool interrupted = false;            // stopped early on request
+  int64_t resumed_from_step = 0;       // 0 = a fresh run
+};
+
+struct RunOptions {
+  // Continue from the newest checkpoint under <output_dir>/checkpoints
+  // (written by checkpoint_every, an interruption or the end of a shorter
+  // run): weights, optimizer, policy version, data cursor and step. The
+  // continuation is exactly the run that was not interrupted.
+  bool resume = false;
+  // Polled between steps; when it becomes true the job finishes the current
+  // step, writes a checkpoint and summary.json (interrupted: true) and
+  // returns. Must outlive the call. May be null.
+  const std::atomic<bool>* stop_requested = nullptr;
 };
 
 // The synchronous on-policy RL loop: rollout a batch, score, train, repeat.
-absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config);
+absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config,
+                                    const RunOptions& options = {});
 
 // Supervised warm start on the task's reference solutions.
 absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config);

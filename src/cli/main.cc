@@ -1,15 +1,19 @@
 // fusionrl: the command-line entry point.
 //
 //   fusionrl run  <job.yaml> [--output-dir DIR] [--init-checkpoint DIR]
-//                            [--set key.path=value ...]
+//                            [--resume] [--set key.path=value ...]
 //   fusionrl sft  <job.yaml> [--output-dir DIR] [--init-checkpoint DIR]
 //                            [--set key.path=value ...]
 //   fusionrl eval <job.yaml> [--checkpoint DIR] [--set key.path=value ...]
 //   fusionrl validate <job.yaml> [--set key.path=value ...]
 //
 // Exit codes: 0 success; 2 bad input (config file, key, value, a missing or
-// mismatching file, command-line usage); 1 the job failed while running.
+// mismatching file, command-line usage); 1 the job failed while running;
+// 130 stopped by SIGINT/SIGTERM after checkpointing (continue with --resume).
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <atomic>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -44,8 +48,25 @@ int Fail(const absl::Status& status) {
   return ExitCodeFor(status);
 }
 
+// Set by SIGINT/SIGTERM: the running job finishes its step, checkpoints and
+// returns. A second signal exits at once.
+std::atomic<bool> g_stop_requested{false};
+
+extern "C" void OnStopSignal(int) {
+  if (g_stop_requested.exchange(true)) std::_Exit(130);
+}
+
+void InstallStopHandlers() {
+  struct sigaction action = {};
+  action.sa_handler = OnStopSignal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
 struct JobArgs {
   std::string config_path;
+  bool resume = false;
   std::string output_dir;
   std::string checkpoint;
   std::vector<std::string> overrides;
@@ -103,6 +124,8 @@ int main(int argc, char** argv) {
   CLI::App* run = app.add_subcommand("run", "run an RL job (synchronous "
                                             "on-policy loop)");
   AddJobArgs(run, &args, true);
+  run->add_flag("--resume", args.resume,
+                "continue from the newest checkpoint in the output directory");
   CLI::App* sft = app.add_subcommand("sft", "supervised warm start on the "
                                             "task's reference solutions");
   AddJobArgs(sft, &args, true);
@@ -135,9 +158,13 @@ int main(int argc, char** argv) {
     std::cout << "eval_accuracy " << *accuracy << "\n";
     return 0;
   }
+  InstallStopHandlers();
+  fusionrl::RunOptions options;
+  options.resume = args.resume;
+  options.stop_requested = &g_stop_requested;
   auto summary = sft->parsed() ? fusionrl::RunSftJob(*config)
-                               : fusionrl::RunRlJob(*config);
+                               : fusionrl::RunRlJob(*config, options);
   if (!summary.ok()) return Fail(summary.status());
   std::cout << summary->summary_path << "\n";
-  return 0;
+  return summary->interrupted ? 130 : 0;
 }

@@ -5,6 +5,7 @@
 #include <sstream>
 #include <system_error>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/metrics.h"
 #include "core/status_macros.h"
@@ -46,6 +47,10 @@ absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,
                               {"step", meta.step},
                               {"policy_version", meta.policy_version},
                               {"data_cursor", meta.data_cursor},
+                              {"initial_eval_accuracy", meta.initial_eval_accuracy},
+                              {"last_eval_accuracy", meta.last_eval_accuracy},
+                              {"rollout_tokens", meta.rollout_tokens},
+                              {"loop_seconds", meta.loop_seconds},
                               {"model", ModelJson(model.config(), model.vocab_size())}};
   FUSIONRL_RETURN_IF_ERROR(
       WriteFileAtomic((tmp_dir / "meta.json").string(), j.dump(2) + "\n"));
@@ -102,6 +107,10 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir,
     meta.step = j.value("step", int64_t{0});
     meta.policy_version = j.value("policy_version", int64_t{0});
     meta.data_cursor = j.value("data_cursor", uint64_t{0});
+    meta.initial_eval_accuracy = j.value("initial_eval_accuracy", 0.0);
+    meta.last_eval_accuracy = j.value("last_eval_accuracy", 0.0);
+    meta.rollout_tokens = j.value("rollout_tokens", int64_t{0});
+    meta.loop_seconds = j.value("loop_seconds", 0.0);
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(absl::StrCat("checkpoint '", dir,
                                             "': meta.json: ", e.what()));
@@ -111,6 +120,43 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir,
     FUSIONRL_RETURN_IF_ERROR(trainer->LoadOptimizer((root / "optim.pt").string()));
   }
   return meta;
+}
+
+absl::StatusOr<std::string> FindLatestCheckpoint(
+    const std::string& checkpoints_dir) {
+  std::error_code ec;
+  fs::directory_iterator it(checkpoints_dir, ec);
+  if (ec) {
+    return absl::NotFoundError(absl::StrCat("no checkpoints in '",
+                                            checkpoints_dir, "': ", ec.message()));
+  }
+  std::string best;
+  int64_t best_step = -1;
+  for (const auto& entry : it) {
+    const std::string name = entry.path().filename().string();
+    // Skip half-written (.tmp) and superseded (.old) directories.
+    if (!entry.is_directory() || absl::EndsWith(name, ".tmp") ||
+        absl::EndsWith(name, ".old")) {
+      continue;
+    }
+    std::ifstream in(entry.path() / "meta.json");
+    if (!in) continue;
+    nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("step") ||
+        !j["step"].is_number_integer()) {
+      continue;
+    }
+    const int64_t step = j["step"].get<int64_t>();
+    if (step > best_step) {
+      best_step = step;
+      best = entry.path().string();
+    }
+  }
+  if (best.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("no checkpoints in '", checkpoints_dir, "'"));
+  }
+  return best;
 }
 
 }  // namespace fusionrl

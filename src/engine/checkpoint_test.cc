@@ -41,7 +41,7 @@ TEST(CheckpointTest, WriteThenReadRestoresWeightsAndMeta) {
 TEST(CheckpointTest, ReportsMismatchingModelConfigByKey) {
   const std::string dir = ::testing::TempDir() + "/ckpt_mismatch";
   auto a = TinyModel(1);
-  ASSERT_TRUE(WriteCheckpoint(dir, *a, nullptr, CheckpointMeta{"sft"}).ok());
+  ASSERT_TRUE(WriteCheckpoint(dir, *a, nullptr, CheckpointMeta{"sft", "unit"}).ok());
   ModelConfig other = testing_util::TinyModelConfig();
   other.n_layers = 3;
   auto b = PolicyModel::Create(other, 98, c10::Device("cpu"), 1).value();

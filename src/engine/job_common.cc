@@ -146,7 +146,9 @@ absl::Status WriteSummary(const JobSummary& s) {
       {"tokens_per_second", s.tokens_per_second},
       {"final_train_reward", s.final_train_reward},
       {"policy_version", s.policy_version},
-      {"checkpoint_dir", s.checkpoint_dir}};
+      {"checkpoint_dir", s.checkpoint_dir},
+      {"interrupted", s.interrupted},
+      {"resumed_from_step", s.resumed_from_step}};
   return WriteFileAtomic(s.summary_path, j.dump(2) + "\n");
 }
 

@@ -7,6 +7,8 @@
 // version at training time (staleness 0).
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -29,14 +31,31 @@ using Clock = std::chrono::steady_clock;
 
 constexpr uint64_t kRolloutStream = 0x726f6c6c;  // "roll"
 
+// Keeps the metrics records of steps <= `last_step` (a resumed run rewrites
+// the steps after its checkpoint).
+absl::Status TruncateMetrics(const std::string& path, int64_t last_step) {
+  std::ifstream in(path);
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+        j["step"].get<int64_t>() <= last_step) {
+      kept += line + "\n";
+    }
+  }
+  return WriteFileAtomic(path, kept);
+}
+
 }  // namespace
 
-absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config) {
+absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config,
+                                    const RunOptions& options) {
   const auto job_start = Clock::now();
   FUSIONRL_RETURN_IF_ERROR(ValidateJobConfig(config));
   const std::string& out = config.output_dir;
   FUSIONRL_ASSIGN_OR_RETURN(JobContext ctx, PrepareJob(config, out));
   PolicyModel& policy = *ctx.policy;
+  // The reference is the starting policy (init_checkpoint), also on resume.
   std::unique_ptr<PolicyModel> reference;
   if (config.algorithm.kl_coef > 0) reference = policy.CloneFrozen();
   FUSIONRL_ASSIGN_OR_RETURN(
@@ -45,8 +64,52 @@ absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config) {
                       ctx.tokenizer->pad_id()));
   RolloutEngine rollout(policy, ctx.tokenizer->pad_id(),
                         ctx.tokenizer->eos_id());
-  FUSIONRL_ASSIGN_OR_RETURN(auto metrics,
-                            MetricsLog::Open(out + "/metrics.jsonl", true));
+  const std::string checkpoints_dir = out + "/checkpoints";
+  const std::string metrics_path = out + "/metrics.jsonl";
+
+  JobSummary summary;
+  summary.kind = "rl";
+  summary.summary_path = out + "/summary.json";
+  double last_eval = 0;
+  double loop_seconds = 0;  // rollout + train time, eval excluded
+  uint64_t cursor = 0;
+  int first_step = 1;
+  const int total = config.run.total_steps;
+
+  spdlog::info("[{}] policy {} parameters on {}, task {} ({} eval problems)",
+               config.name, policy.num_parameters(), ctx.device.str(),
+               ctx.task->name(), ctx.task->eval_set().size());
+  if (options.resume) {
+    FUSIONRL_ASSIGN_OR_RETURN(std::string dir,
+                              FindLatestCheckpoint(checkpoints_dir));
+    FUSIONRL_ASSIGN_OR_RETURN(CheckpointMeta meta,
+                              ReadCheckpoint(dir, policy, trainer.get()));
+    if (meta.kind != "rl") {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "resume: '", dir, "' is a ", meta.kind, " checkpoint, not an RL one"));
+    }
+    trainer->set_version(meta.policy_version);
+    cursor = meta.data_cursor;
+    first_step = static_cast<int>(meta.step) + 1;
+    summary.resumed_from_step = meta.step;
+    summary.initial_eval_accuracy = meta.initial_eval_accuracy;
+    summary.rollout_tokens = meta.rollout_tokens;
+    last_eval = meta.last_eval_accuracy;
+    loop_seconds = meta.loop_seconds;
+    FUSIONRL_RETURN_IF_ERROR(TruncateMetrics(metrics_path, meta.step));
+    spdlog::info("[{}] resuming from {} (step {}, policy version {})",
+                 config.name, dir, meta.step, meta.policy_version);
+  } else {
+    FUSIONRL_ASSIGN_OR_RETURN(EvalResult initial,
+                              EvaluateGreedy(policy, ctx,
+                                             config.rollout.max_new_tokens));
+    spdlog::info("[{}] initial eval accuracy {:.3f} ({:.1f}s)", config.name,
+                 initial.accuracy, initial.seconds);
+    summary.initial_eval_accuracy = initial.accuracy;
+    last_eval = initial.accuracy;
+  }
+  FUSIONRL_ASSIGN_OR_RETURN(
+      auto metrics, MetricsLog::Open(metrics_path, /*truncate=*/!options.resume));
 
   const auto& rc = config.rollout;
   SamplingParams sampling;
@@ -55,30 +118,22 @@ absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config) {
   sampling.top_p = rc.top_p;
   sampling.max_new_tokens = rc.max_new_tokens;
 
-  spdlog::info("[{}] policy {} parameters on {}, task {} ({} eval problems)",
-               config.name, policy.num_parameters(), ctx.device.str(),
-               ctx.task->name(), ctx.task->eval_set().size());
-  FUSIONRL_ASSIGN_OR_RETURN(EvalResult initial,
-                            EvaluateGreedy(policy, ctx, rc.max_new_tokens));
-  spdlog::info("[{}] initial eval accuracy {:.3f} ({:.1f}s)", config.name,
-               initial.accuracy, initial.seconds);
-
-  JobSummary summary;
-  summary.kind = "rl";
-  summary.initial_eval_accuracy = initial.accuracy;
-  summary.summary_path = out + "/summary.json";
-  double last_eval = initial.accuracy;
-  double loop_seconds = 0;  // rollout + train time, eval excluded
-  uint64_t cursor = 0;
-  const int total = config.run.total_steps;
-
   auto checkpoint = [&](const std::string& name, int64_t step) {
-    CheckpointMeta meta{"rl", config.name, step, trainer->version(), cursor};
-    const std::string dir = out + "/checkpoints/" + name;
-    return WriteCheckpoint(dir, policy, trainer.get(), meta);
+    CheckpointMeta meta{"rl",
+                        config.name,
+                        step,
+                        trainer->version(),
+                        cursor,
+                        summary.initial_eval_accuracy,
+                        last_eval,
+                        summary.rollout_tokens,
+                        loop_seconds};
+    summary.checkpoint_dir = checkpoints_dir + "/" + name;
+    return WriteCheckpoint(summary.checkpoint_dir, policy, trainer.get(), meta);
   };
 
-  for (int step = 1; step <= total; ++step) {
+  int last_step = first_step - 1;
+  for (int step = first_step; step <= total; ++step) {
     const auto t0 = Clock::now();
     // 1. Prompts for this step: prompts_per_step problems, each repeated
     //    group_size times (group-major layout).
@@ -166,6 +221,9 @@ absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config) {
       rec.push_back({"eval_seconds", ev.seconds});
     }
     FUSIONRL_RETURN_IF_ERROR(metrics->Append(rec));
+    last_step = step;
+    const bool stop = options.stop_requested != nullptr &&
+                      options.stop_requested->load(std::memory_order_relaxed);
     if (step % config.run.log_every == 0 || step == total || eval_now) {
       const double per_step = loop_seconds / step;
       spdlog::info(
@@ -176,17 +234,26 @@ absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config) {
           FormatCount(summary.rollout_tokens / loop_seconds),
           FormatDuration(per_step * (total - step)));
     }
+    if (stop && step != total) {
+      spdlog::warn("[{}] stop requested: checkpointing step {} and exiting; "
+                   "continue with --resume",
+                   config.name, step);
+      summary.interrupted = true;
+      FUSIONRL_RETURN_IF_ERROR(checkpoint(absl::StrCat("step_", step), step));
+      break;
+    }
     if (config.run.checkpoint_every > 0 &&
         step % config.run.checkpoint_every == 0 && step != total) {
       FUSIONRL_RETURN_IF_ERROR(checkpoint(absl::StrCat("step_", step), step));
     }
   }
 
-  FUSIONRL_RETURN_IF_ERROR(checkpoint("final", total));
+  if (!summary.interrupted) {
+    FUSIONRL_RETURN_IF_ERROR(checkpoint("final", last_step));
+  }
   summary.final_eval_accuracy = last_eval;
-  summary.steps = total;
+  summary.steps = last_step;
   summary.policy_version = trainer->version();
-  summary.checkpoint_dir = out + "/checkpoints/final";
   summary.tokens_per_second =
       loop_seconds > 0 ? summary.rollout_tokens / loop_seconds : 0;
   summary.wall_seconds = SecondsSince(job_start);
