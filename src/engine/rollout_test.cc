@@ -76,9 +76,13 @@ TEST(RolloutTest, StopsAtEosAndMarksFinished) {
   for (const auto& c : out) {
     ASSERT_FALSE(c.tokens.empty());
     ASSERT_EQ(c.tokens.size(), c.logp.size());
-    for (size_t t = 0; t + 1 < c.tokens.size(); ++t) EXPECT_NE(c.tokens[t], kEos);
+    for (size_t t = 0; t + 1 < c.tokens.size(); ++t) {
+      EXPECT_NE(c.tokens[t], kEos);
+    }
     EXPECT_EQ(c.finished, c.tokens.back() == kEos);
-    if (!c.finished) EXPECT_EQ(c.tokens.size(), 20u);
+    if (!c.finished) {
+      EXPECT_EQ(c.tokens.size(), 20u);
+    }
     finished += c.finished;
   }
   EXPECT_GT(finished, 0);

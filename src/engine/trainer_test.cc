@@ -176,7 +176,9 @@ TEST(TrainerTest, RlRaisesRewardOnToyTask) {
         total += s.reward;
         samples.push_back(std::move(s));
       }
-      if (train) EXPECT_TRUE(trainer->Step(samples).ok());
+      if (train) {
+        EXPECT_TRUE(trainer->Step(samples).ok());
+      }
       return total / out.size();
     };
     double before = 0;

@@ -1,0 +1,30 @@
+// Time source, injected so that time-dependent logic (heartbeat liveness,
+// StaleSync deadlines) can be tested by moving time by hand.
+#ifndef FUSIONRL_CORE_CLOCK_H_
+#define FUSIONRL_CORE_CLOCK_H_
+
+#include "absl/time/time.h"
+
+namespace fusionrl {
+
+// A source of the current wall-clock time.
+//
+// Ownership: components borrow a Clock by reference; it must outlive them.
+// Thread safety: implementations must be safe to call from any thread.
+// Tests use FakeClock (fake_clock.h); production code uses RealClock().
+class Clock {
+ public:
+  virtual ~Clock();
+
+  // The current time. Not guaranteed monotonic for RealClock() (it follows
+  // the system clock); FakeClock returns whatever it was set to.
+  virtual absl::Time Now() const = 0;
+};
+
+// The process-wide real clock (absl::Now()). Never destroyed, so it may be
+// used from static destructors and detached threads.
+Clock& RealClock();
+
+}  // namespace fusionrl
+
+#endif  // FUSIONRL_CORE_CLOCK_H_
