@@ -111,6 +111,23 @@ struct SftConfig {
   int eval_every = 100;         // greedy eval period; 0 = only at the end
 };
 
+// Which cards a job gets and what each card does. A super node is a group
+// of cards with a fast local interconnect (one machine here); the job takes
+// the same number of cards in each of the super nodes it spans.
+struct PlacementConfig {
+  // colocated-sync: every card trains and samples, alternating (hybrid
+  //   engine); fused: every card trains and samples at the same time (RL
+  //   Fusion); disaggregated: separate rollout and train cards.
+  std::string mode = "colocated-sync";
+  int super_nodes = 1;           // super nodes the job spans
+  int cards_per_super_node = 1;  // cards used in each super node
+  int rollout_cards_per_super_node = 0;  // disaggregated only: how many of
+                                         //   those cards sample; the rest
+                                         //   train (0 for the other modes)
+  bool fail_if_unplaceable = false;  // false: wait for capacity, showing the
+                                     //   reason in status; true: fail the job
+};
+
 struct JobConfig {
   std::string name = "job";        // shown in logs and summaries
   std::string source_path;         // the YAML file this came from (not a key)
@@ -126,6 +143,7 @@ struct JobConfig {
   OptimConfig optim;
   RunConfig run;
   SftConfig sft;
+  PlacementConfig placement;
 };
 
 // Reads `path`, applies `overrides` ("key.path=value", YAML scalar syntax for

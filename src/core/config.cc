@@ -71,6 +71,8 @@ constexpr absl::string_view kLossAggModes[] = {
     "seq-mean-token-sum-norm"};
 constexpr absl::string_view kKlEstimators[] = {"k1", "k2", "k3"};
 constexpr absl::string_view kKlModes[] = {"loss", "reward"};
+constexpr absl::string_view kPlacementModes[] = {"colocated-sync",
+                                                 "disaggregated", "fused"};
 
 // ---------------------------------------------------------------------------
 // The schema: every key of JobConfig, in file order. `V` is one of Reader,
@@ -158,6 +160,16 @@ void VisitSft(SftConfig& s, V& v) {
   v.Int("eval_every", &s.eval_every, AtLeast(0));
 }
 
+template <class V>
+void VisitPlacement(PlacementConfig& p, V& v) {
+  v.String("mode", &p.mode, OneOf(kPlacementModes));
+  v.Int("super_nodes", &p.super_nodes, Closed(1, 4096));
+  v.Int("cards_per_super_node", &p.cards_per_super_node, Closed(1, 4096));
+  v.Int("rollout_cards_per_super_node", &p.rollout_cards_per_super_node,
+        AtLeast(0));
+  v.Bool("fail_if_unplaceable", &p.fail_if_unplaceable);
+}
+
 // `source_path` is deliberately not a key.
 template <class V>
 void VisitJob(JobConfig& c, V& v) {
@@ -174,6 +186,7 @@ void VisitJob(JobConfig& c, V& v) {
   v.Section("optim", [&] { VisitOptim(c.optim, v); });
   v.Section("run", [&] { VisitRun(c.run, v); });
   v.Section("sft", [&] { VisitSft(c.sft, v); });
+  v.Section("placement", [&] { VisitPlacement(c.placement, v); });
 }
 
 // ---------------------------------------------------------------------------
@@ -584,6 +597,29 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
     return Invalid("rollout.max_new_tokens",
                    absl::StrCat("must be < model.max_seq_len (", m.max_seq_len,
                                 "), got ", c.rollout.max_new_tokens));
+  }
+  const PlacementConfig& p = c.placement;
+  if (p.mode == "disaggregated") {
+    if (p.cards_per_super_node < 2) {
+      return Invalid(
+          "placement.cards_per_super_node",
+          absl::StrCat("must be >= 2 when placement.mode is disaggregated "
+                       "(at least one rollout and one train card), got ",
+                       p.cards_per_super_node));
+    }
+    if (p.rollout_cards_per_super_node < 1 ||
+        p.rollout_cards_per_super_node > p.cards_per_super_node - 1) {
+      return Invalid(
+          "placement.rollout_cards_per_super_node",
+          absl::StrCat("disaggregated needs 1..cards_per_super_node-1 "
+                       "rollout cards, got ",
+                       p.rollout_cards_per_super_node));
+    }
+  } else if (p.rollout_cards_per_super_node != 0) {
+    return Invalid("placement.rollout_cards_per_super_node",
+                   absl::StrCat("must be 0 unless placement.mode is "
+                                "disaggregated, got ",
+                                p.rollout_cards_per_super_node));
   }
   return std::nullopt;
 }

@@ -164,6 +164,12 @@ sft:
   lr: 5e-4
   warmup_steps: 7
   eval_every: 200
+placement:
+  mode: disaggregated
+  super_nodes: 4
+  cards_per_super_node: 8
+  rollout_cards_per_super_node: 6
+  fail_if_unplaceable: true
 )");
   absl::StatusOr<JobConfig> config = ParseJobConfig(yaml, "full.yaml");
   ASSERT_TRUE(config.ok()) << config.status();
@@ -229,6 +235,54 @@ sft:
   EXPECT_EQ(c.sft.lr, 5e-4);
   EXPECT_EQ(c.sft.warmup_steps, 7);
   EXPECT_EQ(c.sft.eval_every, 200);
+  EXPECT_EQ(c.placement.mode, "disaggregated");
+  EXPECT_EQ(c.placement.super_nodes, 4);
+  EXPECT_EQ(c.placement.cards_per_super_node, 8);
+  EXPECT_EQ(c.placement.rollout_cards_per_super_node, 6);
+  EXPECT_TRUE(c.placement.fail_if_unplaceable);
+}
+
+TEST(ConfigTest, PlacementDefaultsToOneColocatedCard) {
+  absl::StatusOr<JobConfig> config = ParseJobConfig("placement:\n", "job.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->placement.mode, "colocated-sync");
+  EXPECT_EQ(config->placement.super_nodes, 1);
+  EXPECT_EQ(config->placement.cards_per_super_node, 1);
+  EXPECT_EQ(config->placement.rollout_cards_per_super_node, 0);
+  EXPECT_FALSE(config->placement.fail_if_unplaceable);
+}
+
+TEST(ConfigTest, LoadsPlacementModesAndOverrides) {
+  absl::StatusOr<JobConfig> config = ParseJobConfig(
+      "placement:\n  mode: fused\n  super_nodes: 2\n"
+      "  cards_per_super_node: 16\n",
+      "job.yaml", {"placement.super_nodes=4096"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->placement.mode, "fused");
+  EXPECT_EQ(config->placement.super_nodes, 4096);
+  EXPECT_EQ(config->placement.cards_per_super_node, 16);
+
+  // Switching to disaggregated needs the rollout split too.
+  ExpectError("placement:\n  cards_per_super_node: 4\n",
+              absl::StatusCode::kInvalidArgument,
+              {"job.yaml: placement.rollout_cards_per_super_node: "
+               "disaggregated needs 1..cards_per_super_node-1 rollout cards, "
+               "got 0"},
+              {"placement.mode=disaggregated"});
+  config = ParseJobConfig("placement:\n  cards_per_super_node: 4\n", "job.yaml",
+                          {"placement.mode=disaggregated",
+                           "placement.rollout_cards_per_super_node=1"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->placement.rollout_cards_per_super_node, 1);
+
+  ExpectError("placement:\n  mode: hybrid\n",
+              absl::StatusCode::kInvalidArgument,
+              {"job.yaml: placement.mode: must be one of colocated-sync, "
+               "disaggregated, fused; got 'hybrid'"});
+  ExpectError("placement:\n  super_node: 2\n",
+              absl::StatusCode::kInvalidArgument,
+              {"job.yaml: placement.super_node: unknown key (did you mean "
+               "'super_nodes'?)"});
 }
 
 TEST(ConfigTest, LoadJobConfigReadsFileAndSetsSourcePath) {
@@ -336,6 +390,11 @@ TEST(ConfigTest, RejectsWrongTypes) {
        "job.yaml: task.name: expected a string, got a map"},
       {"model: 3\n", "job.yaml: model: expected a map, got '3'"},
       {"sft: [1, 2]\n", "job.yaml: sft: expected a map, got a sequence"},
+      {"placement:\n  fail_if_unplaceable: maybe\n",
+       "job.yaml: placement.fail_if_unplaceable: expected true or false, got "
+       "'maybe'"},
+      {"placement:\n  super_nodes: two\n",
+       "job.yaml: placement.super_nodes: expected an integer, got 'two'"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.yaml);
@@ -526,6 +585,11 @@ TEST(ConfigTest, RoundTripsThroughYaml) {
   c.run.eval_every = 0;
   c.sft.steps = 0;
   c.sft.lr = 2.5e-3;
+  c.placement.mode = "disaggregated";
+  c.placement.super_nodes = 3;
+  c.placement.cards_per_super_node = 5;
+  c.placement.rollout_cards_per_super_node = 2;
+  c.placement.fail_if_unplaceable = true;
 
   const std::string yaml = JobConfigToYaml(c);
   absl::StatusOr<JobConfig> back = ParseJobConfig(yaml, "rt.yaml");
@@ -542,6 +606,9 @@ TEST(ConfigTest, RoundTripsThroughYaml) {
   EXPECT_EQ(back->optim.eps, c.optim.eps);
   EXPECT_EQ(back->optim.beta2, c.optim.beta2);
   EXPECT_FALSE(back->algorithm.norm_adv_by_std);
+  EXPECT_EQ(back->placement.mode, "disaggregated");
+  EXPECT_EQ(back->placement.rollout_cards_per_super_node, 2);
+  EXPECT_TRUE(back->placement.fail_if_unplaceable);
 }
 
 TEST(ConfigTest, ToYamlIsReadable) {
@@ -553,6 +620,10 @@ TEST(ConfigTest, ToYamlIsReadable) {
   EXPECT_THAT(yaml, HasSubstr("init_checkpoint: \"\"\n"));
   EXPECT_THAT(yaml, HasSubstr("rollout:\n  prompts_per_step: 16\n"));
   EXPECT_THAT(yaml, HasSubstr("sft:\n  steps: 300\n"));
+  EXPECT_THAT(yaml, HasSubstr("placement:\n  mode: colocated-sync\n  "
+                              "super_nodes: 1\n  cards_per_super_node: 1\n  "
+                              "rollout_cards_per_super_node: 0\n  "
+                              "fail_if_unplaceable: false\n"));
   EXPECT_THAT(yaml, Not(HasSubstr("source_path")));
   // The defaults round-trip too.
   absl::StatusOr<JobConfig> back = ParseJobConfig(yaml, "");
@@ -669,6 +740,51 @@ TEST(ConfigTest, ValidateChecksRanges) {
        "rollout.max_new_tokens: must be < model.max_seq_len (64), got 80"},
       {[](JobConfig& c) { c.rollout.max_new_tokens = 64; },
        "rollout.max_new_tokens: must be < model.max_seq_len (64), got 64"},
+      {[](JobConfig& c) { c.placement.mode = "colocated"; },
+       "placement.mode: must be one of colocated-sync, disaggregated, fused; "
+       "got 'colocated'"},
+      {[](JobConfig& c) { c.placement.mode = ""; },
+       "placement.mode: must be one of colocated-sync, disaggregated, fused; "
+       "got ''"},
+      {[](JobConfig& c) { c.placement.super_nodes = 0; },
+       "placement.super_nodes: must be in [1, 4096], got 0"},
+      {[](JobConfig& c) { c.placement.super_nodes = 4097; },
+       "placement.super_nodes: must be in [1, 4096], got 4097"},
+      {[](JobConfig& c) { c.placement.cards_per_super_node = 0; },
+       "placement.cards_per_super_node: must be in [1, 4096], got 0"},
+      {[](JobConfig& c) { c.placement.cards_per_super_node = 4097; },
+       "placement.cards_per_super_node: must be in [1, 4096], got 4097"},
+      {[](JobConfig& c) { c.placement.rollout_cards_per_super_node = -1; },
+       "placement.rollout_cards_per_super_node: must be >= 0, got -1"},
+      {[](JobConfig& c) {
+         c.placement.mode = "disaggregated";
+         c.placement.cards_per_super_node = 4;
+       },
+       "placement.rollout_cards_per_super_node: disaggregated needs "
+       "1..cards_per_super_node-1 rollout cards, got 0"},
+      {[](JobConfig& c) {
+         c.placement.mode = "disaggregated";
+         c.placement.cards_per_super_node = 4;
+         c.placement.rollout_cards_per_super_node = 4;
+       },
+       "placement.rollout_cards_per_super_node: disaggregated needs "
+       "1..cards_per_super_node-1 rollout cards, got 4"},
+      {[](JobConfig& c) {
+         c.placement.mode = "disaggregated";
+         c.placement.rollout_cards_per_super_node = 1;
+       },
+       "placement.cards_per_super_node: must be >= 2 when placement.mode is "
+       "disaggregated (at least one rollout and one train card), got 1"},
+      {[](JobConfig& c) {
+         c.placement.mode = "fused";
+         c.placement.cards_per_super_node = 4;
+         c.placement.rollout_cards_per_super_node = 2;
+       },
+       "placement.rollout_cards_per_super_node: must be 0 unless "
+       "placement.mode is disaggregated, got 2"},
+      {[](JobConfig& c) { c.placement.rollout_cards_per_super_node = 1; },
+       "placement.rollout_cards_per_super_node: must be 0 unless "
+       "placement.mode is disaggregated, got 1"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.message);
@@ -703,6 +819,17 @@ TEST(ConfigTest, ValidateAcceptsEdgeValues) {
   EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
   c.device = "mps";
   EXPECT_TRUE(ValidateJobConfig(c).ok());
+  c.placement.mode = "disaggregated";
+  c.placement.super_nodes = 4096;
+  c.placement.cards_per_super_node = 2;
+  c.placement.rollout_cards_per_super_node = 1;
+  EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
+  c.placement.cards_per_super_node = 4096;
+  c.placement.rollout_cards_per_super_node = 4095;
+  EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
+  c.placement.mode = "fused";
+  c.placement.rollout_cards_per_super_node = 0;
+  EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
 }
 
 }  // namespace

@@ -6,12 +6,12 @@
 #include <map>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/clock.h"
@@ -38,7 +38,7 @@ struct NodeSpec {
 enum class NodeState { kAlive, kLost };
 
 // "alive", "lost".
-std::string_view NodeStateName(NodeState state);
+absl::string_view NodeStateName(NodeState state);
 
 // A copy of one node's entry, taken under the registry's lock.
 struct NodeView {
@@ -46,15 +46,15 @@ struct NodeView {
   NodeSpec spec;
   NodeState state = NodeState::kAlive;
   absl::Time registered;
-  absl::Time last_heartbeat;      // registration counts as the first one
-  absl::Duration heartbeat_age;   // clock.Now() - last_heartbeat, at the copy
-  uint64_t heartbeats = 0;        // Heartbeat() calls accepted (not Register)
+  absl::Time last_heartbeat;     // registration counts as the first one
+  absl::Duration heartbeat_age;  // clock.Now() - last_heartbeat, at the copy
+  uint64_t heartbeats = 0;       // Heartbeat() calls accepted (not Register)
   absl::Time lost_at = absl::InfiniteFuture();  // when SweepLost declared it
 };
 
 // Orders node ids as the registry hands them out: "node-<n>" by n
 // ("node-2" < "node-10"), and any other string after those, by bytes.
-bool NodeIdLess(std::string_view a, std::string_view b);
+bool NodeIdLess(absl::string_view a, absl::string_view b);
 
 // NodeRegistry: the controller's table of worker nodes and their cards.
 //

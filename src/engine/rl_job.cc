@@ -5,6 +5,7 @@
 // score them, and train on the batch. Every sample records the policy
 // version that generated it; in this loop behaviour version == trainer
 // version at training time (staleness 0).
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -180,7 +181,13 @@ absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config,
       finished += s.finished;
       step_tokens += static_cast<int64_t>(s.response_ids.size());
     }
-    // 4. Train.
+    // 4. Train. Staleness = trainer version - behaviour version of each
+    //    sample at the moment it is trained on.
+    int64_t max_staleness = 0;
+    for (const Sample& s : samples) {
+      max_staleness = std::max(max_staleness,
+                               trainer->version() - s.behaviour_version);
+    }
     const auto t1 = Clock::now();
     FUSIONRL_ASSIGN_OR_RETURN(TrainStats ts, trainer->Step(samples));
     const double train_s = SecondsSince(t1);
@@ -205,7 +212,7 @@ absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config,
         {"grad_norm", ts.grad_norm},
         {"lr", ts.lr},
         {"advantage_abs_mean", ts.advantage_abs_mean},
-        {"max_staleness", 0},
+        {"max_staleness", static_cast<double>(max_staleness)},
         {"rollout_tokens", static_cast<double>(step_tokens)},
         {"rollout_seconds", rollout_s},
         {"train_seconds", train_s},
