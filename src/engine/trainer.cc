@@ -104,7 +104,7 @@ struct Trainer::Optim {
 };
 
 Trainer::Trainer(PolicyModel& policy, PolicyModel* reference,
-                 const JobConfig& config, int pad_id)
+                 const JobConfig& config, int pad_id, GradientSync* sync)
     : policy_(policy),
       reference_(reference),
       algo_(config.algorithm),
@@ -112,13 +112,15 @@ Trainer::Trainer(PolicyModel& policy, PolicyModel* reference,
       group_size_(config.rollout.group_size),
       temperature_(config.rollout.temperature > 0 ? config.rollout.temperature
                                                   : 1.0),
-      pad_id_(pad_id) {}
+      pad_id_(pad_id),
+      max_new_tokens_(config.rollout.max_new_tokens),
+      sync_(sync) {}
 
 Trainer::~Trainer() = default;
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     PolicyModel& policy, PolicyModel* reference, const JobConfig& config,
-    int pad_id) {
+    int pad_id, GradientSync* sync) {
   if (config.algorithm.kl_coef > 0 && reference == nullptr) {
     return absl::InvalidArgumentError(
         "algorithm.kl_coef > 0 needs a reference policy");
@@ -136,9 +138,18 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
                                .eps(o.eps)
                                .weight_decay(o.weight_decay));
   std::unique_ptr<Trainer> trainer(
-      new Trainer(policy, reference, config, pad_id));
+      new Trainer(policy, reference, config, pad_id, sync));
   trainer->optim_state_ = std::move(optim);
   return trainer;
+}
+
+absl::Status Trainer::SumOverRanks(std::vector<double>& values) {
+  if (sync_ == nullptr || sync_->world_size() == 1) return absl::OkStatus();
+  std::vector<at::Tensor> t = {at::tensor(values, at::kDouble)};
+  FUSIONRL_RETURN_IF_ERROR(sync_->AllReduceSum(t));
+  auto acc = t[0].accessor<double, 1>();
+  for (size_t i = 0; i < values.size(); ++i) values[i] = acc[i];
+  return absl::OkStatus();
 }
 
 absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
@@ -152,6 +163,18 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
     if (samples[i].response_ids.empty() || samples[i].prompt_ids.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("trainer: sample ", i, " has an empty prompt or response"));
+    }
+  }
+  if (sync_ != nullptr) {
+    // Every rank must take the same number of optimizer steps: equal shards.
+    // The sum is global, so all ranks reach the same verdict.
+    std::vector<double> sizes = {static_cast<double>(batch)};
+    FUSIONRL_RETURN_IF_ERROR(SumOverRanks(sizes));
+    if (sizes[0] != static_cast<double>(batch) * sync_->world_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "trainer: data-parallel ranks hold shards of different sizes (",
+          sizes[0], " samples over ", sync_->world_size(), " ranks; this rank ",
+          batch, ")"));
     }
   }
   const auto device = policy_.device();
@@ -216,10 +239,16 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
   for (int epoch = 0; epoch < algo_.ppo_epochs; ++epoch) {
     for (int64_t m0 = 0; m0 < batch; m0 += mini) {
       const int64_t m_n = std::min(mini, batch - m0);
+      // Loss normalisers of the whole (global) mini-batch; max_len is the
+      // configured response cap, the same on every rank and every step.
+      std::vector<double> totals = {
+          mask.narrow(0, m0, m_n).sum().item<double>(),
+          static_cast<double>(m_n)};
+      FUSIONRL_RETURN_IF_ERROR(SumOverRanks(totals));
       algo::AggNorm norm;
-      norm.num_tokens = mask.narrow(0, m0, m_n).sum().item<double>();
-      norm.num_seqs = static_cast<double>(m_n);
-      norm.max_len = static_cast<double>(r_len);
+      norm.num_tokens = totals[0];
+      norm.num_seqs = totals[1];
+      norm.max_len = static_cast<double>(std::max<int64_t>(r_len, max_new_tokens_));
       adamw.zero_grad();
       double mini_loss = 0;
       for (int64_t u0 = m0; u0 < m0 + m_n; u0 += micro) {
@@ -261,6 +290,14 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
         token_weight += mb_tokens;
       }
       auto params = policy_.parameters();
+      if (sync_ != nullptr && sync_->world_size() > 1) {
+        std::vector<at::Tensor> grads;
+        for (auto& p : params) {
+          if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+          grads.push_back(p.grad());
+        }
+        FUSIONRL_RETURN_IF_ERROR(sync_->AllReduceSum(grads));
+      }
       double grad_norm;
       if (optim_.grad_clip > 0) {
         grad_norm = torch::nn::utils::clip_grad_norm_(params, optim_.grad_clip);

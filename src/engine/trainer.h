@@ -31,6 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/grad_sync.h"
 #include "engine/model.h"
 #include "engine/sample.h"
 #include "fusionrl/config.h"
@@ -72,10 +73,16 @@ at::Tensor ResponseLogProbs(PolicyModel& model, const CollatedBatch& batch,
 
 class Trainer {
  public:
-  // `reference` may be null when algorithm.kl_coef == 0.
+  // `reference` may be null when algorithm.kl_coef == 0. With `sync`
+  // (borrowed, must outlive the trainer) the trainer is one data-parallel
+  // rank: every rank calls Step() with its own shard of whole groups, all
+  // shards of equal size; loss normalisers are summed over ranks and
+  // gradients all-reduced, so the ranks take the step one trainer would take
+  // on the union of the shards and keep identical weights. (REINFORCE++
+  // whitens advantages per shard.)
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(
       PolicyModel& policy, PolicyModel* reference, const JobConfig& config,
-      int pad_id);
+      int pad_id, GradientSync* sync = nullptr);
   ~Trainer();
 
   // One update from one rollout batch. InvalidArgument if the batch size is
@@ -91,7 +98,9 @@ class Trainer {
 
  private:
   Trainer(PolicyModel& policy, PolicyModel* reference, const JobConfig& config,
-          int pad_id);
+          int pad_id, GradientSync* sync);
+  // Sums `values` over ranks (identity without sync).
+  absl::Status SumOverRanks(std::vector<double>& values);
   struct Optim;
   PolicyModel& policy_;
   PolicyModel* reference_;
@@ -100,6 +109,8 @@ class Trainer {
   int group_size_;
   double temperature_;
   int pad_id_;
+  int max_new_tokens_;
+  GradientSync* sync_;
   int64_t version_ = 0;
   int64_t optimizer_steps_ = 0;
   std::unique_ptr<Optim> optim_state_;

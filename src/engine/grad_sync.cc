@@ -1,0 +1,138 @@
+#include "engine/grad_sync.h"
+
+#include <chrono>
+#include <exception>
+#include <future>
+#include <thread>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "absl/strings/str_cat.h"
+
+namespace fusionrl {
+namespace {
+
+std::chrono::milliseconds ToChrono(absl::Duration d) {
+  return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
+}
+
+class GlooGradientSync final : public GradientSync {
+ public:
+  GlooGradientSync(c10::intrusive_ptr<c10d::ProcessGroupGloo> group, int rank,
+                   int world, absl::Duration timeout)
+      : group_(std::move(group)), rank_(rank), world_(world),
+        timeout_(timeout) {}
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+
+  absl::Status AllReduceSum(std::vector<at::Tensor>& tensors) override {
+    if (tensors.empty()) return absl::OkStatus();
+    try {
+      std::vector<at::Tensor> flat_parts;
+      flat_parts.reserve(tensors.size());
+      for (const auto& t : tensors) flat_parts.push_back(t.reshape({-1}));
+      std::vector<at::Tensor> buffer = {at::cat(flat_parts)};
+      auto work = group_->allreduce(buffer);
+      if (!work->wait(ToChrono(timeout_))) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "gradient all-reduce (rank ", rank_, " of ", world_,
+            ") did not finish within ", absl::FormatDuration(timeout_)));
+      }
+      int64_t offset = 0;
+      for (auto& t : tensors) {
+        const int64_t n = t.numel();
+        t.copy_(buffer[0].narrow(0, offset, n).view_as(t));
+        offset += n;
+      }
+    } catch (const std::exception& e) {
+      // c10d reports a timed-out or broken peer as an exception.
+      return absl::UnavailableError(absl::StrCat(
+          "gradient all-reduce (rank ", rank_, " of ", world_,
+          ") failed: ", e.what()));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+  int rank_;
+  int world_;
+  absl::Duration timeout_;
+};
+
+c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> GlooOptions(
+    absl::Duration timeout) {
+  auto options = c10d::ProcessGroupGloo::Options::create(ToChrono(timeout));
+  options->devices.push_back(
+      c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  options->threads = 1;
+  return options;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::unique_ptr<GradientSync>>> MakeLocalGlooGroup(
+    int world_size, absl::Duration timeout) {
+  if (world_size < 1) {
+    return absl::InvalidArgumentError("gloo group: world_size must be >= 1");
+  }
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  store->setTimeout(ToChrono(timeout));
+  // Ranks rendezvous through the store, so they must be constructed
+  // concurrently.
+  std::vector<std::future<c10::intrusive_ptr<c10d::ProcessGroupGloo>>> pending;
+  for (int r = 0; r < world_size; ++r) {
+    pending.push_back(std::async(std::launch::async, [store, r, world_size,
+                                                      timeout] {
+      return c10::make_intrusive<c10d::ProcessGroupGloo>(
+          store, r, world_size, GlooOptions(timeout));
+    }));
+  }
+  std::vector<std::unique_ptr<GradientSync>> group;
+  std::string error;
+  for (int r = 0; r < world_size; ++r) {
+    try {
+      group.push_back(std::make_unique<GlooGradientSync>(pending[r].get(), r,
+                                                         world_size, timeout));
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  if (!error.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("gloo group of ", world_size, " ranks: ", error));
+  }
+  return group;
+}
+
+absl::StatusOr<std::unique_ptr<GradientSync>> MakeTcpGlooGroup(
+    const std::string& host, int port, int rank, int world_size,
+    absl::Duration timeout) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gloo group: rank ", rank, " is not in [0, ", world_size, ")"));
+  }
+  try {
+    c10d::TCPStoreOptions opts;
+    opts.port = static_cast<uint16_t>(port);
+    opts.isServer = rank == 0;
+    opts.numWorkers = world_size;
+    opts.waitWorkers = true;
+    opts.timeout = ToChrono(timeout);
+    auto store = c10::make_intrusive<c10d::TCPStore>(host, opts);
+    auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(
+        store, rank, world_size, GlooOptions(timeout));
+    return std::unique_ptr<GradientSync>(
+        new GlooGradientSync(group, rank, world_size, timeout));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(
+        "gloo group rank ", rank, " via ", host, ":", port, ": ", e.what()));
+  }
+}
+
+}  // namespace fusionrl

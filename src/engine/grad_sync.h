@@ -1,0 +1,51 @@
+// GradientSync: the collective that makes several cards train one policy
+// data-parallel (one replica per card, gradients summed after backward).
+//
+// Inside a super node this is c10d's ProcessGroupGloo (NCCL on GPUs belongs
+// behind the same interface), never a hand-written collective. Each rank
+// holds one GradientSync; all ranks must call the same collectives in the
+// same order with tensors of the same shapes.
+//
+// Thread safety: one GradientSync per rank; a rank's calls come from one
+// thread. Ranks may be threads of one process (MakeLocalGlooGroup) or
+// processes (MakeTcpGlooGroup). Every collective has the group's timeout:
+// a rank that never arrives becomes a DeadlineExceeded error, not a hang.
+#ifndef FUSIONRL_ENGINE_GRAD_SYNC_H_
+#define FUSIONRL_ENGINE_GRAD_SYNC_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace fusionrl {
+
+class GradientSync {
+ public:
+  virtual ~GradientSync() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // Replaces each tensor by its element-wise sum over all ranks. The tensors
+  // are flattened into one buffer, so any number costs one collective.
+  virtual absl::Status AllReduceSum(std::vector<at::Tensor>& tensors) = 0;
+};
+
+// `world_size` ranks in this process (one per card thread), connected over
+// loopback through an in-memory store. Element i is rank i.
+absl::StatusOr<std::vector<std::unique_ptr<GradientSync>>> MakeLocalGlooGroup(
+    int world_size, absl::Duration timeout);
+
+// One rank of a group spanning processes: rank 0 hosts a TCP store on
+// host:port, the others connect to it (all within `timeout`).
+absl::StatusOr<std::unique_ptr<GradientSync>> MakeTcpGlooGroup(
+    const std::string& host, int port, int rank, int world_size,
+    absl::Duration timeout);
+
+}  // namespace fusionrl
+
+#endif  // FUSIONRL_ENGINE_GRAD_SYNC_H_
