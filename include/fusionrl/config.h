@@ -99,6 +99,9 @@ struct RunConfig {
   int eval_every = 10;          // greedy eval on the held-out split; 0 = off
   int checkpoint_every = 0;     // 0 = only the final checkpoint
   int log_every = 1;            // progress line period, in steps
+  // Deadline of every collective between cards (gradient all-reduce, metric
+  // sums): a card that stops answering becomes an error, not a hang.
+  double collective_timeout_seconds = 300;
 };
 
 // Supervised warm start (`fusionrl sft`).

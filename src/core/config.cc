@@ -149,6 +149,8 @@ void VisitRun(RunConfig& r, V& v) {
   v.Int("eval_every", &r.eval_every, AtLeast(0));
   v.Int("checkpoint_every", &r.checkpoint_every, AtLeast(0));
   v.Int("log_every", &r.log_every, AtLeast(1));
+  v.Double("collective_timeout_seconds", &r.collective_timeout_seconds,
+           Above(0));
 }
 
 template <class V>

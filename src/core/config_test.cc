@@ -638,6 +638,8 @@ TEST(ConfigTest, ValidateChecksRanges) {
   };
   const std::vector<Case> cases = {
       {[](JobConfig& c) { c.seed = -1; }, "seed: must be >= 0, got -1"},
+      {[](JobConfig& c) { c.run.collective_timeout_seconds = 0; },
+       "run.collective_timeout_seconds: must be > 0, got 0"},
       {[](JobConfig& c) { c.num_threads = 0; },
        "num_threads: must be in [1, 1024], got 0"},
       {[](JobConfig& c) { c.num_threads = 2000; },

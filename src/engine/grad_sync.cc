@@ -76,6 +76,18 @@ c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> GlooOptions(
 
 }  // namespace
 
+absl::Status SumAcrossRanks(GradientSync* sync, std::vector<double>& values) {
+  if (sync == nullptr || sync->world_size() == 1 || values.empty()) {
+    return absl::OkStatus();
+  }
+  std::vector<at::Tensor> t = {at::tensor(values, at::kDouble)};
+  absl::Status status = sync->AllReduceSum(t);
+  if (!status.ok()) return status;
+  auto acc = t[0].accessor<double, 1>();
+  for (size_t i = 0; i < values.size(); ++i) values[i] = acc[i];
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<std::unique_ptr<GradientSync>>> MakeLocalGlooGroup(
     int world_size, absl::Duration timeout) {
   if (world_size < 1) {

@@ -35,6 +35,10 @@ class GradientSync {
   virtual absl::Status AllReduceSum(std::vector<at::Tensor>& tensors) = 0;
 };
 
+// Sums `values` over the ranks of `sync` (in place). A null `sync` or a
+// group of one is the identity. Used for loss normalisers and metrics.
+absl::Status SumAcrossRanks(GradientSync* sync, std::vector<double>& values);
+
 // `world_size` ranks in this process (one per card thread), connected over
 // loopback through an in-memory store. Element i is rank i.
 absl::StatusOr<std::vector<std::unique_ptr<GradientSync>>> MakeLocalGlooGroup(

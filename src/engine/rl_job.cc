@@ -10,6 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
+
+#include <ATen/Parallel.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -17,6 +21,7 @@
 #include "core/seed.h"
 #include "core/status_macros.h"
 #include "engine/checkpoint.h"
+#include "engine/grad_sync.h"
 #include "engine/job_common.h"
 #include "engine/rollout.h"
 #include "engine/sample.h"
@@ -49,12 +54,22 @@ absl::Status TruncateMetrics(const std::string& path, int64_t last_step) {
 
 }  // namespace
 
-absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config,
-                                    const RunOptions& options) {
+// One card's share of the RL loop. Every card holds a replica of the policy,
+// samples its share of each step's prompt groups and trains data-parallel
+// with the others through `sync` (null for a single card). Card 0 also
+// evaluates, logs, checkpoints and writes the summary; the other cards
+// return an empty summary.
+absl::StatusOr<JobSummary> RunCard(const JobConfig& config,
+                                   const RunOptions& options, int rank,
+                                   GradientSync* sync) {
   const auto job_start = Clock::now();
-  FUSIONRL_RETURN_IF_ERROR(ValidateJobConfig(config));
+  const int world = sync != nullptr ? sync->world_size() : 1;
+  const bool lead = rank == 0;
   const std::string& out = config.output_dir;
-  FUSIONRL_ASSIGN_OR_RETURN(JobContext ctx, PrepareJob(config, out));
+  FUSIONRL_ASSIGN_OR_RETURN(JobContext ctx,
+                            PrepareJob(config, lead ? out : std::string()));
+  // The cards share the job's threads.
+  at::set_num_threads(std::max(1, config.num_threads / world));
   PolicyModel& policy = *ctx.policy;
   // The reference is the starting policy (init_checkpoint), also on resume.
   std::unique_ptr<PolicyModel> reference;
@@ -62,7 +77,7 @@ absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config,
   FUSIONRL_ASSIGN_OR_RETURN(
       std::unique_ptr<Trainer> trainer,
       Trainer::Create(policy, reference.get(), config,
-                      ctx.tokenizer->pad_id()));
+                      ctx.tokenizer->pad_id(), sync));
   RolloutEngine rollout(policy, ctx.tokenizer->pad_id(),
                         ctx.tokenizer->eos_id());
   const std::string checkpoints_dir = out + "/checkpoints";
@@ -77,9 +92,12 @@ absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config,
   int first_step = 1;
   const int total = config.run.total_steps;
 
-  spdlog::info("[{}] policy {} parameters on {}, task {} ({} eval problems)",
-               config.name, policy.num_parameters(), ctx.device.str(),
-               ctx.task->name(), ctx.task->eval_set().size());
+  if (lead) {
+    spdlog::info("[{}] policy {} parameters on {} x {} card(s), task {} ({} "
+                 "eval problems)",
+                 config.name, policy.num_parameters(), world, ctx.device.str(),
+                 ctx.task->name(), ctx.task->eval_set().size());
+  }
   if (options.resume) {
     FUSIONRL_ASSIGN_OR_RETURN(std::string dir,
                               FindLatestCheckpoint(checkpoints_dir));
@@ -97,10 +115,12 @@ absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config,
     summary.rollout_tokens = meta.rollout_tokens;
     last_eval = meta.last_eval_accuracy;
     loop_seconds = meta.loop_seconds;
-    FUSIONRL_RETURN_IF_ERROR(TruncateMetrics(metrics_path, meta.step));
-    spdlog::info("[{}] resuming from {} (step {}, policy version {})",
-                 config.name, dir, meta.step, meta.policy_version);
-  } else {
+    if (lead) {
+      FUSIONRL_RETURN_IF_ERROR(TruncateMetrics(metrics_path, meta.step));
+      spdlog::info("[{}] resuming from {} (step {}, policy version {})",
+                   config.name, dir, meta.step, meta.policy_version);
+    }
+  } else if (lead) {
     FUSIONRL_ASSIGN_OR_RETURN(EvalResult initial,
                               EvaluateGreedy(policy, ctx,
                                              config.rollout.max_new_tokens));
@@ -109,8 +129,11 @@ absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config,
     summary.initial_eval_accuracy = initial.accuracy;
     last_eval = initial.accuracy;
   }
-  FUSIONRL_ASSIGN_OR_RETURN(
-      auto metrics, MetricsLog::Open(metrics_path, /*truncate=*/!options.resume));
+  std::unique_ptr<MetricsLog> metrics;
+  if (lead) {
+    FUSIONRL_ASSIGN_OR_RETURN(
+        metrics, MetricsLog::Open(metrics_path, /*truncate=*/!options.resume));
+  }
 
   const auto& rc = config.rollout;
   SamplingParams sampling;
@@ -141,9 +164,14 @@ absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config,
     std::vector<Sample> samples;
     std::vector<Problem> problems;
     std::vector<std::vector<int>> prompts;
-    samples.reserve(rc.prompts_per_step * rc.group_size);
-    for (int g = 0; g < rc.prompts_per_step; ++g) {
-      const uint64_t index = cursor++;
+    //    This card takes its slice of the step's groups; every card advances
+    //    the cursor past the whole step.
+    const int groups_per_card = rc.prompts_per_step / world;
+    const uint64_t first_group = cursor + static_cast<uint64_t>(rank) * groups_per_card;
+    cursor += rc.prompts_per_step;
+    samples.reserve(groups_per_card * rc.group_size);
+    for (int g = 0; g < groups_per_card; ++g) {
+      const uint64_t index = first_group + g;
       problems.push_back(ctx.task->TrainProblem(index));
       FUSIONRL_ASSIGN_OR_RETURN(
           auto ids, EncodePrompt(*ctx.tokenizer, problems.back().prompt));
@@ -158,10 +186,10 @@ absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config,
       }
     }
     // 2. Rollout.
+    uint64_t rollout_seed = MixSeed(MixSeed(config.seed, kRolloutStream), step);
+    if (rank > 0) rollout_seed = MixSeed(rollout_seed, rank);
     FUSIONRL_ASSIGN_OR_RETURN(
-        auto completions,
-        rollout.Generate(prompts, sampling,
-                         MixSeed(MixSeed(config.seed, kRolloutStream), step)));
+        auto completions, rollout.Generate(prompts, sampling, rollout_seed));
     const double rollout_s = SecondsSince(t0);
     // 3. Score.
     int64_t step_tokens = 0, correct = 0, finished = 0;
@@ -191,10 +219,31 @@ absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config,
     const auto t1 = Clock::now();
     FUSIONRL_ASSIGN_OR_RETURN(TrainStats ts, trainer->Step(samples));
     const double train_s = SecondsSince(t1);
+    // Step totals over all cards; a stop request on any card stops all.
+    const bool stop_here =
+        options.stop_requested != nullptr &&
+        options.stop_requested->load(std::memory_order_relaxed);
+    std::vector<double> totals = {reward_sum,
+                                  static_cast<double>(correct),
+                                  static_cast<double>(finished),
+                                  static_cast<double>(step_tokens),
+                                  static_cast<double>(samples.size()),
+                                  stop_here ? 1.0 : 0.0};
+    FUSIONRL_RETURN_IF_ERROR(SumAcrossRanks(sync, totals));
+    reward_sum = totals[0];
+    correct = static_cast<int64_t>(totals[1]);
+    finished = static_cast<int64_t>(totals[2]);
+    step_tokens = static_cast<int64_t>(totals[3]);
+    const bool stop = totals[5] > 0;
     loop_seconds += SecondsSince(t0);
     summary.rollout_tokens += step_tokens;
+    last_step = step;
+    if (!lead) {
+      if (stop && step != total) break;
+      continue;
+    }
 
-    const double n = static_cast<double>(samples.size());
+    const double n = totals[4];
     const double reward_mean = reward_sum / n;
     summary.final_train_reward = reward_mean;
     MetricRecord rec = {
@@ -228,9 +277,6 @@ absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config,
       rec.push_back({"eval_seconds", ev.seconds});
     }
     FUSIONRL_RETURN_IF_ERROR(metrics->Append(rec));
-    last_step = step;
-    const bool stop = options.stop_requested != nullptr &&
-                      options.stop_requested->load(std::memory_order_relaxed);
     if (step % config.run.log_every == 0 || step == total || eval_now) {
       const double per_step = loop_seconds / step;
       spdlog::info(
@@ -255,6 +301,7 @@ absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config,
     }
   }
 
+  if (!lead) return JobSummary{};
   if (!summary.interrupted) {
     FUSIONRL_RETURN_IF_ERROR(checkpoint("final", last_step));
   }
@@ -271,6 +318,55 @@ absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config,
                FormatDuration(summary.wall_seconds),
                FormatCount(summary.tokens_per_second));
   return summary;
+}
+
+absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config,
+                                    const RunOptions& options) {
+  FUSIONRL_RETURN_IF_ERROR(ValidateJobConfig(config));
+  const PlacementConfig& placement = config.placement;
+  if (placement.mode != "colocated-sync") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "placement.mode: '", placement.mode, "' is not available in this "
+        "version; use colocated-sync"));
+  }
+  if (placement.super_nodes != 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "placement.super_nodes: ", placement.super_nodes, " super nodes need "
+        "the controller and workers, not available in this version; use 1"));
+  }
+  const int cards = placement.cards_per_super_node;
+  if (config.rollout.prompts_per_step % cards != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rollout.prompts_per_step: must be a multiple of "
+        "placement.cards_per_super_node (", cards, ") so every card trains on "
+        "the same number of prompt groups, got ",
+        config.rollout.prompts_per_step));
+  }
+  if (cards == 1) return RunCard(config, options, 0, nullptr);
+
+  // Several cards: one thread each, data-parallel through c10d Gloo.
+  FUSIONRL_ASSIGN_OR_RETURN(
+      auto group,
+      MakeLocalGlooGroup(cards,
+                         absl::Seconds(config.run.collective_timeout_seconds)));
+  std::vector<absl::Status> card_status(cards);
+  std::vector<std::thread> threads;
+  for (int r = 1; r < cards; ++r) {
+    threads.emplace_back([&, r] {
+      card_status[r] = RunCard(config, options, r, group[r].get()).status();
+    });
+  }
+  absl::StatusOr<JobSummary> lead = RunCard(config, options, 0, group[0].get());
+  for (auto& t : threads) t.join();
+  if (!lead.ok()) return lead.status();
+  for (int r = 1; r < cards; ++r) {
+    if (!card_status[r].ok()) {
+      return absl::Status(card_status[r].code(),
+                          absl::StrCat("card ", r, ": ",
+                                       card_status[r].message()));
+    }
+  }
+  return lead;
 }
 
 }  // namespace fusionrl

@@ -143,15 +143,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   return trainer;
 }
 
-absl::Status Trainer::SumOverRanks(std::vector<double>& values) {
-  if (sync_ == nullptr || sync_->world_size() == 1) return absl::OkStatus();
-  std::vector<at::Tensor> t = {at::tensor(values, at::kDouble)};
-  FUSIONRL_RETURN_IF_ERROR(sync_->AllReduceSum(t));
-  auto acc = t[0].accessor<double, 1>();
-  for (size_t i = 0; i < values.size(); ++i) values[i] = acc[i];
-  return absl::OkStatus();
-}
-
 absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
   const int64_t batch = static_cast<int64_t>(samples.size());
   if (batch == 0 || batch % group_size_ != 0) {
@@ -169,7 +160,7 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
     // Every rank must take the same number of optimizer steps: equal shards.
     // The sum is global, so all ranks reach the same verdict.
     std::vector<double> sizes = {static_cast<double>(batch)};
-    FUSIONRL_RETURN_IF_ERROR(SumOverRanks(sizes));
+    FUSIONRL_RETURN_IF_ERROR(SumAcrossRanks(sync_, sizes));
     if (sizes[0] != static_cast<double>(batch) * sync_->world_size()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "trainer: data-parallel ranks hold shards of different sizes (",
@@ -244,7 +235,7 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
       std::vector<double> totals = {
           mask.narrow(0, m0, m_n).sum().item<double>(),
           static_cast<double>(m_n)};
-      FUSIONRL_RETURN_IF_ERROR(SumOverRanks(totals));
+      FUSIONRL_RETURN_IF_ERROR(SumAcrossRanks(sync_, totals));
       algo::AggNorm norm;
       norm.num_tokens = totals[0];
       norm.num_seqs = totals[1];

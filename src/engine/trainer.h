@@ -99,8 +99,6 @@ class Trainer {
  private:
   Trainer(PolicyModel& policy, PolicyModel* reference, const JobConfig& config,
           int pad_id, GradientSync* sync);
-  // Sums `values` over ranks (identity without sync).
-  absl::Status SumOverRanks(std::vector<double>& values);
   struct Optim;
   PolicyModel& policy_;
   PolicyModel* reference_;
