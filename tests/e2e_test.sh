@@ -59,3 +59,30 @@ expected=$(python3 -c "import json;print(json.load(open('$run_summary'))['final_
 python3 -c "import sys; sys.exit(0 if abs($acc - $expected) < 1e-9 else 1)" ||
   { echo "FAIL eval of the final checkpoint: $acc != $expected"; exit 1; }
 echo "ok   eval of the final checkpoint reproduces $acc"
+
+# Ctrl-C: the run finishes its step, checkpoints, writes summary.json with
+# interrupted=true and exits 130; --resume then finishes the run.
+"$BIN" run "$CFG" --output-dir "$OUT/sig" --init-checkpoint "$OUT/sft/checkpoints/final" \
+  --set run.total_steps=100000 --set run.eval_every=0 >/dev/null 2>"$OUT/sig.log" &
+pid=$!
+for _ in $(seq 1 100); do  # wait (at most 20 s) until a few steps are done
+  [ -f "$OUT/sig/metrics.jsonl" ] && [ "$(wc -l < "$OUT/sig/metrics.jsonl")" -ge 3 ] && break
+  sleep 0.2
+done
+kill -INT "$pid"
+# Every wait has a deadline: a run that ignores SIGINT for 60 s is killed.
+timeout 60 tail --pid="$pid" -f /dev/null || kill -KILL "$pid" 2>/dev/null
+rc=0; wait "$pid" || rc=$?
+[ "$rc" -eq 130 ] || { echo "FAIL SIGINT exit code $rc (want 130)"; cat "$OUT/sig.log"; exit 1; }
+stopped=$(python3 -c "import json; s=json.load(open('$OUT/sig/summary.json')); assert s['interrupted'] is True; print(s['steps'])")
+echo "ok   SIGINT stopped after step $stopped with exit 130"
+"$BIN" run "$CFG" --output-dir "$OUT/sig" --resume --set run.total_steps=$((stopped + 2)) --set run.eval_every=0 >/dev/null 2>>"$OUT/sig.log"
+python3 - "$OUT/sig" "$stopped" <<'PY'
+import json, sys
+out, stopped = sys.argv[1], int(sys.argv[2])
+s = json.load(open(out + "/summary.json"))
+rows = [json.loads(l) for l in open(out + "/metrics.jsonl")]
+assert s["interrupted"] is False and s["resumed_from_step"] == stopped, s
+assert [r["step"] for r in rows] == list(range(1, stopped + 3)), [r["step"] for r in rows]
+print(f"ok   --resume continued from step {stopped} to {stopped + 2}")
+PY
