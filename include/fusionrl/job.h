@@ -24,19 +24,19 @@
 namespace fusionrl {
 
 struct JobSummary {
-  std::string kind;                    // "rl" or "sft"
-  double initial_eval_accuracy = 0;    // greedy, held-out split, before step 1
-  double final_eval_accuracy = 0;      // greedy, held-out split, after the last
-  int64_t steps = 0;                   // RL steps or SFT optimizer steps
-  int64_t rollout_tokens = 0;          // response tokens sampled for training
-  double wall_seconds = 0;             // whole job, evaluation included
-  double tokens_per_second = 0;        // rollout_tokens / time in rollout+train
-  double final_train_reward = 0;       // mean reward of the last step's batch
-  int64_t policy_version = 0;          // trainer version at the end
-  std::string checkpoint_dir;          // the last checkpoint written
-  std::string summary_path;            // <output_dir>/summary.json
-  bool interrupted = false;            // stopped early on request
-  int64_t resumed_from_step = 0;       // 0 = a fresh run
+  std::string kind;                  // "rl" or "sft"
+  double initial_eval_accuracy = 0;  // greedy, held-out split, before step 1
+  double final_eval_accuracy = 0;    // greedy, held-out split, after the last
+  int64_t steps = 0;                 // RL steps or SFT optimizer steps
+  int64_t rollout_tokens = 0;        // response tokens sampled for training
+  double wall_seconds = 0;           // whole job, evaluation included
+  double tokens_per_second = 0;      // rollout_tokens / time in rollout+train
+  double final_train_reward = 0;     // mean reward of the last step's batch
+  int64_t policy_version = 0;        // trainer version at the end
+  std::string checkpoint_dir;        // the last checkpoint written
+  std::string summary_path;          // <output_dir>/summary.json
+  bool interrupted = false;          // stopped early on request
+  int64_t resumed_from_step = 0;     // 0 = a fresh run
 };
 
 struct RunOptions {

@@ -7,8 +7,10 @@
 //
 // Adding your own (embedding users):
 //   fusionrl::TaskRegistry::Global().Register("mytask",
-//       [](const fusionrl::TaskConfig& c) -> absl::StatusOr<std::unique_ptr<fusionrl::Task>> {...});
-//   fusionrl::RewardRegistry::Global().Register("myreward", [] { return ...; });
+//       [](const fusionrl::TaskConfig& c) ->
+//       absl::StatusOr<std::unique_ptr<fusionrl::Task>> {...});
+//   fusionrl::RewardRegistry::Global().Register("myreward", [] { return ...;
+//   });
 // before the job is built; then `task.name: mytask` in YAML.
 //
 // Thread safety: Task::TrainProblem, Task::eval_set and RewardFn::Score are
@@ -42,7 +44,8 @@ class RewardFn {
  public:
   virtual ~RewardFn() = default;
   // `response` is the decoded response text, stop token excluded.
-  virtual Verdict Score(const Problem& problem, std::string_view response) const = 0;
+  virtual Verdict Score(const Problem& problem,
+                        std::string_view response) const = 0;
 };
 
 class Task {
@@ -87,6 +90,7 @@ class TaskRegistry {
 
   TaskRegistry();
   ~TaskRegistry();
+
  private:
   struct Rep;
   std::unique_ptr<Rep> rep_;
@@ -96,11 +100,13 @@ class RewardRegistry {
  public:
   static RewardRegistry& Global();
   absl::Status Register(const std::string& name, RewardFactory factory);
-  absl::StatusOr<std::unique_ptr<RewardFn>> Create(const std::string& name) const;
+  absl::StatusOr<std::unique_ptr<RewardFn>> Create(
+      const std::string& name) const;
   std::vector<std::string> Names() const;
 
   RewardRegistry();
   ~RewardRegistry();
+
  private:
   struct Rep;
   std::unique_ptr<Rep> rep_;

@@ -30,7 +30,8 @@ class Tokenizer {
 
   // Text -> ids, without special tokens. InvalidArgument names the first
   // character the vocabulary cannot represent and its offset.
-  virtual absl::StatusOr<std::vector<int>> Encode(std::string_view text) const = 0;
+  virtual absl::StatusOr<std::vector<int>> Encode(
+      std::string_view text) const = 0;
 
   // Ids -> text. Special tokens are skipped; ids outside the vocabulary are
   // rendered as U+FFFD so that decoding never fails.

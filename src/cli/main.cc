@@ -10,10 +10,10 @@
 // Exit codes: 0 success; 2 bad input (config file, key, value, a missing or
 // mismatching file, command-line usage); 1 the job failed while running;
 // 130 stopped by SIGINT/SIGTERM after checkpointing (continue with --resume).
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <atomic>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -117,17 +117,20 @@ int main(int argc, char** argv) {
   // path, eval figures, the resolved config), so scripts can capture them.
   spdlog::set_default_logger(spdlog::stderr_color_mt("fusionrl"));
   spdlog::set_pattern("[%H:%M:%S] %v");
-  CLI::App app{"FusionRL: reinforcement-learning post-training of language "
-               "models"};
+  CLI::App app{
+      "FusionRL: reinforcement-learning post-training of language "
+      "models"};
   app.require_subcommand(1);
   JobArgs args;
-  CLI::App* run = app.add_subcommand("run", "run an RL job (synchronous "
-                                            "on-policy loop)");
+  CLI::App* run = app.add_subcommand("run",
+                                     "run an RL job (synchronous "
+                                     "on-policy loop)");
   AddJobArgs(run, &args, true);
   run->add_flag("--resume", args.resume,
                 "continue from the newest checkpoint in the output directory");
-  CLI::App* sft = app.add_subcommand("sft", "supervised warm start on the "
-                                            "task's reference solutions");
+  CLI::App* sft = app.add_subcommand("sft",
+                                     "supervised warm start on the "
+                                     "task's reference solutions");
   AddJobArgs(sft, &args, true);
   CLI::App* eval = app.add_subcommand(
       "eval", "greedy accuracy of a checkpoint on the held-out split");

@@ -32,10 +32,11 @@ absl::Status GroupLedger::MarkTrained(const std::string& node_id,
   for (size_t i = 0; i < groups.size(); ++i) {
     auto it = owner_.find(groups[i]);
     if (it == owner_.end() || it->second != node_id) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "group ", groups[i], " is not assigned to ", node_id,
-          it == owner_.end() ? " (not assigned to any node)"
-                             : absl::StrCat(" (assigned to ", it->second, ")")));
+      return absl::FailedPreconditionError(
+          absl::StrCat("group ", groups[i], " is not assigned to ", node_id,
+                       it == owner_.end()
+                           ? " (not assigned to any node)"
+                           : absl::StrCat(" (assigned to ", it->second, ")")));
     }
     // A group listed twice in one report is an error too.
     if (std::find(groups.begin(), groups.begin() + i, groups[i]) !=

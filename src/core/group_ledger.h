@@ -55,7 +55,7 @@ class GroupLedger {
 
  private:
   uint64_t total_;
-  uint64_t next_new_ = 0;         // first group never handed out
+  uint64_t next_new_ = 0;          // first group never handed out
   std::deque<uint64_t> requeued_;  // handed out before, now pending again
   absl::flat_hash_map<uint64_t, std::string> owner_;  // assigned -> node
   uint64_t trained_ = 0;

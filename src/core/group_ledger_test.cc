@@ -39,7 +39,7 @@ TEST(GroupLedgerTest, RequeuedGroupsGoFirstAndOldReportsAreRefused) {
 
 TEST(GroupLedgerTest, MarkTrainedIsAllOrNothing) {
   GroupLedger ledger(4);
-  ledger.Assign("node-1", 2);  // 0 1
+  ledger.Assign("node-1", 2);                               // 0 1
   EXPECT_FALSE(ledger.MarkTrained("node-1", {0, 3}).ok());  // 3 not assigned
   EXPECT_EQ(ledger.trained(), 0u);
   EXPECT_EQ(ledger.assigned(), 2u);
@@ -106,7 +106,8 @@ TEST(GroupLedgerTest, EveryGroupTrainedExactlyOnceUnderRandomNodeLoss) {
     std::vector<uint64_t> rest = ledger.Assign("node-final", 1000);
     ASSERT_TRUE(ledger.MarkTrained("node-final", rest).ok());
     trained.insert(rest.begin(), rest.end());
-    ASSERT_TRUE(ledger.done()) << "seed " << seed << ": " << ledger.DebugString();
+    ASSERT_TRUE(ledger.done())
+        << "seed " << seed << ": " << ledger.DebugString();
     ASSERT_EQ(trained.size(), 200u);
     seeds_with_requeues += ledger.requeued_total() > 0;
     for (uint64_t g = 0; g < 200; ++g) ASSERT_EQ(trained.count(g), 1u) << g;

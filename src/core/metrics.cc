@@ -1,11 +1,11 @@
 #include "core/metrics.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <fstream>
-
-#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -79,15 +79,15 @@ absl::Status WriteFileAtomic(const std::string& path, const std::string& text) {
     out.flush();
     if (!out) {
       std::remove(tmp.c_str());
-      return absl::UnavailableError(absl::StrCat("cannot write '", tmp, "': ",
-                                                 std::strerror(errno)));
+      return absl::UnavailableError(
+          absl::StrCat("cannot write '", tmp, "': ", std::strerror(errno)));
     }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     std::remove(tmp.c_str());
-    return absl::UnavailableError(absl::StrCat("cannot rename '", tmp, "' to '",
-                                               path, "': ", std::strerror(err)));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot rename '", tmp, "' to '", path, "': ", std::strerror(err)));
   }
   return absl::OkStatus();
 }

@@ -18,9 +18,10 @@ std::string ReadAll(const std::string& path) {
 }
 
 TEST(MetricsTest, RecordToJsonKeepsOrderIntegersAndNulls) {
-  const std::string json = MetricRecordToJson(
-      {{"step", 3}, {"reward", 0.25},
-       {"kl", std::numeric_limits<double>::quiet_NaN()}});
+  const std::string json =
+      MetricRecordToJson({{"step", 3},
+                          {"reward", 0.25},
+                          {"kl", std::numeric_limits<double>::quiet_NaN()}});
   EXPECT_EQ(json, R"({"step":3,"reward":0.25,"kl":null})");
 }
 

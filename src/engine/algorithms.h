@@ -9,9 +9,9 @@
 #ifndef FUSIONRL_ENGINE_ALGORITHMS_H_
 #define FUSIONRL_ENGINE_ALGORITHMS_H_
 
-#include <string_view>
-
 #include <ATen/core/Tensor.h>
+
+#include <string_view>
 
 #include "absl/status/statusor.h"
 
@@ -83,11 +83,11 @@ at::Tensor KlPenalty(const at::Tensor& logp, const at::Tensor& ref_logp,
 at::Tensor EntropyFromLogits(const at::Tensor& logits);
 
 struct PolicyLossResult {
-  at::Tensor loss;             // scalar, aggregated per mode
-  at::Tensor clip_frac;        // fraction of tokens where clipping bound
-  at::Tensor dual_clip_frac;   // fraction of tokens where the dual clip bound
-  at::Tensor approx_kl;        // token-mean of (old_logp - logp), the
-                               // difference clamped to [-20, 20] as in ratio
+  at::Tensor loss;            // scalar, aggregated per mode
+  at::Tensor clip_frac;       // fraction of tokens where clipping bound
+  at::Tensor dual_clip_frac;  // fraction of tokens where the dual clip bound
+  at::Tensor approx_kl;       // token-mean of (old_logp - logp), the
+                              // difference clamped to [-20, 20] as in ratio
 };
 
 // PPO clipped surrogate with asymmetric clip and dual clip:

@@ -16,10 +16,14 @@ namespace fs = std::filesystem;
 namespace {
 
 nlohmann::ordered_json ModelJson(const ModelConfig& m, int vocab) {
-  return {{"vocab_size", vocab},       {"d_model", m.d_model},
-          {"n_layers", m.n_layers},    {"n_heads", m.n_heads},
-          {"d_ff", m.d_ff},            {"max_seq_len", m.max_seq_len},
-          {"rope_theta", m.rope_theta}, {"norm_eps", m.norm_eps}};
+  return {{"vocab_size", vocab},
+          {"d_model", m.d_model},
+          {"n_layers", m.n_layers},
+          {"n_heads", m.n_heads},
+          {"d_ff", m.d_ff},
+          {"max_seq_len", m.max_seq_len},
+          {"rope_theta", m.rope_theta},
+          {"norm_eps", m.norm_eps}};
 }
 
 }  // namespace
@@ -41,17 +45,18 @@ absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,
     FUSIONRL_RETURN_IF_ERROR(
         trainer->SaveOptimizer((tmp_dir / "optim.pt").string()));
   }
-  nlohmann::ordered_json j = {{"format", "fusionrl-checkpoint-v1"},
-                              {"kind", meta.kind},
-                              {"job_name", meta.job_name},
-                              {"step", meta.step},
-                              {"policy_version", meta.policy_version},
-                              {"data_cursor", meta.data_cursor},
-                              {"initial_eval_accuracy", meta.initial_eval_accuracy},
-                              {"last_eval_accuracy", meta.last_eval_accuracy},
-                              {"rollout_tokens", meta.rollout_tokens},
-                              {"loop_seconds", meta.loop_seconds},
-                              {"model", ModelJson(model.config(), model.vocab_size())}};
+  nlohmann::ordered_json j = {
+      {"format", "fusionrl-checkpoint-v1"},
+      {"kind", meta.kind},
+      {"job_name", meta.job_name},
+      {"step", meta.step},
+      {"policy_version", meta.policy_version},
+      {"data_cursor", meta.data_cursor},
+      {"initial_eval_accuracy", meta.initial_eval_accuracy},
+      {"last_eval_accuracy", meta.last_eval_accuracy},
+      {"rollout_tokens", meta.rollout_tokens},
+      {"loop_seconds", meta.loop_seconds},
+      {"model", ModelJson(model.config(), model.vocab_size())}};
   FUSIONRL_RETURN_IF_ERROR(
       WriteFileAtomic((tmp_dir / "meta.json").string(), j.dump(2) + "\n"));
   // Swap into place: the old checkpoint is removed only once the new one is
@@ -61,9 +66,9 @@ absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,
   if (fs::exists(final_dir)) fs::rename(final_dir, old_dir, ec);
   if (!ec) fs::rename(tmp_dir, final_dir, ec);
   if (ec) {
-    return absl::UnavailableError(absl::StrCat(
-        "checkpoint: cannot move '", tmp_dir.string(), "' to '", dir,
-        "': ", ec.message()));
+    return absl::UnavailableError(absl::StrCat("checkpoint: cannot move '",
+                                               tmp_dir.string(), "' to '", dir,
+                                               "': ", ec.message()));
   }
   fs::remove_all(old_dir, ec);
   return absl::OkStatus();
@@ -76,16 +81,17 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir,
   const fs::path meta_path = root / "meta.json";
   std::ifstream in(meta_path);
   if (!in) {
-    return absl::NotFoundError(absl::StrCat(
-        "checkpoint '", dir, "': no meta.json (not a FusionRL checkpoint "
-        "directory)"));
+    return absl::NotFoundError(
+        absl::StrCat("checkpoint '", dir,
+                     "': no meta.json (not a FusionRL checkpoint "
+                     "directory)"));
   }
   nlohmann::json j;
   try {
     in >> j;
   } catch (const nlohmann::json::exception& e) {
-    return absl::DataLossError(absl::StrCat("checkpoint '", dir,
-                                            "': meta.json: ", e.what()));
+    return absl::DataLossError(
+        absl::StrCat("checkpoint '", dir, "': meta.json: ", e.what()));
   }
   const auto expected = ModelJson(model.config(), model.vocab_size());
   if (!j.contains("model") || !j["model"].is_object()) {
@@ -112,12 +118,13 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir,
     meta.rollout_tokens = j.value("rollout_tokens", int64_t{0});
     meta.loop_seconds = j.value("loop_seconds", 0.0);
   } catch (const nlohmann::json::exception& e) {
-    return absl::DataLossError(absl::StrCat("checkpoint '", dir,
-                                            "': meta.json: ", e.what()));
+    return absl::DataLossError(
+        absl::StrCat("checkpoint '", dir, "': meta.json: ", e.what()));
   }
   FUSIONRL_RETURN_IF_ERROR(model.Load((root / "model.pt").string()));
   if (trainer != nullptr && fs::exists(root / "optim.pt")) {
-    FUSIONRL_RETURN_IF_ERROR(trainer->LoadOptimizer((root / "optim.pt").string()));
+    FUSIONRL_RETURN_IF_ERROR(
+        trainer->LoadOptimizer((root / "optim.pt").string()));
   }
   return meta;
 }
@@ -127,8 +134,8 @@ absl::StatusOr<std::string> FindLatestCheckpoint(
   std::error_code ec;
   fs::directory_iterator it(checkpoints_dir, ec);
   if (ec) {
-    return absl::NotFoundError(absl::StrCat("no checkpoints in '",
-                                            checkpoints_dir, "': ", ec.message()));
+    return absl::NotFoundError(absl::StrCat(
+        "no checkpoints in '", checkpoints_dir, "': ", ec.message()));
   }
   std::string best;
   int64_t best_step = -1;
@@ -141,7 +148,8 @@ absl::StatusOr<std::string> FindLatestCheckpoint(
     }
     std::ifstream in(entry.path() / "meta.json");
     if (!in) continue;
-    nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    nlohmann::json j =
+        nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object() || !j.contains("step") ||
         !j["step"].is_number_integer()) {
       continue;

@@ -23,17 +23,17 @@
 namespace fusionrl {
 
 struct CheckpointMeta {
-  std::string kind;            // "rl" | "sft"
+  std::string kind;  // "rl" | "sft"
   std::string job_name;
-  int64_t step = 0;            // steps completed
+  int64_t step = 0;  // steps completed
   int64_t policy_version = 0;
-  uint64_t data_cursor = 0;    // next Task::TrainProblem index
+  uint64_t data_cursor = 0;  // next Task::TrainProblem index
   // Run totals carried across a resume, so the final summary covers the
   // whole run.
   double initial_eval_accuracy = 0;
   double last_eval_accuracy = 0;
   int64_t rollout_tokens = 0;
-  double loop_seconds = 0;     // time in rollout + train so far
+  double loop_seconds = 0;  // time in rollout + train so far
 };
 
 // The newest checkpoint directory under `checkpoints_dir` (the one with the
@@ -43,7 +43,8 @@ absl::StatusOr<std::string> FindLatestCheckpoint(
 
 // `trainer` may be null (no optim.pt is written).
 absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,
-                             const Trainer* trainer, const CheckpointMeta& meta);
+                             const Trainer* trainer,
+                             const CheckpointMeta& meta);
 
 // Reads meta.json, checks its model config against `model`'s, loads the
 // weights and, when `trainer` is non-null and optim.pt exists, the optimizer.

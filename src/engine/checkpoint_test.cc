@@ -1,8 +1,8 @@
 #include "engine/checkpoint.h"
 
-#include <filesystem>
-
 #include <torch/types.h>
+
+#include <filesystem>
 
 #include "engine/test_util.h"
 #include "gtest/gtest.h"
@@ -35,13 +35,15 @@ TEST(CheckpointTest, WriteThenReadRestoresWeightsAndMeta) {
   EXPECT_EQ(read->policy_version, 12);
   EXPECT_EQ(read->data_cursor, 345u);
   auto pa = a->parameters(), pb = b->parameters();
-  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i]));
+  for (size_t i = 0; i < pa.size(); ++i)
+    EXPECT_TRUE(torch::equal(pa[i], pb[i]));
 }
 
 TEST(CheckpointTest, ReportsMismatchingModelConfigByKey) {
   const std::string dir = ::testing::TempDir() + "/ckpt_mismatch";
   auto a = TinyModel(1);
-  ASSERT_TRUE(WriteCheckpoint(dir, *a, nullptr, CheckpointMeta{"sft", "unit"}).ok());
+  ASSERT_TRUE(
+      WriteCheckpoint(dir, *a, nullptr, CheckpointMeta{"sft", "unit"}).ok());
   ModelConfig other = testing_util::TinyModelConfig();
   other.n_layers = 3;
   auto b = PolicyModel::Create(other, 98, c10::Device("cpu"), 1).value();

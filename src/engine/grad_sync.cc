@@ -1,11 +1,11 @@
 #include "engine/grad_sync.h"
 
+#include <ATen/ATen.h>
+
 #include <chrono>
 #include <exception>
 #include <future>
 #include <thread>
-
-#include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -24,7 +24,9 @@ class GlooGradientSync final : public GradientSync {
  public:
   GlooGradientSync(c10::intrusive_ptr<c10d::ProcessGroupGloo> group, int rank,
                    int world, absl::Duration timeout)
-      : group_(std::move(group)), rank_(rank), world_(world),
+      : group_(std::move(group)),
+        rank_(rank),
+        world_(world),
         timeout_(timeout) {}
 
   int rank() const override { return rank_; }
@@ -51,9 +53,9 @@ class GlooGradientSync final : public GradientSync {
       }
     } catch (const std::exception& e) {
       // c10d reports a timed-out or broken peer as an exception.
-      return absl::UnavailableError(absl::StrCat(
-          "gradient all-reduce (rank ", rank_, " of ", world_,
-          ") failed: ", e.what()));
+      return absl::UnavailableError(absl::StrCat("gradient all-reduce (rank ",
+                                                 rank_, " of ", world_,
+                                                 ") failed: ", e.what()));
     }
     return absl::OkStatus();
   }
@@ -99,11 +101,11 @@ absl::StatusOr<std::vector<std::unique_ptr<GradientSync>>> MakeLocalGlooGroup(
   // concurrently.
   std::vector<std::future<c10::intrusive_ptr<c10d::ProcessGroupGloo>>> pending;
   for (int r = 0; r < world_size; ++r) {
-    pending.push_back(std::async(std::launch::async, [store, r, world_size,
-                                                      timeout] {
-      return c10::make_intrusive<c10d::ProcessGroupGloo>(
-          store, r, world_size, GlooOptions(timeout));
-    }));
+    pending.push_back(
+        std::async(std::launch::async, [store, r, world_size, timeout] {
+          return c10::make_intrusive<c10d::ProcessGroupGloo>(
+              store, r, world_size, GlooOptions(timeout));
+        }));
   }
   std::vector<std::unique_ptr<GradientSync>> group;
   std::string error;

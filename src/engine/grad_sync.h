@@ -13,11 +13,11 @@
 #ifndef FUSIONRL_ENGINE_GRAD_SYNC_H_
 #define FUSIONRL_ENGINE_GRAD_SYNC_H_
 
+#include <ATen/core/Tensor.h>
+
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

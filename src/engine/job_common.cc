@@ -1,11 +1,11 @@
 #include "engine/job_common.h"
 
+#include <ATen/Parallel.h>
+#include <torch/cuda.h>
+
 #include <chrono>
 #include <filesystem>
 #include <system_error>
-
-#include <ATen/Parallel.h>
-#include <torch/cuda.h>
 
 #include "absl/strings/str_cat.h"
 #include "core/metrics.h"
@@ -26,18 +26,20 @@ absl::StatusOr<c10::Device> ResolveDevice(const std::string& name) {
   }
   if (device.is_cuda()) {
     if (!torch::cuda::is_available()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "device: '", name, "' requested, but this LibTorch build has no "
-          "CUDA or no GPU is visible"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("device: '", name,
+                       "' requested, but this LibTorch build has no "
+                       "CUDA or no GPU is visible"));
     }
     const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
     if (device.has_index() && device.index() >= count) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "device: '", name, "' requested, but only ", count, " GPU(s) visible"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("device: '", name, "' requested, but only ", count,
+                       " GPU(s) visible"));
     }
   } else if (!device.is_cpu()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("device: '", name, "' is not supported (use cpu or cuda)"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device: '", name, "' is not supported (use cpu or cuda)"));
   }
   return device;
 }
@@ -62,8 +64,9 @@ absl::StatusOr<JobContext> PrepareJob(const JobConfig& config,
   if (!config.init_checkpoint.empty()) {
     auto meta = ReadCheckpoint(config.init_checkpoint, *ctx.policy, nullptr);
     if (!meta.ok()) {
-      return absl::Status(meta.status().code(),
-                          absl::StrCat("init_checkpoint: ", meta.status().message()));
+      return absl::Status(
+          meta.status().code(),
+          absl::StrCat("init_checkpoint: ", meta.status().message()));
     }
   }
   if (!output_dir.empty()) {
@@ -113,15 +116,16 @@ absl::StatusOr<EvalResult> EvaluateGreedy(PolicyModel& model,
     const size_t end = std::min(problems.size(), i + kBatch);
     std::vector<std::vector<int>> prompts;
     for (size_t j = i; j < end; ++j) {
-      FUSIONRL_ASSIGN_OR_RETURN(auto ids,
-                                EncodePrompt(*ctx.tokenizer, problems[j].prompt));
+      FUSIONRL_ASSIGN_OR_RETURN(
+          auto ids, EncodePrompt(*ctx.tokenizer, problems[j].prompt));
       prompts.push_back(std::move(ids));
     }
     FUSIONRL_ASSIGN_OR_RETURN(auto completions,
                               engine.Generate(prompts, greedy, /*seed=*/0));
     for (size_t j = i; j < end; ++j) {
       const Verdict v = ctx.reward->Score(
-          problems[j], DecodeResponse(*ctx.tokenizer, completions[j - i].tokens));
+          problems[j],
+          DecodeResponse(*ctx.tokenizer, completions[j - i].tokens));
       reward_sum += v.reward;
       correct += v.correct ? 1 : 0;
     }

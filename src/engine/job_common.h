@@ -3,12 +3,12 @@
 #ifndef FUSIONRL_ENGINE_JOB_COMMON_H_
 #define FUSIONRL_ENGINE_JOB_COMMON_H_
 
+#include <c10/core/Device.h>
+
 #include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <c10/core/Device.h>
 
 #include "absl/status/statusor.h"
 #include "engine/model.h"
@@ -47,7 +47,7 @@ std::string DecodeResponse(const Tokenizer& tokenizer,
                            const std::vector<int>& tokens);
 
 struct EvalResult {
-  double accuracy = 0;     // fraction of eval problems answered correctly
+  double accuracy = 0;  // fraction of eval problems answered correctly
   double reward_mean = 0;
   int64_t problems = 0;
   double seconds = 0;

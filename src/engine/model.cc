@@ -1,10 +1,10 @@
 #include "engine/model.h"
 
-#include <cmath>
-
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn.h>
 #include <torch/serialize.h>
+
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 
@@ -35,13 +35,14 @@ TORCH_MODULE(RMSNorm);
 torch::Tensor AttentionMask(const torch::Tensor& key_valid, int64_t start,
                             int64_t t) {
   const int64_t k = key_valid.size(1);
-  auto opts = torch::TensorOptions().dtype(torch::kLong).device(key_valid.device());
+  auto opts =
+      torch::TensorOptions().dtype(torch::kLong).device(key_valid.device());
   auto key_idx = torch::arange(k, opts).unsqueeze(0);              // [1, K]
   auto query_idx = (torch::arange(t, opts) + start).unsqueeze(1);  // [t, 1]
   auto causal = key_idx <= query_idx;                              // [t, K]
   auto self = key_idx == query_idx;                                // [t, K]
   auto allowed = causal.unsqueeze(0) &
-                 (key_valid.unsqueeze(1) | self.unsqueeze(0));     // [B, t, K]
+                 (key_valid.unsqueeze(1) | self.unsqueeze(0));  // [B, t, K]
   return allowed.unsqueeze(1);
 }
 
@@ -49,10 +50,18 @@ class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const ModelConfig& c)
       : n_heads_(c.n_heads), head_dim_(c.d_model / c.n_heads) {
-    wq = register_module("wq", torch::nn::Linear(torch::nn::LinearOptions(c.d_model, c.d_model).bias(false)));
-    wk = register_module("wk", torch::nn::Linear(torch::nn::LinearOptions(c.d_model, c.d_model).bias(false)));
-    wv = register_module("wv", torch::nn::Linear(torch::nn::LinearOptions(c.d_model, c.d_model).bias(false)));
-    wo = register_module("wo", torch::nn::Linear(torch::nn::LinearOptions(c.d_model, c.d_model).bias(false)));
+    wq = register_module(
+        "wq", torch::nn::Linear(
+                  torch::nn::LinearOptions(c.d_model, c.d_model).bias(false)));
+    wk = register_module(
+        "wk", torch::nn::Linear(
+                  torch::nn::LinearOptions(c.d_model, c.d_model).bias(false)));
+    wv = register_module(
+        "wv", torch::nn::Linear(
+                  torch::nn::LinearOptions(c.d_model, c.d_model).bias(false)));
+    wo = register_module(
+        "wo", torch::nn::Linear(
+                  torch::nn::LinearOptions(c.d_model, c.d_model).bias(false)));
   }
 
   // x [B, T, D]; cos/sin [B, 1, T, Dh/2]; mask [B, 1, T, K].
@@ -103,9 +112,15 @@ TORCH_MODULE(Attention);
 class SwiGLUImpl : public torch::nn::Module {
  public:
   explicit SwiGLUImpl(const ModelConfig& c) {
-    w1 = register_module("w1", torch::nn::Linear(torch::nn::LinearOptions(c.d_model, c.d_ff).bias(false)));
-    w3 = register_module("w3", torch::nn::Linear(torch::nn::LinearOptions(c.d_model, c.d_ff).bias(false)));
-    w2 = register_module("w2", torch::nn::Linear(torch::nn::LinearOptions(c.d_ff, c.d_model).bias(false)));
+    w1 = register_module(
+        "w1", torch::nn::Linear(
+                  torch::nn::LinearOptions(c.d_model, c.d_ff).bias(false)));
+    w3 = register_module(
+        "w3", torch::nn::Linear(
+                  torch::nn::LinearOptions(c.d_model, c.d_ff).bias(false)));
+    w2 = register_module(
+        "w2", torch::nn::Linear(
+                  torch::nn::LinearOptions(c.d_ff, c.d_model).bias(false)));
   }
   torch::Tensor forward(const torch::Tensor& x) {
     return w2(torch::silu(w1(x)) * w3(x));
@@ -126,8 +141,8 @@ class BlockImpl : public torch::nn::Module {
                         const torch::Tensor& sin, const torch::Tensor& mask,
                         torch::Tensor* cache_k, torch::Tensor* cache_v,
                         int64_t cache_start) {
-    auto h = x + attn(attn_norm(x), cos, sin, mask, cache_k, cache_v,
-                      cache_start);
+    auto h =
+        x + attn(attn_norm(x), cos, sin, mask, cache_k, cache_v, cache_start);
     return h + mlp(mlp_norm(h));
   }
   RMSNorm attn_norm{nullptr}, mlp_norm{nullptr};
@@ -144,16 +159,20 @@ class DecoderImpl : public torch::nn::Module {
       blocks.push_back(register_module("block" + std::to_string(i), Block(c)));
     }
     norm = register_module("norm", RMSNorm(c.d_model, c.norm_eps));
-    lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.d_model, vocab).bias(false)));
+    lm_head = register_module(
+        "lm_head", torch::nn::Linear(
+                       torch::nn::LinearOptions(c.d_model, vocab).bias(false)));
     // Rotary tables for every position, [max_seq_len, Dh/2]; buffers so they
     // follow .to(device) but are not parameters.
     const int64_t half = c.d_model / c.n_heads / 2;
-    auto inv_freq = torch::pow(
-        c.rope_theta, -torch::arange(half, torch::kDouble) / half);
-    auto angles = torch::outer(torch::arange(c.max_seq_len, torch::kDouble),
-                               inv_freq);
-    rope_cos = register_buffer("rope_cos", torch::cos(angles).to(torch::kFloat));
-    rope_sin = register_buffer("rope_sin", torch::sin(angles).to(torch::kFloat));
+    auto inv_freq =
+        torch::pow(c.rope_theta, -torch::arange(half, torch::kDouble) / half);
+    auto angles =
+        torch::outer(torch::arange(c.max_seq_len, torch::kDouble), inv_freq);
+    rope_cos =
+        register_buffer("rope_cos", torch::cos(angles).to(torch::kFloat));
+    rope_sin =
+        register_buffer("rope_sin", torch::sin(angles).to(torch::kFloat));
   }
 
   torch::Tensor forward(const torch::Tensor& tokens,
@@ -188,8 +207,8 @@ class DecoderImpl : public torch::nn::Module {
       if (p.dim() < 2) continue;  // norm weights stay 1
       const bool residual_out = name.find("wo.") != std::string::npos ||
                                 name.find("w2.") != std::string::npos;
-      auto init = at::normal(0.0, residual_out ? out_std : std,
-                             p.sizes(), gen, p.options().device(torch::kCPU));
+      auto init = at::normal(0.0, residual_out ? out_std : std, p.sizes(), gen,
+                             p.options().device(torch::kCPU));
       p.copy_(init);
     }
   }
@@ -220,9 +239,9 @@ absl::StatusOr<std::unique_ptr<PolicyModel>> PolicyModel::Create(
     uint64_t seed) {
   if (vocab_size < 1 || config.d_model % config.n_heads != 0 ||
       (config.d_model / config.n_heads) % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model: invalid shape (vocab ", vocab_size, ", d_model ",
-        config.d_model, ", n_heads ", config.n_heads, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: invalid shape (vocab ", vocab_size, ", d_model ",
+                     config.d_model, ", n_heads ", config.n_heads, ")"));
   }
   auto impl = std::make_unique<Impl>(Impl{config, vocab_size, device, nullptr});
   try {
@@ -230,9 +249,9 @@ absl::StatusOr<std::unique_ptr<PolicyModel>> PolicyModel::Create(
     impl->decoder->Init(seed);
     impl->decoder->to(device);
   } catch (const c10::Error& e) {
-    return absl::InternalError(
-        absl::StrCat("model: cannot create on ", device.str(), ": ",
-                     e.what_without_backtrace()));
+    return absl::InternalError(absl::StrCat("model: cannot create on ",
+                                            device.str(), ": ",
+                                            e.what_without_backtrace()));
   }
   return std::unique_ptr<PolicyModel>(new PolicyModel(std::move(impl)));
 }
@@ -261,8 +280,8 @@ at::Tensor PolicyModel::ForwardCached(const at::Tensor& tokens,
                                       const at::Tensor& key_valid,
                                       KvCache& cache) {
   TORCH_CHECK(cache.length + tokens.size(1) <= cache.capacity,
-              "KV cache overflow: ", cache.length, " + ", tokens.size(1),
-              " > ", cache.capacity);
+              "KV cache overflow: ", cache.length, " + ", tokens.size(1), " > ",
+              cache.capacity);
   return impl_->decoder->forward(tokens, positions, key_valid, &cache);
 }
 
@@ -281,7 +300,8 @@ std::unique_ptr<PolicyModel> PolicyModel::CloneFrozen() const {
   impl->decoder->to(impl_->device);
   std::unique_ptr<PolicyModel> clone(new PolicyModel(std::move(impl)));
   clone->CopyWeightsFrom(*this);
-  for (auto& p : clone->impl_->decoder->parameters()) p.set_requires_grad(false);
+  for (auto& p : clone->impl_->decoder->parameters())
+    p.set_requires_grad(false);
   clone->set_training(false);
   return clone;
 }
@@ -329,10 +349,10 @@ absl::Status PolicyModel::Load(const std::string& path) {
           "': the checkpoint was made for a different model config"));
     }
     if (stored.sizes() != item.value().sizes()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "'", path, "': tensor '", item.key(), "' has shape ",
-          c10::str(stored.sizes()), " but the model config needs ",
-          c10::str(item.value().sizes())));
+      return absl::FailedPreconditionError(
+          absl::StrCat("'", path, "': tensor '", item.key(), "' has shape ",
+                       c10::str(stored.sizes()), " but the model config needs ",
+                       c10::str(item.value().sizes())));
     }
     item.value().copy_(stored);
   }

@@ -18,13 +18,13 @@
 #ifndef FUSIONRL_ENGINE_MODEL_H_
 #define FUSIONRL_ENGINE_MODEL_H_
 
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
-#include <c10/core/Device.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

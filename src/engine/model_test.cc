@@ -38,24 +38,25 @@ TEST(ModelTest, CachedDecodingMatchesFullForward) {
   torch::NoGradGuard no_grad;
   // Two left-padded sequences of different lengths: prefill 4 slots, then
   // decode 5 tokens one at a time.
-  auto tokens = torch::tensor({{0, 0, 7, 8, 9, 10, 11, 12, 13},
-                               {4, 5, 6, 7, 30, 31, 32, 33, 34}}, torch::kLong);
+  auto tokens = torch::tensor(
+      {{0, 0, 7, 8, 9, 10, 11, 12, 13}, {4, 5, 6, 7, 30, 31, 32, 33, 34}},
+      torch::kLong);
   auto valid = tokens != 0;
   auto full = model->Forward(tokens, PositionsFromValid(valid), valid);
 
   KvCache cache = model->NewCache(2, 9);
   auto positions = PositionsFromValid(valid);
-  auto pre = model->ForwardCached(tokens.narrow(1, 0, 4),
-                                  positions.narrow(1, 0, 4),
-                                  valid.narrow(1, 0, 4), cache);
-  EXPECT_TRUE(torch::allclose(pre.narrow(1, 2, 2), full.narrow(1, 2, 2), 1e-5,
-                              1e-5));
-  EXPECT_TRUE(torch::allclose(pre.select(0, 1), full.select(0, 1).narrow(0, 0, 4),
-                              1e-5, 1e-5));
+  auto pre =
+      model->ForwardCached(tokens.narrow(1, 0, 4), positions.narrow(1, 0, 4),
+                           valid.narrow(1, 0, 4), cache);
+  EXPECT_TRUE(
+      torch::allclose(pre.narrow(1, 2, 2), full.narrow(1, 2, 2), 1e-5, 1e-5));
+  EXPECT_TRUE(torch::allclose(pre.select(0, 1),
+                              full.select(0, 1).narrow(0, 0, 4), 1e-5, 1e-5));
   for (int64_t t = 4; t < 9; ++t) {
-    auto step = model->ForwardCached(tokens.narrow(1, t, 1),
-                                     positions.narrow(1, t, 1),
-                                     valid.narrow(1, 0, t + 1), cache);
+    auto step =
+        model->ForwardCached(tokens.narrow(1, t, 1), positions.narrow(1, t, 1),
+                             valid.narrow(1, 0, t + 1), cache);
     EXPECT_TRUE(torch::allclose(step.squeeze(1), full.select(1, t), 1e-5, 1e-5))
         << "slot " << t << " max diff "
         << (step.squeeze(1) - full.select(1, t)).abs().max().item<float>();
@@ -82,7 +83,8 @@ TEST(ModelTest, SaveLoadRoundTripsAndRejectsOtherShapes) {
   ASSERT_TRUE(a->Save(path).ok());
   ASSERT_TRUE(b->Load(path).ok());
   auto pa = a->parameters(), pb = b->parameters();
-  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i]));
+  for (size_t i = 0; i < pa.size(); ++i)
+    EXPECT_TRUE(torch::equal(pa[i], pb[i]));
 
   ModelConfig wider = testing_util::TinyModelConfig();
   wider.d_model = 64;

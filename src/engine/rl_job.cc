@@ -5,6 +5,8 @@
 // score them, and train on the batch. Every sample records the policy
 // version that generated it; in this loop behaviour version == trainer
 // version at training time (staleness 0).
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -12,8 +14,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <ATen/Parallel.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -74,10 +74,9 @@ absl::StatusOr<JobSummary> RunCard(const JobConfig& config,
   // The reference is the starting policy (init_checkpoint), also on resume.
   std::unique_ptr<PolicyModel> reference;
   if (config.algorithm.kl_coef > 0) reference = policy.CloneFrozen();
-  FUSIONRL_ASSIGN_OR_RETURN(
-      std::unique_ptr<Trainer> trainer,
-      Trainer::Create(policy, reference.get(), config,
-                      ctx.tokenizer->pad_id(), sync));
+  FUSIONRL_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                            Trainer::Create(policy, reference.get(), config,
+                                            ctx.tokenizer->pad_id(), sync));
   RolloutEngine rollout(policy, ctx.tokenizer->pad_id(),
                         ctx.tokenizer->eos_id());
   const std::string checkpoints_dir = out + "/checkpoints";
@@ -93,10 +92,11 @@ absl::StatusOr<JobSummary> RunCard(const JobConfig& config,
   const int total = config.run.total_steps;
 
   if (lead) {
-    spdlog::info("[{}] policy {} parameters on {} x {} card(s), task {} ({} "
-                 "eval problems)",
-                 config.name, policy.num_parameters(), world, ctx.device.str(),
-                 ctx.task->name(), ctx.task->eval_set().size());
+    spdlog::info(
+        "[{}] policy {} parameters on {} x {} card(s), task {} ({} "
+        "eval problems)",
+        config.name, policy.num_parameters(), world, ctx.device.str(),
+        ctx.task->name(), ctx.task->eval_set().size());
   }
   if (options.resume) {
     FUSIONRL_ASSIGN_OR_RETURN(std::string dir,
@@ -104,8 +104,9 @@ absl::StatusOr<JobSummary> RunCard(const JobConfig& config,
     FUSIONRL_ASSIGN_OR_RETURN(CheckpointMeta meta,
                               ReadCheckpoint(dir, policy, trainer.get()));
     if (meta.kind != "rl") {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "resume: '", dir, "' is a ", meta.kind, " checkpoint, not an RL one"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("resume: '", dir, "' is a ", meta.kind,
+                       " checkpoint, not an RL one"));
     }
     trainer->set_version(meta.policy_version);
     cursor = meta.data_cursor;
@@ -121,9 +122,9 @@ absl::StatusOr<JobSummary> RunCard(const JobConfig& config,
                    config.name, dir, meta.step, meta.policy_version);
     }
   } else if (lead) {
-    FUSIONRL_ASSIGN_OR_RETURN(EvalResult initial,
-                              EvaluateGreedy(policy, ctx,
-                                             config.rollout.max_new_tokens));
+    FUSIONRL_ASSIGN_OR_RETURN(
+        EvalResult initial,
+        EvaluateGreedy(policy, ctx, config.rollout.max_new_tokens));
     spdlog::info("[{}] initial eval accuracy {:.3f} ({:.1f}s)", config.name,
                  initial.accuracy, initial.seconds);
     summary.initial_eval_accuracy = initial.accuracy;
@@ -143,14 +144,10 @@ absl::StatusOr<JobSummary> RunCard(const JobConfig& config,
   sampling.max_new_tokens = rc.max_new_tokens;
 
   auto checkpoint = [&](const std::string& name, int64_t step) {
-    CheckpointMeta meta{"rl",
-                        config.name,
-                        step,
-                        trainer->version(),
-                        cursor,
-                        summary.initial_eval_accuracy,
-                        last_eval,
-                        summary.rollout_tokens,
+    CheckpointMeta meta{"rl",        config.name,
+                        step,        trainer->version(),
+                        cursor,      summary.initial_eval_accuracy,
+                        last_eval,   summary.rollout_tokens,
                         loop_seconds};
     summary.checkpoint_dir = checkpoints_dir + "/" + name;
     return WriteCheckpoint(summary.checkpoint_dir, policy, trainer.get(), meta);
@@ -167,7 +164,8 @@ absl::StatusOr<JobSummary> RunCard(const JobConfig& config,
     //    This card takes its slice of the step's groups; every card advances
     //    the cursor past the whole step.
     const int groups_per_card = rc.prompts_per_step / world;
-    const uint64_t first_group = cursor + static_cast<uint64_t>(rank) * groups_per_card;
+    const uint64_t first_group =
+        cursor + static_cast<uint64_t>(rank) * groups_per_card;
     cursor += rc.prompts_per_step;
     samples.reserve(groups_per_card * rc.group_size);
     for (int g = 0; g < groups_per_card; ++g) {
@@ -199,9 +197,9 @@ absl::StatusOr<JobSummary> RunCard(const JobConfig& config,
       s.response_ids = std::move(completions[i].tokens);
       s.behaviour_logp = std::move(completions[i].logp);
       s.finished = completions[i].finished;
-      const Verdict v = ctx.reward->Score(
-          problems[i / rc.group_size],
-          DecodeResponse(*ctx.tokenizer, s.response_ids));
+      const Verdict v =
+          ctx.reward->Score(problems[i / rc.group_size],
+                            DecodeResponse(*ctx.tokenizer, s.response_ids));
       s.reward = v.reward;
       s.correct = v.correct;
       reward_sum += v.reward;
@@ -213,8 +211,8 @@ absl::StatusOr<JobSummary> RunCard(const JobConfig& config,
     //    sample at the moment it is trained on.
     int64_t max_staleness = 0;
     for (const Sample& s : samples) {
-      max_staleness = std::max(max_staleness,
-                               trainer->version() - s.behaviour_version);
+      max_staleness =
+          std::max(max_staleness, trainer->version() - s.behaviour_version);
     }
     const auto t1 = Clock::now();
     FUSIONRL_ASSIGN_OR_RETURN(TrainStats ts, trainer->Step(samples));
@@ -266,9 +264,9 @@ absl::StatusOr<JobSummary> RunCard(const JobConfig& config,
         {"rollout_seconds", rollout_s},
         {"train_seconds", train_s},
         {"tokens_per_second", summary.rollout_tokens / loop_seconds}};
-    const bool eval_now = (config.run.eval_every > 0 &&
-                           step % config.run.eval_every == 0) ||
-                          step == total;
+    const bool eval_now =
+        (config.run.eval_every > 0 && step % config.run.eval_every == 0) ||
+        step == total;
     if (eval_now) {
       FUSIONRL_ASSIGN_OR_RETURN(EvalResult ev,
                                 EvaluateGreedy(policy, ctx, rc.max_new_tokens));
@@ -288,9 +286,10 @@ absl::StatusOr<JobSummary> RunCard(const JobConfig& config,
           FormatDuration(per_step * (total - step)));
     }
     if (stop && step != total) {
-      spdlog::warn("[{}] stop requested: checkpointing step {} and exiting; "
-                   "continue with --resume",
-                   config.name, step);
+      spdlog::warn(
+          "[{}] stop requested: checkpointing step {} and exiting; "
+          "continue with --resume",
+          config.name, step);
       summary.interrupted = true;
       FUSIONRL_RETURN_IF_ERROR(checkpoint(absl::StrCat("step_", step), step));
       break;
@@ -325,22 +324,26 @@ absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config,
   FUSIONRL_RETURN_IF_ERROR(ValidateJobConfig(config));
   const PlacementConfig& placement = config.placement;
   if (placement.mode != "colocated-sync") {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "placement.mode: '", placement.mode, "' is not available in this "
-        "version; use colocated-sync"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("placement.mode: '", placement.mode,
+                     "' is not available in this "
+                     "version; use colocated-sync"));
   }
   if (placement.super_nodes != 1) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "placement.super_nodes: ", placement.super_nodes, " super nodes need "
+        "placement.super_nodes: ", placement.super_nodes,
+        " super nodes need "
         "the controller and workers, not available in this version; use 1"));
   }
   const int cards = placement.cards_per_super_node;
   if (config.rollout.prompts_per_step % cards != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rollout.prompts_per_step: must be a multiple of "
-        "placement.cards_per_super_node (", cards, ") so every card trains on "
-        "the same number of prompt groups, got ",
-        config.rollout.prompts_per_step));
+    return absl::FailedPreconditionError(
+        absl::StrCat("rollout.prompts_per_step: must be a multiple of "
+                     "placement.cards_per_super_node (",
+                     cards,
+                     ") so every card trains on "
+                     "the same number of prompt groups, got ",
+                     config.rollout.prompts_per_step));
   }
   if (cards == 1) return RunCard(config, options, 0, nullptr);
 
@@ -361,9 +364,9 @@ absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config,
   if (!lead.ok()) return lead.status();
   for (int r = 1; r < cards; ++r) {
     if (!card_status[r].ok()) {
-      return absl::Status(card_status[r].code(),
-                          absl::StrCat("card ", r, ": ",
-                                       card_status[r].message()));
+      return absl::Status(
+          card_status[r].code(),
+          absl::StrCat("card ", r, ": ", card_status[r].message()));
     }
   }
   return lead;

@@ -1,13 +1,13 @@
 // The RL job end to end in-process: resume and graceful stop continue a run
 // exactly as if it had never stopped.
+#include <torch/types.h>
+
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include <torch/types.h>
 
 #include "engine/checkpoint.h"
 #include "engine/test_util.h"
@@ -31,7 +31,8 @@ class LengthReward : public RewardFn {
 JobConfig TinyRlJob(const std::string& out, int steps) {
   static const bool registered = [] {
     return RewardRegistry::Global()
-        .Register("test_length", [] { return std::make_unique<LengthReward>(); })
+        .Register("test_length",
+                  [] { return std::make_unique<LengthReward>(); })
         .ok();
   }();
   EXPECT_TRUE(registered);
@@ -51,7 +52,7 @@ JobConfig TinyRlJob(const std::string& out, int steps) {
   c.rollout.max_new_tokens = 5;
   c.algorithm.kl_coef = 0.05;  // exercises the reference policy on resume
   c.optim.lr = 1e-3;
-  c.optim.warmup_steps = 4;    // exercises the lr schedule on resume
+  c.optim.warmup_steps = 4;  // exercises the lr schedule on resume
   c.run.total_steps = steps;
   c.run.eval_every = 2;
   return c;
@@ -126,8 +127,10 @@ TEST(RlJobTest, StopRequestCheckpointsAndResumeFinishesTheRun) {
   ASSERT_TRUE(partial.ok()) << partial.status();
   EXPECT_TRUE(partial->interrupted);
   EXPECT_EQ(partial->steps, 1);
-  EXPECT_TRUE(std::filesystem::exists(stopped.output_dir + "/checkpoints/step_1"));
-  EXPECT_FALSE(std::filesystem::exists(stopped.output_dir + "/checkpoints/final"));
+  EXPECT_TRUE(
+      std::filesystem::exists(stopped.output_dir + "/checkpoints/step_1"));
+  EXPECT_FALSE(
+      std::filesystem::exists(stopped.output_dir + "/checkpoints/final"));
 
   RunOptions resume;
   resume.resume = true;

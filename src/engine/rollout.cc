@@ -1,11 +1,11 @@
 #include "engine/rollout.h"
 
-#include <algorithm>
-#include <limits>
-
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -85,16 +85,17 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(
   auto next_pos = prompt_valid.sum(1, /*keepdim=*/true);  // [B, 1]
 
   KvCache cache = model_.NewCache(batch, total);
-  auto logits = model_.ForwardCached(prompt_tokens,
-                                     PositionsFromValid(prompt_valid),
-                                     prompt_valid, cache)
-                    .select(1, prompt_len - 1);
+  auto logits =
+      model_
+          .ForwardCached(prompt_tokens, PositionsFromValid(prompt_valid),
+                         prompt_valid, cache)
+          .select(1, prompt_len - 1);
 
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  auto out_tokens = at::full({batch, max_new}, pad_id_,
-                             long_opts.device(device));
-  auto out_logp = at::zeros({batch, max_new},
-                            at::TensorOptions().dtype(at::kFloat).device(device));
+  auto out_tokens =
+      at::full({batch, max_new}, pad_id_, long_opts.device(device));
+  auto out_logp = at::zeros(
+      {batch, max_new}, at::TensorOptions().dtype(at::kFloat).device(device));
   auto alive = at::ones({batch}, long_opts.dtype(at::kBool).device(device));
   int64_t steps = 0;
   const bool greedy = params.temperature <= 0.0;
@@ -106,27 +107,32 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(
     if (greedy) {
       next = scaled.argmax(-1);
     } else {
-      auto probs = at::softmax(FilterLogits(scaled, params.top_k, params.top_p), -1);
+      auto probs =
+          at::softmax(FilterLogits(scaled, params.top_k, params.top_p), -1);
       auto cdf = probs.cumsum(-1);
       // Inverse-CDF draw with u in (0, 1]: the first token whose cumulative
       // mass reaches u; zero-probability tokens can never be chosen.
-      auto u = (1.0 - at::rand({batch, 1}, gen, at::TensorOptions().dtype(at::kFloat)))
+      auto u = (1.0 - at::rand({batch, 1}, gen,
+                               at::TensorOptions().dtype(at::kFloat)))
                    .to(device);
-      next = (cdf < u * cdf.narrow(-1, cdf.size(-1) - 1, 1)).sum(-1)
+      next = (cdf < u * cdf.narrow(-1, cdf.size(-1) - 1, 1))
+                 .sum(-1)
                  .clamp_max(cdf.size(-1) - 1);
     }
     auto token_logp = logp_all.gather(-1, next.unsqueeze(-1)).squeeze(-1);
     next = at::where(alive, next, at::full_like(next, pad_id_));
     out_tokens.select(1, step).copy_(next);
-    out_logp.select(1, step).copy_(at::where(alive, token_logp, at::zeros_like(token_logp)));
+    out_logp.select(1, step).copy_(
+        at::where(alive, token_logp, at::zeros_like(token_logp)));
     valid.select(1, prompt_len + step).copy_(alive);
     alive = alive & (next != eos_id_);
     steps = step + 1;
     if (step + 1 == max_new || !alive.any().item<bool>()) break;
-    logits = model_.ForwardCached(next.unsqueeze(1), next_pos,
-                                  valid.narrow(1, 0, prompt_len + step + 1),
-                                  cache)
-                 .select(1, 0);
+    logits =
+        model_
+            .ForwardCached(next.unsqueeze(1), next_pos,
+                           valid.narrow(1, 0, prompt_len + step + 1), cache)
+            .select(1, 0);
     next_pos = next_pos + 1;
   }
 

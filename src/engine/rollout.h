@@ -16,10 +16,10 @@
 #ifndef FUSIONRL_ENGINE_ROLLOUT_H_
 #define FUSIONRL_ENGINE_ROLLOUT_H_
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
 #include "engine/model.h"
@@ -34,9 +34,9 @@ struct SamplingParams {
 };
 
 struct Completion {
-  std::vector<int> tokens;   // generated ids, eos included if produced
-  std::vector<float> logp;   // one per token
-  bool finished = false;     // produced eos
+  std::vector<int> tokens;  // generated ids, eos included if produced
+  std::vector<float> logp;  // one per token
+  bool finished = false;    // produced eos
 };
 
 class RolloutEngine {

@@ -1,8 +1,8 @@
 #include "engine/rollout.h"
 
-#include <cmath>
-
 #include <torch/types.h>
+
+#include <cmath>
 
 #include "engine/test_util.h"
 #include "engine/trainer.h"
@@ -16,7 +16,8 @@ using testing_util::TinyModel;
 constexpr int kPad = 0, kBos = 1, kEos = 2;
 
 std::vector<std::vector<int>> Prompts() {
-  return {{kBos, 20, 21, 22}, {kBos, 40}, {kBos, 50, 51}, {kBos, 60, 61, 62, 63}};
+  return {
+      {kBos, 20, 21, 22}, {kBos, 40}, {kBos, 50, 51}, {kBos, 60, 61, 62, 63}};
 }
 
 TEST(RolloutTest, SameSeedGivesSameSamples) {
@@ -137,7 +138,7 @@ TEST(RolloutTest, FilterLogitsTopPKeepsSmallestSetReachingP) {
     auto f = FilterLogits(logits, 0, top_p);
     return torch::isfinite(f).sum().item<int>();
   };
-  EXPECT_EQ(keep(0.4), 1);   // 0.5 already reaches 0.4
+  EXPECT_EQ(keep(0.4), 1);  // 0.5 already reaches 0.4
   EXPECT_EQ(keep(0.5), 1);
   EXPECT_EQ(keep(0.75), 2);  // 0.5 + 0.3
   EXPECT_EQ(keep(0.9), 3);
@@ -173,7 +174,8 @@ TEST(RolloutTest, SampledTokenFrequenciesFollowTheDistribution) {
   auto tokens = torch::tensor({{kBos, 33}}, torch::kLong);
   auto valid = torch::ones_like(tokens, torch::kBool);
   auto probs = torch::softmax(
-      model->Forward(tokens, PositionsFromValid(valid), valid)[0][-1] / 1.5, -1);
+      model->Forward(tokens, PositionsFromValid(valid), valid)[0][-1] / 1.5,
+      -1);
   std::vector<int> counts(98, 0);
   for (const auto& c : out) counts[c.tokens[0]]++;
   for (int v = 0; v < 98; ++v) {

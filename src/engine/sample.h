@@ -13,12 +13,12 @@
 namespace fusionrl {
 
 struct Sample {
-  uint64_t group_id = 0;        // samples of one prompt share a group id
-  uint64_t problem_index = 0;   // Task::TrainProblem index of the prompt
-  std::vector<int> prompt_ids;  // bos + prompt tokens
-  std::vector<int> response_ids;       // sampled tokens, eos included if hit
-  std::vector<float> behaviour_logp;   // log-prob of each response token
-  int64_t behaviour_version = 0;       // policy version that sampled it
+  uint64_t group_id = 0;              // samples of one prompt share a group id
+  uint64_t problem_index = 0;         // Task::TrainProblem index of the prompt
+  std::vector<int> prompt_ids;        // bos + prompt tokens
+  std::vector<int> response_ids;      // sampled tokens, eos included if hit
+  std::vector<float> behaviour_logp;  // log-prob of each response token
+  int64_t behaviour_version = 0;      // policy version that sampled it
   bool finished = false;  // ended with eos (false: cut at max_new_tokens)
   double reward = 0.0;    // from the task's RewardFn
   bool correct = false;   // counted in accuracy

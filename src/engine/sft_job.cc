@@ -6,10 +6,13 @@
 // only (the prompt is context, not a target). RL then starts from a policy
 // that knows the task's format and sometimes succeeds, as real post-training
 // starts from an SFT model.
-#include <chrono>
-
 #include <torch/optim/adamw.h>
+
+// clip_grad.h does not include what it uses: it must follow a header that
+// declares torch::Tensor.
 #include <torch/nn/utils/clip_grad.h>
+
+#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "core/metrics.h"
@@ -67,15 +70,18 @@ absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config) {
                                 ctx.tokenizer->Encode(ctx.task->Solution(p)));
       s.response_ids.push_back(ctx.tokenizer->eos_id());
       if (static_cast<int>(s.response_ids.size()) > max_new) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "rollout.max_new_tokens: the reference solution of '", p.prompt,
-            "' needs ", s.response_ids.size(), " tokens (eos included), more "
-            "than ", max_new));
+        return absl::InvalidArgumentError(
+            absl::StrCat("rollout.max_new_tokens: the reference solution of '",
+                         p.prompt, "' needs ", s.response_ids.size(),
+                         " tokens (eos included), more "
+                         "than ",
+                         max_new));
       }
       tokens += static_cast<int64_t>(s.response_ids.size());
       batch.push_back(std::move(s));
     }
-    const CollatedBatch cb = Collate(batch, ctx.tokenizer->pad_id(), ctx.device);
+    const CollatedBatch cb =
+        Collate(batch, ctx.tokenizer->pad_id(), ctx.device);
     policy.set_training(true);
     adamw.zero_grad();
     auto logp = ResponseLogProbs(policy, cb, 1.0, nullptr);
@@ -96,8 +102,8 @@ absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config) {
       return absl::InternalError(absl::StrCat(
           "sft: loss became non-finite at step ", step, "; lower sft.lr"));
     }
-    MetricRecord rec = {{"step", step}, {"loss", loss_v},
-                        {"grad_norm", grad_norm}, {"lr", lr}};
+    MetricRecord rec = {
+        {"step", step}, {"loss", loss_v}, {"grad_norm", grad_norm}, {"lr", lr}};
     const bool eval_now =
         (sc.eval_every > 0 && step % sc.eval_every == 0) || step == sc.steps;
     if (eval_now) {
@@ -112,19 +118,19 @@ absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config) {
     FUSIONRL_RETURN_IF_ERROR(metrics->Append(rec));
   }
   summary.checkpoint_dir = out + "/checkpoints/final";
-  FUSIONRL_RETURN_IF_ERROR(WriteCheckpoint(
-      summary.checkpoint_dir, policy, nullptr,
-      CheckpointMeta{"sft", config.name, sc.steps, 0, cursor}));
+  FUSIONRL_RETURN_IF_ERROR(
+      WriteCheckpoint(summary.checkpoint_dir, policy, nullptr,
+                      CheckpointMeta{"sft", config.name, sc.steps, 0, cursor}));
   summary.final_eval_accuracy = last_eval;
   summary.steps = sc.steps;
   summary.tokens_per_second = train_seconds > 0 ? tokens / train_seconds : 0;
   summary.wall_seconds = SecondsSince(job_start);
   FUSIONRL_RETURN_IF_ERROR(WriteSummary(summary));
-  spdlog::info("[{}] sft done: eval accuracy {:.3f} -> {:.3f} in {}; "
-               "checkpoint {}",
-               config.name, summary.initial_eval_accuracy,
-               summary.final_eval_accuracy,
-               FormatDuration(summary.wall_seconds), summary.checkpoint_dir);
+  spdlog::info(
+      "[{}] sft done: eval accuracy {:.3f} -> {:.3f} in {}; "
+      "checkpoint {}",
+      config.name, summary.initial_eval_accuracy, summary.final_eval_accuracy,
+      FormatDuration(summary.wall_seconds), summary.checkpoint_dir);
   return summary;
 }
 

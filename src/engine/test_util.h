@@ -22,8 +22,8 @@ inline ModelConfig TinyModelConfig() {
 
 inline std::unique_ptr<PolicyModel> TinyModel(uint64_t seed = 7,
                                               int vocab = 98) {
-  auto m = PolicyModel::Create(TinyModelConfig(), vocab, c10::Device("cpu"),
-                               seed);
+  auto m =
+      PolicyModel::Create(TinyModelConfig(), vocab, c10::Device("cpu"), seed);
   return std::move(m).value();
 }
 

@@ -1,11 +1,14 @@
 #include "engine/trainer.h"
 
+#include <torch/optim/adamw.h>
+#include <torch/serialize.h>
+
+// clip_grad.h does not include what it uses: it must follow a header that
+// declares torch::Tensor.
+#include <torch/nn/utils/clip_grad.h>
+
 #include <algorithm>
 #include <cmath>
-
-#include <torch/optim/adamw.h>
-#include <torch/nn/utils/clip_grad.h>
-#include <torch/serialize.h>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
@@ -146,14 +149,16 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
 absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
   const int64_t batch = static_cast<int64_t>(samples.size());
   if (batch == 0 || batch % group_size_ != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "trainer: batch of ", batch, " samples is not a positive multiple of "
-        "rollout.group_size (", group_size_, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer: batch of ", batch,
+                     " samples is not a positive multiple of "
+                     "rollout.group_size (",
+                     group_size_, ")"));
   }
   for (size_t i = 0; i < samples.size(); ++i) {
     if (samples[i].response_ids.empty() || samples[i].prompt_ids.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("trainer: sample ", i, " has an empty prompt or response"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "trainer: sample ", i, " has an empty prompt or response"));
     }
   }
   if (sync_ != nullptr) {
@@ -194,18 +199,18 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
     }
     auto scores = at::tensor(scores_host).to(device);
     auto last = at::tensor(last_idx).to(device);
-    auto token_rewards = at::zeros_like(mask).scatter(
-        1, last.unsqueeze(1), scores.unsqueeze(1));
+    auto token_rewards =
+        at::zeros_like(mask).scatter(1, last.unsqueeze(1), scores.unsqueeze(1));
     if (use_kl && algo_.kl_mode == "reward") {
-      token_rewards = token_rewards -
-                      algo_.kl_coef *
-                          algo::KlPenalty(full.behaviour_logp, ref_logp,
-                                          optim_state_->kl_estimator) *
-                          mask;
+      token_rewards =
+          token_rewards - algo_.kl_coef *
+                              algo::KlPenalty(full.behaviour_logp, ref_logp,
+                                              optim_state_->kl_estimator) *
+                              mask;
     }
     if (algo_.adv_estimator == "reinforce_pp") {
-      advantages = algo::ReinforcePlusPlusAdvantages(token_rewards, mask,
-                                                     algo_.gamma);
+      advantages =
+          algo::ReinforcePlusPlusAdvantages(token_rewards, mask, algo_.gamma);
     } else {
       auto returns = (token_rewards * mask).sum(1);
       auto seq_adv = algo_.adv_estimator == "rloo"
@@ -239,7 +244,8 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
       algo::AggNorm norm;
       norm.num_tokens = totals[0];
       norm.num_seqs = totals[1];
-      norm.max_len = static_cast<double>(std::max<int64_t>(r_len, max_new_tokens_));
+      norm.max_len =
+          static_cast<double>(std::max<int64_t>(r_len, max_new_tokens_));
       adamw.zero_grad();
       double mini_loss = 0;
       for (int64_t u0 = m0; u0 < m0 + m_n; u0 += micro) {
@@ -248,35 +254,38 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
         const auto adv = advantages.narrow(0, u0, u_n);
         at::Tensor logits;
         auto logp = ResponseLogProbs(policy_, mb, temperature_, &logits);
-        auto pg = algo::PpoClipLoss(logp, mb.behaviour_logp, adv,
-                                    mb.response_mask, algo_.clip_ratio_low,
-                                    algo_.clip_ratio_high, algo_.clip_ratio_c,
-                                    optim_state_->agg, norm);
+        auto pg =
+            algo::PpoClipLoss(logp, mb.behaviour_logp, adv, mb.response_mask,
+                              algo_.clip_ratio_low, algo_.clip_ratio_high,
+                              algo_.clip_ratio_c, optim_state_->agg, norm);
         auto loss = pg.loss;
         const double mb_tokens = mb.response_mask.sum().item<double>();
         if (use_kl) {
           auto kl_tok = algo::KlPenalty(logp, ref_logp.narrow(0, u0, u_n),
                                         optim_state_->kl_estimator);
           if (algo_.kl_mode == "loss") {
-            loss = loss + algo_.kl_coef * algo::AggLoss(kl_tok, mb.response_mask,
-                                                        optim_state_->agg, norm);
+            loss =
+                loss + algo_.kl_coef * algo::AggLoss(kl_tok, mb.response_mask,
+                                                     optim_state_->agg, norm);
           }
           kl_sum += MaskedMean(kl_tok.detach(), mb.response_mask) * mb_tokens;
         }
         if (algo_.entropy_coef > 0) {
           auto ent = algo::EntropyFromLogits(logits);
-          loss = loss - algo_.entropy_coef *
-                            algo::AggLoss(ent, mb.response_mask,
-                                          optim_state_->agg, norm);
+          loss = loss -
+                 algo_.entropy_coef * algo::AggLoss(ent, mb.response_mask,
+                                                    optim_state_->agg, norm);
           ent_sum += MaskedMean(ent.detach(), mb.response_mask) * mb_tokens;
         } else {
           at::NoGradGuard no_grad;
           ent_sum += MaskedMean(algo::EntropyFromLogits(logits.detach()),
-                                mb.response_mask) * mb_tokens;
+                                mb.response_mask) *
+                     mb_tokens;
         }
         loss.backward();
         mini_loss += loss.item<double>();
-        pg_sum += pg.loss.item<double>();  // micro parts add up to the mini loss
+        pg_sum +=
+            pg.loss.item<double>();  // micro parts add up to the mini loss
         clip_sum += pg.clip_frac.item<double>() * mb_tokens;
         token_weight += mb_tokens;
       }
@@ -301,9 +310,10 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
         grad_norm = std::sqrt(sq);
       }
       if (!std::isfinite(grad_norm)) {
-        return absl::InternalError(absl::StrCat(
-            "trainer: non-finite gradient norm at policy version ", version_,
-            " (loss ", mini_loss, "); lower optim.lr or enable optim.grad_clip"));
+        return absl::InternalError(
+            absl::StrCat("trainer: non-finite gradient norm at policy version ",
+                         version_, " (loss ", mini_loss,
+                         "); lower optim.lr or enable optim.grad_clip"));
       }
       const double lr = LearningRateAt(optim_, optimizer_steps_);
       for (auto& group : adamw.param_groups()) {
@@ -335,7 +345,8 @@ absl::Status Trainer::SaveOptimizer(const std::string& path) const {
     archive.save_to(path);
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("cannot write optimizer state to '",
-                                            path, "': ", e.what_without_backtrace()));
+                                            path,
+                                            "': ", e.what_without_backtrace()));
   }
   return absl::OkStatus();
 }
@@ -349,8 +360,9 @@ absl::Status Trainer::LoadOptimizer(const std::string& path) {
     archive.read("optimizer_steps", steps);
     optimizer_steps_ = steps.item<int64_t>();
   } catch (const c10::Error& e) {
-    return absl::DataLossError(absl::StrCat("cannot read optimizer state from '",
-                                            path, "': ", e.what_without_backtrace()));
+    return absl::DataLossError(
+        absl::StrCat("cannot read optimizer state from '", path,
+                     "': ", e.what_without_backtrace()));
   }
   return absl::OkStatus();
 }

@@ -39,26 +39,26 @@
 namespace fusionrl {
 
 struct TrainStats {
-  double loss = 0;            // total loss (mean over optimizer steps)
-  double pg_loss = 0;         // clipped surrogate part
-  double kl = 0;              // token-mean KL to the reference (0 if none)
-  double entropy = 0;         // token-mean policy entropy
-  double clip_frac = 0;       // fraction of tokens clipped
-  double grad_norm = 0;       // pre-clip global norm (last optimizer step)
-  double lr = 0;              // learning rate used (last optimizer step)
+  double loss = 0;                // total loss (mean over optimizer steps)
+  double pg_loss = 0;             // clipped surrogate part
+  double kl = 0;                  // token-mean KL to the reference (0 if none)
+  double entropy = 0;             // token-mean policy entropy
+  double clip_frac = 0;           // fraction of tokens clipped
+  double grad_norm = 0;           // pre-clip global norm (last optimizer step)
+  double lr = 0;                  // learning rate used (last optimizer step)
   double advantage_abs_mean = 0;  // mean |A| over valid tokens
-  int64_t tokens = 0;         // response tokens trained on (per epoch)
+  int64_t tokens = 0;             // response tokens trained on (per epoch)
   int optimizer_steps = 0;
 };
 
 // Tensors for a batch of samples. Shapes: [B, P + R] for the sequence,
 // [B, R] for response-aligned tensors. Exposed for tests and SFT.
 struct CollatedBatch {
-  at::Tensor input_ids;       // int64: left-padded prompt, right-padded response
-  at::Tensor valid;           // bool: real tokens
-  at::Tensor positions;       // int64
-  at::Tensor response_ids;    // int64 [B, R]
-  at::Tensor response_mask;   // float [B, R]
+  at::Tensor input_ids;      // int64: left-padded prompt, right-padded response
+  at::Tensor valid;          // bool: real tokens
+  at::Tensor positions;      // int64
+  at::Tensor response_ids;   // int64 [B, R]
+  at::Tensor response_mask;  // float [B, R]
   at::Tensor behaviour_logp;  // float [B, R]
   int64_t prompt_len = 0;     // P
 };

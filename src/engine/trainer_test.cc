@@ -1,8 +1,8 @@
 #include "engine/trainer.h"
 
-#include <thread>
-
 #include <torch/types.h>
+
+#include <thread>
 
 #include "engine/grad_sync.h"
 #include "engine/rollout.h"
@@ -32,17 +32,18 @@ TEST(TrainerTest, CollateLeftPadsPromptsAndRightPadsResponses) {
                                  MakeSample({kBos}, {30, 31, 32}, 0)};
   CollatedBatch b = Collate(samples, kPad, kCpu);
   EXPECT_EQ(b.prompt_len, 3);
-  auto expected_ids = torch::tensor({{kBos, 10, 11, 20, kEos, kPad},
-                                     {kPad, kPad, kBos, 30, 31, 32}}, torch::kLong);
+  auto expected_ids = torch::tensor(
+      {{kBos, 10, 11, 20, kEos, kPad}, {kPad, kPad, kBos, 30, 31, 32}},
+      torch::kLong);
   EXPECT_TRUE(torch::equal(b.input_ids, expected_ids));
-  auto expected_pos = torch::tensor({{0, 1, 2, 3, 4, 4}, {0, 0, 0, 1, 2, 3}},
-                                    torch::kLong);
+  auto expected_pos =
+      torch::tensor({{0, 1, 2, 3, 4, 4}, {0, 0, 0, 1, 2, 3}}, torch::kLong);
   EXPECT_TRUE(torch::equal(b.positions, expected_pos)) << b.positions;
   auto expected_mask = torch::tensor({{1.f, 1.f, 0.f}, {1.f, 1.f, 1.f}});
   EXPECT_TRUE(torch::equal(b.response_mask, expected_mask));
-  EXPECT_TRUE(torch::equal(b.response_ids,
-                           torch::tensor({{20, kEos, kPad}, {30, 31, 32}},
-                                         torch::kLong)));
+  EXPECT_TRUE(torch::equal(
+      b.response_ids,
+      torch::tensor({{20, kEos, kPad}, {30, 31, 32}}, torch::kLong)));
 }
 
 TEST(TrainerTest, LearningRateWarmsUpLinearlyThenStaysConstant) {
@@ -72,7 +73,8 @@ std::vector<Sample> FourGroupsOfFour() {
       std::vector<int> resp;
       for (int t = 0; t <= (g + i) % 5; ++t) resp.push_back(20 + g * 3 + i + t);
       resp.push_back(kEos);
-      s.push_back(MakeSample({kBos, 40 + g}, resp, (i + g) % 3 == 0 ? 1.0 : 0.0));
+      s.push_back(
+          MakeSample({kBos, 40 + g}, resp, (i + g) % 3 == 0 ? 1.0 : 0.0));
     }
   }
   return s;
@@ -224,7 +226,8 @@ TEST(TrainerDataParallelTest, RanksMatchOneTrainerOnTheWholeBatch) {
   std::vector<std::vector<torch::Tensor>> first_grads(2);
   auto run_rank = [&](int r) {
     auto trainer =
-        Trainer::Create(*models[r], nullptr, c, kPad, (*group)[r].get()).value();
+        Trainer::Create(*models[r], nullptr, c, kPad, (*group)[r].get())
+            .value();
     const auto& shard = r == 0 ? shard0 : shard1;
     results[r] = trainer->Step(shard).status();
     if (!results[r].ok()) return;
@@ -256,7 +259,8 @@ TEST(TrainerDataParallelTest, UnequalShardsAreRefusedOnEveryRank) {
   std::vector<absl::StatusCode> codes(2);
   auto run_rank = [&](int r) {
     auto model = TinyModel(3);
-    auto trainer = Trainer::Create(*model, nullptr, c, kPad, group[r].get()).value();
+    auto trainer =
+        Trainer::Create(*model, nullptr, c, kPad, group[r].get()).value();
     std::vector<Sample> shard(all.begin(), all.begin() + (r == 0 ? 4 : 12));
     codes[r] = trainer->Step(shard).status().code();
   };

@@ -21,8 +21,8 @@ NodeSpec ToNodeSpec(const fusionrl::v1::RegisterNodeRequest& request) {
   spec.super_node = request.super_node();
   spec.host_memory_bytes = request.host_memory_bytes();
   for (const auto& card : request.cards()) {
-    spec.cards.push_back(CardSpec{card.index(), card.device(),
-                                  card.memory_bytes()});
+    spec.cards.push_back(
+        CardSpec{card.index(), card.device(), card.memory_bytes()});
   }
   return spec;
 }

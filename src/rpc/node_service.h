@@ -18,7 +18,8 @@
 
 namespace fusionrl::rpc {
 
-class NodeServiceImpl final : public fusionrl::v1::NodeService::CallbackService {
+class NodeServiceImpl final
+    : public fusionrl::v1::NodeService::CallbackService {
  public:
   // `heartbeat_interval` is what workers are told to use; it should be well
   // under the registry's timeout (a third of it is a good choice).

@@ -2,13 +2,13 @@
 // OS), with a fake clock driving liveness.
 #include "rpc/node_service.h"
 
-#include <chrono>
-#include <memory>
-#include <string>
-
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
 
 #include "core/fake_clock.h"
 #include "gtest/gtest.h"
@@ -38,9 +38,9 @@ class NodeServiceTest : public ::testing::Test {
     builder.RegisterService(&service_);
     server_ = builder.BuildAndStart();
     EXPECT_GT(port, 0);
-    stub_ = NodeService::NewStub(grpc::CreateChannel(
-        "127.0.0.1:" + std::to_string(port),
-        grpc::InsecureChannelCredentials()));
+    stub_ = NodeService::NewStub(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                            grpc::InsecureChannelCredentials()));
   }
   ~NodeServiceTest() override {
     server_->Shutdown(std::chrono::system_clock::now() +

@@ -1,6 +1,7 @@
 // Built-in reward functions and the countdown expression parser they share
 // with the countdown task. Private to fusionrl_tasks; users reach the rewards
-// through RewardRegistry::Global() ("exact", "char_match", "numeric", "countdown").
+// through RewardRegistry::Global() ("exact", "char_match", "numeric",
+// "countdown").
 #ifndef FUSIONRL_TASKS_REWARDS_H_
 #define FUSIONRL_TASKS_REWARDS_H_
 
