@@ -131,6 +131,13 @@ struct PlacementConfig {
                                      //   reason in status; true: fail the job
 };
 
+// How clients of a cluster controller (`fusionrl submit`, `fusionrl status`)
+// authenticate; the controller and workers take the same as flags.
+struct ClusterConfig {
+  std::string auth_token_file;  // file whose first line is the shared token
+  std::string auth_token_env;   // or: environment variable holding it
+};
+
 struct JobConfig {
   std::string name = "job";    // shown in logs and summaries
   std::string source_path;     // the YAML file this came from (not a key)
@@ -147,6 +154,7 @@ struct JobConfig {
   RunConfig run;
   SftConfig sft;
   PlacementConfig placement;
+  ClusterConfig cluster;
 };
 
 // Reads `path`, applies `overrides` ("key.path=value", YAML scalar syntax for

@@ -172,6 +172,12 @@ void VisitPlacement(PlacementConfig& p, V& v) {
   v.Bool("fail_if_unplaceable", &p.fail_if_unplaceable);
 }
 
+template <class V>
+void VisitCluster(ClusterConfig& c, V& v) {
+  v.String("auth_token_file", &c.auth_token_file, AnyString());
+  v.String("auth_token_env", &c.auth_token_env, AnyString());
+}
+
 // `source_path` is deliberately not a key.
 template <class V>
 void VisitJob(JobConfig& c, V& v) {
@@ -189,6 +195,7 @@ void VisitJob(JobConfig& c, V& v) {
   v.Section("run", [&] { VisitRun(c.run, v); });
   v.Section("sft", [&] { VisitSft(c.sft, v); });
   v.Section("placement", [&] { VisitPlacement(c.placement, v); });
+  v.Section("cluster", [&] { VisitCluster(c.cluster, v); });
 }
 
 // ---------------------------------------------------------------------------

@@ -31,7 +31,11 @@ absl::StatusOr<std::unique_ptr<MetricsLog>> MetricsLog::Open(
 }
 
 absl::Status MetricsLog::Append(const MetricRecord& record) {
-  const std::string line = MetricRecordToJson(record) + "\n";
+  return AppendLine(MetricRecordToJson(record));
+}
+
+absl::Status MetricsLog::AppendLine(const std::string& json) {
+  const std::string line = json + "\n";
   if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() ||
       std::fflush(file_) != 0) {
     return absl::UnavailableError(absl::StrCat(

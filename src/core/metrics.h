@@ -29,6 +29,8 @@ class MetricsLog {
   ~MetricsLog();
 
   absl::Status Append(const MetricRecord& record);
+  // Appends one already serialised JSON object (no newline inside).
+  absl::Status AppendLine(const std::string& json);
   const std::string& path() const { return path_; }
 
  private:

@@ -106,65 +106,13 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir,
           " in the checkpoint but ", value.dump(), " in this config"));
     }
   }
-  CheckpointMeta meta;
-  try {
-    meta.kind = j.value("kind", "");
-    meta.job_name = j.value("job_name", "");
-    meta.step = j.value("step", int64_t{0});
-    meta.policy_version = j.value("policy_version", int64_t{0});
-    meta.data_cursor = j.value("data_cursor", uint64_t{0});
-    meta.initial_eval_accuracy = j.value("initial_eval_accuracy", 0.0);
-    meta.last_eval_accuracy = j.value("last_eval_accuracy", 0.0);
-    meta.rollout_tokens = j.value("rollout_tokens", int64_t{0});
-    meta.loop_seconds = j.value("loop_seconds", 0.0);
-  } catch (const nlohmann::json::exception& e) {
-    return absl::DataLossError(
-        absl::StrCat("checkpoint '", dir, "': meta.json: ", e.what()));
-  }
+  FUSIONRL_ASSIGN_OR_RETURN(CheckpointMeta meta, ReadCheckpointMeta(dir));
   FUSIONRL_RETURN_IF_ERROR(model.Load((root / "model.pt").string()));
   if (trainer != nullptr && fs::exists(root / "optim.pt")) {
     FUSIONRL_RETURN_IF_ERROR(
         trainer->LoadOptimizer((root / "optim.pt").string()));
   }
   return meta;
-}
-
-absl::StatusOr<std::string> FindLatestCheckpoint(
-    const std::string& checkpoints_dir) {
-  std::error_code ec;
-  fs::directory_iterator it(checkpoints_dir, ec);
-  if (ec) {
-    return absl::NotFoundError(absl::StrCat(
-        "no checkpoints in '", checkpoints_dir, "': ", ec.message()));
-  }
-  std::string best;
-  int64_t best_step = -1;
-  for (const auto& entry : it) {
-    const std::string name = entry.path().filename().string();
-    // Skip half-written (.tmp) and superseded (.old) directories.
-    if (!entry.is_directory() || absl::EndsWith(name, ".tmp") ||
-        absl::EndsWith(name, ".old")) {
-      continue;
-    }
-    std::ifstream in(entry.path() / "meta.json");
-    if (!in) continue;
-    nlohmann::json j =
-        nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("step") ||
-        !j["step"].is_number_integer()) {
-      continue;
-    }
-    const int64_t step = j["step"].get<int64_t>();
-    if (step > best_step) {
-      best_step = step;
-      best = entry.path().string();
-    }
-  }
-  if (best.empty()) {
-    return absl::NotFoundError(
-        absl::StrCat("no checkpoints in '", checkpoints_dir, "'"));
-  }
-  return best;
 }
 
 }  // namespace fusionrl

@@ -17,29 +17,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/checkpoint_meta.h"
 #include "engine/model.h"
 #include "engine/trainer.h"
 
 namespace fusionrl {
-
-struct CheckpointMeta {
-  std::string kind;  // "rl" | "sft"
-  std::string job_name;
-  int64_t step = 0;  // steps completed
-  int64_t policy_version = 0;
-  uint64_t data_cursor = 0;  // next Task::TrainProblem index
-  // Run totals carried across a resume, so the final summary covers the
-  // whole run.
-  double initial_eval_accuracy = 0;
-  double last_eval_accuracy = 0;
-  int64_t rollout_tokens = 0;
-  double loop_seconds = 0;  // time in rollout + train so far
-};
-
-// The newest checkpoint directory under `checkpoints_dir` (the one with the
-// highest meta.json step; "final" included). NotFound if there is none.
-absl::StatusOr<std::string> FindLatestCheckpoint(
-    const std::string& checkpoints_dir);
 
 // `trainer` may be null (no optim.pt is written).
 absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,

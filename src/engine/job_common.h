@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/job_summary.h"
 #include "engine/model.h"
 #include "fusionrl/config.h"
 #include "fusionrl/job.h"
@@ -63,9 +64,6 @@ inline double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
       .count();
 }
-
-// Writes `summary` as JSON to summary.summary_path (atomically).
-absl::Status WriteSummary(const JobSummary& summary);
 
 }  // namespace fusionrl
 

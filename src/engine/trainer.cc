@@ -8,6 +8,7 @@
 #include <torch/nn/utils/clip_grad.h>
 
 #include <algorithm>
+#include <sstream>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -363,6 +364,36 @@ absl::Status Trainer::LoadOptimizer(const std::string& path) {
     return absl::DataLossError(
         absl::StrCat("cannot read optimizer state from '", path,
                      "': ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Trainer::OptimizerState() const {
+  try {
+    torch::serialize::OutputArchive archive;
+    optim_state_->adamw->save(archive);
+    archive.write("optimizer_steps", at::tensor(optimizer_steps_));
+    std::ostringstream out;
+    archive.save_to(out);
+    return out.str();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("cannot snapshot optimizer: ",
+                                            e.what_without_backtrace()));
+  }
+}
+
+absl::Status Trainer::RestoreOptimizerState(const std::string& bytes) {
+  try {
+    torch::serialize::InputArchive archive;
+    std::istringstream in(bytes);
+    archive.load_from(in);
+    optim_state_->adamw->load(archive);
+    at::Tensor steps;
+    archive.read("optimizer_steps", steps);
+    optimizer_steps_ = steps.item<int64_t>();
+  } catch (const c10::Error& e) {
+    return absl::DataLossError(absl::StrCat("cannot restore optimizer: ",
+                                            e.what_without_backtrace()));
   }
   return absl::OkStatus();
 }

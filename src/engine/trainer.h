@@ -95,6 +95,10 @@ class Trainer {
   // Optimizer state (torch archive), for checkpoints.
   absl::Status SaveOptimizer(const std::string& path) const;
   absl::Status LoadOptimizer(const std::string& path);
+  // The same state as bytes, for in-memory snapshots (a step that must be
+  // rolled back when a data-parallel peer is lost mid-step).
+  absl::StatusOr<std::string> OptimizerState() const;
+  absl::Status RestoreOptimizerState(const std::string& bytes);
 
  private:
   Trainer(PolicyModel& policy, PolicyModel* reference, const JobConfig& config,

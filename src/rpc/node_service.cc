@@ -3,6 +3,7 @@
 #include <string>
 #include <utility>
 
+#include "rpc/auth.h"
 #include "rpc/status_convert.h"
 
 namespace fusionrl::rpc {
@@ -37,6 +38,11 @@ grpc::ServerUnaryReactor* NodeServiceImpl::RegisterNode(
     grpc::CallbackServerContext* context,
     const fusionrl::v1::RegisterNodeRequest* request,
     fusionrl::v1::RegisterNodeResponse* response) {
+  if (grpc::Status auth = CheckAuth(*context, hooks_.auth_token); !auth.ok()) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(auth);
+    return reactor;
+  }
   absl::StatusOr<std::string> id = registry_.Register(ToNodeSpec(*request));
   if (!id.ok()) return Finish(context, id.status());
   response->set_node_id(*id);
@@ -44,6 +50,7 @@ grpc::ServerUnaryReactor* NodeServiceImpl::RegisterNode(
       static_cast<int32_t>(absl::ToInt64Milliseconds(heartbeat_interval_)));
   response->set_heartbeat_timeout_ms(static_cast<int32_t>(
       absl::ToInt64Milliseconds(registry_.heartbeat_timeout())));
+  if (hooks_.on_register) hooks_.on_register(*id);
   return Finish(context, absl::OkStatus());
 }
 
@@ -51,15 +58,33 @@ grpc::ServerUnaryReactor* NodeServiceImpl::Heartbeat(
     grpc::CallbackServerContext* context,
     const fusionrl::v1::HeartbeatRequest* request,
     fusionrl::v1::HeartbeatResponse* response) {
+  if (grpc::Status auth = CheckAuth(*context, hooks_.auth_token); !auth.ok()) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(auth);
+    return reactor;
+  }
   response->set_shutdown(false);
-  return Finish(context, registry_.Heartbeat(request->node_id()));
+  absl::Status status = registry_.Heartbeat(request->node_id());
+  if (status.ok() && hooks_.on_heartbeat) {
+    response->set_shutdown(hooks_.on_heartbeat(*request));
+  }
+  return Finish(context, status);
 }
 
 grpc::ServerUnaryReactor* NodeServiceImpl::DeregisterNode(
     grpc::CallbackServerContext* context,
     const fusionrl::v1::DeregisterNodeRequest* request,
     fusionrl::v1::DeregisterNodeResponse* response) {
-  return Finish(context, registry_.Deregister(request->node_id()));
+  if (grpc::Status auth = CheckAuth(*context, hooks_.auth_token); !auth.ok()) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(auth);
+    return reactor;
+  }
+  absl::Status status = registry_.Deregister(request->node_id());
+  if (status.ok() && hooks_.on_deregister) {
+    hooks_.on_deregister(request->node_id());
+  }
+  return Finish(context, status);
 }
 
 }  // namespace fusionrl::rpc

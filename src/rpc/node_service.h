@@ -12,6 +12,9 @@
 #ifndef FUSIONRL_RPC_NODE_SERVICE_H_
 #define FUSIONRL_RPC_NODE_SERVICE_H_
 
+#include <functional>
+#include <string>
+
 #include "absl/time/time.h"
 #include "core/node_registry.h"
 #include "fusionrl/v1/node.grpc.pb.h"
@@ -24,6 +27,20 @@ class NodeServiceImpl final
   // `heartbeat_interval` is what workers are told to use; it should be well
   // under the registry's timeout (a third of it is a good choice).
   NodeServiceImpl(NodeRegistry& registry, absl::Duration heartbeat_interval);
+
+  // What the controller adds around the registry. Set before the server
+  // starts.
+  struct Hooks {
+    std::string auth_token;  // "" = no authentication (rpc/auth.h)
+    // After a node registered (e.g. to place waiting jobs).
+    std::function<void(const std::string& node_id)> on_register;
+    // After an accepted heartbeat; returns true to order the node to shut
+    // down.
+    std::function<bool(const fusionrl::v1::HeartbeatRequest&)> on_heartbeat;
+    // After a node deregistered.
+    std::function<void(const std::string& node_id)> on_deregister;
+  };
+  void set_hooks(Hooks hooks) { hooks_ = std::move(hooks); }
 
   grpc::ServerUnaryReactor* RegisterNode(
       grpc::CallbackServerContext* context,
@@ -41,6 +58,7 @@ class NodeServiceImpl final
  private:
   NodeRegistry& registry_;
   absl::Duration heartbeat_interval_;
+  Hooks hooks_;
 };
 
 }  // namespace fusionrl::rpc

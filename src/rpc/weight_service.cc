@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "rpc/auth.h"
 #include "rpc/status_convert.h"
 
 namespace fusionrl::rpc {
@@ -28,6 +29,24 @@ class WeightServiceImpl::FailedFetchReactor final
       : counters_(counters) {
     counters_.calls_in_flight.fetch_add(1, std::memory_order_relaxed);
     Finish(ToGrpcStatus(status));
+  }
+  void OnDone() override {
+    counters_.calls_in_flight.fetch_sub(1, std::memory_order_relaxed);
+    delete this;
+  }
+
+ private:
+  Counters& counters_;
+};
+
+// Ends a publish before reading anything (e.g. UNAUTHENTICATED).
+class WeightServiceImpl::FailedPublishReactor final
+    : public grpc::ServerReadReactor<WeightChunk> {
+ public:
+  FailedPublishReactor(const grpc::Status& status, Counters& counters)
+      : counters_(counters) {
+    counters_.calls_in_flight.fetch_add(1, std::memory_order_relaxed);
+    Finish(status);
   }
   void OnDone() override {
     counters_.calls_in_flight.fetch_sub(1, std::memory_order_relaxed);
@@ -170,6 +189,11 @@ WeightServiceImpl::WeightServiceImpl(WeightStore& store,
 
 grpc::ServerReadReactor<WeightChunk>* WeightServiceImpl::PublishWeights(
     grpc::CallbackServerContext* context, PublishWeightsResponse* response) {
+  if (grpc::Status auth = CheckAuth(*context, options_.auth_token);
+      !auth.ok()) {
+    counters_.publishes_failed.fetch_add(1, std::memory_order_relaxed);
+    return new FailedPublishReactor(auth, counters_);
+  }
   return new PublishReactor(store_, options_.max_version_bytes, counters_,
                             response);
 }
@@ -177,7 +201,10 @@ grpc::ServerReadReactor<WeightChunk>* WeightServiceImpl::PublishWeights(
 grpc::ServerWriteReactor<WeightChunk>* WeightServiceImpl::FetchWeights(
     grpc::CallbackServerContext* context, const FetchWeightsRequest* request) {
   absl::Status status;
-  if (request->job_id().empty()) {
+  if (grpc::Status auth = CheckAuth(*context, options_.auth_token);
+      !auth.ok()) {
+    status = FromGrpcStatus(auth);
+  } else if (request->job_id().empty()) {
     status = absl::InvalidArgumentError("job_id: must not be empty");
   } else {
     absl::StatusOr<WeightVersion> version =

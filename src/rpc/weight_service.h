@@ -55,6 +55,8 @@ struct WeightServiceOptions {
   size_t fetch_chunk_bytes = kDefaultWeightChunkBytes;
   // Largest version PublishWeights accepts; more is RESOURCE_EXHAUSTED.
   int64_t max_version_bytes = int64_t{1} << 30;
+  // Shared token every call must carry; "" = no authentication.
+  std::string auth_token;
 };
 
 class WeightServiceImpl final
@@ -92,6 +94,7 @@ class WeightServiceImpl final
   class PublishReactor;
   class FetchReactor;
   class FailedFetchReactor;
+  class FailedPublishReactor;
 
   struct Counters {
     std::atomic<int64_t> publishes_ok{0};

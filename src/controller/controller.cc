@@ -1,0 +1,179 @@
+#include "controller/controller.h"
+
+#include <fstream>
+#include <sstream>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server.h>
+#include <grpcpp/server_builder.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "controller/services.h"
+#include "core/clock.h"
+#include "core/weight_store.h"
+#include "rpc/node_service.h"
+#include "rpc/weight_service.h"
+#include "spdlog/spdlog.h"
+
+namespace fusionrl {
+
+struct Controller::Services {
+  std::unique_ptr<rpc::NodeServiceImpl> node;
+  std::unique_ptr<WeightStore> weight_store;
+  std::unique_ptr<rpc::WeightServiceImpl> weight;
+  std::unique_ptr<JobServiceImpl> job;
+  std::unique_ptr<WorkServiceImpl> work;
+};
+
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path,
+                                     const char* what) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat(what, ": cannot read '", path, "'"));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+Controller::Controller(const ControllerOptions& options) : options_(options) {}
+
+absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(
+    const ControllerOptions& options) {
+  if (options.heartbeat_interval <= absl::ZeroDuration() ||
+      options.heartbeat_timeout <= options.heartbeat_interval) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "heartbeat timeout (", absl::FormatDuration(options.heartbeat_timeout),
+        ") must be longer than the heartbeat interval (",
+        absl::FormatDuration(options.heartbeat_interval), ") and both > 0"));
+  }
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "TLS needs both a certificate file and a key file");
+  }
+  std::unique_ptr<Controller> c(new Controller(options));
+  c->registry_ = std::make_unique<NodeRegistry>(RealClock(),
+                                                options.heartbeat_timeout);
+  c->jobs_ = std::make_unique<JobManager>(*c->registry_, RealClock());
+  c->services_ = std::make_unique<Services>();
+  Services& s = *c->services_;
+  s.node = std::make_unique<rpc::NodeServiceImpl>(*c->registry_,
+                                                  options.heartbeat_interval);
+  Controller* self = c.get();
+  rpc::NodeServiceImpl::Hooks hooks;
+  hooks.auth_token = options.auth_token;
+  hooks.on_register = [self](const std::string&) { self->jobs_->Schedule(); };
+  hooks.on_heartbeat = [self](const v1::HeartbeatRequest& request) {
+    self->jobs_->RecordCardStates(
+        request.node_id(),
+        std::vector<v1::CardState>(request.cards().begin(),
+                                   request.cards().end()));
+    return self->workers_shutdown_.load();
+  };
+  hooks.on_deregister = [self](const std::string& node_id) {
+    self->jobs_->NodesLost({node_id}, "deregistered");
+  };
+  s.node->set_hooks(std::move(hooks));
+  s.weight_store = std::make_unique<WeightStore>(RealClock(), /*keep_versions_per_job=*/4);
+  rpc::WeightServiceOptions weight_options;
+  weight_options.auth_token = options.auth_token;
+  s.weight = std::make_unique<rpc::WeightServiceImpl>(*s.weight_store,
+                                                      weight_options);
+  s.job = std::make_unique<JobServiceImpl>(*c->jobs_, options.auth_token);
+  s.work = std::make_unique<WorkServiceImpl>(*c->jobs_, options.auth_token);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  if (!options.listen_address.empty()) {
+    std::shared_ptr<grpc::ServerCredentials> credentials =
+        grpc::InsecureServerCredentials();
+    if (!options.tls_cert_file.empty()) {
+      grpc::SslServerCredentialsOptions ssl;
+      grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+      auto key = ReadFile(options.tls_key_file, "TLS key");
+      if (!key.ok()) return key.status();
+      auto cert = ReadFile(options.tls_cert_file, "TLS certificate");
+      if (!cert.ok()) return cert.status();
+      pair.private_key = *key;
+      pair.cert_chain = *cert;
+      ssl.pem_key_cert_pairs.push_back(pair);
+      credentials = grpc::SslServerCredentials(ssl);
+    }
+    builder.AddListeningPort(options.listen_address, credentials, &c->port_);
+  }
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  builder.RegisterService(s.node.get());
+  builder.RegisterService(s.weight.get());
+  builder.RegisterService(s.job.get());
+  builder.RegisterService(s.work.get());
+  c->server_ = builder.BuildAndStart();
+  if (c->server_ == nullptr ||
+      (!options.listen_address.empty() && c->port_ == 0)) {
+    return absl::UnavailableError(absl::StrCat(
+        "controller: cannot listen on '", options.listen_address,
+        "' (address in use, or not a valid host:port)"));
+  }
+  c->sweeper_ = std::thread([self] { self->SweepLoop(); });
+  return c;
+}
+
+Controller::~Controller() { Shutdown(); }
+
+std::shared_ptr<grpc::Channel> Controller::InProcessChannel() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options_.max_message_bytes);
+  args.SetMaxSendMessageSize(options_.max_message_bytes);
+  return server_->InProcessChannel(args);
+}
+
+void Controller::SweepLoop() {
+  const absl::Duration period = options_.heartbeat_interval / 2;
+  while (!stop_sweeper_.WaitForNotificationWithTimeout(period)) {
+    std::vector<std::string> lost = registry_->SweepLost();
+    if (!lost.empty()) {
+      for (const std::string& id : lost) {
+        spdlog::warn("controller: {} lost (no heartbeat for {})", id,
+                     absl::FormatDuration(options_.heartbeat_timeout));
+      }
+      jobs_->NodesLost(
+          lost, absl::StrCat("no heartbeat for ",
+                             absl::FormatDuration(options_.heartbeat_timeout)));
+    }
+    jobs_->Schedule();
+  }
+}
+
+void Controller::Drain(absl::Duration grace) {
+  jobs_->StopAll("controller shutting down");
+  if (!jobs_->WaitIdle(absl::Now() + grace)) {
+    spdlog::warn("controller: jobs still running after {}; stopping anyway",
+                 absl::FormatDuration(grace));
+  }
+  workers_shutdown_ = true;
+  // Workers hear it on their next heartbeat and deregister.
+  const absl::Time deadline = absl::Now() + 3 * options_.heartbeat_interval;
+  while (registry_->alive_count() > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
+void Controller::Shutdown() {
+  if (shut_down_.exchange(true)) return;
+  if (!stop_sweeper_.HasBeenNotified()) stop_sweeper_.Notify();
+  if (sweeper_.joinable()) sweeper_.join();
+  // Waiting calls end within their deadlines; give them a short one.
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() +
+                                 std::chrono::seconds(2));
+}
+
+}  // namespace fusionrl

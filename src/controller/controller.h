@@ -1,0 +1,95 @@
+// Controller: the process that owns jobs and the cluster. One gRPC server
+// with JobService (users), NodeService and WorkService (workers),
+// WeightService (versioned weights), grpc.health.v1 and server reflection.
+//
+// The same object serves a cluster (`fusionrl controller --listen
+// HOST:PORT`) and the embedded default (`fusionrl run`, which talks to it
+// through InProcessChannel()), so the one-machine path is the cluster path.
+//
+// A sweeper thread declares silent workers lost (NodeRegistry::SweepLost)
+// and hands them to the JobManager, which re-queues their prompt groups, and
+// places waiting jobs.
+#ifndef FUSIONRL_CONTROLLER_CONTROLLER_H_
+#define FUSIONRL_CONTROLLER_CONTROLLER_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <grpcpp/channel.h>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "controller/job_manager.h"
+
+namespace grpc {
+class Server;
+}  // namespace grpc
+
+namespace fusionrl {
+
+struct ControllerOptions {
+  // "host:port" to listen on (port 0 picks a free one, see port()); "" serves
+  // only InProcessChannel().
+  std::string listen_address;
+  // Shared token every RPC must carry (rpc/auth.h); "" = none.
+  std::string auth_token;
+  // TLS: PEM files of the server certificate chain and private key (both or
+  // neither). Without them the port speaks plain text.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // Workers heartbeat every interval; a worker silent for the timeout is
+  // lost.
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  absl::Duration heartbeat_timeout = absl::Seconds(10);
+  // Largest message either way (a Reduce round carries a node's summed
+  // gradients).
+  int max_message_bytes = 1 << 30;
+};
+
+class Controller {
+ public:
+  // Builds and starts the server. InvalidArgument for bad options;
+  // Unavailable when the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<Controller>> Start(
+      const ControllerOptions& options);
+  // Shutdown().
+  ~Controller();
+
+  // The bound port (0 when serving in-process only).
+  int port() const { return port_; }
+  // A channel to this server that never leaves the process.
+  std::shared_ptr<grpc::Channel> InProcessChannel();
+  JobManager& jobs() { return *jobs_; }
+  NodeRegistry& registry() { return *registry_; }
+
+  // Graceful stop: every running job ends after its current step with a
+  // checkpoint (CANCELLED, resumable); waits up to `grace` for that, then
+  // tells workers to exit through their heartbeat replies and gives them a
+  // few heartbeats to go.
+  void Drain(absl::Duration grace);
+  // Stops the server and the sweeper (idempotent).
+  void Shutdown();
+
+ private:
+  explicit Controller(const ControllerOptions& options);
+  void SweepLoop();
+
+  ControllerOptions options_;
+  std::unique_ptr<NodeRegistry> registry_;
+  std::unique_ptr<JobManager> jobs_;
+  struct Services;
+  std::unique_ptr<Services> services_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::atomic<bool> workers_shutdown_{false};
+  absl::Notification stop_sweeper_;
+  std::thread sweeper_;
+  std::atomic<bool> shut_down_{false};
+};
+
+}  // namespace fusionrl
+
+#endif  // FUSIONRL_CONTROLLER_CONTROLLER_H_

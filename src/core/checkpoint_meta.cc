@@ -1,0 +1,80 @@
+#include "core/checkpoint_meta.h"
+
+#include <filesystem>
+#include <fstream>
+#include <system_error>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace fusionrl {
+namespace fs = std::filesystem;
+
+absl::StatusOr<std::string> FindLatestCheckpoint(
+    const std::string& checkpoints_dir) {
+  std::error_code ec;
+  fs::directory_iterator it(checkpoints_dir, ec);
+  if (ec) {
+    return absl::NotFoundError(absl::StrCat(
+        "no checkpoints in '", checkpoints_dir, "': ", ec.message()));
+  }
+  std::string best;
+  int64_t best_step = -1;
+  for (const auto& entry : it) {
+    const std::string name = entry.path().filename().string();
+    // Skip half-written (.tmp) and superseded (.old) directories.
+    if (!entry.is_directory() || absl::EndsWith(name, ".tmp") ||
+        absl::EndsWith(name, ".old")) {
+      continue;
+    }
+    std::ifstream in(entry.path() / "meta.json");
+    if (!in) continue;
+    nlohmann::json j =
+        nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("step") ||
+        !j["step"].is_number_integer()) {
+      continue;
+    }
+    const int64_t step = j["step"].get<int64_t>();
+    if (step > best_step) {
+      best_step = step;
+      best = entry.path().string();
+    }
+  }
+  if (best.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("no checkpoints in '", checkpoints_dir, "'"));
+  }
+  return best;
+}
+
+absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
+  std::ifstream in(fs::path(dir) / "meta.json");
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("checkpoint '", dir,
+                     "': no meta.json (not a FusionRL checkpoint "
+                     "directory)"));
+  }
+  CheckpointMeta meta;
+  try {
+    nlohmann::json j;
+    in >> j;
+    meta.kind = j.value("kind", "");
+    meta.job_name = j.value("job_name", "");
+    meta.step = j.value("step", int64_t{0});
+    meta.policy_version = j.value("policy_version", int64_t{0});
+    meta.data_cursor = j.value("data_cursor", uint64_t{0});
+    meta.initial_eval_accuracy = j.value("initial_eval_accuracy", 0.0);
+    meta.last_eval_accuracy = j.value("last_eval_accuracy", 0.0);
+    meta.rollout_tokens = j.value("rollout_tokens", int64_t{0});
+    meta.loop_seconds = j.value("loop_seconds", 0.0);
+  } catch (const nlohmann::json::exception& e) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint '", dir, "': meta.json: ", e.what()));
+  }
+  return meta;
+}
+
+}  // namespace fusionrl

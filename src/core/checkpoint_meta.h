@@ -1,0 +1,40 @@
+// Checkpoint metadata (meta.json) and the lookup of the newest checkpoint:
+// the torch-free part of checkpoints, so the controller can plan a resumed
+// job without loading any tensor. Writing and loading the tensors is
+// engine/checkpoint.h.
+#ifndef FUSIONRL_CORE_CHECKPOINT_META_H_
+#define FUSIONRL_CORE_CHECKPOINT_META_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace fusionrl {
+
+struct CheckpointMeta {
+  std::string kind;  // "rl" | "sft"
+  std::string job_name;
+  int64_t step = 0;  // steps completed
+  int64_t policy_version = 0;
+  uint64_t data_cursor = 0;  // next Task::TrainProblem index
+  // Run totals carried across a resume, so the final summary covers the
+  // whole run.
+  double initial_eval_accuracy = 0;
+  double last_eval_accuracy = 0;
+  int64_t rollout_tokens = 0;
+  double loop_seconds = 0;  // time in rollout + train so far
+};
+
+// The newest checkpoint directory under `checkpoints_dir` (the one with the
+// highest meta.json step; "final" included). NotFound if there is none.
+absl::StatusOr<std::string> FindLatestCheckpoint(
+    const std::string& checkpoints_dir);
+
+// The fields above from <dir>/meta.json. NotFound when there is no
+// meta.json, DataLoss when it does not parse.
+absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir);
+
+}  // namespace fusionrl
+
+#endif  // FUSIONRL_CORE_CHECKPOINT_META_H_

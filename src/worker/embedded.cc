@@ -1,0 +1,161 @@
+// The embedded default: `fusionrl run` (RunRlJob) starts a controller and
+// one worker per super node in this process and drives the job through the
+// same services a cluster uses, on an in-process channel.
+#include <grpcpp/client_context.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "controller/controller.h"
+#include "core/status_macros.h"
+#include "fusionrl/config.h"
+#include "fusionrl/job.h"
+#include "fusionrl/v1/job.grpc.pb.h"
+#include "nlohmann/json.hpp"
+#include "rpc/status_convert.h"
+#include "spdlog/spdlog.h"
+#include "worker/worker.h"
+
+namespace fusionrl {
+namespace {
+
+absl::StatusOr<JobSummary> ParseSummary(const std::string& text) {
+  auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) {
+    return absl::InternalError("the job ended without a readable summary");
+  }
+  JobSummary s;
+  s.kind = j.value("kind", "rl");
+  s.initial_eval_accuracy = j.value("initial_eval_accuracy", 0.0);
+  s.final_eval_accuracy = j.value("final_eval_accuracy", 0.0);
+  s.steps = j.value("steps", int64_t{0});
+  s.rollout_tokens = j.value("rollout_tokens", int64_t{0});
+  s.wall_seconds = j.value("wall_seconds", 0.0);
+  s.tokens_per_second = j.value("tokens_per_second", 0.0);
+  s.final_train_reward = j.value("final_train_reward", 0.0);
+  s.policy_version = j.value("policy_version", int64_t{0});
+  s.checkpoint_dir = j.value("checkpoint_dir", "");
+  s.interrupted = j.value("interrupted", false);
+  s.resumed_from_step = j.value("resumed_from_step", int64_t{0});
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config,
+                                    const RunOptions& options) {
+  FUSIONRL_RETURN_IF_ERROR(ValidateJobConfig(config));
+  ControllerOptions copts;  // in-process only
+  copts.heartbeat_interval = absl::Seconds(1);
+  copts.heartbeat_timeout = absl::Seconds(30);
+  FUSIONRL_ASSIGN_OR_RETURN(std::unique_ptr<Controller> controller,
+                            Controller::Start(copts));
+  std::shared_ptr<grpc::Channel> channel = controller->InProcessChannel();
+  auto jobs = v1::JobService::NewStub(channel);
+
+  std::atomic<bool> stop_workers{false};
+  std::vector<std::unique_ptr<Worker>> workers;
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> worker_status(config.placement.super_nodes);
+  for (int i = 0; i < config.placement.super_nodes; ++i) {
+    WorkerOptions wopts;
+    wopts.super_node = absl::StrCat("local-", i);
+    wopts.host = "in-process";
+    wopts.cards = config.placement.cards_per_super_node;
+    wopts.device = config.device.rfind("cuda", 0) == 0 ? "cuda" : "cpu";
+    wopts.poll_interval = absl::Milliseconds(200);
+    workers.push_back(std::make_unique<Worker>(channel, wopts));
+    Worker* w = workers.back().get();
+    threads.emplace_back([w, &stop_workers, &worker_status, i] {
+      worker_status[i] = w->Run(&stop_workers);
+    });
+  }
+
+  // Submit once the workers are in, so the job is placed at once.
+  const absl::Time registered_by = absl::Now() + absl::Seconds(30);
+  while (controller->registry().alive_count() < config.placement.super_nodes &&
+         absl::Now() < registered_by) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  v1::SubmitJobRequest submit;
+  submit.set_config_yaml(JobConfigToYaml(config));
+  submit.set_source_name(config.source_path.empty() ? config.name
+                                                    : config.source_path);
+  submit.set_resume(options.resume);
+  v1::SubmitJobResponse submitted;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(30));
+    grpc::Status st = jobs->SubmitJob(&ctx, submit, &submitted);
+    if (!st.ok()) {
+      stop_workers = true;
+      for (auto& t : threads) t.join();
+      return rpc::FromGrpcStatus(st);
+    }
+  }
+
+  if (options.stop_requested != nullptr) {
+    FUSIONRL_RETURN_IF_ERROR(controller->jobs().SetStopFlag(
+        submitted.job_id(), options.stop_requested));
+  }
+  // Follow the job; a stop request also goes out as a graceful cancel (for
+  // a job still waiting to start).
+  absl::StatusOr<JobSummary> result =
+      absl::InternalError("the job did not finish");
+  bool cancel_sent = false;
+  bool running = false;
+  for (;;) {
+    // A stop is passed on once the job runs: like a single process, the
+    // job then ends after its current step with a checkpoint.
+    if (!cancel_sent && running && options.stop_requested != nullptr &&
+        options.stop_requested->load()) {
+      v1::CancelJobRequest cancel;
+      cancel.set_job_id(submitted.job_id());
+      cancel.set_reason("interrupted");
+      v1::JobStatus ignored;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(30));
+      jobs->CancelJob(&ctx, cancel, &ignored);
+      cancel_sent = true;
+    }
+    v1::GetJobStatusRequest request;
+    request.set_job_id(submitted.job_id());
+    v1::JobStatus status;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(30));
+    grpc::Status st = jobs->GetJobStatus(&ctx, request, &status);
+    if (!st.ok()) {
+      result = rpc::FromGrpcStatus(st);
+      break;
+    }
+    running = status.phase() == v1::JOB_PHASE_RUNNING;
+    if (status.phase() == v1::JOB_PHASE_SUCCEEDED ||
+        status.phase() == v1::JOB_PHASE_CANCELLED) {
+      result = ParseSummary(status.summary_json());
+      if (result.ok()) {
+        result->summary_path = config.output_dir + "/summary.json";
+      }
+      break;
+    }
+    if (status.phase() == v1::JOB_PHASE_FAILED) {
+      result = absl::Status(
+          status.error_code() != 0
+              ? static_cast<absl::StatusCode>(status.error_code())
+              : absl::StatusCode::kUnknown,
+          status.message());
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  stop_workers = true;
+  for (auto& t : threads) t.join();
+  controller->Shutdown();
+  return result;
+}
+
+}  // namespace fusionrl

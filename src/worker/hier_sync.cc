@@ -1,0 +1,110 @@
+#include "worker/hier_sync.h"
+
+#include <ATen/ATen.h>
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace fusionrl {
+namespace {
+
+// Outcome codes of the cross-node part, shared with the node's other cards.
+constexpr double kOk = 0;
+constexpr double kAborted = 1;
+constexpr double kFailed = 2;
+
+}  // namespace
+
+HierarchicalSync::HierarchicalSync(GradientSync* local, int local_rank,
+                                   CrossNodeReduce reduce)
+    : local_(local), local_rank_(local_rank), reduce_(std::move(reduce)) {
+  rank_ = local_rank;
+  world_ = local != nullptr ? local->world_size() : 1;
+}
+
+void HierarchicalSync::BeginAttempt(int rank, int world_size, int nodes) {
+  rank_ = rank;
+  world_ = world_size;
+  nodes_ = nodes;
+  round_ = 0;
+}
+
+absl::Status HierarchicalSync::LocalSum(std::vector<double>& values) {
+  return SumAcrossRanks(local_, values);
+}
+
+absl::Status HierarchicalSync::AllReduceSum(std::vector<at::Tensor>& tensors) {
+  const bool multi_card = local_ != nullptr && local_->world_size() > 1;
+  if (multi_card) {
+    absl::Status s = local_->AllReduceSum(tensors);
+    if (!s.ok()) return s;
+  }
+  if (nodes_ <= 1 || tensors.empty()) return absl::OkStatus();
+
+  bool all_float = true;
+  for (const at::Tensor& t : tensors) {
+    all_float = all_float && t.scalar_type() == at::kFloat;
+  }
+  const at::ScalarType dtype = all_float ? at::kFloat : at::kDouble;
+  std::vector<at::Tensor> flat_parts;
+  flat_parts.reserve(tensors.size());
+  for (const at::Tensor& t : tensors) {
+    flat_parts.push_back(t.detach().reshape({-1}).to(at::kCPU, dtype));
+  }
+  at::Tensor flat = at::cat(flat_parts).contiguous();
+  const int64_t round = round_++;
+
+  double outcome = kOk;
+  std::string error;
+  if (local_rank_ == 0) {
+    const size_t bytes = flat.numel() * flat.element_size();
+    std::string payload(static_cast<const char*>(flat.data_ptr()), bytes);
+    absl::StatusOr<std::string> sum = reduce_(
+        round,
+        all_float ? v1::REDUCE_DTYPE_FLOAT32 : v1::REDUCE_DTYPE_FLOAT64,
+        std::move(payload));
+    if (sum.ok() && sum->size() == bytes) {
+      std::memcpy(flat.data_ptr(), sum->data(), bytes);
+    } else if (sum.ok()) {
+      outcome = kFailed;
+      error = absl::StrCat("cross-node round ", round, ": got ", sum->size(),
+                           " bytes back, sent ", bytes);
+    } else {
+      outcome = sum.status().code() == absl::StatusCode::kAborted ? kAborted
+                                                                  : kFailed;
+      error = std::string(sum.status().message());
+    }
+  }
+  if (multi_card) {
+    // Hand the node's result (and the outcome) to its other cards.
+    if (local_rank_ != 0) flat.zero_();
+    std::vector<at::Tensor> share = {flat,
+                                     at::tensor({outcome}, at::kDouble)};
+    absl::Status s = local_->AllReduceSum(share);
+    if (!s.ok()) return s;
+    flat = share[0];
+    outcome = share[1].item<double>();
+  }
+  if (outcome == kAborted) {
+    return absl::AbortedError(
+        local_rank_ == 0
+            ? error
+            : "the step was aborted by the controller (a node was lost)");
+  }
+  if (outcome != kOk) {
+    return absl::UnavailableError(
+        local_rank_ == 0 ? error
+                         : "the node's cross-node round failed on card 0");
+  }
+  int64_t offset = 0;
+  for (at::Tensor& t : tensors) {
+    const int64_t n = t.numel();
+    t.copy_(flat.narrow(0, offset, n).view(t.sizes()));
+    offset += n;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fusionrl

@@ -1,0 +1,60 @@
+// HierarchicalSync: the data-parallel collective of a card that may share
+// its job with cards of other nodes. A sum is taken first over the node's
+// cards (c10d, `local`), then over the nodes by the node's first card
+// through the controller's WorkService.Reduce, and handed back to the node's
+// other cards through one more local sum. Every node receives the same bytes
+// (the controller sums in node order), so all replicas stay identical.
+//
+// A round the controller refuses with ABORTED (the step's attempt was
+// abandoned because a node was lost) becomes an Aborted status on every card
+// of the node, at the same collective, so the cards roll back together.
+#ifndef FUSIONRL_WORKER_HIER_SYNC_H_
+#define FUSIONRL_WORKER_HIER_SYNC_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/grad_sync.h"
+#include "fusionrl/v1/work.pb.h"
+
+namespace fusionrl {
+
+// Sends one round's payload to the controller and returns the sum over the
+// attempt's nodes: (round, dtype, payload) -> sum.
+using CrossNodeReduce = std::function<absl::StatusOr<std::string>(
+    int64_t round, v1::ReduceDtype dtype, std::string payload)>;
+
+class HierarchicalSync final : public GradientSync {
+ public:
+  // `local`: the node's c10d group (null for one card), borrowed.
+  // `reduce` is called by local rank 0 only.
+  HierarchicalSync(GradientSync* local, int local_rank, CrossNodeReduce reduce);
+
+  // Starts an attempt: global rank and world, number of nodes; rounds are
+  // numbered from 0 again.
+  void BeginAttempt(int rank, int world_size, int nodes);
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  absl::Status AllReduceSum(std::vector<at::Tensor>& tensors) override;
+
+  // Sums small flags over the node's cards only (no controller round); used
+  // to share the outcome of the end-of-step call.
+  absl::Status LocalSum(std::vector<double>& values);
+
+ private:
+  GradientSync* local_;
+  int local_rank_;
+  CrossNodeReduce reduce_;
+  int rank_ = 0;
+  int world_ = 1;
+  int nodes_ = 1;
+  int64_t round_ = 0;
+};
+
+}  // namespace fusionrl
+
+#endif  // FUSIONRL_WORKER_HIER_SYNC_H_

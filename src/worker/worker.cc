@@ -1,0 +1,725 @@
+#include "worker/worker.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <optional>
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "core/metrics.h"
+#include "core/seed.h"
+#include "core/status_macros.h"
+#include "engine/checkpoint.h"
+#include "engine/grad_sync.h"
+#include "engine/job_common.h"
+#include "engine/rollout.h"
+#include "engine/sample.h"
+#include "engine/trainer.h"
+#include "fusionrl/config.h"
+#include "fusionrl/v1/node.grpc.pb.h"
+#include "fusionrl/v1/work.grpc.pb.h"
+#include "rpc/auth.h"
+#include "rpc/status_convert.h"
+#include "spdlog/spdlog.h"
+#include "worker/hier_sync.h"
+
+namespace fusionrl {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+constexpr uint64_t kRolloutStream = 0x726f6c6c;  // "roll"
+constexpr int kPlanWaitMs = 5000;
+
+std::string HostName() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
+  return buf;
+}
+
+}  // namespace
+
+// Per-node state shared by the worker's threads.
+struct Worker::State {
+  std::shared_ptr<grpc::Channel> channel;
+  WorkerOptions options;
+  std::unique_ptr<v1::NodeService::Stub> node_stub;
+  std::unique_ptr<v1::WorkService::Stub> work_stub;
+  std::string node_id;
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+
+  // Set by the heartbeat thread: the controller ordered a shutdown, or
+  // declared this node lost.
+  std::atomic<bool> shutdown{false};
+  std::atomic<bool> lost{false};
+  const std::atomic<bool>* stop = nullptr;
+
+  // Per card: in a job, and microseconds spent in rollout + train.
+  struct CardCounters {
+    std::atomic<bool> active{false};
+    std::atomic<int64_t> busy_us{0};
+  };
+  std::vector<std::unique_ptr<CardCounters>> cards;
+
+  bool Stopping() const {
+    return shutdown.load() || lost.load() ||
+           (stop != nullptr && stop->load(std::memory_order_relaxed));
+  }
+
+  void Prepare(grpc::ClientContext& ctx, absl::Duration timeout) const {
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     absl::ToChronoMilliseconds(timeout));
+    rpc::AttachToken(ctx, options.auth_token);
+  }
+};
+
+namespace {
+
+// Everything one card thread needs for one job.
+struct CardJob {
+  Worker::State* node = nullptr;
+  std::string job_id;
+  const JobConfig* config = nullptr;
+  std::string resume_checkpoint;
+  int local_rank = 0;
+  int local_cards = 1;
+  GradientSync* local = nullptr;  // node's c10d group; null for one card
+  Worker::State::CardCounters* counters = nullptr;
+};
+
+// The state of a card at the start of a step, to roll back an aborted
+// attempt.
+struct Snapshot {
+  std::vector<at::Tensor> params;
+  std::string optimizer;
+  int64_t version = 0;
+};
+
+absl::StatusOr<Snapshot> TakeSnapshot(PolicyModel& policy,
+                                      const Trainer& trainer) {
+  Snapshot s;
+  for (const at::Tensor& p : policy.parameters()) {
+    s.params.push_back(p.detach().clone());
+  }
+  FUSIONRL_ASSIGN_OR_RETURN(s.optimizer, trainer.OptimizerState());
+  s.version = trainer.version();
+  return s;
+}
+
+absl::Status RestoreSnapshot(const Snapshot& s, PolicyModel& policy,
+                             Trainer& trainer) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> params = policy.parameters();
+  for (size_t i = 0; i < params.size(); ++i) params[i].copy_(s.params[i]);
+  FUSIONRL_RETURN_IF_ERROR(trainer.RestoreOptimizerState(s.optimizer));
+  trainer.set_version(s.version);
+  return absl::OkStatus();
+}
+
+class CardRunner {
+ public:
+  explicit CardRunner(CardJob job) : job_(std::move(job)) {}
+
+  absl::Status Run();
+
+ private:
+  // One attempt of one step. Fills `report` (lead: metrics).
+  absl::Status TrainStep(const v1::StepPlan& plan,
+                         v1::FinishStepRequest& report);
+  absl::Status WriteEndCheckpoint(const v1::StepPlan& plan,
+                                  std::string* dir);
+  absl::StatusOr<v1::StepPlan> GetPlan(int64_t step);
+  absl::StatusOr<bool> Finish(const v1::FinishStepRequest& report);
+  void ReportFailure(const absl::Status& status, int64_t step, int attempt);
+
+  CardJob job_;
+  const JobConfig& config() const { return *job_.config; }
+  JobContext ctx_;
+  std::unique_ptr<PolicyModel> reference_;
+  std::unique_ptr<HierarchicalSync> sync_;
+  std::unique_ptr<Trainer> trainer_;
+  std::unique_ptr<RolloutEngine> rollout_;
+  int64_t plan_step_ = 0;
+  int plan_attempt_ = 0;
+};
+
+absl::StatusOr<v1::StepPlan> CardRunner::GetPlan(int64_t step) {
+  v1::GetStepPlanRequest request;
+  request.set_job_id(job_.job_id);
+  request.set_node_id(job_.node->node_id);
+  request.set_local_rank(job_.local_rank);
+  request.set_step(step);
+  request.set_wait_ms(kPlanWaitMs);
+  grpc::ClientContext ctx;
+  job_.node->Prepare(ctx, absl::Milliseconds(kPlanWaitMs) +
+                              job_.node->options.rpc_timeout);
+  v1::StepPlan plan;
+  grpc::Status s = job_.node->work_stub->GetStepPlan(&ctx, request, &plan);
+  if (!s.ok()) {
+    absl::Status st = rpc::FromGrpcStatus(s);
+    return absl::Status(st.code(),
+                        absl::StrCat("GetStepPlan(step ", step, "): ",
+                                     st.message()));
+  }
+  return plan;
+}
+
+absl::StatusOr<bool> CardRunner::Finish(const v1::FinishStepRequest& report) {
+  grpc::ClientContext ctx;
+  job_.node->Prepare(
+      ctx, absl::Seconds(config().run.collective_timeout_seconds) +
+               job_.node->options.rpc_timeout);
+  v1::FinishStepResponse response;
+  grpc::Status s = job_.node->work_stub->FinishStep(&ctx, report, &response);
+  if (!s.ok()) {
+    absl::Status st = rpc::FromGrpcStatus(s);
+    return absl::Status(st.code(), absl::StrCat("FinishStep(step ",
+                                                report.step(),
+                                                "): ", st.message()));
+  }
+  return response.committed();
+}
+
+void CardRunner::ReportFailure(const absl::Status& status, int64_t step,
+                               int attempt) {
+  if (job_.local_rank != 0) return;
+  v1::FinishStepRequest report;
+  report.set_job_id(job_.job_id);
+  report.set_node_id(job_.node->node_id);
+  report.set_step(step);
+  report.set_attempt(attempt);
+  report.set_error(std::string(status.message()));
+  report.set_error_code(static_cast<int>(status.code()));
+  Finish(report).IgnoreError();
+}
+
+absl::Status CardRunner::Run() {
+  const JobConfig& cfg = config();
+  FUSIONRL_ASSIGN_OR_RETURN(ctx_, PrepareJob(cfg, std::string()));
+  at::set_num_threads(std::max(1, cfg.num_threads / job_.local_cards));
+  PolicyModel& policy = *ctx_.policy;
+  if (cfg.algorithm.kl_coef > 0) reference_ = policy.CloneFrozen();
+  Worker::State* node = job_.node;
+  const std::string job_id = job_.job_id;
+  sync_ = std::make_unique<HierarchicalSync>(
+      job_.local, job_.local_rank,
+      [this, node, job_id](int64_t round, v1::ReduceDtype dtype,
+                           std::string payload) -> absl::StatusOr<std::string> {
+        v1::ReduceRequest request;
+        request.set_job_id(job_id);
+        request.set_node_id(node->node_id);
+        request.set_step(plan_step_);
+        request.set_attempt(plan_attempt_);
+        request.set_round(round);
+        request.set_dtype(dtype);
+        *request.mutable_payload() = std::move(payload);
+        grpc::ClientContext ctx;
+        node->Prepare(ctx,
+                      absl::Seconds(config().run.collective_timeout_seconds) +
+                          node->options.rpc_timeout);
+        v1::ReduceResponse response;
+        grpc::Status s = node->work_stub->Reduce(&ctx, request, &response);
+        if (!s.ok()) return rpc::FromGrpcStatus(s);
+        return std::move(*response.mutable_payload());
+      });
+  FUSIONRL_ASSIGN_OR_RETURN(
+      trainer_, Trainer::Create(policy, reference_.get(), cfg,
+                                ctx_.tokenizer->pad_id(), sync_.get()));
+  rollout_ = std::make_unique<RolloutEngine>(policy, ctx_.tokenizer->pad_id(),
+                                             ctx_.tokenizer->eos_id());
+  if (!job_.resume_checkpoint.empty()) {
+    FUSIONRL_ASSIGN_OR_RETURN(
+        CheckpointMeta meta,
+        ReadCheckpoint(job_.resume_checkpoint, policy, trainer_.get()));
+    trainer_->set_version(meta.policy_version);
+  }
+
+  int64_t next = 0;
+  for (;;) {
+    if (node->Stopping()) {
+      return absl::CancelledError("the worker is stopping");
+    }
+    FUSIONRL_ASSIGN_OR_RETURN(v1::StepPlan plan, GetPlan(next));
+    switch (plan.kind()) {
+      case v1::PLAN_KIND_WAIT:
+        continue;
+      case v1::PLAN_KIND_ABANDON:
+        spdlog::info("{}: {}", node->node_id, plan.message());
+        return absl::OkStatus();
+      case v1::PLAN_KIND_END: {
+        next = plan.step();
+        if (plan.rank() != 0 || plan.checkpoint_name().empty()) continue;
+        std::string dir;
+        absl::Status s = WriteEndCheckpoint(plan, &dir);
+        v1::FinishStepRequest report;
+        report.set_job_id(job_.job_id);
+        report.set_node_id(node->node_id);
+        report.set_step(plan.step());
+        if (!s.ok()) {
+          report.set_error(std::string(s.message()));
+          report.set_error_code(static_cast<int>(s.code()));
+        } else {
+          report.set_checkpoint_dir(dir);
+        }
+        FUSIONRL_RETURN_IF_ERROR(Finish(report).status());
+        return s;
+      }
+      case v1::PLAN_KIND_TRAIN:
+        break;
+      default:
+        return absl::UnimplementedError(absl::StrCat(
+            "GetStepPlan: unknown plan kind ", plan.kind(),
+            " (is the controller a newer version?)"));
+    }
+    plan_step_ = plan.step();
+    plan_attempt_ = plan.attempt();
+    sync_->BeginAttempt(plan.rank(), plan.world_size(), plan.nodes());
+    // Only a step shared with other nodes can be aborted by a node loss.
+    std::optional<Snapshot> snapshot;
+    if (plan.nodes() > 1) {
+      FUSIONRL_ASSIGN_OR_RETURN(snapshot, TakeSnapshot(policy, *trainer_));
+    }
+    v1::FinishStepRequest report;
+    report.set_job_id(job_.job_id);
+    report.set_node_id(node->node_id);
+    report.set_step(plan.step());
+    report.set_attempt(plan.attempt());
+    report.set_initial_eval_accuracy(-1);
+    report.set_eval_accuracy(-1);
+    absl::Status step = TrainStep(plan, report);
+    bool committed = false;
+    if (step.ok() && job_.local_rank == 0) {
+      absl::StatusOr<bool> done = Finish(report);
+      if (done.ok()) {
+        committed = *done;
+      } else {
+        step = done.status();
+      }
+    }
+    if (job_.local_cards > 1 && (step.ok() || absl::IsAborted(step))) {
+      // Every card learns the node's outcome of the step.
+      std::vector<double> flags = {committed ? 1.0 : 0.0,
+                                   step.ok() ? 0.0 : 1.0};
+      FUSIONRL_RETURN_IF_ERROR(sync_->LocalSum(flags));
+      committed = flags[0] > 0;
+      if (flags[1] > 0 && step.ok()) {
+        step = absl::AbortedError("another card of this node was aborted");
+      }
+    }
+    if (absl::IsAborted(step) || (step.ok() && !committed)) {
+      if (!snapshot) {
+        return absl::InternalError(
+            "a single-node step was aborted; nothing to roll back to");
+      }
+      spdlog::warn("{} card {}: step {} attempt {} aborted ({}); rolling back",
+                   node->node_id, job_.local_rank, plan.step(),
+                   plan.attempt(),
+                   step.ok() ? std::string("not committed")
+                             : std::string(step.message()));
+      FUSIONRL_RETURN_IF_ERROR(RestoreSnapshot(*snapshot, policy, *trainer_));
+      next = plan.step();
+      continue;
+    }
+    if (!step.ok()) {
+      ReportFailure(step, plan.step(), plan.attempt());
+      return step;
+    }
+    next = plan.step() + 1;
+  }
+}
+
+absl::Status CardRunner::TrainStep(const v1::StepPlan& plan,
+                                   v1::FinishStepRequest& report) {
+  const JobConfig& cfg = config();
+  const auto& rc = cfg.rollout;
+  PolicyModel& policy = *ctx_.policy;
+  const bool lead = plan.rank() == 0;
+  if (lead && plan.eval_before()) {
+    FUSIONRL_ASSIGN_OR_RETURN(
+        EvalResult initial,
+        EvaluateGreedy(policy, ctx_, rc.max_new_tokens));
+    spdlog::info("[{}] initial eval accuracy {:.3f} ({:.1f}s)", cfg.name,
+                 initial.accuracy, initial.seconds);
+    report.set_initial_eval_accuracy(initial.accuracy);
+  }
+  const auto t0 = SteadyClock::now();
+  job_.counters->active = true;
+  std::vector<Sample> samples;
+  std::vector<Problem> problems;
+  std::vector<std::vector<int>> prompts;
+  for (uint64_t index : plan.groups()) {
+    problems.push_back(ctx_.task->TrainProblem(index));
+    FUSIONRL_ASSIGN_OR_RETURN(
+        auto ids, EncodePrompt(*ctx_.tokenizer, problems.back().prompt));
+    for (int i = 0; i < rc.group_size; ++i) {
+      Sample s;
+      s.group_id = index;
+      s.problem_index = index;
+      s.prompt_ids = ids;
+      s.behaviour_version = trainer_->version();
+      samples.push_back(std::move(s));
+      prompts.push_back(ids);
+    }
+  }
+  SamplingParams sampling;
+  sampling.temperature = rc.temperature;
+  sampling.top_k = rc.top_k;
+  sampling.top_p = rc.top_p;
+  sampling.max_new_tokens = rc.max_new_tokens;
+  uint64_t seed = MixSeed(MixSeed(cfg.seed, kRolloutStream), plan.step());
+  if (plan.rank() > 0) seed = MixSeed(seed, plan.rank());
+  FUSIONRL_ASSIGN_OR_RETURN(auto completions,
+                            rollout_->Generate(prompts, sampling, seed));
+  const double rollout_s = SecondsSince(t0);
+  int64_t step_tokens = 0, correct = 0, finished = 0;
+  double reward_sum = 0;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    Sample& s = samples[i];
+    s.response_ids = std::move(completions[i].tokens);
+    s.behaviour_logp = std::move(completions[i].logp);
+    s.finished = completions[i].finished;
+    const Verdict v =
+        ctx_.reward->Score(problems[i / rc.group_size],
+                           DecodeResponse(*ctx_.tokenizer, s.response_ids));
+    s.reward = v.reward;
+    s.correct = v.correct;
+    reward_sum += v.reward;
+    correct += v.correct;
+    finished += s.finished;
+    step_tokens += static_cast<int64_t>(s.response_ids.size());
+  }
+  int64_t max_staleness = 0;
+  for (const Sample& s : samples) {
+    max_staleness =
+        std::max(max_staleness, trainer_->version() - s.behaviour_version);
+  }
+  const auto t1 = SteadyClock::now();
+  FUSIONRL_ASSIGN_OR_RETURN(TrainStats ts, trainer_->Step(samples));
+  const double train_s = SecondsSince(t1);
+  std::vector<double> totals = {reward_sum, static_cast<double>(correct),
+                                static_cast<double>(finished),
+                                static_cast<double>(step_tokens),
+                                static_cast<double>(samples.size())};
+  FUSIONRL_RETURN_IF_ERROR(SumAcrossRanks(sync_.get(), totals));
+  const double step_s = SecondsSince(t0);
+  job_.counters->busy_us += static_cast<int64_t>(step_s * 1e6);
+  if (!lead) return absl::OkStatus();
+
+  step_tokens = static_cast<int64_t>(totals[3]);
+  const double n = totals[4];
+  const double reward_mean = totals[0] / n;
+  const double tokens_so_far =
+      static_cast<double>(plan.rollout_tokens_before() + step_tokens);
+  const double seconds_so_far = plan.loop_seconds_before() + step_s;
+  MetricRecord rec = {
+      {"step", static_cast<double>(plan.step())},
+      {"policy_version", static_cast<double>(trainer_->version())},
+      {"reward_mean", reward_mean},
+      {"train_accuracy", totals[1] / n},
+      {"response_len_mean", step_tokens / n},
+      {"finished_frac", totals[2] / n},
+      {"loss", ts.loss},
+      {"pg_loss", ts.pg_loss},
+      {"kl", ts.kl},
+      {"entropy", ts.entropy},
+      {"clip_frac", ts.clip_frac},
+      {"grad_norm", ts.grad_norm},
+      {"lr", ts.lr},
+      {"advantage_abs_mean", ts.advantage_abs_mean},
+      {"max_staleness", static_cast<double>(max_staleness)},
+      {"rollout_tokens", static_cast<double>(step_tokens)},
+      {"rollout_seconds", rollout_s},
+      {"train_seconds", train_s},
+      {"step_seconds", step_s},
+      {"cards", static_cast<double>(plan.world_size())},
+      {"nodes", static_cast<double>(plan.nodes())},
+      {"attempt", static_cast<double>(plan.attempt())},
+      {"tokens_per_second",
+       seconds_so_far > 0 ? tokens_so_far / seconds_so_far : 0}};
+  double last_eval = report.initial_eval_accuracy() >= 0
+                         ? report.initial_eval_accuracy()
+                         : plan.last_eval_accuracy();
+  if (plan.eval_after()) {
+    FUSIONRL_ASSIGN_OR_RETURN(EvalResult ev,
+                              EvaluateGreedy(policy, ctx_, rc.max_new_tokens));
+    last_eval = ev.accuracy;
+    report.set_eval_accuracy(ev.accuracy);
+    rec.push_back({"eval_accuracy", ev.accuracy});
+    rec.push_back({"eval_seconds", ev.seconds});
+  }
+  if (!plan.checkpoint_name().empty()) {
+    const double initial = report.initial_eval_accuracy() >= 0
+                               ? report.initial_eval_accuracy()
+                               : plan.initial_eval_accuracy();
+    CheckpointMeta meta{"rl",
+                        cfg.name,
+                        plan.step(),
+                        trainer_->version(),
+                        plan.data_cursor_after(),
+                        initial,
+                        last_eval,
+                        plan.rollout_tokens_before() + step_tokens,
+                        seconds_so_far};
+    const std::string dir =
+        cfg.output_dir + "/checkpoints/" + plan.checkpoint_name();
+    FUSIONRL_RETURN_IF_ERROR(
+        WriteCheckpoint(dir, policy, trainer_.get(), meta));
+    report.set_checkpoint_dir(dir);
+  }
+  report.set_metrics_json(MetricRecordToJson(rec));
+  report.set_rollout_tokens(step_tokens);
+  report.set_loop_seconds(step_s);
+  report.set_reward_mean(reward_mean);
+  report.set_train_accuracy(totals[1] / n);
+  report.set_policy_version(trainer_->version());
+  return absl::OkStatus();
+}
+
+absl::Status CardRunner::WriteEndCheckpoint(const v1::StepPlan& plan,
+                                            std::string* dir) {
+  const JobConfig& cfg = config();
+  CheckpointMeta meta{"rl",
+                      cfg.name,
+                      plan.step() - 1,
+                      trainer_->version(),
+                      plan.data_cursor_after(),
+                      plan.initial_eval_accuracy(),
+                      plan.last_eval_accuracy(),
+                      plan.rollout_tokens_before(),
+                      plan.loop_seconds_before()};
+  *dir = cfg.output_dir + "/checkpoints/" + plan.checkpoint_name();
+  return WriteCheckpoint(*dir, *ctx_.policy, trainer_.get(), meta);
+}
+
+// Runs one assigned job on this node: one thread per card.
+absl::Status RunNodeJob(Worker::State& node,
+                        const v1::GetAssignmentResponse& assignment) {
+  std::vector<std::string> overrides(assignment.overrides().begin(),
+                                     assignment.overrides().end());
+  absl::StatusOr<JobConfig> config = ParseJobConfig(
+      assignment.config_yaml(), assignment.source_name(), overrides);
+  const int cards = assignment.card_indices_size();
+  auto report_setup_failure = [&](const absl::Status& status) {
+    v1::FinishStepRequest report;
+    report.set_job_id(assignment.job_id());
+    report.set_node_id(node.node_id);
+    report.set_error(std::string(status.message()));
+    report.set_error_code(static_cast<int>(status.code()));
+    grpc::ClientContext ctx;
+    node.Prepare(ctx, node.options.rpc_timeout);
+    v1::FinishStepResponse response;
+    node.work_stub->FinishStep(&ctx, report, &response);
+    return status;
+  };
+  if (!config.ok()) return report_setup_failure(config.status());
+  if (cards < 1 || cards > static_cast<int>(node.cards.size())) {
+    return report_setup_failure(absl::InvalidArgumentError(absl::StrCat(
+        "assignment uses ", cards, " card(s); this node has ",
+        node.cards.size())));
+  }
+  std::vector<std::unique_ptr<GradientSync>> local;
+  if (cards > 1) {
+    auto group = MakeLocalGlooGroup(
+        cards, absl::Seconds(config->run.collective_timeout_seconds));
+    if (!group.ok()) return report_setup_failure(group.status());
+    local = *std::move(group);
+  }
+  spdlog::info("{}: running {} on {} card(s)", node.node_id,
+               assignment.job_id(), cards);
+  std::vector<absl::Status> status(cards);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < cards; ++r) {
+    const int index = assignment.card_indices(r);
+    Worker::State::CardCounters* counters =
+        node.cards[std::min<size_t>(index, node.cards.size() - 1)].get();
+    CardJob job;
+    job.node = &node;
+    job.job_id = assignment.job_id();
+    job.config = &*config;
+    job.resume_checkpoint = assignment.resume_checkpoint();
+    job.local_rank = r;
+    job.local_cards = cards;
+    job.local = cards > 1 ? local[r].get() : nullptr;
+    job.counters = counters;
+    threads.emplace_back([&status, r, job]() mutable {
+      try {
+        status[r] = CardRunner(job).Run();
+      } catch (const c10::Error& e) {
+        status[r] = absl::InternalError(
+            absl::StrCat("card ", r, ": ", e.what_without_backtrace()));
+      } catch (const std::exception& e) {
+        status[r] = absl::InternalError(absl::StrCat("card ", r, ": ", e.what()));
+      }
+      job.counters->active = false;
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < cards; ++r) {
+    if (!status[r].ok()) {
+      if (r != 0 && !absl::IsCancelled(status[r])) {
+        report_setup_failure(status[r]).IgnoreError();
+      }
+      return absl::Status(status[r].code(),
+                          absl::StrCat(assignment.job_id(), " card ", r, ": ",
+                                       status[r].message()));
+    }
+  }
+  spdlog::info("{}: {} done", node.node_id, assignment.job_id());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Worker::Worker(std::shared_ptr<grpc::Channel> channel, WorkerOptions options)
+    : state_(std::make_unique<State>()) {
+  state_->channel = std::move(channel);
+  state_->options = std::move(options);
+  if (state_->options.host.empty()) state_->options.host = HostName();
+  state_->node_stub = v1::NodeService::NewStub(state_->channel);
+  state_->work_stub = v1::WorkService::NewStub(state_->channel);
+  for (int i = 0; i < std::max(1, state_->options.cards); ++i) {
+    state_->cards.push_back(std::make_unique<State::CardCounters>());
+  }
+}
+
+Worker::~Worker() = default;
+
+absl::Status Worker::Run(const std::atomic<bool>* stop) {
+  State& s = *state_;
+  s.stop = stop;
+  // 1. Register (the controller may still be starting).
+  v1::RegisterNodeRequest reg;
+  reg.set_host(s.options.host);
+  reg.set_super_node(s.options.super_node);
+  reg.set_version("fusionrl-0.3");
+  for (int i = 0; i < s.options.cards; ++i) {
+    v1::Card* card = reg.add_cards();
+    card->set_index(i);
+    card->set_device(s.options.device == "cuda" ? absl::StrCat("cuda:", i)
+                                                : s.options.device);
+  }
+  const absl::Time connect_deadline = absl::Now() + s.options.connect_timeout;
+  v1::RegisterNodeResponse registered;
+  for (;;) {
+    grpc::ClientContext ctx;
+    s.Prepare(ctx, std::min(s.options.rpc_timeout, absl::Seconds(5)));
+    grpc::Status st = s.node_stub->RegisterNode(&ctx, reg, &registered);
+    if (st.ok()) break;
+    if (st.error_code() != grpc::StatusCode::UNAVAILABLE &&
+        st.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return absl::Status(rpc::FromGrpcStatus(st).code(),
+                          absl::StrCat("RegisterNode: ", st.error_message()));
+    }
+    if (absl::Now() >= connect_deadline || s.Stopping()) {
+      return absl::UnavailableError(absl::StrCat(
+          "RegisterNode: controller unreachable for ",
+          absl::FormatDuration(s.options.connect_timeout), ": ",
+          st.error_message()));
+    }
+    absl::SleepFor(absl::Milliseconds(500));
+  }
+  s.node_id = registered.node_id();
+  s.heartbeat_interval =
+      absl::Milliseconds(std::max(50, registered.heartbeat_interval_ms()));
+  spdlog::info("worker: registered as {} (super node {}, {} card(s))",
+               s.node_id, s.options.super_node, s.options.cards);
+
+  // 2. Heartbeats on their own thread.
+  absl::Notification done;
+  std::thread heartbeat([&s, &done] {
+    std::vector<int64_t> last_busy(s.cards.size(), 0);
+    auto last = SteadyClock::now();
+    while (!done.WaitForNotificationWithTimeout(s.heartbeat_interval)) {
+      const auto now = SteadyClock::now();
+      const double window = std::chrono::duration<double>(now - last).count();
+      last = now;
+      v1::HeartbeatRequest request;
+      request.set_node_id(s.node_id);
+      for (size_t i = 0; i < s.cards.size(); ++i) {
+        const int64_t busy = s.cards[i]->busy_us.load();
+        v1::CardState* card = request.add_cards();
+        card->set_index(static_cast<int>(i));
+        card->set_role(s.cards[i]->active ? v1::CARD_ROLE_COLOCATED
+                                          : v1::CARD_ROLE_IDLE);
+        card->set_busy_fraction(
+            window > 0 ? std::min(1.0, (busy - last_busy[i]) / 1e6 / window)
+                       : 0);
+        last_busy[i] = busy;
+      }
+      grpc::ClientContext ctx;
+      s.Prepare(ctx, std::max(s.heartbeat_interval * 2, absl::Seconds(2)));
+      v1::HeartbeatResponse response;
+      grpc::Status st = s.node_stub->Heartbeat(&ctx, request, &response);
+      if (st.ok()) {
+        if (response.shutdown() && !s.shutdown.exchange(true)) {
+          spdlog::info("worker {}: the controller asked us to shut down",
+                       s.node_id);
+        }
+      } else if (st.error_code() == grpc::StatusCode::NOT_FOUND ||
+                 st.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+        spdlog::error("worker {}: {}", s.node_id, st.error_message());
+        s.lost = true;
+      } else {
+        spdlog::warn("worker {}: heartbeat failed: {}", s.node_id,
+                     st.error_message());
+      }
+    }
+  });
+
+  // 3. Jobs.
+  absl::Status result;
+  while (!s.Stopping()) {
+    v1::GetAssignmentRequest request;
+    request.set_node_id(s.node_id);
+    request.set_wait_ms(static_cast<int32_t>(
+        absl::ToInt64Milliseconds(s.options.poll_interval)));
+    grpc::ClientContext ctx;
+    s.Prepare(ctx, s.options.poll_interval + s.options.rpc_timeout);
+    v1::GetAssignmentResponse assignment;
+    grpc::Status st = s.work_stub->GetAssignment(&ctx, request, &assignment);
+    if (!st.ok()) {
+      if (st.error_code() == grpc::StatusCode::NOT_FOUND ||
+          st.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+          st.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+        result = absl::Status(rpc::FromGrpcStatus(st).code(),
+                              absl::StrCat("GetAssignment: ",
+                                           st.error_message()));
+        break;
+      }
+      spdlog::warn("worker {}: GetAssignment: {}", s.node_id,
+                   st.error_message());
+      absl::SleepFor(absl::Milliseconds(500));
+      continue;
+    }
+    if (assignment.job_id().empty()) continue;
+    absl::Status job = RunNodeJob(s, assignment);
+    if (!job.ok() && !absl::IsCancelled(job)) {
+      spdlog::error("worker {}: {}", s.node_id, std::string(job.message()));
+    }
+  }
+  done.Notify();
+  heartbeat.join();
+  if (!s.lost) {
+    v1::DeregisterNodeRequest request;
+    request.set_node_id(s.node_id);
+    grpc::ClientContext ctx;
+    s.Prepare(ctx, absl::Seconds(5));
+    v1::DeregisterNodeResponse response;
+    s.node_stub->DeregisterNode(&ctx, request, &response);
+  } else if (result.ok()) {
+    result = absl::UnavailableError(absl::StrCat(
+        s.node_id, " was declared lost by the controller"));
+  }
+  return result;
+}
+
+}  // namespace fusionrl
