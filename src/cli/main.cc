@@ -6,6 +6,10 @@
 //                            [--set key.path=value ...]
 //   fusionrl eval <job.yaml> [--checkpoint DIR] [--set key.path=value ...]
 //   fusionrl validate <job.yaml> [--set key.path=value ...]
+//   fusionrl controller --listen HOST:PORT [...]      (docs/cluster.md)
+//   fusionrl worker --controller HOST:PORT [--cards N] [--super-node NAME]
+//   fusionrl submit <job.yaml> --controller HOST:PORT [--wait]
+//   fusionrl status --controller HOST:PORT [--job ID] [--json] [--watch]
 //
 // Exit codes: 0 success; 2 bad input (config file, key, value, a missing or
 // mismatching file, command-line usage); 1 the job failed while running;
@@ -20,6 +24,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
+#include "cli/cluster_cli.h"
 #include "fusionrl/config.h"
 #include "fusionrl/job.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -141,11 +146,22 @@ int main(int argc, char** argv) {
       "validate", "check a job file and print the resolved config");
   AddJobArgs(validate, &args, false);
 
+  fusionrl::cli::ClusterArgs cluster_args;
+  const fusionrl::cli::ClusterCommands cluster =
+      fusionrl::cli::AddClusterCommands(app, cluster_args);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : kExitBadInput;
+  }
+
+  if (cluster.controller->parsed() || cluster.worker->parsed() ||
+      cluster.submit->parsed() || cluster.status->parsed()) {
+    InstallStopHandlers();
+    return fusionrl::cli::RunClusterCommand(cluster, cluster_args,
+                                            g_stop_requested);
   }
 
   auto config = LoadConfig(args);

@@ -536,6 +536,7 @@ absl::Status RunNodeJob(Worker::State& node,
   spdlog::info("{}: running {} on {} card(s)", node.node_id,
                assignment.job_id(), cards);
   std::vector<absl::Status> status(cards);
+  std::vector<JobConfig> card_configs(cards);
   std::vector<std::thread> threads;
   for (int r = 0; r < cards; ++r) {
     const int index = assignment.card_indices(r);
@@ -544,7 +545,12 @@ absl::Status RunNodeJob(Worker::State& node,
     CardJob job;
     job.node = &node;
     job.job_id = assignment.job_id();
-    job.config = &*config;
+    // A node of several GPUs: card i runs on cuda:<its index>.
+    card_configs[r] = *config;
+    if (node.options.device == "cuda" && card_configs[r].device == "cuda") {
+      card_configs[r].device = absl::StrCat("cuda:", index);
+    }
+    job.config = &card_configs[r];
     job.resume_checkpoint = assignment.resume_checkpoint();
     job.local_rank = r;
     job.local_cards = cards;

@@ -1,0 +1,435 @@
+#include "cli/cluster_cli.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "controller/controller.h"
+#include "fusionrl/config.h"
+#include "fusionrl/v1/job.grpc.pb.h"
+#include "rpc/auth.h"
+#include "rpc/status_convert.h"
+#include "spdlog/spdlog.h"
+#include "worker/worker.h"
+
+namespace fusionrl::cli {
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailure = 1;
+constexpr int kExitBadInput = 2;
+constexpr int kExitCancelled = 130;
+
+int ExitCodeFor(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kPermissionDenied:
+      return kExitBadInput;
+    default:
+      return kExitFailure;
+  }
+}
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "fusionrl: error: %s\n",
+               std::string(status.message()).c_str());
+  return ExitCodeFor(status);
+}
+
+absl::StatusOr<std::string> ReadText(const std::string& path,
+                                     const char* what) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat(what, ": cannot read '", path, "'"));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> Connect(
+    const ClusterArgs& args) {
+  if (args.controller.empty()) {
+    return absl::InvalidArgumentError("--controller HOST:PORT is required");
+  }
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      grpc::InsecureChannelCredentials();
+  if (!args.tls_ca.empty()) {
+    auto ca = ReadText(args.tls_ca, "--tls-ca");
+    if (!ca.ok()) return ca.status();
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = *ca;
+    credentials = grpc::SslCredentials(ssl);
+  }
+  grpc::ChannelArguments channel_args;
+  channel_args.SetMaxReceiveMessageSize(1 << 30);
+  channel_args.SetMaxSendMessageSize(1 << 30);
+  return grpc::CreateCustomChannel(args.controller, credentials, channel_args);
+}
+
+absl::StatusOr<std::string> Token(const ClusterArgs& args,
+                                  const JobConfig* config) {
+  if (!args.token_file.empty() || !args.token_env.empty()) {
+    return rpc::LoadToken(args.token_file, args.token_env);
+  }
+  if (config != nullptr) {
+    return rpc::LoadToken(config->cluster.auth_token_file,
+                          config->cluster.auth_token_env);
+  }
+  return std::string();
+}
+
+void Prepare(grpc::ClientContext& ctx, const std::string& token,
+             absl::Duration timeout) {
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   absl::ToChronoMilliseconds(timeout));
+  rpc::AttachToken(ctx, token);
+}
+
+absl::Status FromGrpc(const grpc::Status& st, const std::string& what) {
+  absl::Status s = rpc::FromGrpcStatus(st);
+  return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+}
+
+bool Terminal(v1::JobPhase phase) {
+  return phase == v1::JOB_PHASE_SUCCEEDED || phase == v1::JOB_PHASE_FAILED ||
+         phase == v1::JOB_PHASE_CANCELLED;
+}
+
+std::string PhaseName(v1::JobPhase phase) {
+  std::string name = v1::JobPhase_Name(phase);
+  const std::string prefix = "JOB_PHASE_";
+  return name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name;
+}
+
+std::string RoleName(v1::CardRole role) {
+  std::string name = v1::CardRole_Name(role);
+  const std::string prefix = "CARD_ROLE_";
+  name = name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name;
+  for (char& c : name) c = static_cast<char>(std::tolower(c));
+  return name;
+}
+
+std::string ToJson(const google::protobuf::Message& message) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  if (!google::protobuf::util::MessageToJsonString(message, &out, options)
+           .ok()) {
+    return "{}";
+  }
+  return out;
+}
+
+// The readable status of one job.
+std::string FormatStatus(const v1::JobStatus& s) {
+  std::string out = absl::StrFormat(
+      "%s  %s  %s  step %d/%d  version %d\n", s.job_id(), s.name(),
+      PhaseName(s.phase()), s.step(), s.total_steps(), s.policy_version());
+  if (!s.message().empty()) absl::StrAppend(&out, "  ", s.message(), "\n");
+  absl::StrAppendFormat(
+      &out,
+      "  reward %.3f  train acc %.3f  eval %.3f (start %.3f)  %.0f tok/s\n",
+      s.reward_mean(), s.train_accuracy(), s.eval_accuracy(),
+      s.initial_eval_accuracy(), s.tokens_per_second());
+  absl::StrAppendFormat(&out,
+                        "  prompt groups: %d submitted, %d trained, %d "
+                        "re-queued\n",
+                        s.groups_submitted(), s.groups_trained(),
+                        s.groups_requeued());
+  if (s.nodes_size() > 0) {
+    absl::StrAppendFormat(&out, "  %-10s %-12s %-16s %-6s %-10s %s\n", "NODE",
+                          "SUPER NODE", "HOST", "STATE", "HEARTBEAT",
+                          "CARDS (role busy%)");
+    for (const v1::NodeStatus& n : s.nodes()) {
+      std::string cards;
+      for (const v1::CardState& c : n.cards()) {
+        absl::StrAppendFormat(&cards, "%s%d:%s %.0f%%", cards.empty() ? "" : "  ",
+                              c.index(), RoleName(c.role()),
+                              100 * c.busy_fraction());
+      }
+      absl::StrAppendFormat(&out, "  %-10s %-12s %-16s %-6s %-10s %s\n",
+                            n.node_id(), n.super_node(), n.host(), n.state(),
+                            absl::StrFormat("%.1fs", n.heartbeat_age_ms() / 1e3),
+                            cards);
+    }
+  }
+  const int shown = std::min(8, s.events_size());
+  if (shown > 0) absl::StrAppend(&out, "  recent events:\n");
+  for (int i = s.events_size() - shown; i < s.events_size(); ++i) {
+    const v1::JobEvent& e = s.events(i);
+    absl::StrAppend(&out, "    ",
+                    absl::FormatTime("%H:%M:%S", absl::FromUnixMicros(e.time_us()),
+                                     absl::LocalTimeZone()),
+                    " ", e.text(), "\n");
+  }
+  return out;
+}
+
+int RunController(const ClusterArgs& args, const std::atomic<bool>& stop) {
+  ControllerOptions options;
+  options.listen_address = args.listen;
+  options.heartbeat_interval = absl::Seconds(args.heartbeat_interval_s);
+  options.heartbeat_timeout = absl::Seconds(args.heartbeat_timeout_s);
+  options.tls_cert_file = args.tls_cert;
+  options.tls_key_file = args.tls_key;
+  auto token = Token(args, nullptr);
+  if (!token.ok()) return Fail(token.status());
+  options.auth_token = *token;
+  auto controller = Controller::Start(options);
+  if (!controller.ok()) return Fail(controller.status());
+  const std::string host = args.listen.substr(0, args.listen.rfind(':'));
+  // The one line scripts read: where to connect.
+  std::cout << "listening on " << host << ":" << (*controller)->port()
+            << std::endl;
+  spdlog::info("controller: listening on {}:{}{}{}", host,
+               (*controller)->port(), token->empty() ? "" : ", token required",
+               args.tls_cert.empty() ? "" : ", TLS");
+  while (!stop.load()) absl::SleepFor(absl::Milliseconds(100));
+  spdlog::info(
+      "controller: stopping: running jobs end after their current step "
+      "with a checkpoint");
+  (*controller)->Drain(absl::Seconds(args.drain_timeout_s));
+  (*controller)->Shutdown();
+  return kExitOk;
+}
+
+int RunWorker(const ClusterArgs& args, const std::atomic<bool>& stop) {
+  auto channel = Connect(args);
+  if (!channel.ok()) return Fail(channel.status());
+  auto token = Token(args, nullptr);
+  if (!token.ok()) return Fail(token.status());
+  WorkerOptions options;
+  options.cards = args.cards;
+  options.super_node = args.super_node.empty()
+                           ? std::string("sn-0")
+                           : args.super_node;
+  options.device = args.device;
+  options.auth_token = *token;
+  Worker worker(*channel, options);
+  absl::Status s = worker.Run(&stop);
+  if (!s.ok()) return Fail(s);
+  return kExitOk;
+}
+
+int WatchUntilDone(v1::JobService::Stub& stub, const std::string& token,
+                   const std::string& job_id, bool json) {
+  grpc::ClientContext ctx;
+  rpc::AttachToken(ctx, token);
+  v1::WatchJobRequest request;
+  request.set_job_id(job_id);
+  auto reader = stub.WatchJob(&ctx, request);
+  v1::JobStatus status;
+  int64_t last_step = -1;
+  while (reader->Read(&status)) {
+    if (json) {
+      std::cout << ToJson(status) << std::endl;
+    } else if (status.step() != last_step || Terminal(status.phase())) {
+      last_step = status.step();
+      std::cerr << FormatStatus(status);
+    }
+  }
+  grpc::Status st = reader->Finish();
+  if (!st.ok()) return Fail(FromGrpc(st, "WatchJob"));
+  if (status.phase() == v1::JOB_PHASE_SUCCEEDED) return kExitOk;
+  if (status.phase() == v1::JOB_PHASE_CANCELLED) return kExitCancelled;
+  std::fprintf(stderr, "fusionrl: %s failed: %s\n", job_id.c_str(),
+               status.message().c_str());
+  return kExitFailure;
+}
+
+int RunSubmit(const ClusterArgs& args) {
+  auto text = ReadText(args.config_path, "job file");
+  if (!text.ok()) return Fail(text.status());
+  std::vector<std::string> overrides = args.overrides;
+  if (!args.output_dir.empty()) {
+    overrides.push_back(absl::StrCat("output_dir=\"", args.output_dir, "\""));
+  }
+  // Check locally first: the same errors, without a round trip.
+  auto config = ParseJobConfig(*text, args.config_path, overrides);
+  if (!config.ok()) return Fail(config.status());
+  auto token = Token(args, &*config);
+  if (!token.ok()) return Fail(token.status());
+  auto channel = Connect(args);
+  if (!channel.ok()) return Fail(channel.status());
+  auto stub = v1::JobService::NewStub(*channel);
+  v1::SubmitJobRequest request;
+  request.set_config_yaml(*text);
+  request.set_source_name(args.config_path);
+  for (const std::string& o : overrides) request.add_overrides(o);
+  request.set_resume(args.resume);
+  v1::SubmitJobResponse response;
+  grpc::ClientContext ctx;
+  Prepare(ctx, *token, absl::Seconds(30));
+  grpc::Status st = stub->SubmitJob(&ctx, request, &response);
+  if (!st.ok()) return Fail(FromGrpc(st, "SubmitJob"));
+  std::cout << response.job_id() << std::endl;
+  if (!args.wait) return kExitOk;
+  return WatchUntilDone(*stub, *token, response.job_id(), /*json=*/false);
+}
+
+int RunStatus(const ClusterArgs& args) {
+  auto token = Token(args, nullptr);
+  if (!token.ok()) return Fail(token.status());
+  auto channel = Connect(args);
+  if (!channel.ok()) return Fail(channel.status());
+  auto stub = v1::JobService::NewStub(*channel);
+  std::string job_id = args.job_id;
+  if (args.watch && job_id.empty()) {
+    // The newest job.
+    v1::ListJobsResponse list;
+    grpc::ClientContext ctx;
+    Prepare(ctx, *token, absl::Seconds(30));
+    grpc::Status st = stub->ListJobs(&ctx, v1::ListJobsRequest(), &list);
+    if (!st.ok()) return Fail(FromGrpc(st, "ListJobs"));
+    if (list.jobs_size() == 0) {
+      return Fail(absl::NotFoundError("no jobs on this controller"));
+    }
+    job_id = list.jobs(list.jobs_size() - 1).job_id();
+  }
+  if (args.watch) {
+    grpc::ClientContext ctx;
+    rpc::AttachToken(ctx, *token);
+    v1::WatchJobRequest request;
+    request.set_job_id(job_id);
+    auto reader = stub->WatchJob(&ctx, request);
+    v1::JobStatus status;
+    while (reader->Read(&status)) {
+      if (args.json) {
+        std::cout << ToJson(status) << std::endl;
+      } else {
+        std::cout << FormatStatus(status) << std::endl;
+      }
+    }
+    grpc::Status st = reader->Finish();
+    if (!st.ok()) return Fail(FromGrpc(st, "WatchJob"));
+    return kExitOk;
+  }
+  std::vector<v1::JobStatus> jobs;
+  if (!job_id.empty()) {
+    v1::GetJobStatusRequest request;
+    request.set_job_id(job_id);
+    v1::JobStatus status;
+    grpc::ClientContext ctx;
+    Prepare(ctx, *token, absl::Seconds(30));
+    grpc::Status st = stub->GetJobStatus(&ctx, request, &status);
+    if (!st.ok()) return Fail(FromGrpc(st, "GetJobStatus"));
+    jobs.push_back(status);
+  } else {
+    v1::ListJobsResponse list;
+    grpc::ClientContext ctx;
+    Prepare(ctx, *token, absl::Seconds(30));
+    grpc::Status st = stub->ListJobs(&ctx, v1::ListJobsRequest(), &list);
+    if (!st.ok()) return Fail(FromGrpc(st, "ListJobs"));
+    jobs.assign(list.jobs().begin(), list.jobs().end());
+  }
+  if (args.json) {
+    if (!job_id.empty()) {
+      std::cout << ToJson(jobs.front()) << std::endl;
+    } else {
+      v1::ListJobsResponse all;
+      for (const auto& j : jobs) *all.add_jobs() = j;
+      std::cout << ToJson(all) << std::endl;
+    }
+    return kExitOk;
+  }
+  if (jobs.empty()) std::cout << "no jobs\n";
+  for (const auto& j : jobs) std::cout << FormatStatus(j) << "\n";
+  return kExitOk;
+}
+
+void AddAuthFlags(CLI::App* cmd, ClusterArgs& args) {
+  cmd->add_option("--token-file", args.token_file,
+                  "file whose first line is the shared auth token");
+  cmd->add_option("--token-env", args.token_env,
+                  "environment variable holding the shared auth token");
+}
+
+void AddClientFlags(CLI::App* cmd, ClusterArgs& args) {
+  cmd->add_option("--controller", args.controller,
+                  "controller address HOST:PORT")
+      ->required();
+  cmd->add_option("--tls-ca", args.tls_ca,
+                  "PEM file of the CA that signed the controller's "
+                  "certificate (connect with TLS)");
+  AddAuthFlags(cmd, args);
+}
+
+}  // namespace
+
+ClusterCommands AddClusterCommands(CLI::App& app, ClusterArgs& args) {
+  ClusterCommands c;
+  c.controller = app.add_subcommand(
+      "controller", "serve jobs to workers (prints 'listening on HOST:PORT')");
+  c.controller->add_option("--listen", args.listen, "HOST:PORT (port 0 = any)")
+      ->required();
+  c.controller->add_option("--heartbeat-interval", args.heartbeat_interval_s,
+                           "seconds between worker heartbeats (default 1)");
+  c.controller->add_option("--heartbeat-timeout", args.heartbeat_timeout_s,
+                           "seconds of silence before a worker is lost "
+                           "(default 10)");
+  c.controller->add_option("--drain-timeout", args.drain_timeout_s,
+                           "on SIGINT/SIGTERM, seconds to wait for running "
+                           "jobs to checkpoint (default 600)");
+  c.controller->add_option("--tls-cert", args.tls_cert,
+                           "PEM certificate chain: serve TLS");
+  c.controller->add_option("--tls-key", args.tls_key, "PEM private key");
+  AddAuthFlags(c.controller, args);
+
+  c.worker = app.add_subcommand("worker", "offer this machine's cards");
+  AddClientFlags(c.worker, args);
+  c.worker->add_option("--cards", args.cards, "cards to offer (default 1)")
+      ->check(CLI::Range(1, 1024));
+  c.worker->add_option("--super-node", args.super_node,
+                       "super node name (default sn-0)");
+  c.worker->add_option("--device", args.device, "card device: cpu | cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+
+  c.submit = app.add_subcommand("submit", "submit a job; prints its id");
+  c.submit->add_option("config", args.config_path, "job YAML file")
+      ->required();
+  AddClientFlags(c.submit, args);
+  c.submit->add_option("--set", args.overrides,
+                       "override a config key: key.path=value (repeatable)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  c.submit->add_option("--output-dir,-o", args.output_dir,
+                       "overrides output_dir (a path the workers can reach)");
+  c.submit->add_flag("--resume", args.resume,
+                     "continue from the newest checkpoint in output_dir");
+  c.submit->add_flag("--wait", args.wait,
+                     "follow the job to its end (exit 0 succeeded, 1 failed, "
+                     "130 cancelled)");
+
+  c.status = app.add_subcommand("status", "show jobs, nodes and cards");
+  AddClientFlags(c.status, args);
+  c.status->add_option("--job", args.job_id, "one job (default: all)");
+  c.status->add_flag("--json", args.json, "JSON instead of a table");
+  c.status->add_flag("--watch", args.watch,
+                     "stream updates until the job ends");
+  return c;
+}
+
+int RunClusterCommand(const ClusterCommands& commands, const ClusterArgs& args,
+                      const std::atomic<bool>& stop) {
+  if (commands.controller->parsed()) return RunController(args, stop);
+  if (commands.worker->parsed()) return RunWorker(args, stop);
+  if (commands.submit->parsed()) return RunSubmit(args);
+  return RunStatus(args);
+}
+
+}  // namespace fusionrl::cli
