@@ -84,6 +84,18 @@ struct Worker::State {
 
 namespace {
 
+// How the cards of a node move in lock-step: card 0 fetches every card's
+// plan for the next step (retrying until all carry the same attempt) and
+// hands them over here, so the cards always run the same attempt and reach
+// their collectives in the same order; it also decides, for all, to stop.
+struct NodeRendezvous {
+  absl::Mutex mu;
+  absl::CondVar published;
+  int64_t generation = 0;
+  std::vector<v1::StepPlan> plans;  // per local rank
+  absl::Status status;              // non-OK: every card returns it
+};
+
 // Everything one card thread needs for one job.
 struct CardJob {
   Worker::State* node = nullptr;
@@ -94,6 +106,7 @@ struct CardJob {
   int local_cards = 1;
   GradientSync* local = nullptr;  // node's c10d group; null for one card
   Worker::State::CardCounters* counters = nullptr;
+  NodeRendezvous* rendezvous = nullptr;
 };
 
 // The state of a card at the start of a step, to roll back an aborted
@@ -137,7 +150,10 @@ class CardRunner {
                          v1::FinishStepRequest& report);
   absl::Status WriteEndCheckpoint(const v1::StepPlan& plan,
                                   std::string* dir);
-  absl::StatusOr<v1::StepPlan> GetPlan(int64_t step);
+  absl::StatusOr<v1::StepPlan> GetPlan(int64_t step, int local_rank = -1);
+  // This card's plan for `step`, in lock-step with the node's other cards.
+  absl::StatusOr<v1::StepPlan> NextPlan(int64_t step);
+  int64_t seen_generation_ = 0;
   absl::StatusOr<bool> Finish(const v1::FinishStepRequest& report);
   void ReportFailure(const absl::Status& status, int64_t step, int attempt);
 
@@ -152,11 +168,77 @@ class CardRunner {
   int plan_attempt_ = 0;
 };
 
-absl::StatusOr<v1::StepPlan> CardRunner::GetPlan(int64_t step) {
+absl::StatusOr<v1::StepPlan> CardRunner::NextPlan(int64_t step) {
+  NodeRendezvous& rv = *job_.rendezvous;
+  if (job_.local_rank != 0) {
+    absl::MutexLock lock(&rv.mu);
+    const absl::Time deadline =
+        absl::Now() + absl::Seconds(config().run.collective_timeout_seconds);
+    while (rv.generation == seen_generation_ && absl::Now() < deadline) {
+      rv.published.WaitWithDeadline(&rv.mu, deadline);
+    }
+    if (rv.generation == seen_generation_) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "card ", job_.local_rank, ": no plan from card 0 for step ", step));
+    }
+    seen_generation_ = rv.generation;
+    if (!rv.status.ok()) return rv.status;
+    return rv.plans[job_.local_rank];
+  }
+  auto publish = [&](absl::Status status, std::vector<v1::StepPlan> plans) {
+    absl::MutexLock lock(&rv.mu);
+    rv.status = std::move(status);
+    rv.plans = std::move(plans);
+    ++rv.generation;
+    rv.published.SignalAll();
+  };
+  for (;;) {
+    if (job_.node->Stopping()) {
+      absl::Status stop = absl::CancelledError("the worker is stopping");
+      publish(stop, {});
+      return stop;
+    }
+    std::vector<v1::StepPlan> plans;
+    absl::Status status;
+    for (int r = 0; r < job_.local_cards && status.ok(); ++r) {
+      absl::StatusOr<v1::StepPlan> plan = GetPlan(step, r);
+      if (!plan.ok()) {
+        status = plan.status();
+        break;
+      }
+      plans.push_back(*std::move(plan));
+      const v1::PlanKind kind = plans.front().kind();
+      if (kind == v1::PLAN_KIND_WAIT || kind == v1::PLAN_KIND_END ||
+          kind == v1::PLAN_KIND_ABANDON) {
+        // Nothing per card: the other cards stop (END, ABANDON) or card 0
+        // asks again (WAIT).
+        plans.resize(job_.local_cards, plans.front());
+        break;
+      }
+    }
+    if (!status.ok()) {
+      publish(status, {});
+      return status;
+    }
+    const v1::StepPlan& first = plans.front();
+    if (first.kind() == v1::PLAN_KIND_WAIT) continue;
+    bool same = true;
+    for (const v1::StepPlan& p : plans) {
+      same = same && p.kind() == first.kind() && p.step() == first.step() &&
+             p.attempt() == first.attempt();
+    }
+    if (!same) continue;  // an attempt changed between the calls
+    publish(absl::OkStatus(), plans);
+    return first;
+  }
+}
+
+absl::StatusOr<v1::StepPlan> CardRunner::GetPlan(int64_t step,
+                                                 int local_rank) {
   v1::GetStepPlanRequest request;
   request.set_job_id(job_.job_id);
   request.set_node_id(job_.node->node_id);
-  request.set_local_rank(job_.local_rank);
+  request.set_local_rank(local_rank < 0 ? job_.local_rank : local_rank);
   request.set_step(step);
   request.set_wait_ms(kPlanWaitMs);
   grpc::ClientContext ctx;
@@ -245,19 +327,27 @@ absl::Status CardRunner::Run() {
 
   int64_t next = 0;
   for (;;) {
-    if (node->Stopping()) {
-      return absl::CancelledError("the worker is stopping");
-    }
-    FUSIONRL_ASSIGN_OR_RETURN(v1::StepPlan plan, GetPlan(next));
+    FUSIONRL_ASSIGN_OR_RETURN(v1::StepPlan plan, NextPlan(next));
     switch (plan.kind()) {
-      case v1::PLAN_KIND_WAIT:
-        continue;
       case v1::PLAN_KIND_ABANDON:
-        spdlog::info("{}: {}", node->node_id, plan.message());
+        if (job_.local_rank == 0) {
+          spdlog::info("{}: {}", node->node_id, plan.message());
+        }
         return absl::OkStatus();
       case v1::PLAN_KIND_END: {
+        // Only card 0 goes on: it writes the last checkpoint if it is the
+        // job's lead, or waits for the end (it may become the lead if the
+        // lead node is lost first).
+        if (job_.local_rank != 0) return absl::OkStatus();
         next = plan.step();
-        if (plan.rank() != 0 || plan.checkpoint_name().empty()) continue;
+        if (plan.rank() != 0 || plan.checkpoint_name().empty()) {
+          FUSIONRL_ASSIGN_OR_RETURN(plan, GetPlan(next));
+          while (plan.kind() == v1::PLAN_KIND_END &&
+                 (plan.rank() != 0 || plan.checkpoint_name().empty())) {
+            FUSIONRL_ASSIGN_OR_RETURN(plan, GetPlan(next));
+          }
+          if (plan.kind() != v1::PLAN_KIND_END) return absl::OkStatus();
+        }
         std::string dir;
         absl::Status s = WriteEndCheckpoint(plan, &dir);
         v1::FinishStepRequest report;
@@ -537,6 +627,7 @@ absl::Status RunNodeJob(Worker::State& node,
                assignment.job_id(), cards);
   std::vector<absl::Status> status(cards);
   std::vector<JobConfig> card_configs(cards);
+  NodeRendezvous rendezvous;
   std::vector<std::thread> threads;
   for (int r = 0; r < cards; ++r) {
     const int index = assignment.card_indices(r);
@@ -556,6 +647,7 @@ absl::Status RunNodeJob(Worker::State& node,
     job.local_cards = cards;
     job.local = cards > 1 ? local[r].get() : nullptr;
     job.counters = counters;
+    job.rendezvous = &rendezvous;
     threads.emplace_back([&status, r, job]() mutable {
       try {
         status[r] = CardRunner(job).Run();

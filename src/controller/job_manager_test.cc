@@ -1,0 +1,264 @@
+// The step protocol of JobManager, driven directly (no server, no model):
+// two nodes run steps, one is lost mid-step, the attempt is aborted and
+// replanned on the survivor with the lost node's groups, and every prompt
+// group is trained exactly once.
+#include "controller/job_manager.h"
+
+#include <filesystem>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "core/fake_clock.h"
+#include "core/node_registry.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace fusionrl {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string JobYaml(const std::string& out, int steps) {
+  return absl::StrCat(R"(name: jm
+model: {d_model: 32, n_layers: 1, n_heads: 2, d_ff: 64, max_seq_len: 24}
+task: {name: reverse, eval_size: 10, min_digits: 1, max_digits: 3}
+rollout: {prompts_per_step: 4, group_size: 2, max_new_tokens: 5}
+placement: {super_nodes: 2, cards_per_super_node: 1}
+run: {eval_every: 0, total_steps: )",
+                      steps, "}\noutput_dir: \"", out, "\"\n");
+}
+
+class JobManagerTest : public ::testing::Test {
+ protected:
+  JobManagerTest()
+      : clock_(absl::FromUnixSeconds(1000)),
+        registry_(clock_, absl::Seconds(10)),
+        jobs_(registry_, clock_) {}
+
+  std::string AddNode(const std::string& super_node) {
+    NodeSpec spec;
+    spec.host = "h";
+    spec.super_node = super_node;
+    spec.cards = {CardSpec{0, "cpu", 0}};
+    auto id = registry_.Register(spec);
+    EXPECT_TRUE(id.ok()) << id.status();
+    jobs_.Schedule();
+    return *id;
+  }
+
+  v1::StepPlan Plan(const std::string& job, const std::string& node,
+                    int64_t step) {
+    v1::GetStepPlanRequest r;
+    r.set_job_id(job);
+    r.set_node_id(node);
+    r.set_step(step);
+    auto plan = jobs_.GetStepPlan(r);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    return plan.ok() ? *plan : v1::StepPlan();
+  }
+
+  absl::StatusOr<std::string> Reduce(const std::string& job,
+                                     const std::string& node,
+                                     const v1::StepPlan& plan, int64_t round,
+                                     float value) {
+    v1::ReduceRequest r;
+    r.set_job_id(job);
+    r.set_node_id(node);
+    r.set_step(plan.step());
+    r.set_attempt(plan.attempt());
+    r.set_round(round);
+    r.set_dtype(v1::REDUCE_DTYPE_FLOAT32);
+    r.set_payload(std::string(reinterpret_cast<const char*>(&value), 4));
+    return jobs_.Reduce(r, absl::Now() + absl::Seconds(10));
+  }
+
+  absl::StatusOr<v1::FinishStepResponse> Finish(const std::string& job,
+                                                const std::string& node,
+                                                const v1::StepPlan& plan) {
+    v1::FinishStepRequest r;
+    r.set_job_id(job);
+    r.set_node_id(node);
+    r.set_step(plan.step());
+    r.set_attempt(plan.attempt());
+    r.set_initial_eval_accuracy(-1);
+    r.set_eval_accuracy(-1);
+    return jobs_.FinishStep(r, absl::Now() + absl::Seconds(10));
+  }
+
+  std::string Submit(int steps) {
+    out_ = ::testing::TempDir() + "/job-manager-test";
+    std::filesystem::remove_all(out_);
+    v1::SubmitJobRequest r;
+    r.set_config_yaml(JobYaml(out_, steps));
+    auto id = jobs_.Submit(r);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return *id;
+  }
+
+  FakeClock clock_;
+  NodeRegistry registry_;
+  JobManager jobs_;
+  std::string out_;
+};
+
+float AsFloat(const std::string& bytes) {
+  float f = 0;
+  std::memcpy(&f, bytes.data(), 4);
+  return f;
+}
+
+TEST_F(JobManagerTest, TwoNodesSumInNodeOrderAndCommitTogether) {
+  const std::string a = AddNode("a"), b = AddNode("b");
+  const std::string job = Submit(1);
+  const v1::StepPlan pa = Plan(job, a, 0), pb = Plan(job, b, 0);
+  ASSERT_EQ(pa.kind(), v1::PLAN_KIND_TRAIN);
+  EXPECT_EQ(pa.rank(), 0);
+  EXPECT_EQ(pb.rank(), 1);
+  EXPECT_EQ(pa.world_size(), 2);
+  EXPECT_EQ(pa.nodes(), 2);
+  EXPECT_TRUE(pa.eval_before());
+  EXPECT_FALSE(pb.eval_before());
+  // Contiguous groups per rank: 0,1 and 2,3.
+  EXPECT_THAT(pa.groups(), ::testing::ElementsAre(0, 1));
+  EXPECT_THAT(pb.groups(), ::testing::ElementsAre(2, 3));
+
+  absl::StatusOr<std::string> sum_b;
+  std::thread tb([&] { sum_b = Reduce(job, b, pb, 0, 2.5f); });
+  auto sum_a = Reduce(job, a, pa, 0, 1.0f);
+  tb.join();
+  ASSERT_TRUE(sum_a.ok()) << sum_a.status();
+  ASSERT_TRUE(sum_b.ok()) << sum_b.status();
+  EXPECT_EQ(AsFloat(*sum_a), 3.5f);
+  EXPECT_EQ(*sum_a, *sum_b);
+
+  absl::StatusOr<v1::FinishStepResponse> done_b;
+  std::thread fb([&] { done_b = Finish(job, b, pb); });
+  auto done_a = Finish(job, a, pa);
+  fb.join();
+  ASSERT_TRUE(done_a.ok() && done_b.ok());
+  EXPECT_TRUE(done_a->committed());
+  EXPECT_TRUE(done_b->committed());
+  // The job now ends: the lead writes the final checkpoint.
+  const v1::StepPlan end = Plan(job, a, 2);
+  EXPECT_EQ(end.kind(), v1::PLAN_KIND_END);
+  EXPECT_EQ(end.checkpoint_name(), "final");
+  ASSERT_TRUE(Finish(job, a, end).ok());
+  auto status = jobs_.Status(job);
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->phase(), v1::JOB_PHASE_SUCCEEDED);
+  EXPECT_EQ(status->groups_trained(), 4);
+  EXPECT_TRUE(std::filesystem::exists(out_ + "/summary.json"));
+}
+
+TEST_F(JobManagerTest, ALostNodeAbortsTheStepAndItsGroupsAreTrainedOnce) {
+  const std::string a = AddNode("a"), b = AddNode("b");
+  const std::string job = Submit(2);
+  const v1::StepPlan pa = Plan(job, a, 0), pb = Plan(job, b, 0);
+  // a waits in a round that b never joins: b is lost.
+  absl::StatusOr<std::string> stuck;
+  std::thread ta([&] { stuck = Reduce(job, a, pa, 0, 1.0f); });
+  absl::SleepFor(absl::Milliseconds(50));
+  clock_.Advance(absl::Seconds(6));
+  ASSERT_TRUE(registry_.Heartbeat(a).ok());
+  clock_.Advance(absl::Seconds(5));
+  const std::vector<std::string> lost = registry_.SweepLost();
+  ASSERT_EQ(lost, std::vector<std::string>{b});
+  jobs_.NodesLost(lost, "no heartbeat");
+  ta.join();
+  EXPECT_TRUE(absl::IsAborted(stuck.status())) << stuck.status();
+  // a's end-of-step report of the aborted attempt is not committed.
+  auto late = Finish(job, a, pa);
+  ASSERT_TRUE(late.ok());
+  EXPECT_FALSE(late->committed());
+
+  auto status = jobs_.Status(job);
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->groups_requeued(), 2);
+  bool saw_lost = false;
+  for (const auto& n : status->nodes()) saw_lost |= n.state() == "lost";
+  EXPECT_TRUE(saw_lost);
+  bool event = false;
+  for (const auto& e : status->events()) {
+    event |= e.text().find("lost") != std::string::npos;
+  }
+  EXPECT_TRUE(event);
+}
+
+TEST_F(JobManagerTest, ReplannedAttemptGivesTheSurvivorEveryGroupOnce) {
+  const std::string a = AddNode("a"), b = AddNode("b");
+  const std::string job = Submit(2);
+  const v1::StepPlan pa = Plan(job, a, 0);
+  jobs_.NodesLost({b}, "test");
+  // a's next plan for step 1 is attempt 2 with all four groups.
+  const v1::StepPlan again = Plan(job, a, 1);
+  ASSERT_EQ(again.kind(), v1::PLAN_KIND_TRAIN);
+  EXPECT_EQ(again.step(), 1);
+  EXPECT_EQ(again.attempt(), pa.attempt() + 1);
+  EXPECT_EQ(again.world_size(), 1);
+  EXPECT_EQ(again.nodes(), 1);
+  EXPECT_THAT(again.groups(), ::testing::ElementsAre(0, 1, 2, 3));
+  // b is out: its calls are refused.
+  v1::GetStepPlanRequest r;
+  r.set_job_id(job);
+  r.set_node_id(b);
+  r.set_step(1);
+  EXPECT_EQ(jobs_.GetStepPlan(r).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // a runs both steps alone.
+  ASSERT_TRUE(Finish(job, a, again).ok());
+  const v1::StepPlan two = Plan(job, a, 2);
+  EXPECT_THAT(two.groups(), ::testing::ElementsAre(4, 5, 6, 7));
+  ASSERT_TRUE(Finish(job, a, two).ok());
+  const v1::StepPlan end = Plan(job, a, 3);
+  ASSERT_EQ(end.kind(), v1::PLAN_KIND_END);
+  ASSERT_TRUE(Finish(job, a, end).ok());
+  auto status = jobs_.Status(job);
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->phase(), v1::JOB_PHASE_SUCCEEDED);
+  EXPECT_EQ(status->groups_submitted(), 8);
+  EXPECT_EQ(status->groups_trained(), 8);
+  EXPECT_EQ(status->groups_requeued(), 2);
+}
+
+TEST_F(JobManagerTest, GroupsThatCannotBeSplitEvenlyFailTheJobWithTheReason) {
+  const std::string a = AddNode("a"), b = AddNode("b");
+  v1::SubmitJobRequest r;
+  out_ = ::testing::TempDir() + "/job-manager-uneven";
+  r.set_config_yaml(JobYaml(out_, 2));
+  r.add_overrides("placement.cards_per_super_node=1");
+  r.add_overrides("rollout.prompts_per_step=2");
+  auto job = jobs_.Submit(r);
+  ASSERT_TRUE(job.ok());
+  // 2 groups over 2 nodes; after a loss, 2 groups over 1 card still divide,
+  // so lose both: no node left.
+  jobs_.NodesLost({a, b}, "test");
+  auto status = jobs_.Status(*job);
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->phase(), v1::JOB_PHASE_FAILED);
+  EXPECT_THAT(status->message(), HasSubstr("no node left"));
+  EXPECT_NE(status->error_code(), 0);
+}
+
+TEST_F(JobManagerTest, CancelEndsAfterTheCurrentStepWithACheckpoint) {
+  const std::string a = AddNode("a"), b = AddNode("b");
+  const std::string job = Submit(5);
+  const v1::StepPlan pa = Plan(job, a, 0), pb = Plan(job, b, 0);
+  ASSERT_TRUE(jobs_.Cancel(job, "operator").ok());
+  std::thread fb([&] { ASSERT_TRUE(Finish(job, b, pb).ok()); });
+  ASSERT_TRUE(Finish(job, a, pa).ok());
+  fb.join();
+  const v1::StepPlan end = Plan(job, a, 2);
+  ASSERT_EQ(end.kind(), v1::PLAN_KIND_END);
+  EXPECT_EQ(end.checkpoint_name(), "step_1");
+  ASSERT_TRUE(Finish(job, a, end).ok());
+  auto status = jobs_.Status(job);
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->phase(), v1::JOB_PHASE_CANCELLED);
+  EXPECT_EQ(status->step(), 1);
+  EXPECT_THAT(status->summary_json(), HasSubstr("\"interrupted\": true"));
+}
+
+}  // namespace
+}  // namespace fusionrl
