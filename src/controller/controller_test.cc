@@ -5,9 +5,14 @@
 
 #include <grpcpp/create_channel.h>
 #include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/security/credentials.h>
 #include <grpcpp/support/byte_buffer.h>
 
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <future>
+#include <sstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -285,6 +290,57 @@ TEST_F(ControllerTest, WorkCallsRefuseUnknownNodesOutsidersAndBadPayloads) {
   reduce.set_node_id(outsider);
   EXPECT_EQ(work_->Reduce(Ctx().get(), reduce, &sum).error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
+}
+
+}  // namespace
+}  // namespace fusionrl
+
+namespace fusionrl {
+namespace {
+
+// TLS with a self-signed certificate made by the openssl tool.
+TEST(ControllerTlsTest, ServesTlsOnlyWithCertificateAndKey) {
+  const std::string dir = ::testing::TempDir() + "/controller-tls";
+  std::filesystem::create_directories(dir);
+  const std::string cmd = absl::StrCat(
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
+      "-addext subjectAltName=DNS:localhost -keyout ",
+      dir, "/key.pem -out ", dir, "/cert.pem >/dev/null 2>&1");
+  if (std::system(cmd.c_str()) != 0) {
+    GTEST_SKIP() << "the openssl tool is not available";
+  }
+  ControllerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.tls_cert_file = dir + "/cert.pem";
+  options.tls_key_file = dir + "/key.pem";
+  auto controller = Controller::Start(options);
+  ASSERT_TRUE(controller.ok()) << controller.status();
+  const std::string address = absl::StrCat("localhost:", (*controller)->port());
+
+  std::ifstream in(dir + "/cert.pem");
+  std::stringstream pem;
+  pem << in.rdbuf();
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = pem.str();
+  auto secure = v1::JobService::NewStub(
+      grpc::CreateChannel(address, grpc::SslCredentials(ssl)));
+  v1::ListJobsResponse list;
+  grpc::ClientContext ok_ctx;
+  ok_ctx.set_deadline(std::chrono::system_clock::now() +
+                      std::chrono::seconds(10));
+  grpc::Status st = secure->ListJobs(&ok_ctx, {}, &list);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+
+  auto plain = v1::JobService::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext plain_ctx;
+  plain_ctx.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(3));
+  EXPECT_FALSE(plain->ListJobs(&plain_ctx, {}, &list).ok());
+
+  options.tls_key_file.clear();  // half a TLS configuration
+  EXPECT_EQ(Controller::Start(options).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
