@@ -12,6 +12,7 @@
 #include "core/status_macros.h"
 #include "fusionrl/config.h"
 #include "fusionrl/job.h"
+#include "fusionrl/task.h"
 #include "fusionrl/v1/job.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "rpc/status_convert.h"
@@ -47,6 +48,16 @@ absl::StatusOr<JobSummary> ParseSummary(const std::string& text) {
 absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config,
                                     const RunOptions& options) {
   FUSIONRL_RETURN_IF_ERROR(ValidateJobConfig(config));
+  {
+    // Bad input fails here, before anything is started or written: the task
+    // and reward must exist in this process's registries.
+    FUSIONRL_ASSIGN_OR_RETURN(std::unique_ptr<Task> task,
+                              TaskRegistry::Global().Create(config.task));
+    const std::string reward = config.task.reward.empty()
+                                   ? task->default_reward()
+                                   : config.task.reward;
+    FUSIONRL_RETURN_IF_ERROR(RewardRegistry::Global().Create(reward).status());
+  }
   ControllerOptions copts;  // in-process only
   copts.heartbeat_interval = absl::Seconds(1);
   copts.heartbeat_timeout = absl::Seconds(30);

@@ -648,7 +648,7 @@ absl::Status RunNodeJob(Worker::State& node,
     job.local = cards > 1 ? local[r].get() : nullptr;
     job.counters = counters;
     job.rendezvous = &rendezvous;
-    threads.emplace_back([&status, r, job]() mutable {
+    threads.emplace_back([&status, &rendezvous, r, job]() mutable {
       try {
         status[r] = CardRunner(job).Run();
       } catch (const c10::Error& e) {
@@ -657,13 +657,22 @@ absl::Status RunNodeJob(Worker::State& node,
       } catch (const std::exception& e) {
         status[r] = absl::InternalError(absl::StrCat("card ", r, ": ", e.what()));
       }
+      if (r == 0 && !status[r].ok()) {
+        // Card 0 hands out the plans: release the cards waiting for one.
+        absl::MutexLock lock(&rendezvous.mu);
+        rendezvous.status = status[r];
+        ++rendezvous.generation;
+        rendezvous.published.SignalAll();
+      }
       job.counters->active = false;
     });
   }
   for (auto& t : threads) t.join();
   for (int r = 0; r < cards; ++r) {
     if (!status[r].ok()) {
-      if (r != 0 && !absl::IsCancelled(status[r])) {
+      // The job fails with the card's error (a repeat report is ignored by
+      // the controller once the job has failed).
+      if (!absl::IsCancelled(status[r])) {
         report_setup_failure(status[r]).IgnoreError();
       }
       return absl::Status(status[r].code(),
