@@ -220,6 +220,7 @@ int RunWorker(const ClusterArgs& args, const std::atomic<bool>& stop) {
                            ? std::string("sn-0")
                            : args.super_node;
   options.device = args.device;
+  options.threads = args.threads;
   options.auth_token = *token;
   Worker worker(*channel, options);
   absl::Status s = worker.Run(&stop);
@@ -399,6 +400,11 @@ ClusterCommands AddClusterCommands(CLI::App& app, ClusterArgs& args) {
                        "super node name (default sn-0)");
   c.worker->add_option("--device", args.device, "card device: cpu | cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  c.worker->add_option("--threads", args.threads,
+                       "LibTorch intra-op threads for this worker's cards "
+                       "(default: the job's num_threads; lower it when "
+                       "several workers share a machine)")
+      ->check(CLI::Range(1, 4096));
 
   c.submit = app.add_subcommand("submit", "submit a job; prints its id");
   c.submit->add_option("config", args.config_path, "job YAML file")

@@ -25,6 +25,7 @@ struct ClusterArgs {
   int cards = 1;
   std::string super_node;
   std::string device = "cpu";
+  int threads = 0;
   std::string tls_ca;
   // all
   std::string token_file, token_env;

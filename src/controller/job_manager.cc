@@ -443,11 +443,11 @@ void JobManager::CommitLocked(Job& job) {
                                : 0;
         spdlog::info(
             "[{}] step {}/{} | reward {:.3f} | acc {:.3f} | eval {:.3f} | "
-            "len {:.1f} | kl {:.4f} | {:.0f} tok/s | ETA {}",
+            "len {:.1f} | kl {:.4f} | {} tok/s | ETA {}",
             job.config.name, a.step, total, r.reward_mean(),
             r.train_accuracy(), job.last_eval,
             rec.is_object() ? rec.value("response_len_mean", 0.0) : 0.0,
-            rec.is_object() ? rec.value("kl", 0.0) : 0.0, tps,
+            rec.is_object() ? rec.value("kl", 0.0) : 0.0, FormatCount(tps),
             FormatDuration(per_step * (total - a.step)));
       }
     }
@@ -508,9 +508,9 @@ void JobManager::FinishJobLocked(Job& job, v1::JobPhase phase,
       job.message = absl::StrCat("writing summary: ", w.message());
     } else {
       spdlog::info(
-          "[{}] done: eval accuracy {:.3f} -> {:.3f} in {} ({:.0f} tok/s)",
+          "[{}] done: eval accuracy {:.3f} -> {:.3f} in {} ({} tok/s)",
           job.config.name, s.initial_eval_accuracy, s.final_eval_accuracy,
-          FormatDuration(s.wall_seconds), s.tokens_per_second);
+          FormatDuration(s.wall_seconds), FormatCount(s.tokens_per_second));
     }
   }
   job.metrics.reset();

@@ -3,6 +3,7 @@
 // same services a cluster uses, on an in-process channel.
 #include <grpcpp/client_context.h>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 #include <vector>
@@ -77,6 +78,9 @@ absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config,
     wopts.cards = config.placement.cards_per_super_node;
     wopts.device = config.device.rfind("cuda", 0) == 0 ? "cuda" : "cpu";
     wopts.poll_interval = absl::Milliseconds(200);
+    // The in-process workers share the job's threads.
+    wopts.threads =
+        std::max(1, config.num_threads / config.placement.super_nodes);
     workers.push_back(std::make_unique<Worker>(channel, wopts));
     Worker* w = workers.back().get();
     threads.emplace_back([w, &stop_workers, &worker_status, i] {

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <cstring>
 #include <utility>
 
@@ -29,6 +30,8 @@ void HierarchicalSync::BeginAttempt(int rank, int world_size, int nodes) {
   world_ = world_size;
   nodes_ = nodes;
   round_ = 0;
+  cross_node_seconds_ = 0;
+  cross_node_bytes_ = 0;
 }
 
 absl::Status HierarchicalSync::LocalSum(std::vector<double>& values) {
@@ -55,6 +58,7 @@ absl::Status HierarchicalSync::AllReduceSum(std::vector<at::Tensor>& tensors) {
   }
   at::Tensor flat = at::cat(flat_parts).contiguous();
   const int64_t round = round_++;
+  const auto start = std::chrono::steady_clock::now();
 
   double outcome = kOk;
   std::string error;
@@ -98,6 +102,10 @@ absl::Status HierarchicalSync::AllReduceSum(std::vector<at::Tensor>& tensors) {
         local_rank_ == 0 ? error
                          : "the node's cross-node round failed on card 0");
   }
+  cross_node_seconds_ += std::chrono::duration<double>(
+                             std::chrono::steady_clock::now() - start)
+                             .count();
+  cross_node_bytes_ += flat.numel() * flat.element_size();
   int64_t offset = 0;
   for (at::Tensor& t : tensors) {
     const int64_t n = t.numel();

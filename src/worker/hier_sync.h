@@ -45,6 +45,13 @@ class HierarchicalSync final : public GradientSync {
   // to share the outcome of the end-of-step call.
   absl::Status LocalSum(std::vector<double>& values);
 
+  // Time this card spent in cross-node rounds (the controller's Reduce, as
+  // seen by card 0; the local hand-over for the others) and the payload
+  // bytes sent, since BeginAttempt.
+  double cross_node_seconds() const { return cross_node_seconds_; }
+  int64_t cross_node_bytes() const { return cross_node_bytes_; }
+  int64_t rounds() const { return round_; }
+
  private:
   GradientSync* local_;
   int local_rank_;
@@ -53,6 +60,8 @@ class HierarchicalSync final : public GradientSync {
   int world_ = 1;
   int nodes_ = 1;
   int64_t round_ = 0;
+  double cross_node_seconds_ = 0;
+  int64_t cross_node_bytes_ = 0;
 };
 
 }  // namespace fusionrl

@@ -287,7 +287,10 @@ void CardRunner::ReportFailure(const absl::Status& status, int64_t step,
 absl::Status CardRunner::Run() {
   const JobConfig& cfg = config();
   FUSIONRL_ASSIGN_OR_RETURN(ctx_, PrepareJob(cfg, std::string()));
-  at::set_num_threads(std::max(1, cfg.num_threads / job_.local_cards));
+  const int threads =
+      job_.node->options.threads > 0 ? job_.node->options.threads
+                                     : cfg.num_threads;
+  at::set_num_threads(std::max(1, threads / job_.local_cards));
   PolicyModel& policy = *ctx_.policy;
   if (cfg.algorithm.kl_coef > 0) reference_ = policy.CloneFrozen();
   Worker::State* node = job_.node;
@@ -318,6 +321,13 @@ absl::Status CardRunner::Run() {
                                 ctx_.tokenizer->pad_id(), sync_.get()));
   rollout_ = std::make_unique<RolloutEngine>(policy, ctx_.tokenizer->pad_id(),
                                              ctx_.tokenizer->eos_id());
+  if (job_.local_rank == 0) {
+    spdlog::info("[{}] {}: policy {} parameters on {} x {} card(s), task {} "
+                 "({} eval problems)",
+                 cfg.name, node->node_id, policy.num_parameters(),
+                 job_.local_cards, ctx_.device.str(), ctx_.task->name(),
+                 ctx_.task->eval_set().size());
+  }
   if (!job_.resume_checkpoint.empty()) {
     FUSIONRL_ASSIGN_OR_RETURN(
         CheckpointMeta meta,
@@ -533,6 +543,9 @@ absl::Status CardRunner::TrainStep(const v1::StepPlan& plan,
       {"cards", static_cast<double>(plan.world_size())},
       {"nodes", static_cast<double>(plan.nodes())},
       {"attempt", static_cast<double>(plan.attempt())},
+      {"cross_node_rounds", static_cast<double>(sync_->rounds())},
+      {"cross_node_seconds", sync_->cross_node_seconds()},
+      {"cross_node_bytes", static_cast<double>(sync_->cross_node_bytes())},
       {"tokens_per_second",
        seconds_so_far > 0 ? tokens_so_far / seconds_so_far : 0}};
   double last_eval = report.initial_eval_accuracy() >= 0

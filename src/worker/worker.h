@@ -31,6 +31,11 @@ struct WorkerOptions {
   int cards = 1;                    // logical cards (CPU) or GPUs offered
   std::string device = "cpu";       // card device type: cpu | cuda
   std::string auth_token;           // "" = none
+  // LibTorch intra-op threads this worker's cards share; 0 = the job's
+  // num_threads. Set it when several workers share one machine (the
+  // embedded run gives each of its S workers num_threads / S), so the
+  // machine is not oversubscribed.
+  int threads = 0;
   // Deadline of ordinary calls (register, heartbeat, ...).
   absl::Duration rpc_timeout = absl::Seconds(30);
   // How long to keep retrying the first registration while the controller
