@@ -159,24 +159,25 @@ std::string FormatStatus(const v1::JobStatus& s) {
     for (const v1::NodeStatus& n : s.nodes()) {
       std::string cards;
       for (const v1::CardState& c : n.cards()) {
-        absl::StrAppendFormat(&cards, "%s%d:%s %.0f%%", cards.empty() ? "" : "  ",
-                              c.index(), RoleName(c.role()),
-                              100 * c.busy_fraction());
+        absl::StrAppendFormat(&cards, "%s%d:%s %.0f%%",
+                              cards.empty() ? "" : "  ", c.index(),
+                              RoleName(c.role()), 100 * c.busy_fraction());
       }
-      absl::StrAppendFormat(&out, "  %-10s %-12s %-16s %-6s %-10s %s\n",
-                            n.node_id(), n.super_node(), n.host(), n.state(),
-                            absl::StrFormat("%.1fs", n.heartbeat_age_ms() / 1e3),
-                            cards);
+      absl::StrAppendFormat(
+          &out, "  %-10s %-12s %-16s %-6s %-10s %s\n", n.node_id(),
+          n.super_node(), n.host(), n.state(),
+          absl::StrFormat("%.1fs", n.heartbeat_age_ms() / 1e3), cards);
     }
   }
   const int shown = std::min(8, s.events_size());
   if (shown > 0) absl::StrAppend(&out, "  recent events:\n");
   for (int i = s.events_size() - shown; i < s.events_size(); ++i) {
     const v1::JobEvent& e = s.events(i);
-    absl::StrAppend(&out, "    ",
-                    absl::FormatTime("%H:%M:%S", absl::FromUnixMicros(e.time_us()),
-                                     absl::LocalTimeZone()),
-                    " ", e.text(), "\n");
+    absl::StrAppend(
+        &out, "    ",
+        absl::FormatTime("%H:%M:%S", absl::FromUnixMicros(e.time_us()),
+                         absl::LocalTimeZone()),
+        " ", e.text(), "\n");
   }
   return out;
 }
@@ -216,9 +217,8 @@ int RunWorker(const ClusterArgs& args, const std::atomic<bool>& stop) {
   if (!token.ok()) return Fail(token.status());
   WorkerOptions options;
   options.cards = args.cards;
-  options.super_node = args.super_node.empty()
-                           ? std::string("sn-0")
-                           : args.super_node;
+  options.super_node =
+      args.super_node.empty() ? std::string("sn-0") : args.super_node;
   options.device = args.device;
   options.threads = args.threads;
   options.auth_token = *token;
@@ -400,18 +400,19 @@ ClusterCommands AddClusterCommands(CLI::App& app, ClusterArgs& args) {
                        "super node name (default sn-0)");
   c.worker->add_option("--device", args.device, "card device: cpu | cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  c.worker->add_option("--threads", args.threads,
-                       "LibTorch intra-op threads for this worker's cards "
-                       "(default: the job's num_threads; lower it when "
-                       "several workers share a machine)")
+  c.worker
+      ->add_option("--threads", args.threads,
+                   "LibTorch intra-op threads for this worker's cards "
+                   "(default: the job's num_threads; lower it when "
+                   "several workers share a machine)")
       ->check(CLI::Range(1, 4096));
 
   c.submit = app.add_subcommand("submit", "submit a job; prints its id");
-  c.submit->add_option("config", args.config_path, "job YAML file")
-      ->required();
+  c.submit->add_option("config", args.config_path, "job YAML file")->required();
   AddClientFlags(c.submit, args);
-  c.submit->add_option("--set", args.overrides,
-                       "override a config key: key.path=value (repeatable)")
+  c.submit
+      ->add_option("--set", args.overrides,
+                   "override a config key: key.path=value (repeatable)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   c.submit->add_option("--output-dir,-o", args.output_dir,
                        "overrides output_dir (a path the workers can reach)");

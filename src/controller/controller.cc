@@ -1,13 +1,13 @@
 #include "controller/controller.h"
 
-#include <fstream>
-#include <sstream>
-
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
+
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -60,8 +60,8 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(
         "TLS needs both a certificate file and a key file");
   }
   std::unique_ptr<Controller> c(new Controller(options));
-  c->registry_ = std::make_unique<NodeRegistry>(RealClock(),
-                                                options.heartbeat_timeout);
+  c->registry_ =
+      std::make_unique<NodeRegistry>(RealClock(), options.heartbeat_timeout);
   c->jobs_ = std::make_unique<JobManager>(*c->registry_, RealClock());
   c->services_ = std::make_unique<Services>();
   Services& s = *c->services_;
@@ -73,20 +73,20 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(
   hooks.on_register = [self](const std::string&) { self->jobs_->Schedule(); };
   hooks.on_heartbeat = [self](const v1::HeartbeatRequest& request) {
     self->jobs_->RecordCardStates(
-        request.node_id(),
-        std::vector<v1::CardState>(request.cards().begin(),
-                                   request.cards().end()));
+        request.node_id(), std::vector<v1::CardState>(request.cards().begin(),
+                                                      request.cards().end()));
     return self->workers_shutdown_.load();
   };
   hooks.on_deregister = [self](const std::string& node_id) {
     self->jobs_->NodesLost({node_id}, "deregistered");
   };
   s.node->set_hooks(std::move(hooks));
-  s.weight_store = std::make_unique<WeightStore>(RealClock(), /*keep_versions_per_job=*/4);
+  s.weight_store =
+      std::make_unique<WeightStore>(RealClock(), /*keep_versions_per_job=*/4);
   rpc::WeightServiceOptions weight_options;
   weight_options.auth_token = options.auth_token;
-  s.weight = std::make_unique<rpc::WeightServiceImpl>(*s.weight_store,
-                                                      weight_options);
+  s.weight =
+      std::make_unique<rpc::WeightServiceImpl>(*s.weight_store, weight_options);
   s.job = std::make_unique<JobServiceImpl>(*c->jobs_, options.auth_token);
   s.work = std::make_unique<WorkServiceImpl>(*c->jobs_, options.auth_token);
 
@@ -119,9 +119,9 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(
   c->server_ = builder.BuildAndStart();
   if (c->server_ == nullptr ||
       (!options.listen_address.empty() && c->port_ == 0)) {
-    return absl::UnavailableError(absl::StrCat(
-        "controller: cannot listen on '", options.listen_address,
-        "' (address in use, or not a valid host:port)"));
+    return absl::UnavailableError(
+        absl::StrCat("controller: cannot listen on '", options.listen_address,
+                     "' (address in use, or not a valid host:port)"));
   }
   c->sweeper_ = std::thread([self] { self->SweepLoop(); });
   return c;
@@ -172,8 +172,9 @@ void Controller::Shutdown() {
   if (!stop_sweeper_.HasBeenNotified()) stop_sweeper_.Notify();
   if (sweeper_.joinable()) sweeper_.join();
   // Waiting calls end within their deadlines; give them a short one.
-  if (server_) server_->Shutdown(std::chrono::system_clock::now() +
-                                 std::chrono::seconds(2));
+  if (server_)
+    server_->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::seconds(2));
 }
 
 }  // namespace fusionrl

@@ -12,12 +12,12 @@
 #ifndef FUSIONRL_CONTROLLER_CONTROLLER_H_
 #define FUSIONRL_CONTROLLER_CONTROLLER_H_
 
+#include <grpcpp/channel.h>
+
 #include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
-
-#include <grpcpp/channel.h>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"

@@ -48,9 +48,9 @@ class ControllerTest : public ::testing::Test {
     auto c = Controller::Start(options);
     ASSERT_TRUE(c.ok()) << c.status();
     controller_ = *std::move(c);
-    channel_ = grpc::CreateChannel(
-        absl::StrCat("127.0.0.1:", controller_->port()),
-        grpc::InsecureChannelCredentials());
+    channel_ =
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", controller_->port()),
+                            grpc::InsecureChannelCredentials());
     jobs_ = v1::JobService::NewStub(channel_);
     nodes_ = v1::NodeService::NewStub(channel_);
     work_ = v1::WorkService::NewStub(channel_);
@@ -107,16 +107,16 @@ TEST_F(ControllerTest, EveryServiceRefusesCallsWithoutTheToken) {
     v1::SubmitJobRequest submit;
     submit.set_config_yaml(kJob);
     v1::SubmitJobResponse submitted;
-    EXPECT_EQ(jobs_->SubmitJob(Ctx(token).get(), submit, &submitted)
-                  .error_code(),
-              grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(
+        jobs_->SubmitJob(Ctx(token).get(), submit, &submitted).error_code(),
+        grpc::StatusCode::UNAUTHENTICATED);
     v1::RegisterNodeRequest reg;
     reg.set_super_node("a");
     reg.add_cards()->set_index(0);
     v1::RegisterNodeResponse registered;
-    EXPECT_EQ(nodes_->RegisterNode(Ctx(token).get(), reg, &registered)
-                  .error_code(),
-              grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(
+        nodes_->RegisterNode(Ctx(token).get(), reg, &registered).error_code(),
+        grpc::StatusCode::UNAUTHENTICATED);
     v1::GetAssignmentRequest assign;
     assign.set_node_id("node-1");
     v1::GetAssignmentResponse assignment;
@@ -130,8 +130,7 @@ TEST_F(ControllerTest, EveryServiceRefusesCallsWithoutTheToken) {
     v1::WeightChunk chunk;
     while (reader->Read(&chunk)) {
     }
-    EXPECT_EQ(reader->Finish().error_code(),
-              grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
   }
   // Nothing was registered or submitted by the refused calls.
   EXPECT_EQ(controller_->registry().alive_count(), 0);

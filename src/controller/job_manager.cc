@@ -28,7 +28,6 @@ namespace {
 constexpr size_t kMaxEvents = 1000;
 constexpr int kMaxWaitMs = 60000;
 
-
 // Keeps the metrics records of steps <= `last_step` (a resumed job rewrites
 // the steps after its checkpoint).
 absl::Status TruncateMetrics(const std::string& path, int64_t last_step) {
@@ -46,8 +45,8 @@ absl::Status TruncateMetrics(const std::string& path, int64_t last_step) {
 
 absl::Status CheckWait(int32_t wait_ms, const char* field) {
   if (wait_ms < 0 || wait_ms > kMaxWaitMs) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": must be in 0..", kMaxWaitMs, ", got ", wait_ms));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": must be in 0..", kMaxWaitMs, ", got ", wait_ms));
   }
   return absl::OkStatus();
 }
@@ -72,8 +71,8 @@ struct JobManager::Attempt {
   bool committed = false;
   // Participants (indices into Job::parts), in rank order.
   std::vector<int> members;
-  std::vector<int> first_rank;                 // per member
-  std::vector<std::vector<uint64_t>> groups;   // per member, ledger indices
+  std::vector<int> first_rank;                // per member
+  std::vector<std::vector<uint64_t>> groups;  // per member, ledger indices
   int world = 0;
   std::vector<bool> finished;  // per member
   std::map<int64_t, Round> rounds;
@@ -179,9 +178,9 @@ absl::StatusOr<std::string> JobManager::Submit(
       ParseJobConfig(request.config_yaml(), source, overrides));
   const PlacementConfig& p = config.placement;
   if (p.mode != "colocated-sync") {
-    return absl::FailedPreconditionError(absl::StrCat(
-        source, ": placement.mode: '", p.mode,
-        "' is not available in this version; use colocated-sync"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(source, ": placement.mode: '", p.mode,
+                     "' is not available in this version; use colocated-sync"));
   }
   const int cards = p.super_nodes * p.cards_per_super_node;
   if (config.rollout.prompts_per_step % cards != 0) {
@@ -233,10 +232,10 @@ absl::StatusOr<std::string> JobManager::Submit(
       static_cast<uint64_t>(steps) * job->config.rollout.prompts_per_step);
   Job& j = *job;
   jobs_[n] = std::move(job);
-  EventLocked(j, absl::StrCat("submitted (", j.config.run.total_steps,
-                              " steps x ", j.config.rollout.prompts_per_step,
-                              " prompt groups", resume_meta ? ", resuming from " + resume_dir : "",
-                              ")"));
+  EventLocked(
+      j, absl::StrCat("submitted (", j.config.run.total_steps, " steps x ",
+                      j.config.rollout.prompts_per_step, " prompt groups",
+                      resume_meta ? ", resuming from " + resume_dir : "", ")"));
   TryPlaceLocked(j);
   return j.id;
 }
@@ -319,15 +318,14 @@ absl::Status JobManager::StartLocked(Job& job) {
   std::error_code ec;
   std::filesystem::create_directories(out + "/checkpoints", ec);
   if (ec) {
-    return absl::UnavailableError(absl::StrCat(
-        "output_dir: cannot create '", out, "': ", ec.message()));
+    return absl::UnavailableError(
+        absl::StrCat("output_dir: cannot create '", out, "': ", ec.message()));
   }
   FUSIONRL_RETURN_IF_ERROR(
       WriteFileAtomic(out + "/config.yaml", JobConfigToYaml(job.config)));
   const std::string metrics_path = out + "/metrics.jsonl";
   if (!job.resume_dir.empty()) {
-    FUSIONRL_RETURN_IF_ERROR(
-        TruncateMetrics(metrics_path, job.first_step - 1));
+    FUSIONRL_RETURN_IF_ERROR(TruncateMetrics(metrics_path, job.first_step - 1));
   }
   FUSIONRL_ASSIGN_OR_RETURN(
       job.metrics,
@@ -344,9 +342,8 @@ void JobManager::PlanStepLocked(Job& job, int64_t step) {
   const int prompts = job.config.rollout.prompts_per_step;
   auto a = std::make_unique<Attempt>();
   a->step = step;
-  a->attempt = (job.current && job.current->step == step)
-                   ? job.current->attempt + 1
-                   : 1;
+  a->attempt =
+      (job.current && job.current->step == step) ? job.current->attempt + 1 : 1;
   int cards = 0;
   for (size_t i = 0; i < job.parts.size(); ++i) {
     if (job.parts[i].lost) continue;
@@ -354,20 +351,21 @@ void JobManager::PlanStepLocked(Job& job, int64_t step) {
     cards += static_cast<int>(job.parts[i].cards.size());
   }
   if (cards == 0) {
-    FailLocked(job, absl::StrCat(
-                        "no node left to run step ", step,
-                        "; resubmit with resume to continue from the last "
-                        "checkpoint"),
+    FailLocked(job,
+               absl::StrCat("no node left to run step ", step,
+                            "; resubmit with resume to continue from the last "
+                            "checkpoint"),
                static_cast<int>(absl::StatusCode::kUnavailable));
     return;
   }
   if (prompts % cards != 0) {
-    FailLocked(job, absl::StrCat("step ", step, ": ", prompts,
-                                 " prompt groups cannot be split evenly over "
-                                 "the ",
-                                 cards,
-                                 " cards left; resubmit with resume to "
-                                 "continue from the last checkpoint"),
+    FailLocked(job,
+               absl::StrCat("step ", step, ": ", prompts,
+                            " prompt groups cannot be split evenly over "
+                            "the ",
+                            cards,
+                            " cards left; resubmit with resume to "
+                            "continue from the last checkpoint"),
                static_cast<int>(absl::StatusCode::kFailedPrecondition));
     return;
   }
@@ -383,8 +381,8 @@ void JobManager::PlanStepLocked(Job& job, int64_t step) {
         if (job.current->members[k] == m) held = job.current->groups[k];
       }
     }
-    std::vector<uint64_t> extra = job.ledger->Assign(
-        part.node_id, want - static_cast<int>(held.size()));
+    std::vector<uint64_t> extra =
+        job.ledger->Assign(part.node_id, want - static_cast<int>(held.size()));
     held.insert(held.end(), extra.begin(), extra.end());
     std::sort(held.begin(), held.end());
     a->first_rank.push_back(rank);
@@ -406,9 +404,9 @@ void JobManager::CommitLocked(Job& job) {
         job.ledger->MarkTrained(job.parts[a.members[k]].node_id, a.groups[k]);
     if (!s.ok()) {
       // The ledger and the attempt disagree: a bug, never data to train on.
-      FailLocked(job, absl::StrCat("internal: step ", a.step, ": ",
-                                   s.message()),
-               static_cast<int>(absl::StatusCode::kInternal));
+      FailLocked(job,
+                 absl::StrCat("internal: step ", a.step, ": ", s.message()),
+                 static_cast<int>(absl::StatusCode::kInternal));
       return;
     }
   }
@@ -431,21 +429,23 @@ void JobManager::CommitLocked(Job& job) {
                                                /*allow_exceptions=*/false);
       if (rec.is_object()) {
         absl::Status s = job.metrics->AppendLine(rec.dump());
-        if (!s.ok()) spdlog::warn("[{}] metrics: {}", job.id, std::string(s.message()));
+        if (!s.ok())
+          spdlog::warn("[{}] metrics: {}", job.id, std::string(s.message()));
       }
       const int64_t total = job.config.run.total_steps;
       if (a.step % job.config.run.log_every == 0 || a.step == total ||
           r.eval_accuracy() >= 0) {
         const double per_step =
-            job.loop_seconds / std::max<int64_t>(1, a.step - job.first_step + 1);
+            job.loop_seconds /
+            std::max<int64_t>(1, a.step - job.first_step + 1);
         const double tps = job.loop_seconds > 0
                                ? job.summary.rollout_tokens / job.loop_seconds
                                : 0;
         spdlog::info(
             "[{}] step {}/{} | reward {:.3f} | acc {:.3f} | eval {:.3f} | "
             "len {:.1f} | kl {:.4f} | {} tok/s | ETA {}",
-            job.config.name, a.step, total, r.reward_mean(),
-            r.train_accuracy(), job.last_eval,
+            job.config.name, a.step, total, r.reward_mean(), r.train_accuracy(),
+            job.last_eval,
             rec.is_object() ? rec.value("response_len_mean", 0.0) : 0.0,
             rec.is_object() ? rec.value("kl", 0.0) : 0.0, FormatCount(tps),
             FormatDuration(per_step * (total - a.step)));
@@ -470,12 +470,13 @@ void JobManager::CommitLocked(Job& job) {
 void JobManager::BeginEndLocked(Job& job) {
   job.ending = true;
   const bool early = job.last_committed < job.config.run.total_steps;
-  job.end_checkpoint = early ? absl::StrCat("step_", job.last_committed)
-                             : std::string("final");
+  job.end_checkpoint =
+      early ? absl::StrCat("step_", job.last_committed) : std::string("final");
   if (early) {
-    EventLocked(job, absl::StrCat("stopping after step ", job.last_committed,
-                                  " (", job.stop_reason,
-                                  "); writing checkpoint ", job.end_checkpoint));
+    EventLocked(job,
+                absl::StrCat("stopping after step ", job.last_committed, " (",
+                             job.stop_reason, "); writing checkpoint ",
+                             job.end_checkpoint));
   }
   ++job.update;
   changed_.SignalAll();
@@ -489,8 +490,7 @@ void JobManager::FinishJobLocked(Job& job, v1::JobPhase phase,
     auto it = node_job_.find(part.node_id);
     if (it != node_job_.end() && it->second == job.id) node_job_.erase(it);
   }
-  if ((phase == v1::JOB_PHASE_SUCCEEDED ||
-       phase == v1::JOB_PHASE_CANCELLED) &&
+  if ((phase == v1::JOB_PHASE_SUCCEEDED || phase == v1::JOB_PHASE_CANCELLED) &&
       job.metrics != nullptr) {
     JobSummary& s = job.summary;
     s.final_eval_accuracy = job.last_eval;
@@ -507,10 +507,10 @@ void JobManager::FinishJobLocked(Job& job, v1::JobPhase phase,
       job.phase = v1::JOB_PHASE_FAILED;
       job.message = absl::StrCat("writing summary: ", w.message());
     } else {
-      spdlog::info(
-          "[{}] done: eval accuracy {:.3f} -> {:.3f} in {} ({} tok/s)",
-          job.config.name, s.initial_eval_accuracy, s.final_eval_accuracy,
-          FormatDuration(s.wall_seconds), FormatCount(s.tokens_per_second));
+      spdlog::info("[{}] done: eval accuracy {:.3f} -> {:.3f} in {} ({} tok/s)",
+                   job.config.name, s.initial_eval_accuracy,
+                   s.final_eval_accuracy, FormatDuration(s.wall_seconds),
+                   FormatCount(s.tokens_per_second));
     }
   }
   job.metrics.reset();
@@ -527,8 +527,7 @@ void JobManager::FinishJobLocked(Job& job, v1::JobPhase phase,
   }
 }
 
-void JobManager::FailLocked(Job& job, const std::string& message,
-                            int code) {
+void JobManager::FailLocked(Job& job, const std::string& message, int code) {
   if (Terminal(job)) return;
   job.error_code = code;
   if (job.current) job.current->aborted = true;
@@ -583,9 +582,8 @@ v1::JobStatus JobManager::StatusLocked(const Job& job) const {
   s.set_initial_eval_accuracy(job.summary.initial_eval_accuracy);
   s.set_eval_accuracy(job.last_eval);
   s.set_rollout_tokens(job.summary.rollout_tokens);
-  s.set_tokens_per_second(job.loop_seconds > 0 ? job.summary.rollout_tokens /
-                                                     job.loop_seconds
-                                               : 0);
+  s.set_tokens_per_second(
+      job.loop_seconds > 0 ? job.summary.rollout_tokens / job.loop_seconds : 0);
   s.set_groups_submitted(static_cast<int64_t>(job.ledger->total()));
   s.set_groups_trained(static_cast<int64_t>(job.ledger->trained()));
   s.set_groups_requeued(static_cast<int64_t>(job.ledger->requeued_total()));
@@ -647,9 +645,8 @@ absl::StatusOr<v1::JobStatus> JobManager::Cancel(const std::string& job_id,
     return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
   }
   if (Terminal(*job)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(job_id, " already ended (",
-                     v1::JobPhase_Name(job->phase), ")"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        job_id, " already ended (", v1::JobPhase_Name(job->phase), ")"));
   }
   const std::string why = reason.empty() ? "cancelled" : reason;
   if (job->phase != v1::JOB_PHASE_RUNNING) {
@@ -728,13 +725,12 @@ void JobManager::NodesLost(const std::vector<std::string>& node_ids,
     }
     if (job->current && !job->current->committed) {
       const bool member =
-          std::find(job->current->members.begin(),
-                    job->current->members.end(),
+          std::find(job->current->members.begin(), job->current->members.end(),
                     index) != job->current->members.end();
       if (member) {
         job->current->aborted = true;
-        EventLocked(*job, absl::StrCat("step ", job->current->step,
-                                       " attempt ", job->current->attempt,
+        EventLocked(*job, absl::StrCat("step ", job->current->step, " attempt ",
+                                       job->current->attempt,
                                        " aborted; replanning on the nodes "
                                        "left"));
         PlanStepLocked(*job, job->current->step);
@@ -762,8 +758,8 @@ absl::StatusOr<JobManager::Job*> JobManager::JobForNodeLocked(
   for (const Job::Part& part : job->parts) {
     if (part.node_id == node_id) {
       if (part.lost) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            node_id, " was removed from ", job_id, " (lost)"));
+        return absl::FailedPreconditionError(
+            absl::StrCat(node_id, " was removed from ", job_id, " (lost)"));
       }
       return job;
     }
@@ -775,7 +771,8 @@ absl::StatusOr<JobManager::Job*> JobManager::JobForNodeLocked(
 absl::StatusOr<v1::GetAssignmentResponse> JobManager::GetAssignment(
     const v1::GetAssignmentRequest& request) {
   FUSIONRL_RETURN_IF_ERROR(CheckWait(request.wait_ms(), "wait_ms"));
-  const absl::Time deadline = absl::Now() + absl::Milliseconds(request.wait_ms());
+  const absl::Time deadline =
+      absl::Now() + absl::Milliseconds(request.wait_ms());
   absl::MutexLock lock(&mu_);
   for (;;) {
     std::optional<NodeView> node = registry_.Get(request.node_id());
@@ -784,8 +781,9 @@ absl::StatusOr<v1::GetAssignmentResponse> JobManager::GetAssignment(
           absl::StrCat("node_id: unknown node '", request.node_id(), "'"));
     }
     if (node->state == NodeState::kLost) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "node_id: ", request.node_id(), " was declared lost; register again"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("node_id: ", request.node_id(),
+                       " was declared lost; register again"));
     }
     auto it = node_job_.find(request.node_id());
     if (it != node_job_.end()) {
@@ -835,9 +833,9 @@ absl::StatusOr<v1::StepPlan> JobManager::GetStepPlan(
     v1::StepPlan plan;
     if (Terminal(*job)) {
       plan.set_kind(v1::PLAN_KIND_ABANDON);
-      plan.set_message(absl::StrCat(job->id, " ended: ",
-                                    v1::JobPhase_Name(job->phase), " ",
-                                    job->message));
+      plan.set_message(absl::StrCat(job->id,
+                                    " ended: ", v1::JobPhase_Name(job->phase),
+                                    " ", job->message));
       return plan;
     }
     if (job->ending) {
@@ -956,7 +954,8 @@ absl::StatusOr<std::string> JobManager::Reduce(const v1::ReduceRequest& r,
   }
   int k = -1;
   for (size_t i = 0; i < a->members.size(); ++i) {
-    if (job->parts[a->members[i]].node_id == r.node_id()) k = static_cast<int>(i);
+    if (job->parts[a->members[i]].node_id == r.node_id())
+      k = static_cast<int>(i);
   }
   if (k < 0) {
     return absl::AbortedError(absl::StrCat(r.node_id(), " is not in step ",
@@ -974,14 +973,14 @@ absl::StatusOr<std::string> JobManager::Reduce(const v1::ReduceRequest& r,
   for (const auto& p : round.parts) {
     if (p.has_value() &&
         (p->size() != r.payload().size() || round.dtype != dtype)) {
-      const std::string msg = absl::StrCat(
-          "round ", r.round(), " of step ", r.step(), ": ", r.node_id(),
-          " sent ", r.payload().size(), " bytes of ",
-          v1::ReduceDtype_Name(dtype), ", others ", p->size(), " bytes of ",
-          v1::ReduceDtype_Name(round.dtype),
-          " (the nodes run different code or configs)");
+      const std::string msg =
+          absl::StrCat("round ", r.round(), " of step ", r.step(), ": ",
+                       r.node_id(), " sent ", r.payload().size(), " bytes of ",
+                       v1::ReduceDtype_Name(dtype), ", others ", p->size(),
+                       " bytes of ", v1::ReduceDtype_Name(round.dtype),
+                       " (the nodes run different code or configs)");
       FailLocked(*job, msg,
-               static_cast<int>(absl::StatusCode::kInvalidArgument));
+                 static_cast<int>(absl::StatusCode::kInvalidArgument));
       return absl::InvalidArgumentError(msg);
     }
   }
@@ -1024,9 +1023,9 @@ absl::StatusOr<std::string> JobManager::Reduce(const v1::ReduceRequest& r,
     Attempt* cur = job->current.get();
     if (cur == nullptr || cur->step != step || cur->attempt != attempt ||
         cur->aborted || Terminal(*job)) {
-      return absl::AbortedError(absl::StrCat(
-          "step ", step, " attempt ", attempt, " of ", job->id,
-          " was aborted (a node was lost or the job ended)"));
+      return absl::AbortedError(
+          absl::StrCat("step ", step, " attempt ", attempt, " of ", job->id,
+                       " was aborted (a node was lost or the job ended)"));
     }
     Round& rd = cur->rounds[r.round()];
     if (rd.done) {
@@ -1043,9 +1042,9 @@ absl::StatusOr<std::string> JobManager::Reduce(const v1::ReduceRequest& r,
           missing.push_back(job->parts[cur->members[i]].node_id);
         }
       }
-      return absl::DeadlineExceededError(absl::StrCat(
-          "round ", r.round(), " of step ", step, ": waited for ",
-          absl::StrJoin(missing, ", ")));
+      return absl::DeadlineExceededError(
+          absl::StrCat("round ", r.round(), " of step ", step, ": waited for ",
+                       absl::StrJoin(missing, ", ")));
     }
     changed_.WaitWithDeadline(&mu_, deadline);
   }
@@ -1070,17 +1069,17 @@ absl::StatusOr<v1::FinishStepResponse> JobManager::FinishStep(
       absl::Now() + absl::Seconds(job->config.run.collective_timeout_seconds));
   if (job->ending) {
     if (r.step() != job->last_committed + 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "step: the end of ", job->id, " is reported as step ",
-          job->last_committed + 1, ", got ", r.step()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("step: the end of ", job->id, " is reported as step ",
+                       job->last_committed + 1, ", got ", r.step()));
     }
     if (!r.checkpoint_dir().empty()) job->checkpoint_dir = r.checkpoint_dir();
-    FinishJobLocked(*job,
-                    job->stop_requested &&
-                            job->last_committed < job->config.run.total_steps
-                        ? v1::JOB_PHASE_CANCELLED
-                        : v1::JOB_PHASE_SUCCEEDED,
-                    job->stop_requested ? job->stop_reason : "");
+    FinishJobLocked(
+        *job,
+        job->stop_requested && job->last_committed < job->config.run.total_steps
+            ? v1::JOB_PHASE_CANCELLED
+            : v1::JOB_PHASE_SUCCEEDED,
+        job->stop_requested ? job->stop_reason : "");
     response.set_committed(true);
     return response;
   }
@@ -1091,7 +1090,8 @@ absl::StatusOr<v1::FinishStepResponse> JobManager::FinishStep(
   }
   int k = -1;
   for (size_t i = 0; i < a->members.size(); ++i) {
-    if (job->parts[a->members[i]].node_id == r.node_id()) k = static_cast<int>(i);
+    if (job->parts[a->members[i]].node_id == r.node_id())
+      k = static_cast<int>(i);
   }
   if (k < 0) return response;
   if (k == 0) {
@@ -1125,9 +1125,8 @@ absl::StatusOr<v1::FinishStepResponse> JobManager::FinishStep(
           missing.push_back(job->parts[cur->members[i]].node_id);
         }
       }
-      return absl::DeadlineExceededError(
-          absl::StrCat("end of step ", step, ": waited for ",
-                       absl::StrJoin(missing, ", ")));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "end of step ", step, ": waited for ", absl::StrJoin(missing, ", ")));
     }
     changed_.WaitWithDeadline(&mu_, deadline);
   }

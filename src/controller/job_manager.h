@@ -120,8 +120,7 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CommitLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BeginEndLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishJobLocked(Job& job, v1::JobPhase phase,
-                       const std::string& message)
+  void FinishJobLocked(Job& job, v1::JobPhase phase, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailLocked(Job& job, const std::string& message, int code)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -8,8 +8,8 @@
 #include <torch/nn/utils/clip_grad.h>
 
 #include <algorithm>
-#include <sstream>
 #include <cmath>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
@@ -392,8 +392,8 @@ absl::Status Trainer::RestoreOptimizerState(const std::string& bytes) {
     archive.read("optimizer_steps", steps);
     optimizer_steps_ = steps.item<int64_t>();
   } catch (const c10::Error& e) {
-    return absl::DataLossError(absl::StrCat("cannot restore optimizer: ",
-                                            e.what_without_backtrace()));
+    return absl::DataLossError(
+        absl::StrCat("cannot restore optimizer: ", e.what_without_backtrace()));
   }
   return absl::OkStatus();
 }

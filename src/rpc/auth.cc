@@ -68,8 +68,8 @@ absl::StatusOr<std::string> LoadToken(const std::string& file,
   if (!env.empty()) {
     const char* value = std::getenv(env.c_str());
     if (value == nullptr) {
-      return absl::NotFoundError(absl::StrCat(
-          "auth token variable $", env, " is not set"));
+      return absl::NotFoundError(
+          absl::StrCat("auth token variable $", env, " is not set"));
     }
     token = std::string(absl::StripAsciiWhitespace(value));
     if (token.empty()) {

@@ -11,11 +11,11 @@
 #ifndef FUSIONRL_RPC_AUTH_H_
 #define FUSIONRL_RPC_AUTH_H_
 
-#include <string>
-
 #include <grpcpp/client_context.h>
 #include <grpcpp/server_context.h>
 #include <grpcpp/support/status.h>
+
+#include <string>
 
 #include "absl/status/statusor.h"
 

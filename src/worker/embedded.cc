@@ -158,11 +158,11 @@ absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config,
       break;
     }
     if (status.phase() == v1::JOB_PHASE_FAILED) {
-      result = absl::Status(
-          status.error_code() != 0
-              ? static_cast<absl::StatusCode>(status.error_code())
-              : absl::StatusCode::kUnknown,
-          status.message());
+      result =
+          absl::Status(status.error_code() != 0
+                           ? static_cast<absl::StatusCode>(status.error_code())
+                           : absl::StatusCode::kUnknown,
+                       status.message());
       break;
     }
     absl::SleepFor(absl::Milliseconds(100));

@@ -66,8 +66,7 @@ absl::Status HierarchicalSync::AllReduceSum(std::vector<at::Tensor>& tensors) {
     const size_t bytes = flat.numel() * flat.element_size();
     std::string payload(static_cast<const char*>(flat.data_ptr()), bytes);
     absl::StatusOr<std::string> sum = reduce_(
-        round,
-        all_float ? v1::REDUCE_DTYPE_FLOAT32 : v1::REDUCE_DTYPE_FLOAT64,
+        round, all_float ? v1::REDUCE_DTYPE_FLOAT32 : v1::REDUCE_DTYPE_FLOAT64,
         std::move(payload));
     if (sum.ok() && sum->size() == bytes) {
       std::memcpy(flat.data_ptr(), sum->data(), bytes);
@@ -84,8 +83,7 @@ absl::Status HierarchicalSync::AllReduceSum(std::vector<at::Tensor>& tensors) {
   if (multi_card) {
     // Hand the node's result (and the outcome) to its other cards.
     if (local_rank_ != 0) flat.zero_();
-    std::vector<at::Tensor> share = {flat,
-                                     at::tensor({outcome}, at::kDouble)};
+    std::vector<at::Tensor> share = {flat, at::tensor({outcome}, at::kDouble)};
     absl::Status s = local_->AllReduceSum(share);
     if (!s.ok()) return s;
     flat = share[0];
@@ -102,9 +100,9 @@ absl::Status HierarchicalSync::AllReduceSum(std::vector<at::Tensor>& tensors) {
         local_rank_ == 0 ? error
                          : "the node's cross-node round failed on card 0");
   }
-  cross_node_seconds_ += std::chrono::duration<double>(
-                             std::chrono::steady_clock::now() - start)
-                             .count();
+  cross_node_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   cross_node_bytes_ += flat.numel() * flat.element_size();
   int64_t offset = 0;
   for (at::Tensor& t : tensors) {

@@ -6,9 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <optional>
 #include <chrono>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -148,8 +148,7 @@ class CardRunner {
   // One attempt of one step. Fills `report` (lead: metrics).
   absl::Status TrainStep(const v1::StepPlan& plan,
                          v1::FinishStepRequest& report);
-  absl::Status WriteEndCheckpoint(const v1::StepPlan& plan,
-                                  std::string* dir);
+  absl::Status WriteEndCheckpoint(const v1::StepPlan& plan, std::string* dir);
   absl::StatusOr<v1::StepPlan> GetPlan(int64_t step, int local_rank = -1);
   // This card's plan for `step`, in lock-step with the node's other cards.
   absl::StatusOr<v1::StepPlan> NextPlan(int64_t step);
@@ -233,8 +232,7 @@ absl::StatusOr<v1::StepPlan> CardRunner::NextPlan(int64_t step) {
   }
 }
 
-absl::StatusOr<v1::StepPlan> CardRunner::GetPlan(int64_t step,
-                                                 int local_rank) {
+absl::StatusOr<v1::StepPlan> CardRunner::GetPlan(int64_t step, int local_rank) {
   v1::GetStepPlanRequest request;
   request.set_job_id(job_.job_id);
   request.set_node_id(job_.node->node_id);
@@ -242,31 +240,30 @@ absl::StatusOr<v1::StepPlan> CardRunner::GetPlan(int64_t step,
   request.set_step(step);
   request.set_wait_ms(kPlanWaitMs);
   grpc::ClientContext ctx;
-  job_.node->Prepare(ctx, absl::Milliseconds(kPlanWaitMs) +
-                              job_.node->options.rpc_timeout);
+  job_.node->Prepare(
+      ctx, absl::Milliseconds(kPlanWaitMs) + job_.node->options.rpc_timeout);
   v1::StepPlan plan;
   grpc::Status s = job_.node->work_stub->GetStepPlan(&ctx, request, &plan);
   if (!s.ok()) {
     absl::Status st = rpc::FromGrpcStatus(s);
-    return absl::Status(st.code(),
-                        absl::StrCat("GetStepPlan(step ", step, "): ",
-                                     st.message()));
+    return absl::Status(st.code(), absl::StrCat("GetStepPlan(step ", step,
+                                                "): ", st.message()));
   }
   return plan;
 }
 
 absl::StatusOr<bool> CardRunner::Finish(const v1::FinishStepRequest& report) {
   grpc::ClientContext ctx;
-  job_.node->Prepare(
-      ctx, absl::Seconds(config().run.collective_timeout_seconds) +
-               job_.node->options.rpc_timeout);
+  job_.node->Prepare(ctx,
+                     absl::Seconds(config().run.collective_timeout_seconds) +
+                         job_.node->options.rpc_timeout);
   v1::FinishStepResponse response;
   grpc::Status s = job_.node->work_stub->FinishStep(&ctx, report, &response);
   if (!s.ok()) {
     absl::Status st = rpc::FromGrpcStatus(s);
-    return absl::Status(st.code(), absl::StrCat("FinishStep(step ",
-                                                report.step(),
-                                                "): ", st.message()));
+    return absl::Status(
+        st.code(),
+        absl::StrCat("FinishStep(step ", report.step(), "): ", st.message()));
   }
   return response.committed();
 }
@@ -287,9 +284,9 @@ void CardRunner::ReportFailure(const absl::Status& status, int64_t step,
 absl::Status CardRunner::Run() {
   const JobConfig& cfg = config();
   FUSIONRL_ASSIGN_OR_RETURN(ctx_, PrepareJob(cfg, std::string()));
-  const int threads =
-      job_.node->options.threads > 0 ? job_.node->options.threads
-                                     : cfg.num_threads;
+  const int threads = job_.node->options.threads > 0
+                          ? job_.node->options.threads
+                          : cfg.num_threads;
   at::set_num_threads(std::max(1, threads / job_.local_cards));
   PolicyModel& policy = *ctx_.policy;
   if (cfg.algorithm.kl_coef > 0) reference_ = policy.CloneFrozen();
@@ -322,11 +319,11 @@ absl::Status CardRunner::Run() {
   rollout_ = std::make_unique<RolloutEngine>(policy, ctx_.tokenizer->pad_id(),
                                              ctx_.tokenizer->eos_id());
   if (job_.local_rank == 0) {
-    spdlog::info("[{}] {}: policy {} parameters on {} x {} card(s), task {} "
-                 "({} eval problems)",
-                 cfg.name, node->node_id, policy.num_parameters(),
-                 job_.local_cards, ctx_.device.str(), ctx_.task->name(),
-                 ctx_.task->eval_set().size());
+    spdlog::info(
+        "[{}] {}: policy {} parameters on {} x {} card(s), task {} "
+        "({} eval problems)",
+        cfg.name, node->node_id, policy.num_parameters(), job_.local_cards,
+        ctx_.device.str(), ctx_.task->name(), ctx_.task->eval_set().size());
   }
   if (!job_.resume_checkpoint.empty()) {
     FUSIONRL_ASSIGN_OR_RETURN(
@@ -376,9 +373,9 @@ absl::Status CardRunner::Run() {
       case v1::PLAN_KIND_TRAIN:
         break;
       default:
-        return absl::UnimplementedError(absl::StrCat(
-            "GetStepPlan: unknown plan kind ", plan.kind(),
-            " (is the controller a newer version?)"));
+        return absl::UnimplementedError(
+            absl::StrCat("GetStepPlan: unknown plan kind ", plan.kind(),
+                         " (is the controller a newer version?)"));
     }
     plan_step_ = plan.step();
     plan_attempt_ = plan.attempt();
@@ -421,8 +418,7 @@ absl::Status CardRunner::Run() {
             "a single-node step was aborted; nothing to roll back to");
       }
       spdlog::warn("{} card {}: step {} attempt {} aborted ({}); rolling back",
-                   node->node_id, job_.local_rank, plan.step(),
-                   plan.attempt(),
+                   node->node_id, job_.local_rank, plan.step(), plan.attempt(),
                    step.ok() ? std::string("not committed")
                              : std::string(step.message()));
       FUSIONRL_RETURN_IF_ERROR(RestoreSnapshot(*snapshot, policy, *trainer_));
@@ -444,9 +440,8 @@ absl::Status CardRunner::TrainStep(const v1::StepPlan& plan,
   PolicyModel& policy = *ctx_.policy;
   const bool lead = plan.rank() == 0;
   if (lead && plan.eval_before()) {
-    FUSIONRL_ASSIGN_OR_RETURN(
-        EvalResult initial,
-        EvaluateGreedy(policy, ctx_, rc.max_new_tokens));
+    FUSIONRL_ASSIGN_OR_RETURN(EvalResult initial,
+                              EvaluateGreedy(policy, ctx_, rc.max_new_tokens));
     spdlog::info("[{}] initial eval accuracy {:.3f} ({:.1f}s)", cfg.name,
                  initial.accuracy, initial.seconds);
     report.set_initial_eval_accuracy(initial.accuracy);
@@ -505,10 +500,9 @@ absl::Status CardRunner::TrainStep(const v1::StepPlan& plan,
   const auto t1 = SteadyClock::now();
   FUSIONRL_ASSIGN_OR_RETURN(TrainStats ts, trainer_->Step(samples));
   const double train_s = SecondsSince(t1);
-  std::vector<double> totals = {reward_sum, static_cast<double>(correct),
-                                static_cast<double>(finished),
-                                static_cast<double>(step_tokens),
-                                static_cast<double>(samples.size())};
+  std::vector<double> totals = {
+      reward_sum, static_cast<double>(correct), static_cast<double>(finished),
+      static_cast<double>(step_tokens), static_cast<double>(samples.size())};
   FUSIONRL_RETURN_IF_ERROR(SumAcrossRanks(sync_.get(), totals));
   const double step_s = SecondsSince(t0);
   job_.counters->busy_us += static_cast<int64_t>(step_s * 1e6);
@@ -625,9 +619,9 @@ absl::Status RunNodeJob(Worker::State& node,
   };
   if (!config.ok()) return report_setup_failure(config.status());
   if (cards < 1 || cards > static_cast<int>(node.cards.size())) {
-    return report_setup_failure(absl::InvalidArgumentError(absl::StrCat(
-        "assignment uses ", cards, " card(s); this node has ",
-        node.cards.size())));
+    return report_setup_failure(absl::InvalidArgumentError(
+        absl::StrCat("assignment uses ", cards, " card(s); this node has ",
+                     node.cards.size())));
   }
   std::vector<std::unique_ptr<GradientSync>> local;
   if (cards > 1) {
@@ -668,7 +662,8 @@ absl::Status RunNodeJob(Worker::State& node,
         status[r] = absl::InternalError(
             absl::StrCat("card ", r, ": ", e.what_without_backtrace()));
       } catch (const std::exception& e) {
-        status[r] = absl::InternalError(absl::StrCat("card ", r, ": ", e.what()));
+        status[r] =
+            absl::InternalError(absl::StrCat("card ", r, ": ", e.what()));
       }
       if (r == 0 && !status[r].ok()) {
         // Card 0 hands out the plans: release the cards waiting for one.
@@ -740,10 +735,10 @@ absl::Status Worker::Run(const std::atomic<bool>* stop) {
                           absl::StrCat("RegisterNode: ", st.error_message()));
     }
     if (absl::Now() >= connect_deadline || s.Stopping()) {
-      return absl::UnavailableError(absl::StrCat(
-          "RegisterNode: controller unreachable for ",
-          absl::FormatDuration(s.options.connect_timeout), ": ",
-          st.error_message()));
+      return absl::UnavailableError(
+          absl::StrCat("RegisterNode: controller unreachable for ",
+                       absl::FormatDuration(s.options.connect_timeout), ": ",
+                       st.error_message()));
     }
     absl::SleepFor(absl::Milliseconds(500));
   }
@@ -810,9 +805,9 @@ absl::Status Worker::Run(const std::atomic<bool>* stop) {
       if (st.error_code() == grpc::StatusCode::NOT_FOUND ||
           st.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
           st.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
-        result = absl::Status(rpc::FromGrpcStatus(st).code(),
-                              absl::StrCat("GetAssignment: ",
-                                           st.error_message()));
+        result =
+            absl::Status(rpc::FromGrpcStatus(st).code(),
+                         absl::StrCat("GetAssignment: ", st.error_message()));
         break;
       }
       spdlog::warn("worker {}: GetAssignment: {}", s.node_id,
@@ -836,8 +831,8 @@ absl::Status Worker::Run(const std::atomic<bool>* stop) {
     v1::DeregisterNodeResponse response;
     s.node_stub->DeregisterNode(&ctx, request, &response);
   } else if (result.ok()) {
-    result = absl::UnavailableError(absl::StrCat(
-        s.node_id, " was declared lost by the controller"));
+    result = absl::UnavailableError(
+        absl::StrCat(s.node_id, " was declared lost by the controller"));
   }
   return result;
 }

@@ -14,11 +14,11 @@
 #ifndef FUSIONRL_WORKER_WORKER_H_
 #define FUSIONRL_WORKER_WORKER_H_
 
+#include <grpcpp/channel.h>
+
 #include <atomic>
 #include <memory>
 #include <string>
-
-#include <grpcpp/channel.h>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
