@@ -100,7 +100,7 @@ class ControllerTest : public ::testing::Test {
 };
 
 TEST_F(ControllerTest, EveryServiceRefusesCallsWithoutTheToken) {
-  for (const std::string token : {std::string(), std::string("wrong")}) {
+  for (const std::string& token : {std::string(), std::string("wrong")}) {
     v1::ListJobsResponse list;
     EXPECT_EQ(jobs_->ListJobs(Ctx(token).get(), {}, &list).error_code(),
               grpc::StatusCode::UNAUTHENTICATED);
