@@ -196,7 +196,8 @@ PolicyLossResult PpoClipLoss(const at::Tensor& logp, const at::Tensor& old_logp,
                              const at::Tensor& advantages,
                              const at::Tensor& mask, double clip_low,
                              double clip_high, double clip_c, AggMode mode,
-                             const AggNorm& norm) {
+                             const AggNorm& norm,
+                             const at::Tensor& token_weight) {
   CheckSameShape2d(logp, "logp", old_logp, "old_logp");
   CheckSameShape2d(logp, "logp", advantages, "advantages");
   CheckSameShape2d(logp, "logp", mask, "mask");
@@ -216,6 +217,11 @@ PolicyLossResult PpoClipLoss(const at::Tensor& logp, const at::Tensor& old_logp,
     per_token = at::where(negative_adv, at::minimum(l3, l_clip), l_clip);
   }
 
+  if (token_weight.defined()) {
+    CheckSameShape2d(logp, "logp", token_weight, "token_weight");
+    per_token = per_token * token_weight.detach();
+  }
+
   PolicyLossResult result;
   result.loss = AggLoss(per_token, m, mode, norm);
   // Metrics: per-call token means over the mask, outside the graph.
@@ -232,6 +238,38 @@ PolicyLossResult PpoClipLoss(const at::Tensor& logp, const at::Tensor& old_logp,
   }
   result.approx_kl = MaskedMean(-log_ratio.detach(), md);
   return result;
+}
+
+absl::StatusOr<WeightLevel> ParseWeightLevel(std::string_view name) {
+  if (name == "token") return WeightLevel::kToken;
+  if (name == "sequence") return WeightLevel::kSequence;
+  return absl::InvalidArgumentError(
+      absl::StrCat("behaviour_weight_level: unknown level '", std::string(name),
+                   "' (token | sequence)"));
+}
+
+at::Tensor BehaviourWeights(const at::Tensor& prox_logp,
+                            const at::Tensor& behaviour_logp,
+                            const at::Tensor& mask, WeightLevel level,
+                            double cap, double* truncated) {
+  CheckSameShape2d(prox_logp, "prox_logp", behaviour_logp, "behaviour_logp");
+  CheckSameShape2d(prox_logp, "prox_logp", mask, "mask");
+  const at::Tensor m = MaskAs(mask, prox_logp).detach();
+  at::Tensor d =
+      at::clamp((prox_logp - behaviour_logp).detach() * m, -20.0, 20.0);
+  at::Tensor raw;
+  if (level == WeightLevel::kToken) {
+    raw = at::exp(d);
+  } else {
+    raw = at::exp(at::clamp(d.sum(1, /*keepdim=*/true), -20.0, 20.0))
+              .expand_as(d);
+  }
+  const at::Tensor w = at::clamp_max(raw, cap) * m;
+  if (truncated != nullptr) {
+    const at::Tensor hit = (raw >= cap).to(m.scalar_type());
+    *truncated = MaskedMean(hit, m).item<double>();
+  }
+  return w;
 }
 
 }  // namespace fusionrl::algo

@@ -626,5 +626,60 @@ TEST(AlgorithmsTest, PpoLossOfFullyMaskedBatchIsZero) {
   ExpectTensorNear(torch::autograd::grad({r.loss}, {in.logp})[0], {0, 0}, 0.0);
 }
 
+// Behaviour weights by hand: d = prox - behaviour per token.
+// row 0: d = {log 2, log 3} (both valid); row 1: d = {log 0.5, pad}.
+TEST(AlgorithmsTest, BehaviourWeightsPerTokenAndPerSequenceWithTruncation) {
+  const at::Tensor behaviour = Make({-2, -1, -3, -4}, {2, 2});
+  const at::Tensor prox = Make(
+      {-2 + std::log(2.0), -1 + std::log(3.0), -3 + std::log(0.5), -9}, {2, 2});
+  const at::Tensor mask = Make({1, 1, 1, 0}, {2, 2});
+  double truncated = -1;
+  // Token level, cap 2.5: {2, min(3, 2.5)}, {0.5, 0 (pad)}; 1 of 3 capped.
+  ExpectTensorNear(BehaviourWeights(prox, behaviour, mask, WeightLevel::kToken,
+                                    2.5, &truncated),
+                   {2, 2.5, 0.5, 0}, 1e-12);
+  EXPECT_NEAR(truncated, 1.0 / 3, 1e-12);
+  // Sequence level: row 0 exp(log 2 + log 3) = 6 -> capped at 5 on both
+  // tokens; row 1 exp(log 0.5) = 0.5 (the padding's d is ignored).
+  ExpectTensorNear(BehaviourWeights(prox, behaviour, mask,
+                                    WeightLevel::kSequence, 5.0, &truncated),
+                   {5, 5, 0.5, 0}, 1e-12);
+  EXPECT_NEAR(truncated, 2.0 / 3, 1e-12);
+  // No staleness: every valid weight is exactly 1.
+  ExpectTensorNear(
+      BehaviourWeights(behaviour, behaviour, mask, WeightLevel::kSequence, 5.0),
+      {1, 1, 1, 0}, 0.0);
+  EXPECT_FALSE(ParseWeightLevel("tokens").ok());
+}
+
+// The decoupled loss by hand: ratio against the proximal log-probs, each
+// token's clipped surrogate times its (constant) behaviour weight.
+TEST(AlgorithmsTest, DecoupledPpoLossWeightsTheClippedSurrogate) {
+  // Two valid tokens, A = {1, -1}; ratios logp/prox = {1.1, 1.5}.
+  const at::Tensor prox = Make({-1, -2}, {1, 2});
+  const at::Tensor logp =
+      Make({-1 + std::log(1.1), -2 + std::log(1.5)}, {1, 2}).requires_grad_();
+  const at::Tensor adv = Make({1, -1}, {1, 2});
+  const at::Tensor mask = Make({1, 1}, {1, 2});
+  const at::Tensor w = Make({2, 0.5}, {1, 2});
+  // token 0: max(-1.1, -1.1) = -1.1 (ratio inside [0.8, 1.2]) -> * 2 = -2.2
+  // token 1: A < 0, ratio 1.5: l1 = 1.5, l2 = 1.2 -> 1.5; dual min(3, 1.5)
+  //          = 1.5 -> * 0.5 = 0.75.  token-mean: (-2.2 + 0.75) / 2 = -0.725
+  const PolicyLossResult r = PpoClipLoss(logp, prox, adv, mask, 0.2, 0.2, 3.0,
+                                         AggMode::kTokenMean, {}, w);
+  EXPECT_NEAR(Scalar(r.loss), -0.725, 1e-12);
+  // d loss / d logp_t = w_t * (-A_t * ratio_t) / 2 where unclipped:
+  // token 0: 2 * -1.1 / 2 = -1.1; token 1: 0.5 * 1.5 / 2 = 0.375.
+  ExpectTensorNear(torch::autograd::grad({r.loss}, {logp})[0], {-1.1, 0.375},
+                   1e-12);
+  // Weights of 1 give the plain PPO loss.
+  const PolicyLossResult plain =
+      PpoClipLoss(logp, prox, adv, mask, 0.2, 0.2, 3.0, AggMode::kTokenMean);
+  const PolicyLossResult ones =
+      PpoClipLoss(logp, prox, adv, mask, 0.2, 0.2, 3.0, AggMode::kTokenMean, {},
+                  at::ones_like(w));
+  EXPECT_EQ(Scalar(plain.loss), Scalar(ones.loss));
+}
+
 }  // namespace
 }  // namespace fusionrl::algo

@@ -105,6 +105,7 @@ struct Trainer::Optim {
   std::unique_ptr<torch::optim::AdamW> adamw;
   algo::AggMode agg;
   algo::KlEstimator kl_estimator;
+  algo::WeightLevel weight_level = algo::WeightLevel::kToken;
 };
 
 Trainer::Trainer(PolicyModel& policy, PolicyModel* reference,
@@ -135,6 +136,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   FUSIONRL_ASSIGN_OR_RETURN(
       optim->kl_estimator,
       algo::ParseKlEstimator(config.algorithm.kl_estimator));
+  FUSIONRL_ASSIGN_OR_RETURN(
+      optim->weight_level,
+      algo::ParseWeightLevel(config.algorithm.behaviour_weight_level));
   const auto& o = config.optim;
   optim->adamw = std::make_unique<torch::optim::AdamW>(
       policy.parameters(), torch::optim::AdamWOptions(o.lr)
@@ -188,6 +192,26 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
     ref_logp = ResponseLogProbs(*reference_, full, temperature_, nullptr);
   }
 
+  // Decoupled PPO: the proximal policy is this step's starting weights,
+  // recomputed here (the samples may come from an older behaviour policy);
+  // the ratio is taken against it and each token is weighted by the
+  // truncated behaviour importance weight. Otherwise the behaviour log-probs
+  // are the proximal ones (synchronous on-policy RL).
+  at::Tensor old_logp = full.behaviour_logp;
+  at::Tensor behaviour_weight;
+  TrainStats stats;
+  if (algo_.decoupled_loss) {
+    at::NoGradGuard no_grad;
+    policy_.set_training(false);
+    old_logp = ResponseLogProbs(policy_, full, temperature_, nullptr);
+    double truncated = 0;
+    behaviour_weight = algo::BehaviourWeights(
+        old_logp, full.behaviour_logp, mask, optim_state_->weight_level,
+        algo_.behaviour_weight_cap, &truncated);
+    stats.behaviour_weight_mean = MaskedMean(behaviour_weight, mask);
+    stats.behaviour_weight_truncated = truncated;
+  }
+
   // Token-level rewards and advantages (no grad).
   at::Tensor advantages;
   {
@@ -222,7 +246,6 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
     }
   }
 
-  TrainStats stats;
   stats.advantage_abs_mean = MaskedMean(advantages.abs(), mask);
   stats.tokens = static_cast<int64_t>(mask.sum().item<double>());
   const int64_t mini = optim_.mini_batch_size > 0
@@ -255,10 +278,12 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
         const auto adv = advantages.narrow(0, u0, u_n);
         at::Tensor logits;
         auto logp = ResponseLogProbs(policy_, mb, temperature_, &logits);
-        auto pg =
-            algo::PpoClipLoss(logp, mb.behaviour_logp, adv, mb.response_mask,
-                              algo_.clip_ratio_low, algo_.clip_ratio_high,
-                              algo_.clip_ratio_c, optim_state_->agg, norm);
+        auto pg = algo::PpoClipLoss(
+            logp, old_logp.narrow(0, u0, u_n), adv, mb.response_mask,
+            algo_.clip_ratio_low, algo_.clip_ratio_high, algo_.clip_ratio_c,
+            optim_state_->agg, norm,
+            behaviour_weight.defined() ? behaviour_weight.narrow(0, u0, u_n)
+                                       : at::Tensor());
         auto loss = pg.loss;
         const double mb_tokens = mb.response_mask.sum().item<double>();
         if (use_kl) {

@@ -17,7 +17,11 @@
 //      an AdamW step; the policy version is incremented once per Step().
 // The proximal ("old") log-probs of the surrogate are the behaviour log-probs
 // stored on the samples: in synchronous on-policy RL the sampler and the
-// trainer hold the same weights, so they coincide.
+// trainer hold the same weights, so they coincide. With
+// algorithm.decoupled_loss (samples from an older policy) they are
+// recomputed with the weights at the start of Step(), and each token's loss
+// is weighted by the truncated behaviour importance weight (decoupled PPO,
+// algo::BehaviourWeights).
 //
 // Ownership: borrows the policy (and the optional frozen reference), which
 // must outlive the trainer; owns the optimizer. Not thread-safe.
@@ -48,6 +52,10 @@ struct TrainStats {
   double lr = 0;                  // learning rate used (last optimizer step)
   double advantage_abs_mean = 0;  // mean |A| over valid tokens
   int64_t tokens = 0;             // response tokens trained on (per epoch)
+  // Decoupled loss only: token-mean behaviour importance weight and the
+  // fraction of tokens whose weight hit the cap (1 and 0 otherwise).
+  double behaviour_weight_mean = 1;
+  double behaviour_weight_truncated = 0;
   int optimizer_steps = 0;
 };
 

@@ -2,6 +2,7 @@
 
 #include <torch/types.h>
 
+#include <cmath>
 #include <thread>
 
 #include "engine/grad_sync.h"
@@ -108,6 +109,73 @@ TEST(TrainerTest, MicroBatchAccumulationMatchesFullBatch) {
           << (pf[i].grad() - pm[i].grad()).abs().max().item<double>();
     }
   }
+}
+
+// Sets every sample's behaviour log-probs to `model`'s own log-probs plus
+// `shift` (shift 0: the samples are exactly on-policy).
+void SetBehaviourLogProbs(PolicyModel& model, std::vector<Sample>& samples,
+                          float shift) {
+  at::NoGradGuard no_grad;
+  const CollatedBatch b = Collate(samples, kPad, kCpu);
+  const at::Tensor logp = ResponseLogProbs(model, b, 1.0, nullptr);
+  for (size_t i = 0; i < samples.size(); ++i) {
+    for (size_t t = 0; t < samples[i].response_ids.size(); ++t) {
+      samples[i].behaviour_logp[t] =
+          logp[static_cast<int64_t>(i)][static_cast<int64_t>(t)].item<float>() +
+          shift;
+    }
+  }
+}
+
+std::vector<at::Tensor> GradsAfterStep(const JobConfig& c,
+                                       const std::vector<Sample>& samples,
+                                       TrainStats* stats) {
+  auto model = TinyModel(3);
+  auto trainer = Trainer::Create(*model, nullptr, c, kPad).value();
+  *stats = trainer->Step(samples).value();
+  std::vector<at::Tensor> grads;
+  for (const auto& p : model->parameters()) grads.push_back(p.grad().clone());
+  return grads;
+}
+
+// On-policy samples: the decoupled loss is the plain PPO loss (weights 1).
+// Samples whose behaviour policy gave every token twice the probability the
+// trainer's weights give it: every behaviour weight is exp(-log 2) = 0.5, so
+// the gradient is half the plain gradient taken against the proximal
+// log-probs.
+TEST(TrainerTest, DecoupledLossOnPolicyIsPlainPpoAndWeighsStaleSamples) {
+  JobConfig c = TinyJob();
+  auto probe = TinyModel(3);
+  std::vector<Sample> on_policy = FourGroupsOfFour();
+  SetBehaviourLogProbs(*probe, on_policy, 0.0f);
+  std::vector<Sample> stale = on_policy;
+  for (Sample& s : stale) {
+    for (float& lp : s.behaviour_logp) lp += std::log(2.0f);
+  }
+
+  TrainStats plain_stats, dec_stats, stale_stats;
+  const auto plain = GradsAfterStep(c, on_policy, &plain_stats);
+  c.algorithm.decoupled_loss = true;
+  const auto dec = GradsAfterStep(c, on_policy, &dec_stats);
+  EXPECT_NEAR(dec_stats.behaviour_weight_mean, 1.0, 1e-5);
+  EXPECT_EQ(dec_stats.behaviour_weight_truncated, 0.0);
+  const auto weighted = GradsAfterStep(c, stale, &stale_stats);
+  EXPECT_NEAR(stale_stats.behaviour_weight_mean, 0.5, 1e-5);
+  ASSERT_EQ(plain.size(), dec.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(dec[i], plain[i], 1e-4, 1e-6)) << i;
+    EXPECT_TRUE(torch::allclose(weighted[i], 0.5 * plain[i], 1e-4, 1e-6))
+        << i << " max diff "
+        << (weighted[i] - 0.5 * plain[i]).abs().max().item<double>();
+  }
+  // The cap truncates: behaviour 4x less likely than proximal -> 4, cap 2.
+  for (Sample& s : stale) {
+    for (float& lp : s.behaviour_logp) lp -= 3 * std::log(2.0f);
+  }
+  c.algorithm.behaviour_weight_cap = 2.0;
+  const auto capped = GradsAfterStep(c, stale, &stale_stats);
+  EXPECT_NEAR(stale_stats.behaviour_weight_mean, 2.0, 1e-5);
+  EXPECT_EQ(stale_stats.behaviour_weight_truncated, 1.0);
 }
 
 TEST(TrainerTest, MiniBatchesTakeSeveralOptimizerStepsAndOneVersion) {
