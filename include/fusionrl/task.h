@@ -76,7 +76,7 @@ using TaskFactory =
 using RewardFactory = std::function<std::unique_ptr<RewardFn>()>;
 
 // name -> factory. Global() comes with the built-in tasks (addition,
-// countdown, reverse, sort, jsonl) and rewards (exact, numeric, countdown)
+// countdown, repeat, reverse, sort, jsonl) and rewards (exact, numeric, countdown)
 // registered.
 class TaskRegistry {
  public:

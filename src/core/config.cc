@@ -71,6 +71,7 @@ constexpr absl::string_view kLossAggModes[] = {
     "seq-mean-token-sum-norm"};
 constexpr absl::string_view kKlEstimators[] = {"k1", "k2", "k3"};
 constexpr absl::string_view kKlModes[] = {"loss", "reward"};
+constexpr absl::string_view kBehaviourWeightLevels[] = {"token", "sequence"};
 constexpr absl::string_view kPlacementModes[] = {"colocated-sync",
                                                  "disaggregated", "fused"};
 
@@ -99,6 +100,8 @@ void VisitTask(TaskConfig& t, V& v) {
   v.Int("max_digits", &t.max_digits, Closed(1, 18));
   v.Int("num_operands", &t.num_operands, Closed(2, 6));
   v.Int("max_operand", &t.max_operand, Closed(1, 1000));
+  v.Double("long_fraction", &t.long_fraction, Closed(0, 1));
+  v.Int("long_max", &t.long_max, Closed(1, 500));
   v.String("train_path", &t.train_path, ExistingFile());
   v.String("eval_path", &t.eval_path, ExistingFile());
   v.String("reward", &t.reward, AnyString());
@@ -128,6 +131,10 @@ void VisitAlgorithm(AlgorithmConfig& a, V& v) {
   v.String("kl_mode", &a.kl_mode, OneOf(kKlModes));
   v.Double("entropy_coef", &a.entropy_coef, AtLeast(0));
   v.Int("ppo_epochs", &a.ppo_epochs, AtLeast(1));
+  v.Bool("decoupled_loss", &a.decoupled_loss);
+  v.Double("behaviour_weight_cap", &a.behaviour_weight_cap, AtLeast(1));
+  v.String("behaviour_weight_level", &a.behaviour_weight_level,
+           OneOf(kBehaviourWeightLevels));
 }
 
 template <class V>

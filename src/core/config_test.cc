@@ -118,6 +118,8 @@ task:
   max_digits: 5
   num_operands: 4
   max_operand: 99
+  long_fraction: 0.25
+  long_max: 10
   train_path: )",
                                         train, R"(
   eval_path: )",
@@ -196,6 +198,8 @@ placement:
   EXPECT_EQ(c.task.max_digits, 5);
   EXPECT_EQ(c.task.num_operands, 4);
   EXPECT_EQ(c.task.max_operand, 99);
+  EXPECT_EQ(c.task.long_fraction, 0.25);
+  EXPECT_EQ(c.task.long_max, 10);
   EXPECT_EQ(c.task.train_path, train);
   EXPECT_EQ(c.task.eval_path, eval);
   EXPECT_EQ(c.task.reward, "exact_match");
@@ -680,6 +684,14 @@ TEST(ConfigTest, ValidateChecksRanges) {
        "task.num_operands: must be in [2, 6], got 7"},
       {[](JobConfig& c) { c.task.max_operand = 0; },
        "task.max_operand: must be in [1, 1000], got 0"},
+      {[](JobConfig& c) { c.task.long_fraction = 1.5; },
+       "task.long_fraction: must be in [0, 1], got 1.5"},
+      {[](JobConfig& c) { c.task.long_fraction = -0.1; },
+       "task.long_fraction: must be in [0, 1], got -0.1"},
+      {[](JobConfig& c) { c.task.long_max = 0; },
+       "task.long_max: must be in [1, 500], got 0"},
+      {[](JobConfig& c) { c.task.long_max = 501; },
+       "task.long_max: must be in [1, 500], got 501"},
       {[](JobConfig& c) { c.rollout.group_size = 0; },
        "rollout.group_size: must be >= 1, got 0"},
       {[](JobConfig& c) { c.rollout.temperature = -0.5; },

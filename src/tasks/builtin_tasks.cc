@@ -32,6 +32,7 @@ constexpr int kMaxStringLength = 1000;  // reverse, sort
 constexpr int kMaxCountdownOperands = 8;
 constexpr int kMaxCountdownOperand = 9999;
 constexpr int64_t kMaxCountdownTarget = 9999;
+constexpr int kMaxRepeatCount = 500;  // answers stay <= kMaxStringLength
 
 absl::Status CheckEvalSize(const TaskConfig& c) {
   if (c.eval_size < 0) {
@@ -185,6 +186,59 @@ class CountdownTask final : public SyntheticTask {
   const int max_operand_;
 };
 
+// "rep:ab*7=" -> "ababababababab": a pattern of 1-2 lowercase letters, drawn
+// uniformly from all 26 + 26 * 26 such patterns, repeated n times. With
+// probability long_fraction n is long, uniform in [(long_max + 1) / 2,
+// long_max]; otherwise it is short, uniform in [min_digits, max_digits].
+// Answer lengths thus have a long tail (at most 2 * long_max).
+//
+// The alphabet is all of a-z because the eval split is drawn from the same
+// distribution: with few patterns, the eval split would hold nearly every
+// short prompt, and training (which redraws eval prompts) would see mostly
+// long problems. With 702 patterns, at the defaults the eval split holds
+// under a tenth of the short prompts, which raises training's long share only
+// slightly (about 0.135 for long_fraction 0.125).
+class RepeatTask final : public SyntheticTask {
+ public:
+  explicit RepeatTask(const TaskConfig& c)
+      : SyntheticTask("repeat", "exact", c.seed),
+        min_short_(c.min_digits),
+        max_short_(c.max_digits),
+        long_fraction_(c.long_fraction),
+        min_long_((c.long_max + 1) / 2),
+        max_long_(c.long_max) {}
+
+ protected:
+  Problem Generate(std::mt19937_64& rng) const override {
+    constexpr int64_t kLetters = 26;
+    // Index into the 1-letter patterns, then the 2-letter ones.
+    const int64_t k = UniformInt(rng, 0, kLetters + kLetters * kLetters - 1);
+    std::string pattern;
+    if (k < kLetters) {
+      pattern.push_back(static_cast<char>('a' + k));
+    } else {
+      pattern.push_back(static_cast<char>('a' + (k - kLetters) / kLetters));
+      pattern.push_back(static_cast<char>('a' + (k - kLetters) % kLetters));
+    }
+    // 53 random bits: a portable uniform double in [0, 1).
+    const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53;
+    const int64_t n = u < long_fraction_
+                          ? UniformInt(rng, min_long_, max_long_)
+                          : UniformInt(rng, min_short_, max_short_);
+    std::string answer;
+    answer.reserve(pattern.size() * static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) answer += pattern;
+    return {absl::StrCat("rep:", pattern, "*", n, "="), std::move(answer)};
+  }
+
+ private:
+  const int min_short_;
+  const int max_short_;
+  const double long_fraction_;
+  const int min_long_;
+  const int max_long_;
+};
+
 }  // namespace
 
 uint64_t ProblemSeed(uint64_t seed, uint64_t stream, uint64_t index,
@@ -269,6 +323,24 @@ absl::StatusOr<std::unique_ptr<Task>> MakeSortTask(const TaskConfig& c) {
   FUSIONRL_RETURN_IF_ERROR(CheckEvalSize(c));
   FUSIONRL_RETURN_IF_ERROR(CheckLengths(c, "sort", kMaxStringLength));
   return Finish(std::make_unique<SortTask>(c), c.eval_size);
+}
+
+absl::StatusOr<std::unique_ptr<Task>> MakeRepeatTask(const TaskConfig& c) {
+  FUSIONRL_RETURN_IF_ERROR(CheckEvalSize(c));
+  FUSIONRL_RETURN_IF_ERROR(CheckLengths(c, "repeat", kMaxRepeatCount));
+  // Written so that NaN fails.
+  if (!(c.long_fraction >= 0.0 && c.long_fraction <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("task.long_fraction: must be in [0, 1] for the repeat "
+                     "task (got ",
+                     c.long_fraction, ")"));
+  }
+  if (c.long_max < 1 || c.long_max > kMaxRepeatCount) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("task.long_max: must be in [1, ", kMaxRepeatCount,
+                     "] for the repeat task (got ", c.long_max, ")"));
+  }
+  return Finish(std::make_unique<RepeatTask>(c), c.eval_size);
 }
 
 absl::StatusOr<std::unique_ptr<Task>> MakeCountdownTask(const TaskConfig& c) {

@@ -1,4 +1,4 @@
-// The built-in tasks (addition, reverse, sort, countdown, jsonl), their
+// The built-in tasks (addition, reverse, sort, repeat, countdown, jsonl), their
 // shared base and the seeding helpers. Private to fusionrl_tasks; users reach
 // the tasks through TaskRegistry::Global().
 //
@@ -83,6 +83,7 @@ class SyntheticTask : public Task {
 absl::StatusOr<std::unique_ptr<Task>> MakeAdditionTask(const TaskConfig& c);
 absl::StatusOr<std::unique_ptr<Task>> MakeReverseTask(const TaskConfig& c);
 absl::StatusOr<std::unique_ptr<Task>> MakeSortTask(const TaskConfig& c);
+absl::StatusOr<std::unique_ptr<Task>> MakeRepeatTask(const TaskConfig& c);
 absl::StatusOr<std::unique_ptr<Task>> MakeCountdownTask(const TaskConfig& c);
 // Defined in jsonl_task.cc.
 absl::StatusOr<std::unique_ptr<Task>> MakeJsonlTask(const TaskConfig& c);

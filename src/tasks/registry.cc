@@ -100,6 +100,7 @@ TaskRegistry& TaskRegistry::Global() {
         {"addition", tasks::MakeAdditionTask},
         {"countdown", tasks::MakeCountdownTask},
         {"jsonl", tasks::MakeJsonlTask},
+        {"repeat", tasks::MakeRepeatTask},
         {"reverse", tasks::MakeReverseTask},
         {"sort", tasks::MakeSortTask},
     };

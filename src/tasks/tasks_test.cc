@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <random>
 #include <regex>
@@ -90,10 +91,15 @@ std::vector<SyntheticCase> SyntheticCases() {
   countdown.num_operands = 2;
   countdown.max_operand = 10;
   countdown.eval_size = 80;
+  TaskConfig repeat = Config("repeat");  // 702 problems
+  repeat.min_digits = repeat.max_digits = 1;
+  repeat.long_fraction = 0.0;
+  repeat.eval_size = 300;
   return {{"addition", addition},
           {"reverse", reverse},
           {"sort", sort},
-          {"countdown", countdown}};
+          {"countdown", countdown},
+          {"repeat", repeat}};
 }
 
 class SyntheticTaskTest : public testing::TestWithParam<SyntheticCase> {};
@@ -352,6 +358,109 @@ TEST(CountdownTaskTest, MatchesFormat) {
   }
 }
 
+// Parses "rep:<pattern>*<n>=" into pattern and n; false if malformed.
+bool ParseRepeatPrompt(const std::string& prompt, std::string* pattern,
+                       int* n) {
+  static const std::regex re("rep:([a-z]{1,2})\\*([1-9][0-9]*)=");
+  std::smatch m;
+  if (!std::regex_match(prompt, m, re)) return false;
+  *pattern = m[1].str();
+  *n = std::stoi(m[2].str());
+  return true;
+}
+
+std::string Repeated(const std::string& pattern, int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) s += pattern;
+  return s;
+}
+
+TEST(RepeatTaskTest, AnswerIsThePatternRepeatedNTimes) {
+  const auto task = MustCreate(Config("repeat"));
+  ASSERT_NE(task, nullptr);
+  std::set<char> letters;
+  std::set<int> counts;
+  std::set<size_t> pattern_lengths;
+  std::vector<Problem> problems = task->eval_set();
+  for (uint64_t i = 0; i < 2000; ++i) problems.push_back(task->TrainProblem(i));
+  for (const Problem& p : problems) {
+    std::string pattern;
+    int n = 0;
+    ASSERT_TRUE(ParseRepeatPrompt(p.prompt, &pattern, &n)) << p.prompt;
+    EXPECT_EQ(p.answer, Repeated(pattern, n)) << p.prompt;
+    EXPECT_EQ(p.answer.size(), pattern.size() * n);
+    // Short counts are 1..max_digits (3), long ones 12..long_max (24).
+    EXPECT_TRUE((n >= 1 && n <= 3) || (n >= 12 && n <= 24)) << p.prompt;
+    letters.insert(pattern.begin(), pattern.end());
+    counts.insert(n);
+    pattern_lengths.insert(pattern.size());
+  }
+  EXPECT_EQ(letters.size(), 26u);
+  EXPECT_EQ(counts.size(), 3u + 13u);
+  EXPECT_EQ(pattern_lengths, (std::set<size_t>{1, 2}));
+}
+
+TEST(RepeatTaskTest, AnswerLengthsHaveALongTail) {
+  const TaskConfig config = Config("repeat");
+  ASSERT_EQ(config.long_fraction, 0.125);
+  ASSERT_EQ(config.long_max, 24);
+  const auto task = MustCreate(config);
+  ASSERT_NE(task, nullptr);
+  constexpr int kProblems = 2000;
+  std::vector<size_t> lengths;
+  for (uint64_t i = 0; i < kProblems; ++i) {
+    lengths.push_back(task->TrainProblem(i).answer.size());
+  }
+  std::sort(lengths.begin(), lengths.end());
+  // Short answers are at most 2 * 3 = 6 chars, long ones at least 12.
+  const auto long_count =
+      std::count_if(lengths.begin(), lengths.end(),
+                    [](size_t length) { return length >= 12; });
+  const double long_share = static_cast<double>(long_count) / kProblems;
+  EXPECT_GT(long_share, 0.08);
+  EXPECT_LT(long_share, 0.17);
+  EXPECT_LE(lengths[kProblems / 2], 6u);  // median
+  EXPECT_GE(lengths.back(), 44u);
+  EXPECT_LE(lengths.back(), 48u);  // 2 * long_max
+  // Nothing between the short and the long ranges.
+  for (size_t length : lengths) {
+    EXPECT_TRUE(length <= 6 || length >= 12) << length;
+  }
+}
+
+TEST(RepeatTaskTest, LongFractionAndLongMaxAreHonored) {
+  TaskConfig config = Config("repeat");
+  config.long_fraction = 0.0;
+  const auto short_only = MustCreate(config);
+  config.long_fraction = 1.0;
+  config.long_max = 9;  // counts 5..9
+  const auto long_only = MustCreate(config);
+  ASSERT_TRUE(short_only && long_only);
+  std::set<int> short_counts;
+  std::set<int> long_counts;
+  for (uint64_t i = 0; i < 1000; ++i) {
+    std::string pattern;
+    int n = 0;
+    ASSERT_TRUE(
+        ParseRepeatPrompt(short_only->TrainProblem(i).prompt, &pattern, &n));
+    short_counts.insert(n);
+    ASSERT_TRUE(
+        ParseRepeatPrompt(long_only->TrainProblem(i).prompt, &pattern, &n));
+    long_counts.insert(n);
+  }
+  EXPECT_EQ(short_counts, (std::set<int>{1, 2, 3}));
+  EXPECT_EQ(long_counts, (std::set<int>{5, 6, 7, 8, 9}));
+}
+
+TEST(RepeatTaskTest, CharMatchGivesPartialCreditForATruncatedAnswer) {
+  const Problem p{"rep:ab*4=", "abababab"};
+  EXPECT_TRUE(Correct("exact", p, "abababab"));
+  EXPECT_FALSE(Correct("exact", p, "abab"));
+  const Verdict half = Score("char_match", p, "abab");
+  EXPECT_DOUBLE_EQ(half.reward, 0.5);
+  EXPECT_FALSE(half.correct);
+}
+
 // ------------------------------------------------- construction errors
 
 TEST(SyntheticTaskErrorsTest, EvalSizeLargerThanProblemSpace) {
@@ -405,6 +514,19 @@ TEST(SyntheticTaskErrorsTest, RejectsBadRanges) {
        "task.num_operands"},
       {"countdown", [](TaskConfig* c) { c->max_operand = 0; },
        "task.max_operand"},
+      {"repeat", [](TaskConfig* c) { c->min_digits = 0; }, "task.min_digits"},
+      {"repeat", [](TaskConfig* c) { c->long_fraction = 1.5; },
+       "task.long_fraction: must be in [0, 1] for the repeat task (got 1.5)"},
+      {"repeat", [](TaskConfig* c) { c->long_fraction = -0.1; },
+       "task.long_fraction"},
+      {"repeat",
+       [](TaskConfig* c) {
+         c->long_fraction = std::numeric_limits<double>::quiet_NaN();
+       },
+       "task.long_fraction"},
+      {"repeat", [](TaskConfig* c) { c->long_max = 0; },
+       "task.long_max: must be in [1, 500] for the repeat task (got 0)"},
+      {"repeat", [](TaskConfig* c) { c->long_max = 501; }, "task.long_max"},
       {"addition", [](TaskConfig* c) { c->eval_size = -1; },
        "task.eval_size: must be >= 0"},
       {"jsonl", [](TaskConfig* c) {}, "task.train_path"},
@@ -844,7 +966,7 @@ TaskFactory EchoFactory() {
 TEST(RegistryTest, GlobalHasTheBuiltins) {
   EXPECT_EQ(TaskRegistry::Global().Names(),
             (std::vector<std::string>{"addition", "countdown", "jsonl",
-                                      "reverse", "sort"}));
+                                      "repeat", "reverse", "sort"}));
   const std::vector<std::string> rewards = RewardRegistry::Global().Names();
   for (const char* name : {"countdown", "exact", "numeric"}) {
     EXPECT_NE(std::find(rewards.begin(), rewards.end(), name), rewards.end());
@@ -856,7 +978,7 @@ TEST(RegistryTest, UnknownNamesListTheKnownOnes) {
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(s.message(),
             "task.name: unknown task 'nope' (known: addition, countdown, "
-            "jsonl, reverse, sort)");
+            "jsonl, repeat, reverse, sort)");
 
   TaskConfig config = Config("addition");
   config.reward = "nope";
