@@ -145,6 +145,15 @@ struct PlacementConfig {
                                      //   reason in status; true: fail the job
 };
 
+// StaleSync: bounded staleness (placement.mode fused).
+struct StaleSyncConfig {
+  // s: a sample may be trained on only if trainer version - behaviour
+  // version <= s. Rollout of step u starts only once the policy it samples
+  // from is at least version u - 1 - s, so no sample can exceed it; 0 is
+  // exactly synchronous on-policy RL.
+  int max_policy_lag = 0;
+};
+
 // How clients of a cluster controller (`fusionrl submit`, `fusionrl status`)
 // authenticate; the controller and workers take the same as flags.
 struct ClusterConfig {
@@ -168,6 +177,7 @@ struct JobConfig {
   RunConfig run;
   SftConfig sft;
   PlacementConfig placement;
+  StaleSyncConfig stalesync;
   ClusterConfig cluster;
 };
 

@@ -174,7 +174,7 @@ TEST_F(ControllerTest, SubmitJobValidatesTheJob) {
   EXPECT_THAT(st.error_message(), HasSubstr("rollout_typo"));
 
   r.set_config_yaml(kJob);
-  r.add_overrides("placement.mode=fused");
+  r.add_overrides("placement.mode=disaggregated");
   st = jobs_->SubmitJob(Ctx().get(), r, &out);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(st.error_message(), HasSubstr("placement.mode"));

@@ -177,10 +177,10 @@ absl::StatusOr<std::string> JobManager::Submit(
       JobConfig config,
       ParseJobConfig(request.config_yaml(), source, overrides));
   const PlacementConfig& p = config.placement;
-  if (p.mode != "colocated-sync") {
-    return absl::FailedPreconditionError(
-        absl::StrCat(source, ": placement.mode: '", p.mode,
-                     "' is not available in this version; use colocated-sync"));
+  if (p.mode == "disaggregated") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        source, ": placement.mode: '", p.mode,
+        "' is not available in this version; use colocated-sync or fused"));
   }
   const int cards = p.super_nodes * p.cards_per_super_node;
   if (config.rollout.prompts_per_step % cards != 0) {

@@ -180,6 +180,11 @@ void VisitPlacement(PlacementConfig& p, V& v) {
 }
 
 template <class V>
+void VisitStaleSync(StaleSyncConfig& c, V& v) {
+  v.Int("max_policy_lag", &c.max_policy_lag, Closed(0, 1024));
+}
+
+template <class V>
 void VisitCluster(ClusterConfig& c, V& v) {
   v.String("auth_token_file", &c.auth_token_file, AnyString());
   v.String("auth_token_env", &c.auth_token_env, AnyString());
@@ -202,6 +207,7 @@ void VisitJob(JobConfig& c, V& v) {
   v.Section("run", [&] { VisitRun(c.run, v); });
   v.Section("sft", [&] { VisitSft(c.sft, v); });
   v.Section("placement", [&] { VisitPlacement(c.placement, v); });
+  v.Section("stalesync", [&] { VisitStaleSync(c.stalesync, v); });
   v.Section("cluster", [&] { VisitCluster(c.cluster, v); });
 }
 

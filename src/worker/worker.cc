@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -138,13 +139,67 @@ absl::Status RestoreSnapshot(const Snapshot& s, PolicyModel& policy,
   return absl::OkStatus();
 }
 
+// One step's sampled and scored prompt groups of one card.
+struct RolloutBatch {
+  std::vector<uint64_t> groups;
+  std::vector<Sample> samples;
+  std::vector<Problem> problems;
+  int64_t tokens = 0, correct = 0, finished = 0;
+  double reward_sum = 0;
+  double seconds = 0;
+};
+
+// RL Fusion on one card (placement.mode fused): a rollout thread samples the
+// coming steps' groups from a read-only snapshot of the policy while the
+// card's main thread trains the live weights. After every committed step
+// the trainer publishes its weights (one copy); the rollout thread takes
+// them into its snapshot before its next sampling round (one more copy),
+// only when they are newer. StaleSync admission: the rollout of step u
+// starts only once the snapshot is at least version u - 1 - s, so every
+// sample is trained with staleness <= s (checked again at training).
+struct Fusion {
+  absl::Mutex mu;
+  absl::CondVar changed;
+  std::unique_ptr<PolicyModel> snapshot;
+  std::unique_ptr<RolloutEngine> engine;
+  int64_t snapshot_version = -1;
+  std::vector<at::Tensor> published;  // the trainer's newest weights
+  int64_t published_version = 0;
+  // What to sample: base_groups at base_step, each group index advancing
+  // by prompts_per_step per step (the controller's plan when nothing fails).
+  std::vector<uint64_t> base_groups;
+  int64_t base_step = 0;
+  int rank = 0;
+  uint64_t generation = 0;  // bumped on every reset; stale results dropped
+  int64_t next_step = 0;
+  std::map<int64_t, RolloutBatch> ready;
+  absl::Status error;
+  bool stop = false;
+  std::thread thread;
+};
+
 class CardRunner {
  public:
   explicit CardRunner(CardJob job) : job_(std::move(job)) {}
+  ~CardRunner() { StopFusion(); }
 
   absl::Status Run();
 
  private:
+  // Samples and scores `groups` for `step` with `engine` (weights of
+  // `version`); thread-safe with respect to the trainer.
+  absl::StatusOr<RolloutBatch> SampleGroups(RolloutEngine& engine,
+                                            const std::vector<uint64_t>& groups,
+                                            int64_t step, int rank,
+                                            int64_t version) const;
+  // Fused mode: the prefetched batch of `plan` (resetting the rollout thread
+  // when the plan is not what it predicted).
+  absl::StatusOr<RolloutBatch> TakeFusedBatch(const v1::StepPlan& plan);
+  void RolloutLoop();
+  void PublishWeights();
+  void StopFusion();
+  std::unique_ptr<Fusion> fusion_;
+
   // One attempt of one step. Fills `report` (lead: metrics).
   absl::Status TrainStep(const v1::StepPlan& plan,
                          v1::FinishStepRequest& report);
@@ -331,6 +386,19 @@ absl::Status CardRunner::Run() {
         ReadCheckpoint(job_.resume_checkpoint, policy, trainer_.get()));
     trainer_->set_version(meta.policy_version);
   }
+  if (cfg.placement.mode == "fused") {
+    // RL Fusion: this thread trains with half the card's threads, a rollout
+    // thread samples with the rest.
+    const int per_card = std::max(1, threads / job_.local_cards);
+    at::set_num_threads(std::max(1, per_card / 2));
+    fusion_ = std::make_unique<Fusion>();
+    fusion_->snapshot = policy.CloneFrozen();
+    fusion_->engine = std::make_unique<RolloutEngine>(
+        *fusion_->snapshot, ctx_.tokenizer->pad_id(), ctx_.tokenizer->eos_id());
+    fusion_->snapshot_version = trainer_->version();
+    PublishWeights();
+    fusion_->thread = std::thread([this] { RolloutLoop(); });
+  }
 
   int64_t next = 0;
   for (;;) {
@@ -422,6 +490,14 @@ absl::Status CardRunner::Run() {
                    step.ok() ? std::string("not committed")
                              : std::string(step.message()));
       FUSIONRL_RETURN_IF_ERROR(RestoreSnapshot(*snapshot, policy, *trainer_));
+      if (fusion_ != nullptr) {
+        // Sample the replanned step afresh from the restored weights.
+        PublishWeights();
+        absl::MutexLock lock(&fusion_->mu);
+        fusion_->base_groups.clear();
+        fusion_->ready.clear();
+        ++fusion_->generation;
+      }
       next = plan.step();
       continue;
     }
@@ -429,8 +505,177 @@ absl::Status CardRunner::Run() {
       ReportFailure(step, plan.step(), plan.attempt());
       return step;
     }
+    if (fusion_ != nullptr) PublishWeights();
     next = plan.step() + 1;
   }
+}
+
+absl::StatusOr<RolloutBatch> CardRunner::SampleGroups(
+    RolloutEngine& engine, const std::vector<uint64_t>& groups, int64_t step,
+    int rank, int64_t version) const {
+  const JobConfig& cfg = config();
+  const auto& rc = cfg.rollout;
+  const auto t0 = SteadyClock::now();
+  RolloutBatch batch;
+  batch.groups = groups;
+  std::vector<std::vector<int>> prompts;
+  for (uint64_t index : groups) {
+    batch.problems.push_back(ctx_.task->TrainProblem(index));
+    FUSIONRL_ASSIGN_OR_RETURN(
+        auto ids, EncodePrompt(*ctx_.tokenizer, batch.problems.back().prompt));
+    for (int i = 0; i < rc.group_size; ++i) {
+      Sample s;
+      s.group_id = index;
+      s.problem_index = index;
+      s.prompt_ids = ids;
+      s.behaviour_version = version;
+      batch.samples.push_back(std::move(s));
+      prompts.push_back(ids);
+    }
+  }
+  SamplingParams sampling;
+  sampling.temperature = rc.temperature;
+  sampling.top_k = rc.top_k;
+  sampling.top_p = rc.top_p;
+  sampling.max_new_tokens = rc.max_new_tokens;
+  uint64_t seed = MixSeed(MixSeed(cfg.seed, kRolloutStream), step);
+  if (rank > 0) seed = MixSeed(seed, rank);
+  FUSIONRL_ASSIGN_OR_RETURN(auto completions,
+                            engine.Generate(prompts, sampling, seed));
+  for (size_t i = 0; i < batch.samples.size(); ++i) {
+    Sample& s = batch.samples[i];
+    s.response_ids = std::move(completions[i].tokens);
+    s.behaviour_logp = std::move(completions[i].logp);
+    s.finished = completions[i].finished;
+    const Verdict v =
+        ctx_.reward->Score(batch.problems[i / rc.group_size],
+                           DecodeResponse(*ctx_.tokenizer, s.response_ids));
+    s.reward = v.reward;
+    s.correct = v.correct;
+    batch.reward_sum += v.reward;
+    batch.correct += v.correct;
+    batch.finished += s.finished;
+    batch.tokens += static_cast<int64_t>(s.response_ids.size());
+  }
+  batch.seconds = SecondsSince(t0);
+  return batch;
+}
+
+void CardRunner::PublishWeights() {
+  std::vector<at::Tensor> copy;
+  for (const at::Tensor& p : ctx_.policy->parameters()) {
+    copy.push_back(p.detach().clone());
+  }
+  absl::MutexLock lock(&fusion_->mu);
+  fusion_->published = std::move(copy);
+  fusion_->published_version = trainer_->version();
+  fusion_->changed.SignalAll();
+}
+
+void CardRunner::StopFusion() {
+  if (fusion_ == nullptr) return;
+  {
+    absl::MutexLock lock(&fusion_->mu);
+    fusion_->stop = true;
+    ++fusion_->generation;
+    fusion_->changed.SignalAll();
+  }
+  if (fusion_->thread.joinable()) fusion_->thread.join();
+}
+
+void CardRunner::RolloutLoop() {
+  Fusion& f = *fusion_;
+  const JobConfig& cfg = config();
+  const int64_t lag = cfg.stalesync.max_policy_lag;
+  const uint64_t per_step = cfg.rollout.prompts_per_step;
+  const int threads = job_.node->options.threads > 0
+                          ? job_.node->options.threads
+                          : cfg.num_threads;
+  const int per_card = std::max(1, threads / job_.local_cards);
+  at::set_num_threads(std::max(1, per_card - std::max(1, per_card / 2)));
+  absl::MutexLock lock(&f.mu);
+  while (!f.stop) {
+    const int64_t u = f.next_step;
+    if (f.base_groups.empty() || f.published_version < u - 1 - lag) {
+      f.changed.Wait(&f.mu);
+      continue;
+    }
+    if (f.snapshot_version < f.published_version) {
+      at::NoGradGuard no_grad;
+      std::vector<at::Tensor> params = f.snapshot->parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        params[i].copy_(f.published[i]);
+      }
+      f.snapshot_version = f.published_version;
+    }
+    std::vector<uint64_t> groups = f.base_groups;
+    for (uint64_t& g : groups) g += (u - f.base_step) * per_step;
+    const uint64_t generation = f.generation;
+    const int rank = f.rank;
+    const int64_t version = f.snapshot_version;
+    f.mu.Unlock();
+    absl::StatusOr<RolloutBatch> batch;
+    try {
+      batch = SampleGroups(*f.engine, groups, u, rank, version);
+    } catch (const std::exception& e) {
+      batch = absl::InternalError(absl::StrCat("rollout thread: ", e.what()));
+    }
+    job_.counters->busy_us +=
+        batch.ok() ? static_cast<int64_t>(batch->seconds * 1e6) : 0;
+    f.mu.Lock();
+    if (generation != f.generation) continue;  // reset meanwhile: drop it
+    if (!batch.ok()) {
+      f.error = batch.status();
+      f.changed.SignalAll();
+      return;
+    }
+    f.ready[u] = *std::move(batch);
+    f.next_step = u + 1;
+    f.changed.SignalAll();
+  }
+}
+
+absl::StatusOr<RolloutBatch> CardRunner::TakeFusedBatch(
+    const v1::StepPlan& plan) {
+  Fusion& f = *fusion_;
+  const uint64_t per_step = config().rollout.prompts_per_step;
+  absl::MutexLock lock(&f.mu);
+  bool predicted =
+      !f.base_groups.empty() && f.rank == plan.rank() &&
+      plan.step() >= f.base_step &&
+      static_cast<size_t>(plan.groups_size()) == f.base_groups.size();
+  for (int i = 0; predicted && i < plan.groups_size(); ++i) {
+    predicted = plan.groups(i) ==
+                f.base_groups[i] + (plan.step() - f.base_step) * per_step;
+  }
+  if (!predicted) {
+    // First step, or the controller replanned: sample what the plan says.
+    f.base_groups.assign(plan.groups().begin(), plan.groups().end());
+    f.base_step = plan.step();
+    f.rank = plan.rank();
+    f.next_step = plan.step();
+    f.ready.clear();
+    ++f.generation;
+    f.changed.SignalAll();
+  }
+  // Steps before this one will not be trained any more.
+  f.ready.erase(f.ready.begin(), f.ready.lower_bound(plan.step()));
+  const absl::Time deadline =
+      absl::Now() + absl::Seconds(config().run.collective_timeout_seconds);
+  while (f.ready.count(plan.step()) == 0 && f.error.ok() &&
+         absl::Now() < deadline) {
+    f.changed.WaitWithDeadline(&f.mu, deadline);
+  }
+  if (!f.error.ok()) return f.error;
+  auto it = f.ready.find(plan.step());
+  if (it == f.ready.end()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("fused card ", job_.local_rank, ": no rollout for step ",
+                     plan.step(), " within run.collective_timeout_seconds"));
+  }
+  RolloutBatch batch = std::move(it->second);
+  f.ready.erase(it);
+  return batch;
 }
 
 absl::Status CardRunner::TrainStep(const v1::StepPlan& plan,
@@ -448,54 +693,33 @@ absl::Status CardRunner::TrainStep(const v1::StepPlan& plan,
   }
   const auto t0 = SteadyClock::now();
   job_.counters->active = true;
-  std::vector<Sample> samples;
-  std::vector<Problem> problems;
-  std::vector<std::vector<int>> prompts;
-  for (uint64_t index : plan.groups()) {
-    problems.push_back(ctx_.task->TrainProblem(index));
+  RolloutBatch batch;
+  double wait_s = 0;
+  if (fusion_ != nullptr) {
+    FUSIONRL_ASSIGN_OR_RETURN(batch, TakeFusedBatch(plan));
+    wait_s = SecondsSince(t0);
+  } else {
     FUSIONRL_ASSIGN_OR_RETURN(
-        auto ids, EncodePrompt(*ctx_.tokenizer, problems.back().prompt));
-    for (int i = 0; i < rc.group_size; ++i) {
-      Sample s;
-      s.group_id = index;
-      s.problem_index = index;
-      s.prompt_ids = ids;
-      s.behaviour_version = trainer_->version();
-      samples.push_back(std::move(s));
-      prompts.push_back(ids);
-    }
+        batch, SampleGroups(*rollout_,
+                            std::vector<uint64_t>(plan.groups().begin(),
+                                                  plan.groups().end()),
+                            plan.step(), plan.rank(), trainer_->version()));
   }
-  SamplingParams sampling;
-  sampling.temperature = rc.temperature;
-  sampling.top_k = rc.top_k;
-  sampling.top_p = rc.top_p;
-  sampling.max_new_tokens = rc.max_new_tokens;
-  uint64_t seed = MixSeed(MixSeed(cfg.seed, kRolloutStream), plan.step());
-  if (plan.rank() > 0) seed = MixSeed(seed, plan.rank());
-  FUSIONRL_ASSIGN_OR_RETURN(auto completions,
-                            rollout_->Generate(prompts, sampling, seed));
-  const double rollout_s = SecondsSince(t0);
-  int64_t step_tokens = 0, correct = 0, finished = 0;
-  double reward_sum = 0;
-  for (size_t i = 0; i < samples.size(); ++i) {
-    Sample& s = samples[i];
-    s.response_ids = std::move(completions[i].tokens);
-    s.behaviour_logp = std::move(completions[i].logp);
-    s.finished = completions[i].finished;
-    const Verdict v =
-        ctx_.reward->Score(problems[i / rc.group_size],
-                           DecodeResponse(*ctx_.tokenizer, s.response_ids));
-    s.reward = v.reward;
-    s.correct = v.correct;
-    reward_sum += v.reward;
-    correct += v.correct;
-    finished += s.finished;
-    step_tokens += static_cast<int64_t>(s.response_ids.size());
-  }
+  std::vector<Sample>& samples = batch.samples;
+  const double rollout_s = batch.seconds;
+  int64_t step_tokens = batch.tokens, correct = batch.correct,
+          finished = batch.finished;
+  const double reward_sum = batch.reward_sum;
   int64_t max_staleness = 0;
   for (const Sample& s : samples) {
     max_staleness =
         std::max(max_staleness, trainer_->version() - s.behaviour_version);
+  }
+  if (max_staleness > cfg.stalesync.max_policy_lag) {
+    // Never trained on silently; the admission rule makes this impossible.
+    return absl::InternalError(absl::StrCat(
+        "step ", plan.step(), ": a sample of staleness ", max_staleness,
+        " exceeds stalesync.max_policy_lag ", cfg.stalesync.max_policy_lag));
   }
   const auto t1 = SteadyClock::now();
   FUSIONRL_ASSIGN_OR_RETURN(TrainStats ts, trainer_->Step(samples));
@@ -534,6 +758,7 @@ absl::Status CardRunner::TrainStep(const v1::StepPlan& plan,
       {"max_staleness", static_cast<double>(max_staleness)},
       {"rollout_tokens", static_cast<double>(step_tokens)},
       {"rollout_seconds", rollout_s},
+      {"rollout_wait_seconds", wait_s},
       {"train_seconds", train_s},
       {"step_seconds", step_s},
       {"cards", static_cast<double>(plan.world_size())},
