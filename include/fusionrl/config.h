@@ -141,6 +141,11 @@ struct PlacementConfig {
   int rollout_cards_per_super_node = 0;  // disaggregated only: how many of
                                          //   those cards sample; the rest
                                          //   train (0 for the other modes)
+  // fused: LibTorch intra-op threads of each card's trainer and rollout
+  // thread; 0 = split the card's share of num_threads (trainer half,
+  // rollout the rest).
+  int fused_train_threads = 0;
+  int fused_rollout_threads = 0;
   bool fail_if_unplaceable = false;  // false: wait for capacity, showing the
                                      //   reason in status; true: fail the job
 };

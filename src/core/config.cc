@@ -176,6 +176,8 @@ void VisitPlacement(PlacementConfig& p, V& v) {
   v.Int("cards_per_super_node", &p.cards_per_super_node, Closed(1, 4096));
   v.Int("rollout_cards_per_super_node", &p.rollout_cards_per_super_node,
         AtLeast(0));
+  v.Int("fused_train_threads", &p.fused_train_threads, Closed(0, 1024));
+  v.Int("fused_rollout_threads", &p.fused_rollout_threads, Closed(0, 1024));
   v.Bool("fail_if_unplaceable", &p.fail_if_unplaceable);
 }
 

@@ -390,7 +390,10 @@ absl::Status CardRunner::Run() {
     // RL Fusion: this thread trains with half the card's threads, a rollout
     // thread samples with the rest.
     const int per_card = std::max(1, threads / job_.local_cards);
-    at::set_num_threads(std::max(1, per_card / 2));
+    const int train_threads = cfg.placement.fused_train_threads > 0
+                                  ? cfg.placement.fused_train_threads
+                                  : std::max(1, per_card / 2);
+    at::set_num_threads(train_threads);
     fusion_ = std::make_unique<Fusion>();
     fusion_->snapshot = policy.CloneFrozen();
     fusion_->engine = std::make_unique<RolloutEngine>(
@@ -592,7 +595,9 @@ void CardRunner::RolloutLoop() {
                           ? job_.node->options.threads
                           : cfg.num_threads;
   const int per_card = std::max(1, threads / job_.local_cards);
-  at::set_num_threads(std::max(1, per_card - std::max(1, per_card / 2)));
+  at::set_num_threads(cfg.placement.fused_rollout_threads > 0
+                          ? cfg.placement.fused_rollout_threads
+                          : std::max(1, per_card - std::max(1, per_card / 2)));
   absl::MutexLock lock(&f.mu);
   while (!f.stop) {
     const int64_t u = f.next_step;
