@@ -175,6 +175,8 @@ TEST_F(ControllerTest, SubmitJobValidatesTheJob) {
 
   r.set_config_yaml(kJob);
   r.add_overrides("placement.mode=disaggregated");
+  r.add_overrides("placement.cards_per_super_node=2");
+  r.add_overrides("placement.rollout_cards_per_super_node=1");
   st = jobs_->SubmitJob(Ctx().get(), r, &out);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(st.error_message(), HasSubstr("placement.mode"));

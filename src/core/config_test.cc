@@ -627,7 +627,10 @@ TEST(ConfigTest, ToYamlIsReadable) {
   EXPECT_THAT(yaml, HasSubstr("placement:\n  mode: colocated-sync\n  "
                               "super_nodes: 1\n  cards_per_super_node: 1\n  "
                               "rollout_cards_per_super_node: 0\n  "
+                              "fused_train_threads: 0\n  "
+                              "fused_rollout_threads: 0\n  "
                               "fail_if_unplaceable: false\n"));
+  EXPECT_THAT(yaml, HasSubstr("stalesync:\n  max_policy_lag: 0\n"));
   EXPECT_THAT(yaml, Not(HasSubstr("source_path")));
   // The defaults round-trip too.
   absl::StatusOr<JobConfig> back = ParseJobConfig(yaml, "");
