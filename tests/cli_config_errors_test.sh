@@ -56,6 +56,7 @@ expect_error override_range 2 "model.d_model|divisible" -- validate "$HERE/data/
 expect_error unknown_task 2 "task.name|unknown task 'nope'" -- run "$HERE/data/tiny.yaml" --set task.name=nope --output-dir "$TMP/out"
 expect_error jsonl_missing 2 "task.train_path|/nonexistent.jsonl" -- run "$HERE/data/tiny.yaml" --set task.name=jsonl --set task.train_path=/nonexistent.jsonl
 expect_error cli_usage 2 "" -- run
+expect_error bench_mode 2 "unknown mode 'nope'" -- bench "$HERE/data/tiny.yaml" --modes colocated-sync,nope
 expect_error good_config 0 "" -- validate "$HERE/data/tiny.yaml"
 
 echo "$pass passed, $fail failed"

@@ -6,6 +6,7 @@
 //                            [--set key.path=value ...]
 //   fusionrl eval <job.yaml> [--checkpoint DIR] [--set key.path=value ...]
 //   fusionrl validate <job.yaml> [--set key.path=value ...]
+//   fusionrl bench <job.yaml> [--modes a,b,...] [--repeats N] [--out FILE]
 //   fusionrl controller --listen HOST:PORT [...]      (docs/cluster.md)
 //   fusionrl worker --controller HOST:PORT [--cards N] [--super-node NAME]
 //   fusionrl submit <job.yaml> --controller HOST:PORT [--wait]
@@ -26,6 +27,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
+#include "cli/bench_cli.h"
 #include "cli/cluster_cli.h"
 #include "fusionrl/config.h"
 #include "fusionrl/job.h"
@@ -159,6 +161,8 @@ int main(int argc, char** argv) {
   fusionrl::cli::ClusterArgs cluster_args;
   const fusionrl::cli::ClusterCommands cluster =
       fusionrl::cli::AddClusterCommands(app, cluster_args);
+  fusionrl::cli::BenchArgs bench_args;
+  CLI::App* bench = fusionrl::cli::AddBenchCommand(app, bench_args);
 
   try {
     app.parse(argc, argv);
@@ -167,6 +171,7 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : kExitBadInput;
   }
 
+  if (bench->parsed()) return fusionrl::cli::RunBench(bench_args, argv);
   if (cluster.controller->parsed() || cluster.worker->parsed() ||
       cluster.submit->parsed() || cluster.status->parsed()) {
     InstallStopHandlers();

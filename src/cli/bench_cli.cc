@@ -1,0 +1,235 @@
+#include "cli/bench_cli.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "fusionrl/config.h"
+#include "fusionrl/job.h"
+#include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
+
+namespace fusionrl::cli {
+namespace {
+
+struct Mode {
+  std::string name;  // as given
+  std::string placement;
+  int lag = 0;
+};
+
+absl::StatusOr<Mode> ParseMode(const std::string& text) {
+  Mode m;
+  m.name = text;
+  if (text == "colocated-sync" || text == "fused") {
+    m.placement = text;
+    return m;
+  }
+  if (text.rfind("fused+stalesync", 0) == 0) {
+    m.placement = "fused";
+    m.lag = 2;
+    const std::string rest = text.substr(std::string("fused+stalesync").size());
+    if (!rest.empty()) {
+      if (rest[0] != ':' || !absl::SimpleAtoi(rest.substr(1), &m.lag) ||
+          m.lag < 0 || m.lag > 1024) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--modes: '", text,
+                         "': expected fused+stalesync[:s], s in 0..1024"));
+      }
+    }
+    return m;
+  }
+  if (text == "disaggregated") {
+    return absl::FailedPreconditionError(
+        "--modes: disaggregated is not available in this version");
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--modes: unknown mode '", text,
+                   "' (colocated-sync, fused, fused+stalesync[:s])"));
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "fusionrl: error: %s\n",
+               std::string(status.message()).c_str());
+  return status.code() == absl::StatusCode::kInvalidArgument ||
+                 status.code() == absl::StatusCode::kNotFound ||
+                 status.code() == absl::StatusCode::kFailedPrecondition
+             ? 2
+             : 1;
+}
+
+}  // namespace
+
+CLI::App* AddBenchCommand(CLI::App& app, BenchArgs& args) {
+  CLI::App* bench = app.add_subcommand(
+      "bench",
+      "run one job under several placement modes side by side; JSON out");
+  bench->add_option("config", args.config_path, "job YAML (configs/bench.yaml)")
+      ->required();
+  bench->add_option("--modes", args.modes,
+                    "comma-separated: colocated-sync, fused, "
+                    "fused+stalesync[:s] (default "
+                    "colocated-sync,fused,fused+stalesync:2)");
+  bench->add_option("--repeats", args.repeats, "runs per mode (default 3)")
+      ->check(CLI::Range(1, 100));
+  bench
+      ->add_option("--steps", args.steps,
+                   "RL steps per run (default: run.total_steps)")
+      ->check(CLI::Range(1, 1000000));
+  bench->add_option("--out", args.out, "write the JSON here (default stdout)");
+  bench->add_option("--work-dir", args.work_dir,
+                    "runs go here (default runs/bench-<config name>)");
+  bench->add_option("--init-checkpoint", args.init_checkpoint,
+                    "start every run here instead of running the config's "
+                    "SFT first");
+  bench
+      ->add_option("--set", args.overrides,
+                   "override a config key: key.path=value (repeatable)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  return bench;
+}
+
+int RunBench(const BenchArgs& args, char** argv) {
+  // Idle OpenMP workers must sleep, not spin, or one role's spinning workers
+  // steal the other's cycles when two share a card (measured: 1.14x vs
+  // 1.47x). libgomp reads the setting when it loads, so re-run ourselves
+  // with it set, for every mode alike.
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+    execv("/proc/self/exe", argv);
+    spdlog::warn(
+        "bench: could not re-run with OMP_WAIT_POLICY=PASSIVE; "
+        "continuing without it");
+  }
+  std::vector<Mode> modes;
+  for (const absl::string_view part : absl::StrSplit(args.modes, ',')) {
+    absl::StatusOr<Mode> m = ParseMode(std::string(part));
+    if (!m.ok()) return Fail(m.status());
+    modes.push_back(*m);
+  }
+  absl::StatusOr<JobConfig> base = LoadJobConfig(args.config_path, [&] {
+    std::vector<std::string> o = args.overrides;
+    o.push_back("init_checkpoint=\"\"");
+    return o;
+  }());
+  if (!base.ok()) return Fail(base.status());
+  if (args.steps > 0) base->run.total_steps = args.steps;
+  base->run.eval_every = 0;
+  const std::string work =
+      args.work_dir.empty() ? "runs/bench-" + base->name : args.work_dir;
+  std::string init = args.init_checkpoint;
+  if (init.empty()) {
+    JobConfig sft = *base;
+    sft.output_dir = work + "/sft";
+    spdlog::info("bench: SFT warm start into {}", sft.output_dir);
+    absl::StatusOr<JobSummary> s = RunSftJob(sft);
+    if (!s.ok()) return Fail(s.status());
+    init = s->checkpoint_dir;
+  }
+  nlohmann::ordered_json result;
+  result["config"] = args.config_path;
+  result["steps"] = base->run.total_steps;
+  result["repeats"] = args.repeats;
+  result["init_checkpoint"] = init;
+  result["omp_wait_policy"] =
+      std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "";
+  struct Acc {
+    std::vector<double> tps, acc, trainer_busy, rollout_busy;
+    int64_t max_staleness = 0;
+    nlohmann::ordered_json runs = nlohmann::ordered_json::array();
+  };
+  std::vector<Acc> acc(modes.size());
+  for (int r = 1; r <= args.repeats; ++r) {
+    for (size_t i = 0; i < modes.size(); ++i) {
+      JobConfig c = *base;
+      c.init_checkpoint = init;
+      c.placement.mode = modes[i].placement;
+      c.stalesync.max_policy_lag = modes[i].lag;
+      if (modes[i].lag > 0) c.algorithm.decoupled_loss = true;
+      std::string dir_name = modes[i].name;
+      std::replace(dir_name.begin(), dir_name.end(), ':', '_');
+      c.output_dir = absl::StrCat(work, "/", dir_name, "-", r);
+      spdlog::info("bench: {} run {}/{}", modes[i].name, r, args.repeats);
+      absl::StatusOr<JobSummary> s = RunRlJob(c, RunOptions{});
+      if (!s.ok()) return Fail(s.status());
+      double train = 0, rollout = 0, step = 0;
+      int64_t stale = 0;
+      std::ifstream in(c.output_dir + "/metrics.jsonl");
+      std::string line;
+      while (std::getline(in, line)) {
+        auto j = nlohmann::json::parse(line, nullptr, false);
+        if (!j.is_object()) continue;
+        train += j.value("train_seconds", 0.0);
+        rollout += j.value("rollout_seconds", 0.0);
+        step += j.value("step_seconds", 0.0);
+        stale = std::max<int64_t>(stale, j.value("max_staleness", 0.0));
+      }
+      Acc& a = acc[i];
+      a.tps.push_back(s->tokens_per_second);
+      a.acc.push_back(s->final_eval_accuracy);
+      a.trainer_busy.push_back(step > 0 ? train / step : 0);
+      a.rollout_busy.push_back(step > 0 ? rollout / step : 0);
+      a.max_staleness = std::max(a.max_staleness, stale);
+      a.runs.push_back({{"tokens_per_second", s->tokens_per_second},
+                        {"final_eval_accuracy", s->final_eval_accuracy},
+                        {"max_staleness", stale},
+                        {"trainer_busy_fraction", a.trainer_busy.back()},
+                        {"rollout_busy_fraction", a.rollout_busy.back()},
+                        {"output_dir", c.output_dir}});
+    }
+  }
+  double base_tps = 0;
+  for (size_t i = 0; i < modes.size(); ++i) {
+    if (modes[i].name == "colocated-sync") base_tps = Median(acc[i].tps);
+  }
+  nlohmann::ordered_json out_modes = nlohmann::ordered_json::object();
+  for (size_t i = 0; i < modes.size(); ++i) {
+    const Acc& a = acc[i];
+    nlohmann::ordered_json m = {
+        {"placement", modes[i].placement},
+        {"max_policy_lag", modes[i].lag},
+        {"median_tokens_per_second", Median(a.tps)},
+        {"median_final_eval_accuracy", Median(a.acc)},
+        {"median_trainer_busy_fraction", Median(a.trainer_busy)},
+        {"median_rollout_busy_fraction", Median(a.rollout_busy)},
+        {"max_staleness", a.max_staleness},
+        {"runs", a.runs}};
+    m["ratio_to_colocated_sync"] =
+        base_tps > 0 ? nlohmann::ordered_json(Median(a.tps) / base_tps)
+                     : nlohmann::ordered_json(nullptr);
+    out_modes[modes[i].name] = m;
+  }
+  result["modes"] = out_modes;
+  const std::string text = result.dump(1) + "\n";
+  if (args.out.empty()) {
+    std::cout << text;
+  } else {
+    std::ofstream f(args.out);
+    f << text;
+    if (!f) {
+      return Fail(absl::UnavailableError(
+          absl::StrCat("--out: cannot write '", args.out, "'")));
+    }
+    std::cout << args.out << "\n";
+  }
+  return 0;
+}
+
+}  // namespace fusionrl::cli

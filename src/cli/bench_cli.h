@@ -1,0 +1,35 @@
+// `fusionrl bench`: one job under several placement modes, side by side,
+// repeated and interleaved; writes JSON with every run and, per mode, the
+// medians and the ratio to colocated-sync (docs/BENCHMARKS.md).
+#ifndef FUSIONRL_CLI_BENCH_CLI_H_
+#define FUSIONRL_CLI_BENCH_CLI_H_
+
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}  // namespace CLI
+
+namespace fusionrl::cli {
+
+struct BenchArgs {
+  std::string config_path;
+  std::string modes = "colocated-sync,fused,fused+stalesync:2";
+  int repeats = 3;
+  int steps = 0;  // 0 = the config's run.total_steps
+  std::string out;
+  std::string work_dir;
+  std::string init_checkpoint;
+  std::vector<std::string> overrides;
+};
+
+CLI::App* AddBenchCommand(CLI::App& app, BenchArgs& args);
+
+// Runs the benchmark; `argv` is the process's (to re-run it with
+// OMP_WAIT_POLICY=PASSIVE). Returns the exit code.
+int RunBench(const BenchArgs& args, char** argv);
+
+}  // namespace fusionrl::cli
+
+#endif  // FUSIONRL_CLI_BENCH_CLI_H_
