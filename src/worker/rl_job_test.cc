@@ -232,6 +232,13 @@ TEST(RlJobTest, FusedStaleSyncNeverTrainsAboveTheLag) {
       EXPECT_LE(st, 2) << "step " << j["step"];
       EXPECT_GE(st, 0);
       max_seen = std::max(max_seen, st);
+      // The staleness histogram covers every sample of the step.
+      double in_hist = 0;
+      for (int i = 0; i <= 2; ++i) {
+        in_hist += j[absl::StrCat("staleness_", i)].get<double>();
+      }
+      EXPECT_EQ(in_hist, 16) << "step " << j["step"];
+      EXPECT_GT(j[absl::StrCat("staleness_", st)].get<double>(), 0);
       ++rows;
     }
     EXPECT_EQ(rows, 24);

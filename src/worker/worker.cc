@@ -147,6 +147,9 @@ struct RolloutBatch {
   int64_t tokens = 0, correct = 0, finished = 0;
   double reward_sum = 0;
   double seconds = 0;
+  // Fused: how long the rollout thread waited for the policy version that
+  // StaleSync admission needed before sampling this batch.
+  double gate_wait_seconds = 0;
 };
 
 // RL Fusion on one card (placement.mode fused): a rollout thread samples the
@@ -599,10 +602,13 @@ void CardRunner::RolloutLoop() {
                           ? cfg.placement.fused_rollout_threads
                           : std::max(1, per_card - std::max(1, per_card / 2)));
   absl::MutexLock lock(&f.mu);
+  double gate_wait = 0;
   while (!f.stop) {
     const int64_t u = f.next_step;
     if (f.base_groups.empty() || f.published_version < u - 1 - lag) {
+      const auto w0 = SteadyClock::now();
       f.changed.Wait(&f.mu);
+      if (!f.base_groups.empty()) gate_wait += SecondsSince(w0);
       continue;
     }
     if (f.snapshot_version < f.published_version) {
@@ -634,6 +640,8 @@ void CardRunner::RolloutLoop() {
       f.changed.SignalAll();
       return;
     }
+    batch->gate_wait_seconds = gate_wait;
+    gate_wait = 0;
     f.ready[u] = *std::move(batch);
     f.next_step = u + 1;
     f.changed.SignalAll();
@@ -732,6 +740,13 @@ absl::Status CardRunner::TrainStep(const v1::StepPlan& plan,
   std::vector<double> totals = {
       reward_sum, static_cast<double>(correct), static_cast<double>(finished),
       static_cast<double>(step_tokens), static_cast<double>(samples.size())};
+  // Staleness histogram: samples with staleness 0..s (summed over cards).
+  const int lag = cfg.stalesync.max_policy_lag;
+  const size_t hist_at = totals.size();
+  totals.resize(hist_at + lag + 1, 0.0);
+  for (const Sample& smp : samples) {
+    totals[hist_at + (trainer_->version() - 1 - smp.behaviour_version)] += 1;
+  }
   FUSIONRL_RETURN_IF_ERROR(SumAcrossRanks(sync_.get(), totals));
   const double step_s = SecondsSince(t0);
   job_.counters->busy_us += static_cast<int64_t>(step_s * 1e6);
@@ -772,11 +787,15 @@ absl::Status CardRunner::TrainStep(const v1::StepPlan& plan,
       {"cross_node_rounds", static_cast<double>(sync_->rounds())},
       {"cross_node_seconds", sync_->cross_node_seconds()},
       {"cross_node_bytes", static_cast<double>(sync_->cross_node_bytes())},
+      {"rollout_gate_wait_seconds", batch.gate_wait_seconds},
       {"tokens_per_second",
        seconds_so_far > 0 ? tokens_so_far / seconds_so_far : 0}};
   double last_eval = report.initial_eval_accuracy() >= 0
                          ? report.initial_eval_accuracy()
                          : plan.last_eval_accuracy();
+  for (int i = 0; i <= lag; ++i) {
+    rec.push_back({absl::StrCat("staleness_", i), totals[hist_at + i]});
+  }
   if (plan.eval_after()) {
     FUSIONRL_ASSIGN_OR_RETURN(EvalResult ev,
                               EvaluateGreedy(policy, ctx_, rc.max_new_tokens));
