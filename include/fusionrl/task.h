@@ -76,8 +76,8 @@ using TaskFactory =
 using RewardFactory = std::function<std::unique_ptr<RewardFn>()>;
 
 // name -> factory. Global() comes with the built-in tasks (addition,
-// countdown, repeat, reverse, sort, jsonl) and rewards (exact, numeric, countdown)
-// registered.
+// countdown, repeat, reverse, sort, jsonl) and rewards (exact, numeric,
+// countdown) registered.
 class TaskRegistry {
  public:
   static TaskRegistry& Global();

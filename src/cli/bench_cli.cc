@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "cli/exit_codes.h"
 #include "fusionrl/config.h"
 #include "fusionrl/job.h"
 #include "nlohmann/json.hpp"
@@ -63,16 +64,6 @@ double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "fusionrl: error: %s\n",
-               std::string(status.message()).c_str());
-  return status.code() == absl::StatusCode::kInvalidArgument ||
-                 status.code() == absl::StatusCode::kNotFound ||
-                 status.code() == absl::StatusCode::kFailedPrecondition
-             ? 2
-             : 1;
 }
 
 }  // namespace

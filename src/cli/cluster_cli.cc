@@ -5,15 +5,15 @@
 #include <grpcpp/security/credentials.h>
 
 #include <cstdio>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "cli/exit_codes.h"
 #include "controller/controller.h"
+#include "core/metrics.h"
 #include "fusionrl/config.h"
 #include "fusionrl/v1/job.grpc.pb.h"
 #include "rpc/auth.h"
@@ -24,43 +24,6 @@
 namespace fusionrl::cli {
 namespace {
 
-constexpr int kExitOk = 0;
-constexpr int kExitFailure = 1;
-constexpr int kExitBadInput = 2;
-constexpr int kExitCancelled = 130;
-
-int ExitCodeFor(const absl::Status& status) {
-  switch (status.code()) {
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kNotFound:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kOutOfRange:
-    case absl::StatusCode::kUnauthenticated:
-    case absl::StatusCode::kPermissionDenied:
-      return kExitBadInput;
-    default:
-      return kExitFailure;
-  }
-}
-
-int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "fusionrl: error: %s\n",
-               std::string(status.message()).c_str());
-  return ExitCodeFor(status);
-}
-
-absl::StatusOr<std::string> ReadText(const std::string& path,
-                                     const char* what) {
-  std::ifstream in(path);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat(what, ": cannot read '", path, "'"));
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 absl::StatusOr<std::shared_ptr<grpc::Channel>> Connect(
     const ClusterArgs& args) {
   if (args.controller.empty()) {
@@ -69,7 +32,7 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> Connect(
   std::shared_ptr<grpc::ChannelCredentials> credentials =
       grpc::InsecureChannelCredentials();
   if (!args.tls_ca.empty()) {
-    auto ca = ReadText(args.tls_ca, "--tls-ca");
+    auto ca = ReadTextFile(args.tls_ca, "--tls-ca");
     if (!ca.ok()) return ca.status();
     grpc::SslCredentialsOptions ssl;
     ssl.pem_root_certs = *ca;
@@ -255,7 +218,7 @@ int WatchUntilDone(v1::JobService::Stub& stub, const std::string& token,
 }
 
 int RunSubmit(const ClusterArgs& args) {
-  auto text = ReadText(args.config_path, "job file");
+  auto text = ReadTextFile(args.config_path, "job file");
   if (!text.ok()) return Fail(text.status());
   std::vector<std::string> overrides = args.overrides;
   if (!args.output_dir.empty()) {

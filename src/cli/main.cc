@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "cli/bench_cli.h"
 #include "cli/cluster_cli.h"
+#include "cli/exit_codes.h"
 #include "fusionrl/config.h"
 #include "fusionrl/job.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -36,26 +37,8 @@
 
 namespace {
 
-constexpr int kExitFailure = 1;
-constexpr int kExitBadInput = 2;
-
-int ExitCodeFor(const absl::Status& status) {
-  switch (status.code()) {
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kNotFound:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kOutOfRange:
-      return kExitBadInput;
-    default:
-      return kExitFailure;
-  }
-}
-
-int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "fusionrl: error: %s\n",
-               std::string(status.message()).c_str());
-  return ExitCodeFor(status);
-}
+using fusionrl::cli::Fail;
+using fusionrl::cli::kExitBadInput;
 
 // Set by SIGINT/SIGTERM: the running job finishes its step, checkpoints and
 // returns. A second signal exits at once.
@@ -200,5 +183,6 @@ int main(int argc, char** argv) {
                                : fusionrl::RunRlJob(*config, options);
   if (!summary.ok()) return Fail(summary.status());
   std::cout << summary->summary_path << "\n";
-  return summary->interrupted ? 130 : 0;
+  return summary->interrupted ? fusionrl::cli::kExitCancelled
+                              : fusionrl::cli::kExitOk;
 }

@@ -6,13 +6,11 @@
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
 
-#include <fstream>
-#include <sstream>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "controller/services.h"
 #include "core/clock.h"
+#include "core/metrics.h"
 #include "core/weight_store.h"
 #include "rpc/node_service.h"
 #include "rpc/weight_service.h"
@@ -27,22 +25,6 @@ struct Controller::Services {
   std::unique_ptr<JobServiceImpl> job;
   std::unique_ptr<WorkServiceImpl> work;
 };
-
-namespace {
-
-absl::StatusOr<std::string> ReadFile(const std::string& path,
-                                     const char* what) {
-  std::ifstream in(path);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat(what, ": cannot read '", path, "'"));
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-}  // namespace
 
 Controller::Controller(const ControllerOptions& options) : options_(options) {}
 
@@ -99,9 +81,9 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(
     if (!options.tls_cert_file.empty()) {
       grpc::SslServerCredentialsOptions ssl;
       grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-      auto key = ReadFile(options.tls_key_file, "TLS key");
+      auto key = ReadTextFile(options.tls_key_file, "TLS key");
       if (!key.ok()) return key.status();
-      auto cert = ReadFile(options.tls_cert_file, "TLS certificate");
+      auto cert = ReadTextFile(options.tls_cert_file, "TLS certificate");
       if (!cert.ok()) return cert.status();
       pair.private_key = *key;
       pair.cert_chain = *cert;

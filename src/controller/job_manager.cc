@@ -79,6 +79,14 @@ struct JobManager::Attempt {
   // From the lead's FinishStep.
   v1::FinishStepRequest lead_report;
   bool have_lead_report = false;
+
+  // Position of part `part` in `members`, or -1.
+  int Member(int part) const {
+    for (size_t i = 0; i < members.size(); ++i) {
+      if (members[i] == part) return static_cast<int>(i);
+    }
+    return -1;
+  }
 };
 
 struct JobManager::Job {
@@ -99,6 +107,14 @@ struct JobManager::Job {
     bool assigned = false;  // GetAssignment delivered
   };
   std::vector<Part> parts;
+
+  // Index of `node_id` in `parts`, or -1.
+  int PartIndex(const std::string& node_id) const {
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (parts[i].node_id == node_id) return static_cast<int>(i);
+    }
+    return -1;
+  }
 
   // Steps first_step..total_steps; ledger index i is data index
   // base_cursor + i; step s owns ledger indices [(s-first)*P, (s-first+1)*P).
@@ -124,7 +140,8 @@ struct JobManager::Job {
   int64_t policy_version = 0;
   double loop_seconds = 0;
   std::string checkpoint_dir;
-  int error_code = 0;  // FAILED: absl/gRPC canonical code
+  std::string summary_json;  // summary.json's text once written
+  int error_code = 0;        // FAILED: absl/gRPC canonical code
 };
 
 JobManager::JobManager(NodeRegistry& registry, const Clock& clock)
@@ -377,9 +394,8 @@ void JobManager::PlanStepLocked(Job& job, int64_t step) {
     std::vector<uint64_t> held;
     if (job.current && job.current->step == step) {
       // Keep the groups this node already holds for the step.
-      for (size_t k = 0; k < job.current->members.size(); ++k) {
-        if (job.current->members[k] == m) held = job.current->groups[k];
-      }
+      const int k = job.current->Member(m);
+      if (k >= 0) held = job.current->groups[k];
     }
     std::vector<uint64_t> extra =
         job.ledger->Assign(part.node_id, want - static_cast<int>(held.size()));
@@ -507,6 +523,8 @@ void JobManager::FinishJobLocked(Job& job, v1::JobPhase phase,
       job.phase = v1::JOB_PHASE_FAILED;
       job.message = absl::StrCat("writing summary: ", w.message());
     } else {
+      // Kept for status replies (read once, not on every call).
+      job.summary_json = ReadTextFile(s.summary_path, "summary").value_or("");
       spdlog::info("[{}] done: eval accuracy {:.3f} -> {:.3f} in {} ({} tok/s)",
                    job.config.name, s.initial_eval_accuracy,
                    s.final_eval_accuracy, FormatDuration(s.wall_seconds),
@@ -620,8 +638,7 @@ v1::JobStatus JobManager::StatusLocked(const Job& job) const {
   s.set_error_code(job.error_code);
   if (job.phase == v1::JOB_PHASE_SUCCEEDED ||
       job.phase == v1::JOB_PHASE_CANCELLED) {
-    std::ifstream in(job.summary.summary_path);
-    s.set_summary_json(std::string(std::istreambuf_iterator<char>(in), {}));
+    s.set_summary_json(job.summary_json);
   }
   return s;
 }
@@ -708,10 +725,7 @@ void JobManager::NodesLost(const std::vector<std::string>& node_ids,
     Job* job = FindLocked(it->second);
     node_job_.erase(it);
     if (job == nullptr || Terminal(*job)) continue;
-    int index = -1;
-    for (size_t i = 0; i < job->parts.size(); ++i) {
-      if (job->parts[i].node_id == node_id) index = static_cast<int>(i);
-    }
+    const int index = job->PartIndex(node_id);
     if (index < 0 || job->parts[index].lost) continue;
     job->parts[index].lost = true;
     const int64_t requeued = job->ledger->Requeue(node_id);
@@ -724,10 +738,7 @@ void JobManager::NodesLost(const std::vector<std::string>& node_ids,
       continue;
     }
     if (job->current && !job->current->committed) {
-      const bool member =
-          std::find(job->current->members.begin(), job->current->members.end(),
-                    index) != job->current->members.end();
-      if (member) {
+      if (job->current->Member(index) >= 0) {
         job->current->aborted = true;
         EventLocked(*job, absl::StrCat("step ", job->current->step, " attempt ",
                                        job->current->attempt,
@@ -820,10 +831,7 @@ absl::StatusOr<v1::StepPlan> JobManager::GetStepPlan(
   for (;;) {
     FUSIONRL_ASSIGN_OR_RETURN(Job * job,
                               JobForNodeLocked(r.job_id(), r.node_id()));
-    int index = -1;
-    for (size_t i = 0; i < job->parts.size(); ++i) {
-      if (job->parts[i].node_id == r.node_id()) index = static_cast<int>(i);
-    }
+    const int index = job->PartIndex(r.node_id());
     const int cards = static_cast<int>(job->parts[index].cards.size());
     if (r.local_rank() < 0 || r.local_rank() >= cards) {
       return absl::InvalidArgumentError(
@@ -872,10 +880,7 @@ absl::StatusOr<v1::StepPlan> JobManager::GetStepPlan(
     const int64_t want = r.step() == 0 ? job->first_step : r.step();
     if (a != nullptr && job->phase == v1::JOB_PHASE_RUNNING &&
         a->step == want && !a->aborted) {
-      int k = -1;
-      for (size_t i = 0; i < a->members.size(); ++i) {
-        if (a->members[i] == index) k = static_cast<int>(i);
-      }
+      const int k = a->Member(index);
       if (k >= 0) {
         const int per_card = static_cast<int>(a->groups[k].size()) / cards;
         plan.set_kind(v1::PLAN_KIND_TRAIN);
@@ -952,11 +957,7 @@ absl::StatusOr<std::string> JobManager::Reduce(const v1::ReduceRequest& r,
         "step ", r.step(), " attempt ", r.attempt(), " of ", job->id,
         " is no longer current; restore and ask for a new plan"));
   }
-  int k = -1;
-  for (size_t i = 0; i < a->members.size(); ++i) {
-    if (job->parts[a->members[i]].node_id == r.node_id())
-      k = static_cast<int>(i);
-  }
+  const int k = a->Member(job->PartIndex(r.node_id()));
   if (k < 0) {
     return absl::AbortedError(absl::StrCat(r.node_id(), " is not in step ",
                                            r.step(), " attempt ", r.attempt()));
@@ -1088,11 +1089,7 @@ absl::StatusOr<v1::FinishStepResponse> JobManager::FinishStep(
       a->aborted) {
     return response;  // not committed: restore and replan
   }
-  int k = -1;
-  for (size_t i = 0; i < a->members.size(); ++i) {
-    if (job->parts[a->members[i]].node_id == r.node_id())
-      k = static_cast<int>(i);
-  }
+  const int k = a->Member(job->PartIndex(r.node_id()));
   if (k < 0) return response;
   if (k == 0) {
     a->lead_report = r;

@@ -1,5 +1,6 @@
 #include "core/job_summary.h"
 
+#include "absl/strings/str_cat.h"
 #include "core/metrics.h"
 #include "nlohmann/json.hpp"
 
@@ -20,6 +21,31 @@ absl::Status WriteSummary(const JobSummary& s) {
       {"interrupted", s.interrupted},
       {"resumed_from_step", s.resumed_from_step}};
   return WriteFileAtomic(s.summary_path, j.dump(2) + "\n");
+}
+
+absl::StatusOr<JobSummary> ParseSummary(const std::string& text) {
+  auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) {
+    return absl::InternalError("the job ended without a readable summary");
+  }
+  JobSummary s;
+  try {
+    s.kind = j.value("kind", "rl");
+    s.initial_eval_accuracy = j.value("initial_eval_accuracy", 0.0);
+    s.final_eval_accuracy = j.value("final_eval_accuracy", 0.0);
+    s.steps = j.value("steps", int64_t{0});
+    s.rollout_tokens = j.value("rollout_tokens", int64_t{0});
+    s.wall_seconds = j.value("wall_seconds", 0.0);
+    s.tokens_per_second = j.value("tokens_per_second", 0.0);
+    s.final_train_reward = j.value("final_train_reward", 0.0);
+    s.policy_version = j.value("policy_version", int64_t{0});
+    s.checkpoint_dir = j.value("checkpoint_dir", "");
+    s.interrupted = j.value("interrupted", false);
+    s.resumed_from_step = j.value("resumed_from_step", int64_t{0});
+  } catch (const nlohmann::json::exception& e) {
+    return absl::DataLossError(absl::StrCat("summary: ", e.what()));
+  }
+  return s;
 }
 
 }  // namespace fusionrl

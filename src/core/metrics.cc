@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -94,6 +95,18 @@ absl::Status WriteFileAtomic(const std::string& path, const std::string& text) {
         "cannot rename '", tmp, "' to '", path, "': ", std::strerror(err)));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadTextFile(const std::string& path,
+                                         const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat(what, ": cannot read '", path, "'"));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
 }
 
 }  // namespace fusionrl

@@ -53,6 +53,11 @@ std::string FormatCount(double value);
 // rename. Readers see the old file or the new one, never a torn one.
 absl::Status WriteFileAtomic(const std::string& path, const std::string& text);
 
+// The whole file; NotFound "<what>: cannot read '<path>'" when it cannot be
+// opened.
+absl::StatusOr<std::string> ReadTextFile(const std::string& path,
+                                         const std::string& what);
+
 }  // namespace fusionrl
 
 #endif  // FUSIONRL_CORE_METRICS_H_

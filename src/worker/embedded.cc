@@ -10,41 +10,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "controller/controller.h"
+#include "core/job_summary.h"
 #include "core/status_macros.h"
 #include "fusionrl/config.h"
 #include "fusionrl/job.h"
 #include "fusionrl/task.h"
 #include "fusionrl/v1/job.grpc.pb.h"
-#include "nlohmann/json.hpp"
 #include "rpc/status_convert.h"
 #include "spdlog/spdlog.h"
 #include "worker/worker.h"
 
 namespace fusionrl {
-namespace {
-
-absl::StatusOr<JobSummary> ParseSummary(const std::string& text) {
-  auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) {
-    return absl::InternalError("the job ended without a readable summary");
-  }
-  JobSummary s;
-  s.kind = j.value("kind", "rl");
-  s.initial_eval_accuracy = j.value("initial_eval_accuracy", 0.0);
-  s.final_eval_accuracy = j.value("final_eval_accuracy", 0.0);
-  s.steps = j.value("steps", int64_t{0});
-  s.rollout_tokens = j.value("rollout_tokens", int64_t{0});
-  s.wall_seconds = j.value("wall_seconds", 0.0);
-  s.tokens_per_second = j.value("tokens_per_second", 0.0);
-  s.final_train_reward = j.value("final_train_reward", 0.0);
-  s.policy_version = j.value("policy_version", int64_t{0});
-  s.checkpoint_dir = j.value("checkpoint_dir", "");
-  s.interrupted = j.value("interrupted", false);
-  s.resumed_from_step = j.value("resumed_from_step", int64_t{0});
-  return s;
-}
-
-}  // namespace
 
 absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config,
                                     const RunOptions& options) {
