@@ -212,6 +212,22 @@ until [ -f "$OUT/drain/metrics.jsonl" ] && [ "$(wc -l < "$OUT/drain/metrics.json
   [ $SECONDS -lt $deadline ] || fail "no steps of the drain job ($drain_id) within 120 s"
   sleep 0.2
 done
+# While it runs, status shows each card's memory by category.
+"$BIN" status --controller "$ADDR" --job "$drain_id" --json >"$OUT/status-running.json"
+"$BIN" status --controller "$ADDR" --job "$drain_id" >"$OUT/status-running.txt"
+python3 - "$OUT" <<'PY' || fail "memory in status"
+import json, os, sys
+out = sys.argv[1]
+st = json.load(open(os.path.join(out, "status-running.json")))
+mem = [c["state"].get("memory_bytes", {}) for c in st["cards"]]
+ok = len(mem) == 1 and all(int(m.get(k, 0)) > 0 for m in mem
+                           for k in ("weights", "optimizer", "gradients", "peak_activations"))
+print(("ok   " if ok else "FAIL ") + f"status shows the card's memory by category ({mem[0] if mem else {}})")
+text = open(os.path.join(out, "status-running.txt")).read()
+shown = text.count("memory: weights")
+print(("ok   " if shown == 1 else "FAIL ") + f"the status table has the card's memory line ({shown})")
+sys.exit(0 if ok and shown == 1 else 1)
+PY
 start=$SECONDS
 kill -TERM "$ctl_pid"
 wait_exit "$ctl_pid" 30
@@ -238,5 +254,60 @@ check(s["steps"] == len(rows) and s["steps"] >= 3,
 ck = os.path.join(out, "checkpoints", f"step_{s['steps']}")
 check(s["checkpoint_dir"] == ck and os.path.exists(os.path.join(ck, "model.pt")),
       f"checkpoint of the last step written ({os.path.basename(ck)})")
+sys.exit(1 if bad else 0)
+PY
+
+# 6. StaleSync across super nodes (max_clock_skew k = 1) on a fresh cluster
+#    whose worker b is slowed down (fault injection): worker a runs ahead,
+#    but the two clocks never drift more than k + 1 = 2 apart, and after the
+#    final sync both super nodes hold the same weights (CRC-32C per super
+#    node in summary.json).
+"$BIN" controller --listen 127.0.0.1:0 >"$OUT/controller-2.out" 2>"$OUT/controller-2.log" &
+ctl2_pid=$!
+PIDS+=("$ctl2_pid")
+deadline=$((SECONDS + 30))
+until grep -q '^listening on ' "$OUT/controller-2.out"; do
+  kill -0 "$ctl2_pid" 2>/dev/null || fail "second controller exited before listening"
+  [ "$SECONDS" -lt "$deadline" ] || fail "second controller printed no 'listening on' line in 30 s"
+  sleep 0.2
+done
+ADDR2=$(sed -n 's/^listening on //p' "$OUT/controller-2.out")
+"$BIN" worker --controller "$ADDR2" --super-node a --threads 1 >/dev/null 2>"$OUT/worker-a2.log" &
+PIDS+=("$!")
+"$BIN" worker --controller "$ADDR2" --super-node b --threads 1 --debug-step-delay-ms 150 \
+  >/dev/null 2>"$OUT/worker-b2.log" &
+PIDS+=("$!")
+skew_rc=0
+job3=$(timeout 300 "$BIN" submit "$CFG" --controller "$ADDR2" \
+       --set placement.super_nodes=2 --set stalesync.max_clock_skew=1 \
+       --set run.total_steps=20 --set run.checkpoint_every=10 --set run.eval_every=0 \
+       --set init_checkpoint="$SFT_CKPT" --output-dir "$OUT/skew" --wait \
+       2>"$OUT/submit-3.log") || skew_rc=$?
+"$BIN" status --controller "$ADDR2" --job "$job3" --json >"$OUT/status-3.json"
+python3 - "$skew_rc" "$OUT" <<'PY' || fail "StaleSync clock-skew checks"
+import json, os, sys
+rc, out = int(sys.argv[1]), sys.argv[2]
+bad = []
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond: bad.append(what)
+check(rc == 0, f"StaleSync k=1 job: submit --wait exits 0 (got {rc})")
+st = json.load(open(os.path.join(out, "status-3.json")))
+check(st["phase"] == "JOB_PHASE_SUCCEEDED", f"StaleSync k=1 job succeeded ({st['phase']} {st.get('message', '')!r})")
+s = json.load(open(os.path.join(out, "skew", "summary.json")))
+seen = s.get("max_clock_skew_seen", -1)
+check(1 <= seen <= 2, f"clocks drifted apart but never more than k+1 = 2 (max seen {seen})")
+check(int(st.get("max_clock_skew_seen", -1)) == seen, "status reports the same max skew")
+crc = s.get("final_weights_crc32c", {})
+check(sorted(crc) == ["a", "b"] and len(set(crc.values())) == 1,
+      f"after the final sync both super nodes hold identical weights ({crc})")
+rows = [json.loads(l) for l in open(os.path.join(out, "skew", "metrics.jsonl"))]
+check([r["step"] for r in rows] == list(range(1, 21)), f"metrics.jsonl has steps 1..20 ({len(rows)} lines)")
+check(all(r["clock_skew"] <= 2 for r in rows), "clock_skew <= 2 at every commit")
+check(max(r["max_update_lag"] for r in rows) <= 1, "no update applied more than k = 1 step late")
+check(sum(r["updates_received"] for r in rows) == 20, "the lead applied each of b's 20 updates once")
+syncs = [r["step"] for r in rows if r["weight_sync_bytes"] > 0]
+check(syncs == [10, 20], f"weights synced at the checkpoint and the end ({syncs})")
+print(f"     final eval accuracy {s['final_eval_accuracy']:.3f} (start {s['initial_eval_accuracy']:.3f})")
 sys.exit(1 if bad else 0)
 PY

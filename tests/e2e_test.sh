@@ -87,8 +87,8 @@ assert [r["step"] for r in rows] == list(range(1, stopped + 3)), [r["step"] for 
 print(f"ok   --resume continued from step {stopped} to {stopped + 2}")
 PY
 
-# fusionrl bench: two modes side by side from the SFT checkpoint, JSON out.
-timeout 300 "$BIN" bench "$CFG" --modes colocated-sync,fused+stalesync:2 \
+# fusionrl bench: three modes side by side from the SFT checkpoint, JSON out.
+timeout 300 "$BIN" bench "$CFG" --modes colocated-sync,disaggregated:1,fused+stalesync:2 \
   --repeats 1 --steps 6 --init-checkpoint "$OUT/sft/checkpoints/final" \
   --work-dir "$OUT/bench" --out "$OUT/bench.json" >/dev/null 2>"$OUT/bench.log" ||
   { echo "FAIL fusionrl bench"; tail -20 "$OUT/bench.log"; exit 1; }
@@ -100,6 +100,9 @@ assert sync["ratio_to_colocated_sync"] == 1.0, sync
 assert sync["max_staleness"] == 0 and 0 <= fused["max_staleness"] <= 2, fused
 assert fused["placement"] == "fused" and fused["max_policy_lag"] == 2, fused
 assert len(fused["runs"]) == 1 and fused["median_tokens_per_second"] > 0, fused
+dis = b["modes"]["disaggregated:1"]
+assert dis["placement"] == "disaggregated" and 0 <= dis["max_staleness"] <= 1, dis
+assert dis["median_tokens_per_second"] > 0, dis
 assert b["omp_wait_policy"] == "PASSIVE", b["omp_wait_policy"]
 print(f"ok   bench JSON: fused+stalesync:2 at {fused['ratio_to_colocated_sync']:.2f}x "
       f"of colocated-sync, max staleness {fused['max_staleness']}")

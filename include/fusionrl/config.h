@@ -146,6 +146,10 @@ struct PlacementConfig {
   // rollout the rest).
   int fused_train_threads = 0;
   int fused_rollout_threads = 0;
+  // fused: a role whose partner is idle borrows the partner's threads (the
+  // trainer takes the whole card while the rollout thread waits for
+  // admission), so the card's compute is not left idle.
+  bool fused_share_idle_threads = true;
   bool fail_if_unplaceable = false;  // false: wait for capacity, showing the
                                      //   reason in status; true: fail the job
 };
@@ -157,6 +161,25 @@ struct StaleSyncConfig {
   // from is at least version u - 1 - s, so no sample can exceed it; 0 is
   // exactly synchronous on-policy RL.
   int max_policy_lag = 0;
+  // k: across super nodes, a super node that finished step c starts step
+  // c + 1 only while c - min(clocks of the other super nodes) <= k, and
+  // applies the other super nodes' gradient updates as they arrive (those
+  // of steps <= c + 1 - k at the latest); 0 is one synchronous data-parallel
+  // step (a global barrier). Ignored with one super node.
+  int max_clock_skew = 0;
+};
+
+// Per-card memory accounting and hand-over between the roles of a card
+// (src/core/memory_manager.h, docs/stalesync.md "Per-card memory").
+struct MemoryConfig {
+  // Device memory each card may use for weights, rollout snapshot, optimizer
+  // state, gradients, activations and KV cache together, in MiB (2^20
+  // bytes); 0 = unlimited (account only, never refuse).
+  double card_budget_mib = 0;
+  // When the KV cache or the activations would exceed the budget: auto =
+  // move the optimizer state to host memory first (it comes back before the
+  // next optimizer step once it fits); never = refuse the request.
+  std::string offload_optimizer = "auto";
 };
 
 // How clients of a cluster controller (`fusionrl submit`, `fusionrl status`)
@@ -183,6 +206,7 @@ struct JobConfig {
   SftConfig sft;
   PlacementConfig placement;
   StaleSyncConfig stalesync;
+  MemoryConfig memory;
   ClusterConfig cluster;
 };
 

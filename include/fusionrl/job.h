@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -37,6 +38,12 @@ struct JobSummary {
   std::string summary_path;          // <output_dir>/summary.json
   bool interrupted = false;          // stopped early on request
   int64_t resumed_from_step = 0;     // 0 = a fresh run
+  // StaleSync across super nodes (stalesync.max_clock_skew > 0): the
+  // largest difference of two super nodes' training clocks seen, and per
+  // super node the CRC-32C of its weights after the last weight sync (all
+  // equal: the super nodes adopted the lead's weights).
+  int64_t max_clock_skew_seen = 0;
+  std::map<std::string, uint32_t> final_weights_crc32c;
 };
 
 struct RunOptions {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -36,27 +37,27 @@ absl::StatusOr<Mode> ParseMode(const std::string& text) {
     m.placement = text;
     return m;
   }
-  if (text.rfind("fused+stalesync", 0) == 0) {
-    m.placement = "fused";
-    m.lag = 2;
-    const std::string rest = text.substr(std::string("fused+stalesync").size());
-    if (!rest.empty()) {
-      if (rest[0] != ':' || !absl::SimpleAtoi(rest.substr(1), &m.lag) ||
-          m.lag < 0 || m.lag > 1024) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--modes: '", text,
-                         "': expected fused+stalesync[:s], s in 0..1024"));
-      }
+  // <prefix>[:s]: fused+stalesync (s = 2 by default), disaggregated (s = 0:
+  // OpenRLHF-style synchronous; s > 0: AReaL-style asynchronous).
+  for (const auto& [prefix, placement, lag] :
+       {std::tuple<std::string, std::string, int>{"fused+stalesync", "fused",
+                                                  2},
+        {"disaggregated", "disaggregated", 0}}) {
+    if (text.rfind(prefix, 0) != 0) continue;
+    m.placement = placement;
+    m.lag = lag;
+    const std::string rest = text.substr(prefix.size());
+    if (!rest.empty() &&
+        (rest[0] != ':' || !absl::SimpleAtoi(rest.substr(1), &m.lag) ||
+         m.lag < 0 || m.lag > 1024)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--modes: '", text, "': expected ", prefix, "[:s], s in 0..1024"));
     }
     return m;
   }
-  if (text == "disaggregated") {
-    return absl::FailedPreconditionError(
-        "--modes: disaggregated is not available in this version");
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--modes: unknown mode '", text,
-                   "' (colocated-sync, fused, fused+stalesync[:s])"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--modes: unknown mode '", text,
+      "' (colocated-sync, fused, fused+stalesync[:s], disaggregated[:s])"));
 }
 
 double Median(std::vector<double> v) {
@@ -76,8 +77,8 @@ CLI::App* AddBenchCommand(CLI::App& app, BenchArgs& args) {
       ->required();
   bench->add_option("--modes", args.modes,
                     "comma-separated: colocated-sync, fused, "
-                    "fused+stalesync[:s] (default "
-                    "colocated-sync,fused,fused+stalesync:2)");
+                    "fused+stalesync[:s], disaggregated[:s] (default "
+                    "colocated-sync,disaggregated,fused,fused+stalesync:2)");
   bench->add_option("--repeats", args.repeats, "runs per mode (default 3)")
       ->check(CLI::Range(1, 100));
   bench
@@ -152,6 +153,14 @@ int RunBench(const BenchArgs& args, char** argv) {
       JobConfig c = *base;
       c.init_checkpoint = init;
       c.placement.mode = modes[i].placement;
+      if (modes[i].placement == "disaggregated") {
+        // One rollout card next to each training card, sharing the same
+        // threads: the same compute, split by role instead of fused.
+        c.placement.rollout_cards_per_super_node =
+            base->placement.cards_per_super_node;
+        c.placement.cards_per_super_node =
+            2 * base->placement.cards_per_super_node;
+      }
       c.stalesync.max_policy_lag = modes[i].lag;
       if (modes[i].lag > 0) c.algorithm.decoupled_loss = true;
       std::string dir_name = modes[i].name;

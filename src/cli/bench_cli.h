@@ -15,7 +15,7 @@ namespace fusionrl::cli {
 
 struct BenchArgs {
   std::string config_path;
-  std::string modes = "colocated-sync,fused,fused+stalesync:2";
+  std::string modes = "colocated-sync,disaggregated,fused,fused+stalesync:2";
   int repeats = 3;
   int steps = 0;  // 0 = the config's run.total_steps
   std::string out;

@@ -6,6 +6,8 @@
 
 #include <cstdio>
 #include <iostream>
+#include <map>
+#include <string>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
@@ -13,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "cli/exit_codes.h"
 #include "controller/controller.h"
+#include "core/memory_manager.h"
 #include "core/metrics.h"
 #include "fusionrl/config.h"
 #include "fusionrl/v1/job.grpc.pb.h"
@@ -115,6 +118,16 @@ std::string FormatStatus(const v1::JobStatus& s) {
                         "re-queued\n",
                         s.groups_submitted(), s.groups_trained(),
                         s.groups_requeued());
+  if (s.max_clock_skew() > 0) {
+    std::string clocks;
+    for (const v1::NodeStatus& n : s.nodes()) {
+      absl::StrAppend(&clocks, " ", n.super_node(), "=", n.clock());
+    }
+    absl::StrAppendFormat(&out,
+                          "  StaleSync clocks:%s  (max_clock_skew %d, largest "
+                          "skew seen %d)\n",
+                          clocks, s.max_clock_skew(), s.max_clock_skew_seen());
+  }
   if (s.nodes_size() > 0) {
     absl::StrAppendFormat(&out, "  %-10s %-12s %-16s %-6s %-10s %s\n", "NODE",
                           "SUPER NODE", "HOST", "STATE", "HEARTBEAT",
@@ -130,6 +143,15 @@ std::string FormatStatus(const v1::JobStatus& s) {
           &out, "  %-10s %-12s %-16s %-6s %-10s %s\n", n.node_id(),
           n.super_node(), n.host(), n.state(),
           absl::StrFormat("%.1fs", n.heartbeat_age_ms() / 1e3), cards);
+      // One memory line per card that reports its books (CardState's proto
+      // map has no order; FormatCardMemory fixes one).
+      for (const v1::CardState& c : n.cards()) {
+        if (c.memory_bytes().empty()) continue;
+        const std::map<std::string, int64_t> memory(c.memory_bytes().begin(),
+                                                    c.memory_bytes().end());
+        absl::StrAppend(&out, "    ", FormatCardMemory(c.index(), memory),
+                        "\n");
+      }
     }
   }
   const int shown = std::min(8, s.events_size());
@@ -184,6 +206,7 @@ int RunWorker(const ClusterArgs& args, const std::atomic<bool>& stop) {
       args.super_node.empty() ? std::string("sn-0") : args.super_node;
   options.device = args.device;
   options.threads = args.threads;
+  options.debug_step_delay = absl::Milliseconds(args.debug_step_delay_ms);
   options.auth_token = *token;
   Worker worker(*channel, options);
   absl::Status s = worker.Run(&stop);
@@ -369,6 +392,11 @@ ClusterCommands AddClusterCommands(CLI::App& app, ClusterArgs& args) {
                    "(default: the job's num_threads; lower it when "
                    "several workers share a machine)")
       ->check(CLI::Range(1, 4096));
+  c.worker
+      ->add_option("--debug-step-delay-ms", args.debug_step_delay_ms,
+                   "fault injection for tests: sleep after every step (a "
+                   "slow super node)")
+      ->check(CLI::Range(0, 600000));
 
   c.submit = app.add_subcommand("submit", "submit a job; prints its id");
   c.submit->add_option("config", args.config_path, "job YAML file")->required();

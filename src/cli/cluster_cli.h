@@ -26,6 +26,7 @@ struct ClusterArgs {
   std::string super_node;
   std::string device = "cpu";
   int threads = 0;
+  int debug_step_delay_ms = 0;
   std::string tls_ca;
   // all
   std::string token_file, token_env;

@@ -175,11 +175,11 @@ TEST_F(ControllerTest, SubmitJobValidatesTheJob) {
 
   r.set_config_yaml(kJob);
   r.add_overrides("placement.mode=disaggregated");
-  r.add_overrides("placement.cards_per_super_node=2");
+  r.add_overrides("placement.cards_per_super_node=4");  // 3 training cards
   r.add_overrides("placement.rollout_cards_per_super_node=1");
   st = jobs_->SubmitJob(Ctx().get(), r, &out);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_THAT(st.error_message(), HasSubstr("placement.mode"));
+  EXPECT_THAT(st.error_message(), HasSubstr("training cards"));
 
   r.clear_overrides();
   r.add_overrides("placement.cards_per_super_node=3");  // 4 groups, 3 cards

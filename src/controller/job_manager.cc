@@ -2,20 +2,25 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <set>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/checkpoint_meta.h"
+#include "core/crc32c.h"
 #include "core/group_ledger.h"
 #include "core/job_summary.h"
 #include "core/metrics.h"
 #include "core/scheduler.h"
+#include "core/stalesync.h"
 #include "core/status_macros.h"
 #include "fusionrl/config.h"
 #include "fusionrl/job.h"
@@ -79,6 +84,8 @@ struct JobManager::Attempt {
   // From the lead's FinishStep.
   v1::FinishStepRequest lead_report;
   bool have_lead_report = false;
+  // Skewed jobs: every member's FinishStep (tokens are per super node).
+  std::vector<v1::FinishStepRequest> reports;
 
   // Position of part `part` in `members`, or -1.
   int Member(int part) const {
@@ -105,6 +112,11 @@ struct JobManager::Job {
     std::vector<int> cards;  // card indices on that node
     bool lost = false;
     bool assigned = false;  // GetAssignment delivered
+    int64_t clock = 0;      // skewed jobs: the last step it finished
+    int rollout_cards = 0;  // disaggregated: the first cards only sample
+    int train_cards() const {
+      return static_cast<int>(cards.size()) - rollout_cards;
+    }
   };
   std::vector<Part> parts;
 
@@ -142,6 +154,25 @@ struct JobManager::Job {
   std::string checkpoint_dir;
   std::string summary_json;  // summary.json's text once written
   int error_code = 0;        // FAILED: absl/gRPC canonical code
+
+  // StaleSync across super nodes (stalesync.max_clock_skew > 0 and several
+  // nodes): each node runs ahead of the slowest by at most k steps (the
+  // gate), steps are planned as nodes reach them (`ahead`: planned steps
+  // after `current`, which stays the oldest uncommitted one), and gradient
+  // updates travel through ExchangeUpdates.
+  bool skewed = false;
+  std::unique_ptr<ClockSkewGate> skew_gate;
+  std::map<int64_t, std::unique_ptr<Attempt>> ahead;
+  using Key = std::pair<int64_t, int64_t>;  // (step, round)
+  struct Update {
+    Key key;
+    std::string payload;
+    uint32_t crc32c = 0;
+  };
+  std::vector<std::deque<Update>> outbox;       // per part, increasing keys
+  std::vector<Key> handed_in;                   // per part: its last key
+  std::vector<std::vector<Key>> delivered;      // [receiver][sender]: last key
+  std::map<std::string, uint32_t> weights_crc;  // super node -> last sync
 };
 
 JobManager::JobManager(NodeRegistry& registry, const Clock& clock)
@@ -194,18 +225,16 @@ absl::StatusOr<std::string> JobManager::Submit(
       JobConfig config,
       ParseJobConfig(request.config_yaml(), source, overrides));
   const PlacementConfig& p = config.placement;
-  if (p.mode == "disaggregated") {
-    return absl::FailedPreconditionError(absl::StrCat(
-        source, ": placement.mode: '", p.mode,
-        "' is not available in this version; use colocated-sync or fused"));
-  }
-  const int cards = p.super_nodes * p.cards_per_super_node;
+  // Cards that train (disaggregated: the others only sample).
+  const int cards =
+      p.super_nodes * (p.cards_per_super_node - p.rollout_cards_per_super_node);
   if (config.rollout.prompts_per_step % cards != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         source, ": rollout.prompts_per_step: must be a multiple of the job's ",
         cards,
-        " cards (placement.super_nodes x placement.cards_per_super_node) so "
-        "every card trains on the same number of prompt groups, got ",
+        " training cards (placement.super_nodes x (cards_per_super_node - "
+        "rollout_cards_per_super_node)) so every card trains on the same "
+        "number of prompt groups, got ",
         config.rollout.prompts_per_step));
   }
   std::optional<CheckpointMeta> resume_meta;
@@ -316,6 +345,19 @@ void JobManager::TryPlaceLocked(Job& job) {
         job.parts.push_back(part);
       }
       job.parts.back().cards.push_back(card.card_index);
+      if (card.role == CardRole::kRollout) ++job.parts.back().rollout_cards;
+    }
+  }
+  for (const Job::Part& part : job.parts) {
+    if (part.rollout_cards > 0 && part.train_cards() == 0) {
+      // A super node spread over several workers: the rollout cards must
+      // share a worker with the training cards they serve.
+      FailLocked(job,
+                 absl::StrCat("cannot be placed: disaggregated needs each "
+                              "super node's cards on one worker; ",
+                              part.node_id, " got only rollout cards"),
+                 static_cast<int>(absl::StatusCode::kFailedPrecondition));
+      return;
     }
   }
   for (const Job::Part& part : job.parts) node_job_[part.node_id] = job.id;
@@ -347,6 +389,24 @@ absl::Status JobManager::StartLocked(Job& job) {
   FUSIONRL_ASSIGN_OR_RETURN(
       job.metrics,
       MetricsLog::Open(metrics_path, /*truncate=*/job.resume_dir.empty()));
+  const int64_t k = job.config.stalesync.max_clock_skew;
+  if (k > 0 && job.parts.size() > 1) {
+    job.skewed = true;
+    std::vector<std::string> names;
+    for (Job::Part& part : job.parts) {
+      names.push_back(part.node_id);
+      part.clock = job.first_step - 1;
+    }
+    FUSIONRL_ASSIGN_OR_RETURN(
+        job.skew_gate, ClockSkewGate::Create(k, names, job.first_step - 1));
+    const size_t n = job.parts.size();
+    const Job::Key none{job.first_step - 1, -1};
+    job.outbox.assign(n, {});
+    job.handed_in.assign(n, none);
+    job.delivered.assign(n, std::vector<Job::Key>(n, none));
+    EventLocked(job, absl::StrCat("StaleSync across ", n,
+                                  " super nodes: max_clock_skew ", k));
+  }
   if (job.first_step > job.config.run.total_steps) {
     BeginEndLocked(job);
   } else {
@@ -356,6 +416,15 @@ absl::Status JobManager::StartLocked(Job& job) {
 }
 
 void JobManager::PlanStepLocked(Job& job, int64_t step) {
+  std::unique_ptr<Attempt> a = MakeAttemptLocked(job, step);
+  if (a == nullptr) return;
+  job.current = std::move(a);
+  ++job.update;
+  changed_.SignalAll();
+}
+
+std::unique_ptr<JobManager::Attempt> JobManager::MakeAttemptLocked(
+    Job& job, int64_t step) {
   const int prompts = job.config.rollout.prompts_per_step;
   auto a = std::make_unique<Attempt>();
   a->step = step;
@@ -365,7 +434,7 @@ void JobManager::PlanStepLocked(Job& job, int64_t step) {
   for (size_t i = 0; i < job.parts.size(); ++i) {
     if (job.parts[i].lost) continue;
     a->members.push_back(static_cast<int>(i));
-    cards += static_cast<int>(job.parts[i].cards.size());
+    cards += job.parts[i].train_cards();
   }
   if (cards == 0) {
     FailLocked(job,
@@ -373,7 +442,7 @@ void JobManager::PlanStepLocked(Job& job, int64_t step) {
                             "; resubmit with resume to continue from the last "
                             "checkpoint"),
                static_cast<int>(absl::StatusCode::kUnavailable));
-    return;
+    return nullptr;
   }
   if (prompts % cards != 0) {
     FailLocked(job,
@@ -384,13 +453,13 @@ void JobManager::PlanStepLocked(Job& job, int64_t step) {
                             " cards left; resubmit with resume to "
                             "continue from the last checkpoint"),
                static_cast<int>(absl::StatusCode::kFailedPrecondition));
-    return;
+    return nullptr;
   }
   const int per_card = prompts / cards;
   int rank = 0;
   for (int m : a->members) {
     const Job::Part& part = job.parts[m];
-    const int want = per_card * static_cast<int>(part.cards.size());
+    const int want = per_card * part.train_cards();
     std::vector<uint64_t> held;
     if (job.current && job.current->step == step) {
       // Keep the groups this node already holds for the step.
@@ -402,14 +471,13 @@ void JobManager::PlanStepLocked(Job& job, int64_t step) {
     held.insert(held.end(), extra.begin(), extra.end());
     std::sort(held.begin(), held.end());
     a->first_rank.push_back(rank);
-    rank += static_cast<int>(part.cards.size());
+    rank += part.train_cards();
     a->groups.push_back(std::move(held));
   }
   a->world = cards;
   a->finished.assign(a->members.size(), false);
-  job.current = std::move(a);
-  ++job.update;
-  changed_.SignalAll();
+  a->reports.resize(a->members.size());
+  return a;
 }
 
 void JobManager::CommitLocked(Job& job) {
@@ -434,7 +502,14 @@ void JobManager::CommitLocked(Job& job) {
       job.last_eval = r.initial_eval_accuracy();
     }
     if (r.eval_accuracy() >= 0) job.last_eval = r.eval_accuracy();
-    job.summary.rollout_tokens += r.rollout_tokens();
+    if (job.skewed) {
+      // Each super node reports its own tokens (no cross-node sums).
+      for (const v1::FinishStepRequest& m : a.reports) {
+        job.summary.rollout_tokens += m.rollout_tokens();
+      }
+    } else {
+      job.summary.rollout_tokens += r.rollout_tokens();
+    }
     job.loop_seconds += r.loop_seconds();
     job.reward_mean = r.reward_mean();
     job.train_accuracy = r.train_accuracy();
@@ -444,6 +519,16 @@ void JobManager::CommitLocked(Job& job) {
       auto rec = nlohmann::ordered_json::parse(r.metrics_json(), nullptr,
                                                /*allow_exceptions=*/false);
       if (rec.is_object()) {
+        if (job.skewed) {
+          int64_t lo = INT64_MAX, hi = INT64_MIN;
+          for (const Job::Part& part : job.parts) {
+            if (part.lost) continue;
+            lo = std::min(lo, part.clock);
+            hi = std::max(hi, part.clock);
+          }
+          rec["clock_skew"] = hi - lo;
+          rec["max_clock_skew_seen"] = job.skew_gate->MaxSkewSeen();
+        }
         absl::Status s = job.metrics->AppendLine(rec.dump());
         if (!s.ok())
           spdlog::warn("[{}] metrics: {}", job.id, std::string(s.message()));
@@ -475,8 +560,15 @@ void JobManager::CommitLocked(Job& job) {
     job.stop_requested = true;
     job.stop_reason = "interrupted";
   }
-  if (a.step >= job.config.run.total_steps || job.stop_requested) {
+  // A skewed job stops after the steps its nodes already started.
+  const bool stop_now =
+      job.stop_requested && (!job.skewed || job.ahead.empty());
+  if (a.step >= job.config.run.total_steps || stop_now) {
     BeginEndLocked(job);
+  } else if (auto next = job.ahead.find(a.step + 1); next != job.ahead.end()) {
+    job.current = std::move(next->second);
+    job.ahead.erase(next);
+    ++job.update;
   } else {
     PlanStepLocked(job, a.step + 1);
   }
@@ -518,6 +610,10 @@ void JobManager::FinishJobLocked(Job& job, v1::JobPhase phase,
     s.tokens_per_second =
         job.loop_seconds > 0 ? s.rollout_tokens / job.loop_seconds : 0;
     s.wall_seconds = absl::ToDoubleSeconds(clock_.Now() - job.started);
+    if (job.skewed) {
+      s.max_clock_skew_seen = job.skew_gate->MaxSkewSeen();
+      s.final_weights_crc32c = job.weights_crc;
+    }
     absl::Status w = WriteSummary(s);
     if (!w.ok()) {
       job.phase = v1::JOB_PHASE_FAILED;
@@ -532,6 +628,8 @@ void JobManager::FinishJobLocked(Job& job, v1::JobPhase phase,
     }
   }
   job.metrics.reset();
+  job.ahead.clear();
+  job.outbox.clear();
   EventLocked(job, absl::StrCat(v1::JobPhase_Name(job.phase),
                                 message.empty() ? "" : ": ", message));
   // Let the next queued job in.
@@ -617,6 +715,7 @@ v1::JobStatus JobManager::StatusLocked(const Job& job) const {
       n->set_heartbeat_age_ms(absl::ToInt64Milliseconds(view->heartbeat_age));
     }
     n->set_state(part.lost ? "lost" : (view ? "alive" : "gone"));
+    if (job.skewed) n->set_clock(part.clock);
     auto it = card_states_.find(part.node_id);
     for (int index : part.cards) {
       v1::CardState state;
@@ -636,6 +735,10 @@ v1::JobStatus JobManager::StatusLocked(const Job& job) const {
   }
   for (const v1::JobEvent& e : job.events) *s.add_events() = e;
   s.set_error_code(job.error_code);
+  if (job.skewed) {
+    s.set_max_clock_skew(job.config.stalesync.max_clock_skew);
+    s.set_max_clock_skew_seen(job.skew_gate->MaxSkewSeen());
+  }
   if (job.phase == v1::JOB_PHASE_SUCCEEDED ||
       job.phase == v1::JOB_PHASE_CANCELLED) {
     s.set_summary_json(job.summary_json);
@@ -728,6 +831,15 @@ void JobManager::NodesLost(const std::vector<std::string>& node_ids,
     const int index = job->PartIndex(node_id);
     if (index < 0 || job->parts[index].lost) continue;
     job->parts[index].lost = true;
+    if (job->skewed && !job->ending) {
+      FailLocked(*job,
+                 absl::StrCat(node_id, " lost (", why,
+                              "); a job with stalesync.max_clock_skew > 0 "
+                              "does not re-plan its steps: resubmit with "
+                              "resume to continue from the last checkpoint"),
+                 static_cast<int>(absl::StatusCode::kUnavailable));
+      continue;
+    }
     const int64_t requeued = job->ledger->Requeue(node_id);
     EventLocked(*job, absl::StrCat(node_id, " lost (", why, "); ", requeued,
                                    " prompt group(s) re-queued"));
@@ -808,6 +920,7 @@ absl::StatusOr<v1::GetAssignmentResponse> JobManager::GetAssignment(
         r.set_source_name(job->request.source_name());
         *r.mutable_overrides() = job->request.overrides();
         for (int c : part.cards) r.add_card_indices(c);
+        r.set_rollout_cards(part.rollout_cards);
         r.set_resume_checkpoint(job->resume_dir);
         EventLocked(*job, absl::StrCat(part.node_id, " joined with ",
                                        part.cards.size(), " card(s)"));
@@ -817,6 +930,80 @@ absl::StatusOr<v1::GetAssignmentResponse> JobManager::GetAssignment(
     if (absl::Now() >= deadline) return v1::GetAssignmentResponse();
     changed_.WaitWithDeadline(&mu_, deadline);
   }
+}
+
+void JobManager::FillTrainPlanLocked(const Job& job, const Attempt& a, int k,
+                                     int local_rank, v1::StepPlan* plan) const {
+  const int cards = job.parts[a.members[k]].train_cards();
+  const int per_card = static_cast<int>(a.groups[k].size()) / cards;
+  plan->set_kind(v1::PLAN_KIND_TRAIN);
+  plan->set_step(a.step);
+  plan->set_attempt(a.attempt);
+  plan->set_rank(a.first_rank[k] + local_rank);
+  plan->set_world_size(a.world);
+  plan->set_nodes(static_cast<int>(a.members.size()));
+  for (int g = 0; g < per_card; ++g) {
+    plan->add_groups(job.base_cursor + a.groups[k][local_rank * per_card + g]);
+  }
+  const RunConfig& run = job.config.run;
+  const bool checkpoint = run.checkpoint_every > 0 &&
+                          a.step % run.checkpoint_every == 0 &&
+                          a.step != run.total_steps;
+  if (plan->rank() == 0) {
+    plan->set_eval_before(a.step == job.first_step && job.resume_dir.empty());
+    plan->set_eval_after((run.eval_every > 0 && a.step % run.eval_every == 0) ||
+                         a.step == run.total_steps);
+    if (checkpoint) plan->set_checkpoint_name(absl::StrCat("step_", a.step));
+  }
+  if (job.skewed) {
+    // Checkpoints and the last step are taken from one set of weights.
+    const bool sync = checkpoint || a.step == run.total_steps;
+    plan->set_exchange_updates(true);
+    plan->set_sync_weights(sync);
+    plan->set_updates_due_step(
+        sync ? a.step : a.step - job.config.stalesync.max_clock_skew);
+  }
+  plan->set_rollout_tokens_before(job.summary.rollout_tokens);
+  plan->set_loop_seconds_before(job.loop_seconds);
+  plan->set_initial_eval_accuracy(job.summary.initial_eval_accuracy);
+  plan->set_last_eval_accuracy(job.last_eval);
+  plan->set_data_cursor_after(
+      job.base_cursor + static_cast<uint64_t>(a.step - job.first_step + 1) *
+                            job.config.rollout.prompts_per_step);
+}
+
+absl::StatusOr<const JobManager::Attempt*> JobManager::SkewedAttemptLocked(
+    Job& job, int index, int64_t want) {
+  const Job::Part& part = job.parts[index];
+  if (want != part.clock + 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step: ", part.node_id, " finished step ", part.clock,
+        " and may ask only for step ", part.clock + 1, ", got ", want));
+  }
+  if (job.current && job.current->step == want) return job.current.get();
+  if (auto it = job.ahead.find(want); it != job.ahead.end()) {
+    return it->second.get();
+  }
+  // A new step: only within the run, not after a stop, and only while the
+  // node is at most k steps ahead of the slowest.
+  if (want > job.config.run.total_steps || job.stop_requested ||
+      !job.skew_gate->MayStart(part.node_id)) {
+    return nullptr;
+  }
+  const int64_t planned =
+      job.ahead.empty() ? job.current->step : job.ahead.rbegin()->first;
+  if (want != planned + 1) {
+    return absl::InternalError(absl::StrCat("step ", want, " of ", job.id,
+                                            " asked for before step ",
+                                            planned + 1, " was planned"));
+  }
+  std::unique_ptr<Attempt> a = MakeAttemptLocked(job, want);
+  if (a == nullptr) return absl::AbortedError(job.message);
+  const Attempt* out = a.get();
+  job.ahead[want] = std::move(a);
+  ++job.update;
+  changed_.SignalAll();
+  return out;
 }
 
 absl::StatusOr<v1::StepPlan> JobManager::GetStepPlan(
@@ -832,7 +1019,7 @@ absl::StatusOr<v1::StepPlan> JobManager::GetStepPlan(
     FUSIONRL_ASSIGN_OR_RETURN(Job * job,
                               JobForNodeLocked(r.job_id(), r.node_id()));
     const int index = job->PartIndex(r.node_id());
-    const int cards = static_cast<int>(job->parts[index].cards.size());
+    const int cards = job->parts[index].train_cards();
     if (r.local_rank() < 0 || r.local_rank() >= cards) {
       return absl::InvalidArgumentError(
           absl::StrCat("local_rank: must be in 0..", cards - 1, " for ",
@@ -876,43 +1063,27 @@ absl::StatusOr<v1::StepPlan> JobManager::GetStepPlan(
               job->config.rollout.prompts_per_step);
       return plan;
     }
-    const Attempt* a = job->current.get();
     const int64_t want = r.step() == 0 ? job->first_step : r.step();
+    if (job->skewed && job->phase == v1::JOB_PHASE_RUNNING) {
+      FUSIONRL_ASSIGN_OR_RETURN(const Attempt* a,
+                                SkewedAttemptLocked(*job, index, want));
+      if (a != nullptr) {
+        FillTrainPlanLocked(*job, *a, a->Member(index), r.local_rank(), &plan);
+        return plan;
+      }
+      if (absl::Now() >= deadline) {
+        plan.set_kind(v1::PLAN_KIND_WAIT);
+        return plan;
+      }
+      changed_.WaitWithDeadline(&mu_, deadline);
+      continue;
+    }
+    const Attempt* a = job->current.get();
     if (a != nullptr && job->phase == v1::JOB_PHASE_RUNNING &&
         a->step == want && !a->aborted) {
       const int k = a->Member(index);
       if (k >= 0) {
-        const int per_card = static_cast<int>(a->groups[k].size()) / cards;
-        plan.set_kind(v1::PLAN_KIND_TRAIN);
-        plan.set_step(a->step);
-        plan.set_attempt(a->attempt);
-        plan.set_rank(a->first_rank[k] + r.local_rank());
-        plan.set_world_size(a->world);
-        plan.set_nodes(static_cast<int>(a->members.size()));
-        for (int g = 0; g < per_card; ++g) {
-          plan.add_groups(job->base_cursor +
-                          a->groups[k][r.local_rank() * per_card + g]);
-        }
-        const RunConfig& run = job->config.run;
-        if (plan.rank() == 0) {
-          plan.set_eval_before(a->step == job->first_step &&
-                               job->resume_dir.empty());
-          plan.set_eval_after(
-              (run.eval_every > 0 && a->step % run.eval_every == 0) ||
-              a->step == run.total_steps);
-          if (run.checkpoint_every > 0 && a->step % run.checkpoint_every == 0 &&
-              a->step != run.total_steps) {
-            plan.set_checkpoint_name(absl::StrCat("step_", a->step));
-          }
-        }
-        plan.set_rollout_tokens_before(job->summary.rollout_tokens);
-        plan.set_loop_seconds_before(job->loop_seconds);
-        plan.set_initial_eval_accuracy(job->summary.initial_eval_accuracy);
-        plan.set_last_eval_accuracy(job->last_eval);
-        plan.set_data_cursor_after(
-            job->base_cursor +
-            static_cast<uint64_t>(a->step - job->first_step + 1) *
-                job->config.rollout.prompts_per_step);
+        FillTrainPlanLocked(*job, *a, k, r.local_rank(), &plan);
         return plan;
       }
     }
@@ -1084,6 +1255,7 @@ absl::StatusOr<v1::FinishStepResponse> JobManager::FinishStep(
     response.set_committed(true);
     return response;
   }
+  if (job->skewed) return FinishSkewedStepLocked(*job, r);
   Attempt* a = job->current.get();
   if (a == nullptr || a->step != r.step() || a->attempt != r.attempt() ||
       a->aborted) {
@@ -1127,6 +1299,174 @@ absl::StatusOr<v1::FinishStepResponse> JobManager::FinishStep(
     }
     changed_.WaitWithDeadline(&mu_, deadline);
   }
+}
+
+}  // namespace fusionrl
+
+namespace fusionrl {
+
+absl::StatusOr<v1::FinishStepResponse> JobManager::FinishSkewedStepLocked(
+    Job& job, const v1::FinishStepRequest& r) {
+  const int index = job.PartIndex(r.node_id());
+  Attempt* a = nullptr;
+  if (job.current && job.current->step == r.step()) {
+    a = job.current.get();
+  } else if (auto it = job.ahead.find(r.step()); it != job.ahead.end()) {
+    a = it->second.get();
+  }
+  const int k = a == nullptr ? -1 : a->Member(index);
+  if (k < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("step: ", r.step(), " of ", job.id,
+                     " is not a step planned for ", r.node_id()));
+  }
+  v1::FinishStepResponse response;
+  response.set_committed(true);
+  if (a->finished[k]) return response;  // a retried call
+  absl::Status advanced = job.skew_gate->Advance(r.node_id(), r.step());
+  if (!advanced.ok()) {
+    // The plans are handed out through the gate: a bug, not bad input.
+    FailLocked(job, absl::StrCat("internal: ", advanced.message()),
+               static_cast<int>(absl::StatusCode::kInternal));
+    return advanced;
+  }
+  a->finished[k] = true;
+  a->reports[k] = r;
+  if (k == 0) {
+    a->lead_report = r;
+    a->have_lead_report = true;
+  }
+  job.parts[index].clock = r.step();
+  if (r.has_weights_crc32c()) {
+    job.weights_crc[job.parts[index].super_node] = r.weights_crc32c();
+  }
+  // Commit, in order, every step all its nodes have finished.
+  while (!Terminal(job) && !job.ending && job.current &&
+         std::all_of(job.current->finished.begin(), job.current->finished.end(),
+                     [](bool b) { return b; })) {
+    CommitLocked(job);
+  }
+  ++job.update;
+  changed_.SignalAll();
+  return response;
+}
+
+absl::StatusOr<v1::ExchangeUpdatesResponse> JobManager::ExchangeUpdates(
+    const v1::ExchangeUpdatesRequest& r, absl::Time deadline) {
+  const v1::GradientUpdate& u = r.update();
+  if (u.step() < 1 || u.round() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("update: step must be >= 1 and round >= 0, got step ",
+                     u.step(), " round ", u.round()));
+  }
+  if (u.payload().empty() || u.payload().size() % 4 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("update.payload: ", u.payload().size(),
+                     " bytes is not a non-empty whole number of float32"));
+  }
+  const uint32_t crc = Crc32c(u.payload());
+  if (crc != u.crc32c()) {
+    return absl::DataLossError(absl::StrFormat(
+        "update of %s step %d round %d: CRC-32C of the %d bytes is 0x%08x, "
+        "expected 0x%08x",
+        u.node_id(), u.step(), u.round(), u.payload().size(), crc, u.crc32c()));
+  }
+  absl::MutexLock lock(&mu_);
+  FUSIONRL_ASSIGN_OR_RETURN(Job * job,
+                            JobForNodeLocked(r.job_id(), u.node_id()));
+  if (!job->skewed) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        job->id,
+        " does not exchange updates (stalesync.max_clock_skew is 0 or it runs "
+        "on one super node); its steps use WorkService.Reduce"));
+  }
+  if (Terminal(*job)) {
+    return absl::AbortedError(absl::StrCat(job->id, " ended"));
+  }
+  deadline = std::min(
+      deadline,
+      absl::Now() + absl::Seconds(job->config.run.collective_timeout_seconds));
+  const int me = job->PartIndex(u.node_id());
+  const Job::Key key{u.step(), u.round()};
+  if (key <= job->handed_in[me]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "update: (step, round) must grow; ", u.node_id(), " handed in (",
+        job->handed_in[me].first, ", ", job->handed_in[me].second,
+        ") before, got (", u.step(), ", ", u.round(), ")"));
+  }
+  for (const auto& box : job->outbox) {
+    if (!box.empty() && box.front().payload.size() != u.payload().size()) {
+      const std::string msg = absl::StrCat(
+          "update of ", u.node_id(), " step ", u.step(), ": ",
+          u.payload().size(), " bytes, others ", box.front().payload.size(),
+          " (the super nodes run different models or code)");
+      FailLocked(*job, msg,
+                 static_cast<int>(absl::StatusCode::kInvalidArgument));
+      return absl::InvalidArgumentError(msg);
+    }
+  }
+  job->outbox[me].push_back({key, u.payload(), crc});
+  job->handed_in[me] = key;
+  changed_.SignalAll();
+
+  // Wait for every other live node's update of (due_step, round).
+  const Job::Key due{r.due_step(), u.round()};
+  for (;;) {
+    if (Terminal(*job)) {
+      return absl::AbortedError(
+          absl::StrCat(job->id, " ended: ", job->message));
+    }
+    std::vector<std::string> missing;
+    for (size_t m = 0; m < job->parts.size(); ++m) {
+      if (static_cast<int>(m) == me || job->parts[m].lost) continue;
+      if (r.due_step() >= job->first_step && job->handed_in[m] < due) {
+        missing.push_back(absl::StrCat(job->parts[m].node_id, " (at step ",
+                                       job->handed_in[m].first, " round ",
+                                       job->handed_in[m].second, ")"));
+      }
+    }
+    if (missing.empty()) break;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "update exchange of ", u.node_id(), " at step ", u.step(), " round ",
+          u.round(), ": waited for step ", r.due_step(), " round ", u.round(),
+          " of ", absl::StrJoin(missing, ", ")));
+    }
+    changed_.WaitWithDeadline(&mu_, deadline);
+  }
+
+  // Hand over what this node has not received, up to its own key; drop
+  // updates every other node has received.
+  v1::ExchangeUpdatesResponse response;
+  const int n = static_cast<int>(job->parts.size());
+  for (int m = 0; m < n; ++m) {
+    if (m == me) continue;
+    Job::Key& mark = job->delivered[me][m];
+    for (const Job::Update& up : job->outbox[m]) {
+      if (up.key <= mark) continue;
+      if (up.key > key) break;
+      v1::GradientUpdate* out = response.add_updates();
+      out->set_node_id(job->parts[m].node_id);
+      out->set_step(up.key.first);
+      out->set_round(up.key.second);
+      out->set_payload(up.payload);
+      out->set_crc32c(up.crc32c);
+      mark = up.key;
+    }
+    std::deque<Job::Update>& box = job->outbox[m];
+    while (!box.empty()) {
+      bool everyone = true;
+      for (int q = 0; q < n; ++q) {
+        if (q != m && !job->parts[q].lost &&
+            job->delivered[q][m] < box.front().key) {
+          everyone = false;
+        }
+      }
+      if (!everyone) break;
+      box.pop_front();
+    }
+  }
+  return response;
 }
 
 }  // namespace fusionrl

@@ -86,6 +86,11 @@ class JobManager {
   absl::StatusOr<v1::FinishStepResponse> FinishStep(
       const v1::FinishStepRequest& request, absl::Time deadline);
 
+  // StaleSync across super nodes: see proto/fusionrl/v1/work.proto. `deadline`:
+  // the caller's own (the job's collective timeout applies as well).
+  absl::StatusOr<v1::ExchangeUpdatesResponse> ExchangeUpdates(
+      const v1::ExchangeUpdatesRequest& request, absl::Time deadline);
+
   // --- cluster events -----------------------------------------------------
   // Nodes the registry declared lost (or that left).
   void NodesLost(const std::vector<std::string>& node_ids,
@@ -117,6 +122,22 @@ class JobManager {
   absl::Status StartLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Plans attempt 1 (new step) or the next attempt of the current step.
   void PlanStepLocked(Job& job, int64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The attempt PlanStepLocked would install (groups taken from the
+  // ledger), or null after failing the job.
+  std::unique_ptr<Attempt> MakeAttemptLocked(Job& job, int64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Node `k` of attempt `a`, card `local_rank`: its TRAIN plan.
+  void FillTrainPlanLocked(const Job& job, const Attempt& a, int k,
+                           int local_rank, v1::StepPlan* plan) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Skewed jobs: the attempt of step `want` for part `index` (planned now if
+  // the clock-skew gate lets the node start it), or null to wait.
+  absl::StatusOr<const Attempt*> SkewedAttemptLocked(Job& job, int index,
+                                                     int64_t want)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::FinishStepResponse> FinishSkewedStepLocked(
+      Job& job, const v1::FinishStepRequest& r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CommitLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BeginEndLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -10,8 +10,10 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "core/crc32c.h"
 #include "core/fake_clock.h"
 #include "core/node_registry.h"
+#include "core/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -95,6 +97,51 @@ class JobManagerTest : public ::testing::Test {
     auto id = jobs_.Submit(r);
     EXPECT_TRUE(id.ok()) << id.status();
     return *id;
+  }
+
+  std::string SubmitSkewed(int steps, int k) {
+    out_ = ::testing::TempDir() + "/job-manager-skew";
+    std::filesystem::remove_all(out_);
+    v1::SubmitJobRequest r;
+    r.set_config_yaml(JobYaml(out_, steps));
+    r.add_overrides(absl::StrCat("stalesync.max_clock_skew=", k));
+    auto id = jobs_.Submit(r);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return *id;
+  }
+
+  // Hands in `value` as node's update of (step, round 0); returns the values
+  // received, as "node:step=value".
+  absl::StatusOr<std::vector<std::string>> Exchange(const std::string& job,
+                                                    const std::string& node,
+                                                    int64_t step,
+                                                    int64_t due_step,
+                                                    float value) {
+    v1::ExchangeUpdatesRequest r;
+    r.set_job_id(job);
+    r.set_due_step(due_step);
+    v1::GradientUpdate* u = r.mutable_update();
+    u->set_node_id(node);
+    u->set_step(step);
+    u->set_round(0);
+    u->set_payload(std::string(reinterpret_cast<const char*>(&value), 4));
+    u->set_crc32c(Crc32c(u->payload()));
+    FUSIONRL_ASSIGN_OR_RETURN(
+        v1::ExchangeUpdatesResponse got,
+        jobs_.ExchangeUpdates(r, absl::Now() + absl::Seconds(10)));
+    std::vector<std::string> out;
+    for (const v1::GradientUpdate& g : got.updates()) {
+      float f = 0;
+      std::memcpy(&f, g.payload().data(), 4);
+      out.push_back(absl::StrCat(g.node_id(), ":", g.step(), "=", f));
+    }
+    return out;
+  }
+
+  int64_t SkewSeen(const std::string& job) {
+    auto st = jobs_.Status(job);
+    EXPECT_TRUE(st.ok());
+    return st.ok() ? st->max_clock_skew_seen() : -1;
   }
 
   FakeClock clock_;
@@ -258,6 +305,135 @@ TEST_F(JobManagerTest, CancelEndsAfterTheCurrentStepWithACheckpoint) {
   EXPECT_EQ(status->phase(), v1::JOB_PHASE_CANCELLED);
   EXPECT_EQ(status->step(), 1);
   EXPECT_THAT(status->summary_json(), HasSubstr("\"interrupted\": true"));
+}
+
+// StaleSync across super nodes, k = 1: a node may run one step ahead of the
+// slowest, never two; its exchange waits for the updates k steps old; every
+// update reaches the other node exactly once, in order; steps commit in
+// order once both nodes finished them; the last step syncs the weights.
+TEST_F(JobManagerTest, ClockSkewGatesPlansAndUpdatesArriveOnce) {
+  const std::string a = AddNode("a"), b = AddNode("b");
+  const std::string job = SubmitSkewed(3, 1);
+  v1::StepPlan a1 = Plan(job, a, 0), b1 = Plan(job, b, 0);
+  ASSERT_EQ(a1.kind(), v1::PLAN_KIND_TRAIN);
+  EXPECT_TRUE(a1.exchange_updates());
+  EXPECT_EQ(a1.updates_due_step(), 0);
+  EXPECT_FALSE(a1.sync_weights());
+  EXPECT_EQ(a1.step(), 1);
+  EXPECT_EQ(b1.rank(), 1);
+  // Step 1: nothing is due yet, nothing from b has arrived.
+  auto got = Exchange(job, a, 1, a1.updates_due_step(), 1.0f);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->empty());
+  ASSERT_TRUE(Finish(job, a, a1).ok());
+  // a at clock 1, b at 0: a may start step 2 (1 - 0 <= k)...
+  const v1::StepPlan a2 = Plan(job, a, 2);
+  ASSERT_EQ(a2.kind(), v1::PLAN_KIND_TRAIN);
+  EXPECT_EQ(a2.updates_due_step(), 1);
+  EXPECT_THAT(a2.groups(), ::testing::ElementsAre(4, 5));  // step 2's
+  // ...but its exchange waits for b's update of step 1.
+  absl::StatusOr<std::vector<std::string>> got_a;
+  std::thread ta([&] { got_a = Exchange(job, a, 2, 1, 3.0f); });
+  absl::SleepFor(absl::Milliseconds(50));
+  auto got_b = Exchange(job, b, 1, b1.updates_due_step(), 2.0f);
+  ta.join();
+  ASSERT_TRUE(got_b.ok()) << got_b.status();
+  EXPECT_THAT(*got_b, ::testing::ElementsAre(a + ":1=1"));  // not (2): ahead
+  ASSERT_TRUE(got_a.ok()) << got_a.status();
+  EXPECT_THAT(*got_a, ::testing::ElementsAre(b + ":1=2"));
+  ASSERT_TRUE(Finish(job, a, a2).ok());
+  EXPECT_EQ(SkewSeen(job), 2);  // a at 2, b at 0: k + 1, never more
+  // a at clock 2 may not start step 3 while b is at 0.
+  v1::GetStepPlanRequest wait;
+  wait.set_job_id(job);
+  wait.set_node_id(a);
+  wait.set_step(3);
+  auto blocked = jobs_.GetStepPlan(wait);
+  ASSERT_TRUE(blocked.ok());
+  EXPECT_EQ(blocked->kind(), v1::PLAN_KIND_WAIT);
+  ASSERT_TRUE(Finish(job, b, b1).ok());
+  auto st = jobs_.Status(job);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->step(), 1);  // step 1 committed: both finished it
+  // The last step is a sync step: its exchange waits for everything.
+  const v1::StepPlan a3 = Plan(job, a, 3);
+  ASSERT_EQ(a3.kind(), v1::PLAN_KIND_TRAIN);
+  EXPECT_TRUE(a3.sync_weights());
+  EXPECT_EQ(a3.updates_due_step(), 3);
+  const v1::StepPlan b2 = Plan(job, b, 2);
+  got_b = Exchange(job, b, 2, b2.updates_due_step(), 4.0f);
+  ASSERT_TRUE(got_b.ok());
+  EXPECT_THAT(*got_b, ::testing::ElementsAre(a + ":2=3"));
+  ASSERT_TRUE(Finish(job, b, b2).ok());
+  const v1::StepPlan b3 = Plan(job, b, 3);
+  std::thread tb([&] { got_b = Exchange(job, b, 3, 3, 6.0f); });
+  got_a = Exchange(job, a, 3, 3, 5.0f);
+  tb.join();
+  ASSERT_TRUE(got_a.ok() && got_b.ok());
+  EXPECT_THAT(*got_a, ::testing::ElementsAre(b + ":2=4", b + ":3=6"));
+  EXPECT_THAT(*got_b, ::testing::ElementsAre(a + ":3=5"));
+  // Each reports its weights' CRC after the sync; the job ends.
+  for (const auto& [node, plan] : {std::pair{a, a3}, std::pair{b, b3}}) {
+    v1::FinishStepRequest r;
+    r.set_job_id(job);
+    r.set_node_id(node);
+    r.set_step(3);
+    r.set_attempt(plan.attempt());
+    r.set_initial_eval_accuracy(-1);
+    r.set_eval_accuracy(-1);
+    r.set_weights_crc32c(0xabcd);
+    r.set_has_weights_crc32c(true);
+    ASSERT_TRUE(jobs_.FinishStep(r, absl::Now() + absl::Seconds(5)).ok());
+  }
+  const v1::StepPlan end = Plan(job, a, 4);
+  ASSERT_EQ(end.kind(), v1::PLAN_KIND_END);
+  ASSERT_TRUE(Finish(job, a, end).ok());
+  st = jobs_.Status(job);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->phase(), v1::JOB_PHASE_SUCCEEDED);
+  EXPECT_EQ(st->groups_trained(), 12);
+  EXPECT_EQ(st->max_clock_skew_seen(), 2);
+  EXPECT_THAT(st->summary_json(), HasSubstr("\"max_clock_skew_seen\": 2"));
+  EXPECT_THAT(st->summary_json(), HasSubstr("\"a\": 43981"));
+  EXPECT_THAT(st->summary_json(), HasSubstr("\"b\": 43981"));
+}
+
+TEST_F(JobManagerTest, UpdateExchangeRefusesBadInput) {
+  const std::string a = AddNode("a"), b = AddNode("b");
+  const std::string sync_job = Submit(2);
+  auto refused = Exchange(sync_job, a, 1, 0, 1.0f);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("max_clock_skew"));
+  ASSERT_TRUE(jobs_.Cancel(sync_job, "next").ok());
+  jobs_.NodesLost({}, "");
+  // A fresh pair of nodes for the skewed job.
+  const std::string c = AddNode("c"), d = AddNode("d");
+  const std::string job = SubmitSkewed(2, 1);
+  ASSERT_EQ(Plan(job, c, 0).kind(), v1::PLAN_KIND_TRAIN);
+  v1::ExchangeUpdatesRequest r;
+  r.set_job_id(job);
+  r.mutable_update()->set_node_id(c);
+  r.mutable_update()->set_step(1);
+  r.mutable_update()->set_payload(std::string(4, '\0'));
+  r.mutable_update()->set_crc32c(1);  // wrong
+  EXPECT_EQ(
+      jobs_.ExchangeUpdates(r, absl::Now() + absl::Seconds(1)).status().code(),
+      absl::StatusCode::kDataLoss);
+  r.mutable_update()->set_payload("abc");  // not float32
+  EXPECT_EQ(
+      jobs_.ExchangeUpdates(r, absl::Now() + absl::Seconds(1)).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(Exchange(job, c, 1, 0, 1.0f).ok());
+  auto again = Exchange(job, c, 1, 0, 1.0f);  // (step, round) must grow
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kInvalidArgument);
+  // A lost node fails a skewed job (no re-planning), and waits end.
+  jobs_.NodesLost({d}, "test");
+  auto st = jobs_.Status(job);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->phase(), v1::JOB_PHASE_FAILED);
+  EXPECT_THAT(st->message(), HasSubstr("max_clock_skew"));
+  EXPECT_EQ(Exchange(job, c, 2, 1, 1.0f).status().code(),
+            absl::StatusCode::kAborted);
 }
 
 }  // namespace

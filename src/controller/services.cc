@@ -147,6 +147,20 @@ grpc::Status WorkServiceImpl::GetStepPlan(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status WorkServiceImpl::ExchangeUpdates(
+    grpc::ServerContext* context, const v1::ExchangeUpdatesRequest* request,
+    v1::ExchangeUpdatesResponse* response) {
+  FUSIONRL_GRPC_RETURN_IF_ERROR(CheckAuth(*context, auth_token_));
+  FUSIONRL_GRPC_RETURN_IF_ERROR(CheckId(request->job_id(), "job_id"));
+  FUSIONRL_GRPC_RETURN_IF_ERROR(
+      CheckId(request->update().node_id(), "update.node_id"));
+  absl::StatusOr<v1::ExchangeUpdatesResponse> got =
+      jobs_.ExchangeUpdates(*request, CallDeadline(*context));
+  if (!got.ok()) return ToGrpcStatus(got.status());
+  *response = *std::move(got);
+  return grpc::Status::OK;
+}
+
 grpc::Status WorkServiceImpl::Reduce(grpc::ServerContext* context,
                                      const v1::ReduceRequest* request,
                                      v1::ReduceResponse* response) {

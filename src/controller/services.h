@@ -58,6 +58,9 @@ class WorkServiceImpl final : public v1::WorkService::Service {
   grpc::Status Reduce(grpc::ServerContext* context,
                       const v1::ReduceRequest* request,
                       v1::ReduceResponse* response) override;
+  grpc::Status ExchangeUpdates(grpc::ServerContext* context,
+                               const v1::ExchangeUpdatesRequest* request,
+                               v1::ExchangeUpdatesResponse* response) override;
   grpc::Status FinishStep(grpc::ServerContext* context,
                           const v1::FinishStepRequest* request,
                           v1::FinishStepResponse* response) override;

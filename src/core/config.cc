@@ -74,6 +74,9 @@ constexpr absl::string_view kKlModes[] = {"loss", "reward"};
 constexpr absl::string_view kBehaviourWeightLevels[] = {"token", "sequence"};
 constexpr absl::string_view kPlacementModes[] = {"colocated-sync",
                                                  "disaggregated", "fused"};
+constexpr absl::string_view kOffloadPolicies[] = {"never", "auto"};
+// 2^40 MiB = 1 EiB: any real budget, and its bytes still fit in int64.
+constexpr double kMaxCardBudgetMib = 1099511627776.0;
 
 // ---------------------------------------------------------------------------
 // The schema: every key of JobConfig, in file order. `V` is one of Reader,
@@ -178,12 +181,20 @@ void VisitPlacement(PlacementConfig& p, V& v) {
         AtLeast(0));
   v.Int("fused_train_threads", &p.fused_train_threads, Closed(0, 1024));
   v.Int("fused_rollout_threads", &p.fused_rollout_threads, Closed(0, 1024));
+  v.Bool("fused_share_idle_threads", &p.fused_share_idle_threads);
   v.Bool("fail_if_unplaceable", &p.fail_if_unplaceable);
 }
 
 template <class V>
 void VisitStaleSync(StaleSyncConfig& c, V& v) {
   v.Int("max_policy_lag", &c.max_policy_lag, Closed(0, 1024));
+  v.Int("max_clock_skew", &c.max_clock_skew, Closed(0, 1024));
+}
+
+template <class V>
+void VisitMemory(MemoryConfig& m, V& v) {
+  v.Double("card_budget_mib", &m.card_budget_mib, Closed(0, kMaxCardBudgetMib));
+  v.String("offload_optimizer", &m.offload_optimizer, OneOf(kOffloadPolicies));
 }
 
 template <class V>
@@ -210,6 +221,7 @@ void VisitJob(JobConfig& c, V& v) {
   v.Section("sft", [&] { VisitSft(c.sft, v); });
   v.Section("placement", [&] { VisitPlacement(c.placement, v); });
   v.Section("stalesync", [&] { VisitStaleSync(c.stalesync, v); });
+  v.Section("memory", [&] { VisitMemory(c.memory, v); });
   v.Section("cluster", [&] { VisitCluster(c.cluster, v); });
 }
 

@@ -289,6 +289,41 @@ TEST(ConfigTest, LoadsPlacementModesAndOverrides) {
                "'super_nodes'?)"});
 }
 
+TEST(ConfigTest, LoadsMemorySection) {
+  absl::StatusOr<JobConfig> config = ParseJobConfig("memory:\n", "job.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->memory.card_budget_mib, 0.0);
+  EXPECT_EQ(config->memory.offload_optimizer, "auto");
+
+  config = ParseJobConfig(
+      "memory:\n  card_budget_mib: 40960.5\n  offload_optimizer: never\n",
+      "job.yaml", {"memory.card_budget_mib=81920"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->memory.card_budget_mib, 81920.0);
+  EXPECT_EQ(config->memory.offload_optimizer, "never");
+
+  ExpectError("memory:\n  card_budget_mib: -1\n",
+              absl::StatusCode::kInvalidArgument,
+              {"job.yaml: memory.card_budget_mib: must be in [0, "
+               "1099511627776], got -1"});
+  ExpectError("memory:\n  card_budget_mib: lots\n",
+              absl::StatusCode::kInvalidArgument,
+              {"job.yaml: memory.card_budget_mib: expected a number, got "
+               "'lots'"});
+  ExpectError("memory:\n  offload_optimizer: always\n",
+              absl::StatusCode::kInvalidArgument,
+              {"job.yaml: memory.offload_optimizer: must be one of never, "
+               "auto; got 'always'"});
+  ExpectError("memory:\n  card_budget_mb: 64\n",
+              absl::StatusCode::kInvalidArgument,
+              {"job.yaml: memory.card_budget_mb: unknown key (did you mean "
+               "'card_budget_mib'?)"});
+  ExpectError("", absl::StatusCode::kInvalidArgument,
+              {"--set memory.offload_optimizer=sometimes: must be one of "
+               "never, auto; got 'sometimes'"},
+              {"memory.offload_optimizer=sometimes"});
+}
+
 TEST(ConfigTest, LoadJobConfigReadsFileAndSetsSourcePath) {
   const std::string path =
       WriteTempFile("load.yaml", "name: from_file\nrollout:\n  top_k: 5\n");
@@ -594,6 +629,8 @@ TEST(ConfigTest, RoundTripsThroughYaml) {
   c.placement.cards_per_super_node = 5;
   c.placement.rollout_cards_per_super_node = 2;
   c.placement.fail_if_unplaceable = true;
+  c.memory.card_budget_mib = 1536.25;
+  c.memory.offload_optimizer = "never";
 
   const std::string yaml = JobConfigToYaml(c);
   absl::StatusOr<JobConfig> back = ParseJobConfig(yaml, "rt.yaml");
@@ -613,6 +650,8 @@ TEST(ConfigTest, RoundTripsThroughYaml) {
   EXPECT_EQ(back->placement.mode, "disaggregated");
   EXPECT_EQ(back->placement.rollout_cards_per_super_node, 2);
   EXPECT_TRUE(back->placement.fail_if_unplaceable);
+  EXPECT_EQ(back->memory.card_budget_mib, 1536.25);
+  EXPECT_EQ(back->memory.offload_optimizer, "never");
 }
 
 TEST(ConfigTest, ToYamlIsReadable) {
@@ -629,8 +668,12 @@ TEST(ConfigTest, ToYamlIsReadable) {
                               "rollout_cards_per_super_node: 0\n  "
                               "fused_train_threads: 0\n  "
                               "fused_rollout_threads: 0\n  "
+                              "fused_share_idle_threads: true\n  "
                               "fail_if_unplaceable: false\n"));
-  EXPECT_THAT(yaml, HasSubstr("stalesync:\n  max_policy_lag: 0\n"));
+  EXPECT_THAT(yaml, HasSubstr("stalesync:\n  max_policy_lag: 0\n  "
+                              "max_clock_skew: 0\n"));
+  EXPECT_THAT(yaml, HasSubstr("memory:\n  card_budget_mib: 0.0\n  "
+                              "offload_optimizer: auto\n"));
   EXPECT_THAT(yaml, Not(HasSubstr("source_path")));
   // The defaults round-trip too.
   absl::StatusOr<JobConfig> back = ParseJobConfig(yaml, "");
@@ -802,6 +845,18 @@ TEST(ConfigTest, ValidateChecksRanges) {
       {[](JobConfig& c) { c.placement.rollout_cards_per_super_node = 1; },
        "placement.rollout_cards_per_super_node: must be 0 unless "
        "placement.mode is disaggregated, got 1"},
+      {[](JobConfig& c) { c.memory.card_budget_mib = -0.5; },
+       "memory.card_budget_mib: must be in [0, 1099511627776], got -0.5"},
+      {[](JobConfig& c) { c.memory.card_budget_mib = 2e12; },
+       "memory.card_budget_mib: must be in [0, 1099511627776], got 2e+12"},
+      {[](JobConfig& c) {
+         c.memory.card_budget_mib = std::numeric_limits<double>::quiet_NaN();
+       },
+       "memory.card_budget_mib: must be in [0, 1099511627776], got nan"},
+      {[](JobConfig& c) { c.memory.offload_optimizer = ""; },
+       "memory.offload_optimizer: must be one of never, auto; got ''"},
+      {[](JobConfig& c) { c.memory.offload_optimizer = "Auto"; },
+       "memory.offload_optimizer: must be one of never, auto; got 'Auto'"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.message);
@@ -846,6 +901,9 @@ TEST(ConfigTest, ValidateAcceptsEdgeValues) {
   EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
   c.placement.mode = "fused";
   c.placement.rollout_cards_per_super_node = 0;
+  EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
+  c.memory.card_budget_mib = 1099511627776.0;
+  c.memory.offload_optimizer = "never";
   EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
 }
 

@@ -20,6 +20,10 @@ absl::Status WriteSummary(const JobSummary& s) {
       {"checkpoint_dir", s.checkpoint_dir},
       {"interrupted", s.interrupted},
       {"resumed_from_step", s.resumed_from_step}};
+  if (!s.final_weights_crc32c.empty()) {
+    j["max_clock_skew_seen"] = s.max_clock_skew_seen;
+    j["final_weights_crc32c"] = s.final_weights_crc32c;
+  }
   return WriteFileAtomic(s.summary_path, j.dump(2) + "\n");
 }
 
@@ -42,6 +46,11 @@ absl::StatusOr<JobSummary> ParseSummary(const std::string& text) {
     s.checkpoint_dir = j.value("checkpoint_dir", "");
     s.interrupted = j.value("interrupted", false);
     s.resumed_from_step = j.value("resumed_from_step", int64_t{0});
+    s.max_clock_skew_seen = j.value("max_clock_skew_seen", int64_t{0});
+    if (j.contains("final_weights_crc32c")) {
+      s.final_weights_crc32c =
+          j["final_weights_crc32c"].get<std::map<std::string, uint32_t>>();
+    }
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(absl::StrCat("summary: ", e.what()));
   }

@@ -33,6 +33,15 @@ class GradientSync {
   // Replaces each tensor by its element-wise sum over all ranks. The tensors
   // are flattened into one buffer, so any number costs one collective.
   virtual absl::Status AllReduceSum(std::vector<at::Tensor>& tensors) = 0;
+
+  // Combines the gradients of one optimizer step across the data-parallel
+  // replicas (called by the trainer after backward when ExchangesGradients()).
+  // Default: their sum, i.e. AllReduceSum. StaleSync across super nodes
+  // overrides it (worker/hier_sync.h).
+  virtual bool ExchangesGradients() const { return world_size() > 1; }
+  virtual absl::Status ReduceGradients(std::vector<at::Tensor>& grads) {
+    return AllReduceSum(grads);
+  }
 };
 
 // Sums `values` over the ranks of `sync` (in place). A null `sync` or a

@@ -294,10 +294,15 @@ void PolicyModel::CopyWeightsFrom(const PolicyModel& other) {
 }
 
 std::unique_ptr<PolicyModel> PolicyModel::CloneFrozen() const {
+  return CloneFrozen(impl_->device);
+}
+
+std::unique_ptr<PolicyModel> PolicyModel::CloneFrozen(
+    c10::Device device) const {
   auto impl = std::make_unique<Impl>(
-      Impl{impl_->config, impl_->vocab_size, impl_->device, nullptr});
+      Impl{impl_->config, impl_->vocab_size, device, nullptr});
   impl->decoder = Decoder(impl_->config, impl_->vocab_size);
-  impl->decoder->to(impl_->device);
+  impl->decoder->to(device);
   std::unique_ptr<PolicyModel> clone(new PolicyModel(std::move(impl)));
   clone->CopyWeightsFrom(*this);
   for (auto& p : clone->impl_->decoder->parameters())

@@ -68,8 +68,10 @@ class PolicyModel {
   // rollout snapshots and the frozen reference policy.
   void CopyWeightsFrom(const PolicyModel& other);
 
-  // A new model with a copy of these weights, gradients off.
+  // A new model with a copy of these weights, gradients off, on this
+  // model's device or on `device` (a rollout card of its own).
   std::unique_ptr<PolicyModel> CloneFrozen() const;
+  std::unique_ptr<PolicyModel> CloneFrozen(c10::Device device) const;
 
   std::vector<at::Tensor> parameters() const;
   int64_t num_parameters() const;

@@ -151,6 +151,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   return trainer;
 }
 
+torch::optim::AdamW& Trainer::optimizer() { return *optim_state_->adamw; }
+const torch::optim::AdamW& Trainer::optimizer() const {
+  return *optim_state_->adamw;
+}
+
 absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
   const int64_t batch = static_cast<int64_t>(samples.size());
   if (batch == 0 || batch % group_size_ != 0) {
@@ -188,6 +193,7 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
   at::Tensor ref_logp;
   if (use_kl) {
     at::NoGradGuard no_grad;
+    if (compute_hook_) compute_hook_();
     reference_->set_training(false);
     ref_logp = ResponseLogProbs(*reference_, full, temperature_, nullptr);
   }
@@ -202,6 +208,7 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
   TrainStats stats;
   if (algo_.decoupled_loss) {
     at::NoGradGuard no_grad;
+    if (compute_hook_) compute_hook_();
     policy_.set_training(false);
     old_logp = ResponseLogProbs(policy_, full, temperature_, nullptr);
     double truncated = 0;
@@ -274,6 +281,7 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
       double mini_loss = 0;
       for (int64_t u0 = m0; u0 < m0 + m_n; u0 += micro) {
         const int64_t u_n = std::min(micro, m0 + m_n - u0);
+        if (compute_hook_) compute_hook_();
         const CollatedBatch mb = Slice(full, u0, u_n);
         const auto adv = advantages.narrow(0, u0, u_n);
         at::Tensor logits;
@@ -316,13 +324,13 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
         token_weight += mb_tokens;
       }
       auto params = policy_.parameters();
-      if (sync_ != nullptr && sync_->world_size() > 1) {
+      if (sync_ != nullptr && sync_->ExchangesGradients()) {
         std::vector<at::Tensor> grads;
         for (auto& p : params) {
           if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
           grads.push_back(p.grad());
         }
-        FUSIONRL_RETURN_IF_ERROR(sync_->AllReduceSum(grads));
+        FUSIONRL_RETURN_IF_ERROR(sync_->ReduceGradients(grads));
       }
       double grad_norm;
       if (optim_.grad_clip > 0) {

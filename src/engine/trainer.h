@@ -29,8 +29,10 @@
 #define FUSIONRL_ENGINE_TRAINER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -39,6 +41,10 @@
 #include "engine/model.h"
 #include "engine/sample.h"
 #include "fusionrl/config.h"
+
+namespace torch::optim {
+class AdamW;
+}  // namespace torch::optim
 
 namespace fusionrl {
 
@@ -99,6 +105,12 @@ class Trainer {
 
   int64_t version() const { return version_; }
   void set_version(int64_t v) { version_ = v; }
+  // Called before each forward pass of a step (each micro-batch, and the
+  // proximal/reference recomputations), on the training thread: RL Fusion
+  // uses it to resize the thread's intra-op pool to what the card has free.
+  void set_compute_hook(std::function<void()> hook) {
+    compute_hook_ = std::move(hook);
+  }
 
   // Optimizer state (torch archive), for checkpoints.
   absl::Status SaveOptimizer(const std::string& path) const;
@@ -107,6 +119,12 @@ class Trainer {
   // rolled back when a data-parallel peer is lost mid-step).
   absl::StatusOr<std::string> OptimizerState() const;
   absl::Status RestoreOptimizerState(const std::string& bytes);
+
+  // The AdamW optimizer itself, for memory accounting and for moving its
+  // state between devices (engine/memory_accounting.h). Owned by the
+  // trainer; not to be stepped or re-created by the caller.
+  torch::optim::AdamW& optimizer();
+  const torch::optim::AdamW& optimizer() const;
 
  private:
   Trainer(PolicyModel& policy, PolicyModel* reference, const JobConfig& config,
@@ -122,6 +140,7 @@ class Trainer {
   int max_new_tokens_;
   GradientSync* sync_;
   int64_t version_ = 0;
+  std::function<void()> compute_hook_;
   int64_t optimizer_steps_ = 0;
   std::unique_ptr<Optim> optim_state_;
 };

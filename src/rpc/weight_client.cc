@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "rpc/auth.h"
 #include "rpc/status_convert.h"
 #include "rpc/weight_chunks.h"
 
@@ -51,7 +52,8 @@ absl::Status PublishWeights(fusionrl::v1::WeightService::StubInterface& stub,
                             const std::string& job_id, int64_t version,
                             const std::string& super_node,
                             absl::string_view bytes, size_t chunk_bytes,
-                            absl::Duration deadline) {
+                            absl::Duration deadline,
+                            const std::string& auth_token) {
   const std::string what =
       absl::StrCat("PublishWeights(", job_id, " version ", version, ")");
   if (chunk_bytes < 1 || chunk_bytes > kMaxWeightChunkBytes) {
@@ -65,6 +67,7 @@ absl::Status PublishWeights(fusionrl::v1::WeightService::StubInterface& stub,
 
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  AttachToken(context, auth_token);
   PublishWeightsResponse response;
   std::unique_ptr<grpc::ClientWriterInterface<WeightChunk>> writer =
       stub.PublishWeights(&context, &response);
@@ -89,7 +92,8 @@ absl::Status PublishWeights(fusionrl::v1::WeightService::StubInterface& stub,
 
 absl::StatusOr<std::string> FetchWeights(
     fusionrl::v1::WeightService::StubInterface& stub, const std::string& job_id,
-    int64_t version, absl::Duration deadline, int64_t* version_out) {
+    int64_t version, absl::Duration deadline, int64_t* version_out,
+    const std::string& auth_token) {
   const std::string what =
       absl::StrCat("FetchWeights(", job_id, " version ", version, ")");
   if (absl::Status s = CheckDeadline(deadline); !s.ok()) {
@@ -98,6 +102,7 @@ absl::StatusOr<std::string> FetchWeights(
 
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  AttachToken(context, auth_token);
   FetchWeightsRequest request;
   request.set_job_id(job_id);
   request.set_version(version);

@@ -2,7 +2,8 @@
 // stream of checked chunks, fetch one version and check it end to end.
 //
 // Both are blocking calls on the caller's thread, each under a deadline the
-// caller gives (a call never waits longer); errors keep the server's code
+// caller gives (a call never waits longer), with the shared token when
+// `auth_token` is set (rpc/auth.h); errors keep the server's code
 // and message, prefixed with what was being done:
 // "FetchWeights(job-1 version 2): job-1 has no version 2; kept: 4, 5, 6".
 //
@@ -34,7 +35,8 @@ absl::Status PublishWeights(fusionrl::v1::WeightService::StubInterface& stub,
                             const std::string& job_id, int64_t version,
                             const std::string& super_node,
                             absl::string_view bytes, size_t chunk_bytes,
-                            absl::Duration deadline);
+                            absl::Duration deadline,
+                            const std::string& auth_token = "");
 
 // Downloads `version` of `job_id` (0 = the newest) and returns its bytes;
 // sets *version_out (when not null) to the version received. Checks every
@@ -48,7 +50,8 @@ absl::Status PublishWeights(fusionrl::v1::WeightService::StubInterface& stub,
 // default, enough for chunks up to about 4 MiB - 64 KiB).
 absl::StatusOr<std::string> FetchWeights(
     fusionrl::v1::WeightService::StubInterface& stub, const std::string& job_id,
-    int64_t version, absl::Duration deadline, int64_t* version_out);
+    int64_t version, absl::Duration deadline, int64_t* version_out,
+    const std::string& auth_token = "");
 
 }  // namespace fusionrl::rpc
 

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <utility>
@@ -19,8 +20,12 @@ constexpr double kFailed = 2;
 }  // namespace
 
 HierarchicalSync::HierarchicalSync(GradientSync* local, int local_rank,
-                                   CrossNodeReduce reduce)
-    : local_(local), local_rank_(local_rank), reduce_(std::move(reduce)) {
+                                   CrossNodeReduce reduce,
+                                   CrossNodeExchange exchange)
+    : local_(local),
+      local_rank_(local_rank),
+      reduce_(std::move(reduce)),
+      exchange_(std::move(exchange)) {
   rank_ = local_rank;
   world_ = local != nullptr ? local->world_size() : 1;
 }
@@ -32,6 +37,18 @@ void HierarchicalSync::BeginAttempt(int rank, int world_size, int nodes) {
   round_ = 0;
   cross_node_seconds_ = 0;
   cross_node_bytes_ = 0;
+  skewed_ = false;
+}
+
+void HierarchicalSync::BeginSkewedStep(int64_t step, int64_t due_step,
+                                       int nodes) {
+  BeginAttempt(local_rank_, local_ != nullptr ? local_->world_size() : 1,
+               nodes);
+  skewed_ = true;
+  step_ = step;
+  due_step_ = due_step;
+  updates_received_ = 0;
+  max_update_lag_ = 0;
 }
 
 absl::Status HierarchicalSync::LocalSum(std::vector<double>& values) {
@@ -44,7 +61,7 @@ absl::Status HierarchicalSync::AllReduceSum(std::vector<at::Tensor>& tensors) {
     absl::Status s = local_->AllReduceSum(tensors);
     if (!s.ok()) return s;
   }
-  if (nodes_ <= 1 || tensors.empty()) return absl::OkStatus();
+  if (skewed_ || nodes_ <= 1 || tensors.empty()) return absl::OkStatus();
 
   bool all_float = true;
   for (const at::Tensor& t : tensors) {
@@ -106,6 +123,89 @@ absl::Status HierarchicalSync::AllReduceSum(std::vector<at::Tensor>& tensors) {
   cross_node_bytes_ += flat.numel() * flat.element_size();
   int64_t offset = 0;
   for (at::Tensor& t : tensors) {
+    const int64_t n = t.numel();
+    t.copy_(flat.narrow(0, offset, n).view(t.sizes()));
+    offset += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HierarchicalSync::ReduceGradients(std::vector<at::Tensor>& grads) {
+  if (!skewed_) return world_ > 1 ? AllReduceSum(grads) : absl::OkStatus();
+  const bool multi_card = local_ != nullptr && local_->world_size() > 1;
+  if (multi_card) {
+    absl::Status s = local_->AllReduceSum(grads);
+    if (!s.ok()) return s;
+  }
+  if (grads.empty()) return absl::OkStatus();
+  std::vector<at::Tensor> flat_parts;
+  flat_parts.reserve(grads.size());
+  for (const at::Tensor& t : grads) {
+    if (t.scalar_type() != at::kFloat) {
+      return absl::UnimplementedError(
+          "StaleSync update exchange: gradients must be float32");
+    }
+    flat_parts.push_back(t.detach().reshape({-1}).to(at::kCPU));
+  }
+  at::Tensor flat = at::cat(flat_parts).contiguous();
+  const int64_t round = round_++;
+  const auto start = std::chrono::steady_clock::now();
+  const size_t bytes = flat.numel() * sizeof(float);
+
+  double outcome = kOk;
+  std::string error;
+  if (local_rank_ == 0) {
+    std::string payload(static_cast<const char*>(flat.data_ptr()), bytes);
+    absl::StatusOr<std::vector<ReceivedUpdate>> got =
+        exchange_
+            ? exchange_(step_, round, due_step_, std::move(payload))
+            : absl::FailedPreconditionError("no update exchange configured");
+    if (got.ok()) {
+      at::Tensor other = at::empty_like(flat);
+      for (const ReceivedUpdate& u : *got) {
+        if (u.payload.size() != bytes) {
+          outcome = kFailed;
+          error = absl::StrCat("update exchange at step ", step_, " round ",
+                               round, ": an update of ", u.payload.size(),
+                               " bytes, ours ", bytes);
+          break;
+        }
+        std::memcpy(other.data_ptr(), u.payload.data(), bytes);
+        flat.add_(other);
+        ++updates_received_;
+        max_update_lag_ = std::max(max_update_lag_, step_ - u.step);
+      }
+      flat.div_(static_cast<double>(nodes_));
+      cross_node_bytes_ += static_cast<int64_t>(bytes * (1 + got->size()));
+    } else {
+      outcome = got.status().code() == absl::StatusCode::kAborted ? kAborted
+                                                                  : kFailed;
+      error = std::string(got.status().message());
+    }
+  }
+  if (multi_card) {
+    if (local_rank_ != 0) flat.zero_();
+    std::vector<at::Tensor> share = {flat, at::tensor({outcome}, at::kDouble)};
+    absl::Status s = local_->AllReduceSum(share);
+    if (!s.ok()) return s;
+    flat = share[0];
+    outcome = share[1].item<double>();
+  }
+  if (outcome == kAborted) {
+    return absl::AbortedError(local_rank_ == 0 ? error
+                                               : "the job ended (update "
+                                                 "exchange aborted)");
+  }
+  if (outcome != kOk) {
+    return absl::UnavailableError(
+        local_rank_ == 0 ? error
+                         : "the node's update exchange failed on card 0");
+  }
+  cross_node_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  int64_t offset = 0;
+  for (at::Tensor& t : grads) {
     const int64_t n = t.numel();
     t.copy_(flat.narrow(0, offset, n).view(t.sizes()));
     offset += n;

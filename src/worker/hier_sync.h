@@ -27,19 +27,41 @@ namespace fusionrl {
 using CrossNodeReduce = std::function<absl::StatusOr<std::string>(
     int64_t round, v1::ReduceDtype dtype, std::string payload)>;
 
+// StaleSync across super nodes: hands this node's update of (step, round)
+// to the controller (WorkService.ExchangeUpdates) and returns the other
+// super nodes' updates received, oldest first per node.
+struct ReceivedUpdate {
+  int64_t step = 0;
+  std::string payload;  // float32 values, as sent
+};
+using CrossNodeExchange =
+    std::function<absl::StatusOr<std::vector<ReceivedUpdate>>(
+        int64_t step, int64_t round, int64_t due_step, std::string payload)>;
+
 class HierarchicalSync final : public GradientSync {
  public:
   // `local`: the node's c10d group (null for one card), borrowed.
   // `reduce` is called by local rank 0 only.
-  HierarchicalSync(GradientSync* local, int local_rank, CrossNodeReduce reduce);
+  HierarchicalSync(GradientSync* local, int local_rank, CrossNodeReduce reduce,
+                   CrossNodeExchange exchange = nullptr);
 
   // Starts an attempt: global rank and world, number of nodes; rounds are
   // numbered from 0 again.
   void BeginAttempt(int rank, int world_size, int nodes);
 
+  // Starts a step of a StaleSync job (plan.exchange_updates): every sum
+  // stays inside the node (rank and world are the node's), except the
+  // gradients: ReduceGradients() sums them over the node's cards, card 0
+  // exchanges the node's sum with the other super nodes' for `step` and
+  // applies (own + every other update received) / nodes, so each super
+  // node's update is applied once by every node, at most k steps late.
+  void BeginSkewedStep(int64_t step, int64_t due_step, int nodes);
+
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
   absl::Status AllReduceSum(std::vector<at::Tensor>& tensors) override;
+  bool ExchangesGradients() const override { return skewed_ || world_ > 1; }
+  absl::Status ReduceGradients(std::vector<at::Tensor>& grads) override;
 
   // Sums small flags over the node's cards only (no controller round); used
   // to share the outcome of the end-of-step call.
@@ -51,11 +73,21 @@ class HierarchicalSync final : public GradientSync {
   double cross_node_seconds() const { return cross_node_seconds_; }
   int64_t cross_node_bytes() const { return cross_node_bytes_; }
   int64_t rounds() const { return round_; }
+  // StaleSync steps, since BeginSkewedStep: updates of other super nodes
+  // applied, and how many steps behind this one the oldest of them was.
+  int64_t updates_received() const { return updates_received_; }
+  int64_t max_update_lag() const { return max_update_lag_; }
 
  private:
   GradientSync* local_;
   int local_rank_;
   CrossNodeReduce reduce_;
+  CrossNodeExchange exchange_;
+  bool skewed_ = false;
+  int64_t step_ = 0;
+  int64_t due_step_ = 0;
+  int64_t updates_received_ = 0;
+  int64_t max_update_lag_ = 0;
   int rank_ = 0;
   int world_ = 1;
   int nodes_ = 1;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/crc32c.h"
 #include "engine/checkpoint.h"
 #include "engine/test_util.h"
 #include "fusionrl/job.h"
@@ -248,19 +249,118 @@ TEST(RlJobTest, FusedStaleSyncNeverTrainsAboveTheLag) {
   }
 }
 
-TEST(RlJobTest, PlacementsNotAvailableYetAreRefusedClearly) {
-  JobConfig c = TinyRlJob("disaggregated", 2);
-  c.placement.mode = "disaggregated";
-  c.placement.cards_per_super_node = 2;
-  c.placement.rollout_cards_per_super_node = 1;
+// StaleSync across two super nodes with max_clock_skew k = 1: the clocks
+// never drift more than k + 1 apart, every update of the other super node
+// reaches the lead exactly once, and after the final sync both super nodes
+// hold the same weights, which are the checkpoint's.
+TEST(RlJobTest, ClockSkewAcrossSuperNodesIsBoundedAndEndsInOneWeightSet) {
+  JobConfig c = TinyRlJob("skew-k1", 12);
+  c.placement.super_nodes = 2;
+  c.stalesync.max_clock_skew = 1;
+  c.run.checkpoint_every = 4;
+  std::filesystem::remove_all(c.output_dir);
+  auto r = RunRlJob(c);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->steps, 12);
+  EXPECT_LE(r->max_clock_skew_seen, 2);
+  ASSERT_EQ(r->final_weights_crc32c.size(), 2u);
+  const uint32_t crc = r->final_weights_crc32c.begin()->second;
+  for (const auto& [super_node, node_crc] : r->final_weights_crc32c) {
+    EXPECT_EQ(node_crc, crc) << super_node;
+  }
+  auto model = testing_util::TinyModel(3);
+  ASSERT_TRUE(ReadCheckpoint(r->checkpoint_dir, *model, nullptr).ok());
+  std::string bytes;
+  for (const at::Tensor& p : model->parameters()) {
+    const at::Tensor t = p.contiguous();
+    bytes.append(static_cast<const char*>(t.data_ptr()),
+                 t.numel() * t.element_size());
+  }
+  EXPECT_EQ(Crc32c(bytes), crc);
+  EXPECT_TRUE(std::filesystem::exists(c.output_dir + "/checkpoints/step_4"));
+
+  std::ifstream in(c.output_dir + "/metrics.jsonl");
+  std::string line;
+  int rows = 0;
+  double received = 0;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["step"].get<int>(), ++rows);
+    EXPECT_LE(j["clock_skew"].get<int64_t>(), 2) << "step " << rows;
+    EXPECT_LE(j["max_update_lag"].get<double>(), 1) << "step " << rows;
+    received += j["updates_received"].get<double>();
+  }
+  EXPECT_EQ(rows, 12);
+  // One optimizer round per step: the other node's 12 updates, each once.
+  EXPECT_EQ(received, 12);
+}
+
+// Disaggregated: one card samples, the other trains. With s = 0 the rollout
+// card samples each step from the weights the synchronous loop would, with
+// the same seeds: the colocated run bit for bit. With s = 1 it runs ahead,
+// never more than one version.
+TEST(RlJobTest, DisaggregatedCardsSampleForTheTrainingCard) {
+  JobConfig sync = TinyRlJob("disagg-sync-reference", 6);
+  std::filesystem::remove_all(sync.output_dir);
+  auto a = RunRlJob(sync);
+  ASSERT_TRUE(a.ok()) << a.status();
+  JobConfig d = TinyRlJob("disaggregated-lag0", 6);
+  d.placement.mode = "disaggregated";
+  d.placement.cards_per_super_node = 2;
+  d.placement.rollout_cards_per_super_node = 1;
+  std::filesystem::remove_all(d.output_dir);
+  auto b = RunRlJob(d);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(Rewards(d.output_dir), Rewards(sync.output_dir));
+  ExpectSameWeights(a->checkpoint_dir, b->checkpoint_dir);
+
+  d = TinyRlJob("disaggregated-lag1", 12);
+  d.placement.mode = "disaggregated";
+  d.placement.cards_per_super_node = 3;  // 1 rollout card for 2 trainers
+  d.placement.rollout_cards_per_super_node = 1;
+  d.stalesync.max_policy_lag = 1;
+  d.algorithm.decoupled_loss = true;
+  std::filesystem::remove_all(d.output_dir);
+  auto c = RunRlJob(d);
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::ifstream in(d.output_dir + "/metrics.jsonl");
+  std::string line;
+  int rows = 0;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    EXPECT_LE(j["max_staleness"].get<int64_t>(), 1) << "step " << j["step"];
+    EXPECT_EQ(j["cards"].get<int>(), 2);  // the training cards
+    ++rows;
+  }
+  EXPECT_EQ(rows, 12);
+}
+
+// A card whose memory budget cannot hold the rollout's KV cache fails the
+// job with the card's books in the message, not with an allocator crash.
+TEST(RlJobTest, KvCacheOverTheCardBudgetFailsClearly) {
+  JobConfig c = TinyRlJob("tiny-budget", 2);
+  c.memory.card_budget_mib = 0.3;  // the weights alone take ~0.1 MiB
+  c.memory.offload_optimizer = "never";
+  std::filesystem::remove_all(c.output_dir);
+  auto st = RunRlJob(c).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_NE(st.message().find("KV cache needs"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("budget"), std::string::npos) << st;
+}
+
+TEST(RlJobTest, UnevenPlacementsAreRefusedClearly) {
+  JobConfig c = TinyRlJob("uneven-cards", 2);
+  c.placement.cards_per_super_node = 3;  // 4 prompt groups over 3 cards
   auto st = RunRlJob(c).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(st.message().find("placement.mode"), std::string::npos);
-  c = TinyRlJob("uneven-cards", 2);
-  c.placement.cards_per_super_node = 3;  // 4 prompt groups over 3 cards
+  EXPECT_NE(st.message().find("rollout.prompts_per_step"), std::string::npos);
+  c = TinyRlJob("uneven-train-cards", 2);
+  c.placement.mode = "disaggregated";
+  c.placement.cards_per_super_node = 4;  // 3 training cards
+  c.placement.rollout_cards_per_super_node = 1;
   st = RunRlJob(c).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(st.message().find("rollout.prompts_per_step"), std::string::npos);
+  EXPECT_NE(st.message().find("training cards"), std::string::npos);
 }
 
 TEST(RlJobTest, ResumeWithoutCheckpointIsNotFound) {

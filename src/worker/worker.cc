@@ -16,20 +16,26 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "core/crc32c.h"
+#include "core/memory_manager.h"
 #include "core/metrics.h"
 #include "core/seed.h"
 #include "core/status_macros.h"
 #include "engine/checkpoint.h"
 #include "engine/grad_sync.h"
 #include "engine/job_common.h"
+#include "engine/memory_accounting.h"
 #include "engine/rollout.h"
 #include "engine/sample.h"
 #include "engine/trainer.h"
 #include "fusionrl/config.h"
 #include "fusionrl/v1/node.grpc.pb.h"
+#include "fusionrl/v1/weight.grpc.pb.h"
 #include "fusionrl/v1/work.grpc.pb.h"
 #include "rpc/auth.h"
 #include "rpc/status_convert.h"
+#include "rpc/weight_chunks.h"
+#include "rpc/weight_client.h"
 #include "spdlog/spdlog.h"
 #include "worker/hier_sync.h"
 
@@ -55,6 +61,7 @@ struct Worker::State {
   WorkerOptions options;
   std::unique_ptr<v1::NodeService::Stub> node_stub;
   std::unique_ptr<v1::WorkService::Stub> work_stub;
+  std::unique_ptr<v1::WeightService::Stub> weight_stub;
   std::string node_id;
   absl::Duration heartbeat_interval = absl::Seconds(1);
 
@@ -67,7 +74,19 @@ struct Worker::State {
   // Per card: in a job, and microseconds spent in rollout + train.
   struct CardCounters {
     std::atomic<bool> active{false};
+    std::atomic<int> role{v1::CARD_ROLE_IDLE};  // while active
     std::atomic<int64_t> busy_us{0};
+    // The card's memory books while it runs a job (heartbeats report them).
+    absl::Mutex memory_mu;
+    std::shared_ptr<CardMemoryManager> memory ABSL_GUARDED_BY(memory_mu);
+    void SetMemory(std::shared_ptr<CardMemoryManager> m) {
+      absl::MutexLock lock(&memory_mu);
+      memory = std::move(m);
+    }
+    std::shared_ptr<CardMemoryManager> Memory() {
+      absl::MutexLock lock(&memory_mu);
+      return memory;
+    }
   };
   std::vector<std::unique_ptr<CardCounters>> cards;
 
@@ -104,9 +123,14 @@ struct CardJob {
   const JobConfig* config = nullptr;
   std::string resume_checkpoint;
   int local_rank = 0;
-  int local_cards = 1;
+  int local_cards = 1;            // cards that train (the local ranks)
+  int assigned_cards = 1;         // all the node's cards in the job
+  int rollout_cards = 0;          // disaggregated: cards that only sample
   GradientSync* local = nullptr;  // node's c10d group; null for one card
   Worker::State::CardCounters* counters = nullptr;
+  // disaggregated: the rollout card serving this one, and its device.
+  Worker::State::CardCounters* rollout_counters = nullptr;
+  std::string rollout_device;
   NodeRendezvous* rendezvous = nullptr;
 };
 
@@ -137,6 +161,68 @@ absl::Status RestoreSnapshot(const Snapshot& s, PolicyModel& policy,
   FUSIONRL_RETURN_IF_ERROR(trainer.RestoreOptimizerState(s.optimizer));
   trainer.set_version(s.version);
   return absl::OkStatus();
+}
+
+// The weights' raw bytes in parameter order (what a weight sync copies and
+// its CRC-32C covers).
+std::string WeightBytes(PolicyModel& policy) {
+  std::string out;
+  for (const at::Tensor& p : policy.parameters()) {
+    const at::Tensor c = p.detach().to(at::kCPU).contiguous();
+    out.append(static_cast<const char*>(c.data_ptr()),
+               c.numel() * c.element_size());
+  }
+  return out;
+}
+
+uint32_t WeightsCrc32c(PolicyModel& policy) {
+  return Crc32c(WeightBytes(policy));
+}
+
+// A weight-sync blob: 8 bytes of weight length, the weights, the optimizer
+// state (Trainer::OptimizerState).
+absl::StatusOr<std::string> SerializeState(PolicyModel& policy,
+                                           const Trainer& trainer) {
+  std::string weights = WeightBytes(policy);
+  FUSIONRL_ASSIGN_OR_RETURN(std::string optimizer, trainer.OptimizerState());
+  const uint64_t n = weights.size();
+  std::string out(reinterpret_cast<const char*>(&n), sizeof(n));
+  out += weights;
+  out += optimizer;
+  return out;
+}
+
+absl::Status AdoptState(const std::string& blob, PolicyModel& policy,
+                        Trainer& trainer) {
+  uint64_t n = 0;
+  if (blob.size() < sizeof(n)) {
+    return absl::DataLossError("weight sync: blob shorter than its header");
+  }
+  std::memcpy(&n, blob.data(), sizeof(n));
+  if (n > blob.size() - sizeof(n)) {
+    return absl::DataLossError(absl::StrCat("weight sync: blob of ",
+                                            blob.size(), " bytes says ", n,
+                                            " bytes of weights"));
+  }
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> params = policy.parameters();
+  size_t offset = sizeof(n);
+  for (at::Tensor& p : params) {
+    const size_t bytes = p.numel() * p.element_size();
+    if (offset + bytes > sizeof(n) + n) {
+      return absl::DataLossError(
+          "weight sync: the lead's weights are smaller than this model's");
+    }
+    at::Tensor host = at::empty(p.sizes(), p.options().device(at::kCPU));
+    std::memcpy(host.data_ptr(), blob.data() + offset, bytes);
+    p.copy_(host);
+    offset += bytes;
+  }
+  if (offset != sizeof(n) + n) {
+    return absl::DataLossError(
+        "weight sync: the lead's weights are larger than this model's");
+  }
+  return trainer.RestoreOptimizerState(blob.substr(offset));
 }
 
 // One step's sampled and scored prompt groups of one card.
@@ -179,6 +265,15 @@ struct Fusion {
   absl::Status error;
   bool stop = false;
   std::thread thread;
+  // Intra-op threads of each role; in fused mode a role whose partner is
+  // idle borrows the partner's share (the card's compute is never left
+  // idle while one role has work).
+  int train_threads = 1;
+  int rollout_threads = 1;
+  int card_threads = 1;  // the card's whole share
+  bool share_idle_threads = false;
+  std::atomic<bool> rollout_sampling{false};
+  std::atomic<bool> trainer_waiting{false};
 };
 
 class CardRunner {
@@ -191,10 +286,19 @@ class CardRunner {
  private:
   // Samples and scores `groups` for `step` with `engine` (weights of
   // `version`); thread-safe with respect to the trainer.
+  // `memory`: the books of the card it samples on; `on_trainer_thread`:
+  // whether this thread may move the optimizer state itself.
   absl::StatusOr<RolloutBatch> SampleGroups(RolloutEngine& engine,
                                             const std::vector<uint64_t>& groups,
                                             int64_t step, int rank,
-                                            int64_t version) const;
+                                            int64_t version,
+                                            CardMemoryManager& memory,
+                                            bool on_trainer_thread) const;
+  // Before a training step: carries out an optimizer offload the rollout
+  // thread was granted, and brings the state back when it fits.
+  absl::Status PrepareOptimizer();
+  std::shared_ptr<CardMemoryManager> memory_;          // this card
+  std::shared_ptr<CardMemoryManager> rollout_memory_;  // its rollout card's
   // Fused mode: the prefetched batch of `plan` (resetting the rollout thread
   // when the plan is not what it predicted).
   absl::StatusOr<RolloutBatch> TakeFusedBatch(const v1::StepPlan& plan);
@@ -203,6 +307,10 @@ class CardRunner {
   void StopFusion();
   std::unique_ptr<Fusion> fusion_;
 
+  // StaleSync across super nodes, after a sync_weights step: the lead card
+  // publishes its weights and optimizer state, the cards of the other super
+  // nodes adopt them. Returns the bytes this card sent or received.
+  absl::StatusOr<int64_t> SyncWeights(const v1::StepPlan& plan);
   // One attempt of one step. Fills `report` (lead: metrics).
   absl::Status TrainStep(const v1::StepPlan& plan,
                          v1::FinishStepRequest& report);
@@ -345,7 +453,9 @@ absl::Status CardRunner::Run() {
   const int threads = job_.node->options.threads > 0
                           ? job_.node->options.threads
                           : cfg.num_threads;
-  at::set_num_threads(std::max(1, threads / job_.local_cards));
+  // Each of the node's cards in the job gets an equal share of the threads.
+  const int per_card = std::max(1, threads / job_.assigned_cards);
+  at::set_num_threads(per_card);
   PolicyModel& policy = *ctx_.policy;
   if (cfg.algorithm.kl_coef > 0) reference_ = policy.CloneFrozen();
   Worker::State* node = job_.node;
@@ -370,6 +480,37 @@ absl::Status CardRunner::Run() {
         grpc::Status s = node->work_stub->Reduce(&ctx, request, &response);
         if (!s.ok()) return rpc::FromGrpcStatus(s);
         return std::move(*response.mutable_payload());
+      },
+      [this, node, job_id](
+          int64_t step, int64_t round, int64_t due_step,
+          std::string payload) -> absl::StatusOr<std::vector<ReceivedUpdate>> {
+        v1::ExchangeUpdatesRequest request;
+        request.set_job_id(job_id);
+        request.set_due_step(due_step);
+        v1::GradientUpdate* u = request.mutable_update();
+        u->set_node_id(node->node_id);
+        u->set_step(step);
+        u->set_round(round);
+        u->set_crc32c(Crc32c(payload));
+        *u->mutable_payload() = std::move(payload);
+        grpc::ClientContext ctx;
+        node->Prepare(ctx,
+                      absl::Seconds(config().run.collective_timeout_seconds) +
+                          node->options.rpc_timeout);
+        v1::ExchangeUpdatesResponse response;
+        grpc::Status s =
+            node->work_stub->ExchangeUpdates(&ctx, request, &response);
+        if (!s.ok()) return rpc::FromGrpcStatus(s);
+        std::vector<ReceivedUpdate> out;
+        for (v1::GradientUpdate& got : *response.mutable_updates()) {
+          if (Crc32c(got.payload()) != got.crc32c()) {
+            return absl::DataLossError(
+                absl::StrCat("update of ", got.node_id(), " step ", got.step(),
+                             " round ", got.round(), ": CRC-32C mismatch"));
+          }
+          out.push_back({got.step(), std::move(*got.mutable_payload())});
+        }
+        return out;
       });
   FUSIONRL_ASSIGN_OR_RETURN(
       trainer_, Trainer::Create(policy, reference_.get(), cfg,
@@ -389,16 +530,58 @@ absl::Status CardRunner::Run() {
         ReadCheckpoint(job_.resume_checkpoint, policy, trainer_.get()));
     trainer_->set_version(meta.policy_version);
   }
-  if (cfg.placement.mode == "fused") {
-    // RL Fusion: this thread trains with half the card's threads, a rollout
-    // thread samples with the rest.
-    const int per_card = std::max(1, threads / job_.local_cards);
-    const int train_threads = cfg.placement.fused_train_threads > 0
-                                  ? cfg.placement.fused_train_threads
-                                  : std::max(1, per_card / 2);
-    at::set_num_threads(train_threads);
+  FUSIONRL_ASSIGN_OR_RETURN(
+      memory_, CardMemoryManager::Create(job_.local_rank, cfg.memory));
+  memory_->Set(
+      MemoryCategory::kWeights,
+      ParameterBytes(policy) + (reference_ ? ParameterBytes(*reference_) : 0));
+  memory_->Set(MemoryCategory::kOptimizer, OptimizerStateBytes(*trainer_));
+  job_.counters->SetMemory(memory_);
+  rollout_memory_ = memory_;
+  if (job_.rollout_counters != nullptr) {
+    FUSIONRL_ASSIGN_OR_RETURN(
+        rollout_memory_,
+        CardMemoryManager::Create(job_.local_rank, cfg.memory));
+    job_.rollout_counters->SetMemory(rollout_memory_);
+  }
+  const bool fused = cfg.placement.mode == "fused";
+  if (fused || cfg.placement.mode == "disaggregated") {
     fusion_ = std::make_unique<Fusion>();
-    fusion_->snapshot = policy.CloneFrozen();
+    if (fused) {
+      // RL Fusion: this thread trains with half the card's threads, a
+      // rollout thread samples with the rest; either borrows the other's
+      // share while the other is idle.
+      fusion_->train_threads = cfg.placement.fused_train_threads > 0
+                                   ? cfg.placement.fused_train_threads
+                                   : std::max(1, per_card / 2);
+      fusion_->rollout_threads =
+          cfg.placement.fused_rollout_threads > 0
+              ? cfg.placement.fused_rollout_threads
+              : std::max(1, per_card - fusion_->train_threads);
+      fusion_->share_idle_threads = cfg.placement.fused_share_idle_threads;
+      fusion_->card_threads = std::max(per_card, fusion_->train_threads);
+      fusion_->snapshot = policy.CloneFrozen();
+    } else {
+      // Disaggregated: this card trains with its whole share; the rollout
+      // thread samples on its rollout card with that card's share (split
+      // between the training cards it serves).
+      const int served = std::max(1, job_.local_cards / job_.rollout_cards);
+      fusion_->train_threads = per_card;
+      fusion_->rollout_threads = std::max(1, per_card / served);
+      FUSIONRL_ASSIGN_OR_RETURN(c10::Device rollout_device,
+                                ResolveDevice(job_.rollout_device));
+      fusion_->snapshot = policy.CloneFrozen(rollout_device);
+    }
+    rollout_memory_->Set(MemoryCategory::kSnapshot,
+                         ParameterBytes(*fusion_->snapshot));
+    at::set_num_threads(fusion_->train_threads);
+    if (fusion_->share_idle_threads) {
+      Fusion* f = fusion_.get();
+      trainer_->set_compute_hook([f] {
+        at::set_num_threads(f->rollout_sampling.load() ? f->train_threads
+                                                       : f->card_threads);
+      });
+    }
     fusion_->engine = std::make_unique<RolloutEngine>(
         *fusion_->snapshot, ctx_.tokenizer->pad_id(), ctx_.tokenizer->eos_id());
     fusion_->snapshot_version = trainer_->version();
@@ -453,10 +636,16 @@ absl::Status CardRunner::Run() {
     }
     plan_step_ = plan.step();
     plan_attempt_ = plan.attempt();
-    sync_->BeginAttempt(plan.rank(), plan.world_size(), plan.nodes());
-    // Only a step shared with other nodes can be aborted by a node loss.
+    if (plan.exchange_updates()) {
+      sync_->BeginSkewedStep(plan.step(), plan.updates_due_step(),
+                             plan.nodes());
+    } else {
+      sync_->BeginAttempt(plan.rank(), plan.world_size(), plan.nodes());
+    }
+    // Only a synchronous step shared with other nodes can be aborted by a
+    // node loss (a StaleSync job fails instead).
     std::optional<Snapshot> snapshot;
-    if (plan.nodes() > 1) {
+    if (plan.nodes() > 1 && !plan.exchange_updates()) {
       FUSIONRL_ASSIGN_OR_RETURN(snapshot, TakeSnapshot(policy, *trainer_));
     }
     v1::FinishStepRequest report;
@@ -467,6 +656,15 @@ absl::Status CardRunner::Run() {
     report.set_initial_eval_accuracy(-1);
     report.set_eval_accuracy(-1);
     absl::Status step = TrainStep(plan, report);
+    if (step.ok() && node->options.debug_step_delay > absl::ZeroDuration()) {
+      absl::SleepFor(node->options.debug_step_delay);  // fault injection
+    }
+    if (plan.exchange_updates() && absl::IsAborted(step)) {
+      // The job ended under us (a StaleSync job does not roll back); the
+      // next plan says how.
+      next = plan.step() + 1;
+      continue;
+    }
     bool committed = false;
     if (step.ok() && job_.local_rank == 0) {
       absl::StatusOr<bool> done = Finish(report);
@@ -518,7 +716,8 @@ absl::Status CardRunner::Run() {
 
 absl::StatusOr<RolloutBatch> CardRunner::SampleGroups(
     RolloutEngine& engine, const std::vector<uint64_t>& groups, int64_t step,
-    int rank, int64_t version) const {
+    int rank, int64_t version, CardMemoryManager& memory,
+    bool on_trainer_thread) const {
   const JobConfig& cfg = config();
   const auto& rc = cfg.rollout;
   const auto t0 = SteadyClock::now();
@@ -546,13 +745,35 @@ absl::StatusOr<RolloutBatch> CardRunner::SampleGroups(
   sampling.max_new_tokens = rc.max_new_tokens;
   uint64_t seed = MixSeed(MixSeed(cfg.seed, kRolloutStream), step);
   if (rank > 0) seed = MixSeed(seed, rank);
-  FUSIONRL_ASSIGN_OR_RETURN(auto completions,
-                            engine.Generate(prompts, sampling, seed));
+  // The KV cache of the round: granted by the card's memory books, which
+  // may first move the optimizer state to host memory.
+  size_t longest = 0;
+  for (const auto& p : prompts) longest = std::max(longest, p.size());
+  const MemoryDecision kv = memory.RequestKvCache(
+      KvCacheBytesFor(cfg.model, static_cast<int64_t>(prompts.size()),
+                      static_cast<int64_t>(longest) + rc.max_new_tokens));
+  if (!kv.granted()) return absl::ResourceExhaustedError(kv.message);
+  if (kv.outcome == MemoryDecision::Outcome::kGrantedAfterOffload) {
+    if (on_trainer_thread) {
+      FUSIONRL_RETURN_IF_ERROR(MoveOptimizerState(*trainer_, c10::kCPU));
+      memory.OptimizerOffloaded(OptimizerStateBytes(*trainer_));
+    } else if (ctx_.policy->device().is_cpu()) {
+      // Host and card are the same memory: only the books move.
+      memory.OptimizerOffloaded(kv.offload_bytes);
+    } else {
+      // The trainer moves it before its next step (PrepareOptimizer).
+      FUSIONRL_RETURN_IF_ERROR(memory.WaitOptimizerOffloaded(
+          absl::Now() + absl::Seconds(cfg.run.collective_timeout_seconds)));
+    }
+  }
+  auto completions = engine.Generate(prompts, sampling, seed);
+  memory.Set(MemoryCategory::kKvCache, 0);
+  if (!completions.ok()) return completions.status();
   for (size_t i = 0; i < batch.samples.size(); ++i) {
     Sample& s = batch.samples[i];
-    s.response_ids = std::move(completions[i].tokens);
-    s.behaviour_logp = std::move(completions[i].logp);
-    s.finished = completions[i].finished;
+    s.response_ids = std::move((*completions)[i].tokens);
+    s.behaviour_logp = std::move((*completions)[i].logp);
+    s.finished = (*completions)[i].finished;
     const Verdict v =
         ctx_.reward->Score(batch.problems[i / rc.group_size],
                            DecodeResponse(*ctx_.tokenizer, s.response_ids));
@@ -594,13 +815,9 @@ void CardRunner::RolloutLoop() {
   const JobConfig& cfg = config();
   const int64_t lag = cfg.stalesync.max_policy_lag;
   const uint64_t per_step = cfg.rollout.prompts_per_step;
-  const int threads = job_.node->options.threads > 0
-                          ? job_.node->options.threads
-                          : cfg.num_threads;
-  const int per_card = std::max(1, threads / job_.local_cards);
-  at::set_num_threads(cfg.placement.fused_rollout_threads > 0
-                          ? cfg.placement.fused_rollout_threads
-                          : std::max(1, per_card - std::max(1, per_card / 2)));
+  at::set_num_threads(f.rollout_threads);
+  Worker::State::CardCounters* counters =
+      job_.rollout_counters != nullptr ? job_.rollout_counters : job_.counters;
   absl::MutexLock lock(&f.mu);
   double gate_wait = 0;
   while (!f.stop) {
@@ -624,16 +841,19 @@ void CardRunner::RolloutLoop() {
     const uint64_t generation = f.generation;
     const int rank = f.rank;
     const int64_t version = f.snapshot_version;
+    f.rollout_sampling = true;
     f.mu.Unlock();
     absl::StatusOr<RolloutBatch> batch;
     try {
-      batch = SampleGroups(*f.engine, groups, u, rank, version);
+      batch = SampleGroups(*f.engine, groups, u, rank, version,
+                           *rollout_memory_, /*on_trainer_thread=*/false);
     } catch (const std::exception& e) {
       batch = absl::InternalError(absl::StrCat("rollout thread: ", e.what()));
     }
-    job_.counters->busy_us +=
+    counters->busy_us +=
         batch.ok() ? static_cast<int64_t>(batch->seconds * 1e6) : 0;
     f.mu.Lock();
+    f.rollout_sampling = false;
     if (generation != f.generation) continue;  // reset meanwhile: drop it
     if (!batch.ok()) {
       f.error = batch.status();
@@ -691,6 +911,66 @@ absl::StatusOr<RolloutBatch> CardRunner::TakeFusedBatch(
   return batch;
 }
 
+absl::StatusOr<int64_t> CardRunner::SyncWeights(const v1::StepPlan& plan) {
+  Worker::State* node = job_.node;
+  const std::string key = absl::StrCat(job_.job_id, "/sync");
+  const absl::Duration timeout =
+      absl::Seconds(config().run.collective_timeout_seconds);
+  if (plan.rank() == 0) {
+    FUSIONRL_ASSIGN_OR_RETURN(std::string blob,
+                              SerializeState(*ctx_.policy, *trainer_));
+    FUSIONRL_RETURN_IF_ERROR(rpc::PublishWeights(
+        *node->weight_stub, key, plan.step(), node->options.super_node, blob,
+        rpc::kDefaultWeightChunkBytes, timeout, node->options.auth_token));
+    return static_cast<int64_t>(blob.size());
+  }
+  if (plan.rank() < job_.local_cards) {
+    return 0;  // the lead's node: identical to the lead card already
+  }
+  // The lead publishes after its own last exchange round, which waited for
+  // ours: poll briefly until it is there.
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    absl::StatusOr<std::string> blob =
+        rpc::FetchWeights(*node->weight_stub, key, plan.step(), timeout,
+                          nullptr, node->options.auth_token);
+    if (blob.ok()) {
+      FUSIONRL_RETURN_IF_ERROR(AdoptState(*blob, *ctx_.policy, *trainer_));
+      return static_cast<int64_t>(blob->size());
+    }
+    if (!absl::IsNotFound(blob.status()) || absl::Now() >= deadline) {
+      return absl::Status(blob.status().code(),
+                          absl::StrCat("weight sync after step ", plan.step(),
+                                       ": ", blob.status().message()));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+absl::Status CardRunner::PrepareOptimizer() {
+  CardMemoryManager& m = *memory_;
+  if (m.offload_in_flight()) {
+    FUSIONRL_RETURN_IF_ERROR(MoveOptimizerState(*trainer_, c10::kCPU));
+    m.OptimizerOffloaded(OptimizerStateBytes(*trainer_));
+  }
+  if (!m.optimizer_offloaded()) return absl::OkStatus();
+  const c10::Device device = ctx_.policy->device();
+  int64_t back = m.OptimizerRestoreNeeded() ? 1 : 0;
+  if (back == 0 && !device.is_cpu()) {
+    // AdamW needs its state next to the parameters: wait for the room.
+    FUSIONRL_ASSIGN_OR_RETURN(
+        back, m.WaitOptimizerRestore(
+                  absl::Now() +
+                  absl::Seconds(config().run.collective_timeout_seconds)));
+  }
+  if (back > 0) {
+    FUSIONRL_RETURN_IF_ERROR(MoveOptimizerState(*trainer_, device));
+    m.OptimizerRestored(OptimizerStateBytes(*trainer_));
+  }
+  // On a CPU card a state left "on the host" is the same memory: step on.
+  return absl::OkStatus();
+}
+
 absl::Status CardRunner::TrainStep(const v1::StepPlan& plan,
                                    v1::FinishStepRequest& report) {
   const JobConfig& cfg = config();
@@ -716,7 +996,8 @@ absl::Status CardRunner::TrainStep(const v1::StepPlan& plan,
         batch, SampleGroups(*rollout_,
                             std::vector<uint64_t>(plan.groups().begin(),
                                                   plan.groups().end()),
-                            plan.step(), plan.rank(), trainer_->version()));
+                            plan.step(), plan.rank(), trainer_->version(),
+                            *memory_, /*on_trainer_thread=*/true));
   }
   std::vector<Sample>& samples = batch.samples;
   const double rollout_s = batch.seconds;
@@ -734,8 +1015,19 @@ absl::Status CardRunner::TrainStep(const v1::StepPlan& plan,
         "step ", plan.step(), ": a sample of staleness ", max_staleness,
         " exceeds stalesync.max_policy_lag ", cfg.stalesync.max_policy_lag));
   }
+  FUSIONRL_RETURN_IF_ERROR(PrepareOptimizer());
   const auto t1 = SteadyClock::now();
-  FUSIONRL_ASSIGN_OR_RETURN(TrainStats ts, trainer_->Step(samples));
+  TrainStats ts;
+  {
+    // Activations: the bytes the step allocates and holds at its peak.
+    ScopedAllocationCounter counted(ctx_.policy->device());
+    FUSIONRL_ASSIGN_OR_RETURN(ts, trainer_->Step(samples));
+    memory_->Set(MemoryCategory::kActivations, counted.peak_bytes());
+  }
+  memory_->Set(MemoryCategory::kGradients, GradientBytes(policy));
+  if (!memory_->optimizer_offloaded()) {
+    memory_->Set(MemoryCategory::kOptimizer, OptimizerStateBytes(*trainer_));
+  }
   const double train_s = SecondsSince(t1);
   std::vector<double> totals = {
       reward_sum, static_cast<double>(correct), static_cast<double>(finished),
@@ -748,6 +1040,21 @@ absl::Status CardRunner::TrainStep(const v1::StepPlan& plan,
     totals[hist_at + (trainer_->version() - 1 - smp.behaviour_version)] += 1;
   }
   FUSIONRL_RETURN_IF_ERROR(SumAcrossRanks(sync_.get(), totals));
+  double sync_s = 0;
+  int64_t sync_bytes = 0;
+  if (plan.sync_weights()) {
+    const auto ts0 = SteadyClock::now();
+    FUSIONRL_ASSIGN_OR_RETURN(sync_bytes, SyncWeights(plan));
+    sync_s = SecondsSince(ts0);
+  }
+  if (plan.exchange_updates() && job_.local_rank == 0) {
+    // Each super node reports its own tokens; the controller adds them up.
+    report.set_rollout_tokens(static_cast<int64_t>(totals[3]));
+    if (plan.sync_weights()) {
+      report.set_weights_crc32c(WeightsCrc32c(policy));
+      report.set_has_weights_crc32c(true);
+    }
+  }
   const double step_s = SecondsSince(t0);
   job_.counters->busy_us += static_cast<int64_t>(step_s * 1e6);
   if (!lead) return absl::OkStatus();
@@ -788,6 +1095,10 @@ absl::Status CardRunner::TrainStep(const v1::StepPlan& plan,
       {"cross_node_seconds", sync_->cross_node_seconds()},
       {"cross_node_bytes", static_cast<double>(sync_->cross_node_bytes())},
       {"rollout_gate_wait_seconds", batch.gate_wait_seconds},
+      {"updates_received", static_cast<double>(sync_->updates_received())},
+      {"max_update_lag", static_cast<double>(sync_->max_update_lag())},
+      {"weight_sync_seconds", sync_s},
+      {"weight_sync_bytes", static_cast<double>(sync_bytes)},
       {"tokens_per_second",
        seconds_so_far > 0 ? tokens_so_far / seconds_so_far : 0}};
   double last_eval = report.initial_eval_accuracy() >= 0
@@ -855,7 +1166,6 @@ absl::Status RunNodeJob(Worker::State& node,
                                      assignment.overrides().end());
   absl::StatusOr<JobConfig> config = ParseJobConfig(
       assignment.config_yaml(), assignment.source_name(), overrides);
-  const int cards = assignment.card_indices_size();
   auto report_setup_failure = [&](const absl::Status& status) {
     v1::FinishStepRequest report;
     report.set_job_id(assignment.job_id());
@@ -869,11 +1179,17 @@ absl::Status RunNodeJob(Worker::State& node,
     return status;
   };
   if (!config.ok()) return report_setup_failure(config.status());
-  if (cards < 1 || cards > static_cast<int>(node.cards.size())) {
-    return report_setup_failure(absl::InvalidArgumentError(
-        absl::StrCat("assignment uses ", cards, " card(s); this node has ",
-                     node.cards.size())));
+  const int assigned = assignment.card_indices_size();
+  const int rollout_cards = assignment.rollout_cards();
+  if (assigned < 1 || assigned > static_cast<int>(node.cards.size()) ||
+      rollout_cards < 0 || rollout_cards >= assigned) {
+    return report_setup_failure(absl::InvalidArgumentError(absl::StrCat(
+        "assignment uses ", assigned, " card(s), ", rollout_cards,
+        " of them for rollout only; this node has ", node.cards.size())));
   }
+  // The cards that train are the local ranks; disaggregated rollout cards
+  // are served by a rollout thread of each training card they feed.
+  const int cards = assigned - rollout_cards;
   std::vector<std::unique_ptr<GradientSync>> local;
   if (cards > 1) {
     auto group = MakeLocalGlooGroup(
@@ -881,30 +1197,53 @@ absl::Status RunNodeJob(Worker::State& node,
     if (!group.ok()) return report_setup_failure(group.status());
     local = *std::move(group);
   }
-  spdlog::info("{}: running {} on {} card(s)", node.node_id,
-               assignment.job_id(), cards);
+  auto counters_of = [&node](int index) {
+    return node.cards[std::min<size_t>(index, node.cards.size() - 1)].get();
+  };
+  auto device_of = [&node, &config](int index) {
+    // A node of several GPUs: card i runs on cuda:<its index>.
+    return node.options.device == "cuda" && config->device == "cuda"
+               ? absl::StrCat("cuda:", index)
+               : config->device;
+  };
+  const std::string& mode = config->placement.mode;
+  for (int r = 0; r < assigned; ++r) {
+    counters_of(assignment.card_indices(r))->role =
+        r < rollout_cards   ? v1::CARD_ROLE_ROLLOUT
+        : rollout_cards > 0 ? v1::CARD_ROLE_TRAIN
+        : mode == "fused"   ? v1::CARD_ROLE_FUSED
+                            : v1::CARD_ROLE_COLOCATED;
+  }
+  spdlog::info("{}: running {} on {} card(s){}", node.node_id,
+               assignment.job_id(), assigned,
+               rollout_cards > 0 ? absl::StrCat(" (", rollout_cards,
+                                                " rollout, ", cards, " train)")
+                                 : std::string());
   std::vector<absl::Status> status(cards);
   std::vector<JobConfig> card_configs(cards);
   NodeRendezvous rendezvous;
   std::vector<std::thread> threads;
   for (int r = 0; r < cards; ++r) {
-    const int index = assignment.card_indices(r);
-    Worker::State::CardCounters* counters =
-        node.cards[std::min<size_t>(index, node.cards.size() - 1)].get();
+    const int index = assignment.card_indices(rollout_cards + r);
     CardJob job;
     job.node = &node;
     job.job_id = assignment.job_id();
-    // A node of several GPUs: card i runs on cuda:<its index>.
     card_configs[r] = *config;
-    if (node.options.device == "cuda" && card_configs[r].device == "cuda") {
-      card_configs[r].device = absl::StrCat("cuda:", index);
-    }
+    card_configs[r].device = device_of(index);
     job.config = &card_configs[r];
     job.resume_checkpoint = assignment.resume_checkpoint();
     job.local_rank = r;
     job.local_cards = cards;
+    job.assigned_cards = assigned;
+    job.rollout_cards = rollout_cards;
+    if (rollout_cards > 0) {
+      const int rollout_index = assignment.card_indices(r % rollout_cards);
+      job.rollout_counters = counters_of(rollout_index);
+      job.rollout_device = device_of(rollout_index);
+      job.rollout_counters->active = true;
+    }
     job.local = cards > 1 ? local[r].get() : nullptr;
-    job.counters = counters;
+    job.counters = counters_of(index);
     job.rendezvous = &rendezvous;
     threads.emplace_back([&status, &rendezvous, r, job]() mutable {
       try {
@@ -924,6 +1263,11 @@ absl::Status RunNodeJob(Worker::State& node,
         rendezvous.published.SignalAll();
       }
       job.counters->active = false;
+      job.counters->SetMemory(nullptr);
+      if (job.rollout_counters != nullptr) {
+        job.rollout_counters->active = false;
+        job.rollout_counters->SetMemory(nullptr);
+      }
     });
   }
   for (auto& t : threads) t.join();
@@ -952,6 +1296,7 @@ Worker::Worker(std::shared_ptr<grpc::Channel> channel, WorkerOptions options)
   if (state_->options.host.empty()) state_->options.host = HostName();
   state_->node_stub = v1::NodeService::NewStub(state_->channel);
   state_->work_stub = v1::WorkService::NewStub(state_->channel);
+  state_->weight_stub = v1::WeightService::NewStub(state_->channel);
   for (int i = 0; i < std::max(1, state_->options.cards); ++i) {
     state_->cards.push_back(std::make_unique<State::CardCounters>());
   }
@@ -1014,8 +1359,14 @@ absl::Status Worker::Run(const std::atomic<bool>* stop) {
         const int64_t busy = s.cards[i]->busy_us.load();
         v1::CardState* card = request.add_cards();
         card->set_index(static_cast<int>(i));
-        card->set_role(s.cards[i]->active ? v1::CARD_ROLE_COLOCATED
-                                          : v1::CARD_ROLE_IDLE);
+        card->set_role(s.cards[i]->active
+                           ? static_cast<v1::CardRole>(s.cards[i]->role.load())
+                           : v1::CARD_ROLE_IDLE);
+        if (std::shared_ptr<CardMemoryManager> m = s.cards[i]->Memory()) {
+          for (const auto& [name, bytes] : m->Snapshot()) {
+            (*card->mutable_memory_bytes())[name] = bytes;
+          }
+        }
         card->set_busy_fraction(
             window > 0 ? std::min(1.0, (busy - last_busy[i]) / 1e6 / window)
                        : 0);

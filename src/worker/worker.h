@@ -44,6 +44,9 @@ struct WorkerOptions {
   // How long one assignment poll waits; short in-process so a stop is
   // noticed quickly.
   absl::Duration poll_interval = absl::Seconds(2);
+  // Fault injection for tests: sleep this long after every trained step
+  // (a slow super node).
+  absl::Duration debug_step_delay = absl::ZeroDuration();
 };
 
 class Worker {
