@@ -206,7 +206,17 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
   at::Tensor old_logp = full.behaviour_logp;
   at::Tensor behaviour_weight;
   TrainStats stats;
-  if (algo_.decoupled_loss) {
+  const int64_t mini = optim_.mini_batch_size > 0
+                           ? std::min<int64_t>(optim_.mini_batch_size, batch)
+                           : batch;
+  // With one optimizer update per step (one epoch, one mini-batch) the
+  // proximal policy is exactly the weights the training forward pass runs
+  // with: its log-probs (detached) are the proximal ones, and the separate
+  // no-grad recomputation is skipped.
+  const bool prox_in_forward =
+      algo_.decoupled_loss && algo_.ppo_epochs == 1 && mini == batch;
+  double weight_sum = 0, truncated_sum = 0;
+  if (algo_.decoupled_loss && !prox_in_forward) {
     at::NoGradGuard no_grad;
     if (compute_hook_) compute_hook_();
     policy_.set_training(false);
@@ -255,9 +265,6 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
 
   stats.advantage_abs_mean = MaskedMean(advantages.abs(), mask);
   stats.tokens = static_cast<int64_t>(mask.sum().item<double>());
-  const int64_t mini = optim_.mini_batch_size > 0
-                           ? std::min<int64_t>(optim_.mini_batch_size, batch)
-                           : batch;
   const int64_t micro = std::max<int64_t>(1, optim_.micro_batch_size);
   auto& adamw = *optim_state_->adamw;
   policy_.set_training(true);
@@ -286,12 +293,26 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
         const auto adv = advantages.narrow(0, u0, u_n);
         at::Tensor logits;
         auto logp = ResponseLogProbs(policy_, mb, temperature_, &logits);
-        auto pg = algo::PpoClipLoss(
-            logp, old_logp.narrow(0, u0, u_n), adv, mb.response_mask,
-            algo_.clip_ratio_low, algo_.clip_ratio_high, algo_.clip_ratio_c,
-            optim_state_->agg, norm,
-            behaviour_weight.defined() ? behaviour_weight.narrow(0, u0, u_n)
-                                       : at::Tensor());
+        at::Tensor old_mb = old_logp.narrow(0, u0, u_n);
+        at::Tensor weight_mb = behaviour_weight.defined()
+                                   ? behaviour_weight.narrow(0, u0, u_n)
+                                   : at::Tensor();
+        if (prox_in_forward) {
+          at::NoGradGuard no_grad;
+          old_mb = logp.detach();
+          double truncated = 0;
+          weight_mb = algo::BehaviourWeights(
+              old_mb, mb.behaviour_logp, mb.response_mask,
+              optim_state_->weight_level, algo_.behaviour_weight_cap,
+              &truncated);
+          const double n = mb.response_mask.sum().item<double>();
+          weight_sum += MaskedMean(weight_mb, mb.response_mask) * n;
+          truncated_sum += truncated * n;
+        }
+        auto pg = algo::PpoClipLoss(logp, old_mb, adv, mb.response_mask,
+                                    algo_.clip_ratio_low, algo_.clip_ratio_high,
+                                    algo_.clip_ratio_c, optim_state_->agg, norm,
+                                    weight_mb);
         auto loss = pg.loss;
         const double mb_tokens = mb.response_mask.sum().item<double>();
         if (use_kl) {
@@ -367,6 +388,10 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
   stats.kl = kl_sum / tw;
   stats.entropy = ent_sum / tw;
   stats.clip_frac = clip_sum / tw;
+  if (prox_in_forward) {
+    stats.behaviour_weight_mean = weight_sum / tw;
+    stats.behaviour_weight_truncated = truncated_sum / tw;
+  }
   ++version_;
   return stats;
 }
