@@ -161,6 +161,11 @@ struct StaleSyncConfig {
   // from is at least version u - 1 - s, so no sample can exceed it; 0 is
   // exactly synchronous on-policy RL.
   int max_policy_lag = 0;
+  // A sample over the lag cannot be admitted, but if one ever reaches the
+  // trainer it is never used silently: regenerate = its prompt group is
+  // sampled again from the current weights; drop = the group is masked out
+  // of the step. Counted per step (over_stale_samples in metrics.jsonl).
+  std::string over_stale = "regenerate";
   // k: across super nodes, a super node that finished step c starts step
   // c + 1 only while c - min(clocks of the other super nodes) <= k, and
   // applies the other super nodes' gradient updates as they arrive (those

@@ -26,9 +26,9 @@ struct BenchArgs {
 
 CLI::App* AddBenchCommand(CLI::App& app, BenchArgs& args);
 
-// Runs the benchmark; `argv` is the process's (to re-run it with
-// OMP_WAIT_POLICY=PASSIVE). Returns the exit code.
-int RunBench(const BenchArgs& args, char** argv);
+// Runs the benchmark (every mode in this process, interleaved per repeat).
+// Returns the exit code.
+int RunBench(const BenchArgs& args);
 
 }  // namespace fusionrl::cli
 

@@ -154,7 +154,7 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : kExitBadInput;
   }
 
-  if (bench->parsed()) return fusionrl::cli::RunBench(bench_args, argv);
+  if (bench->parsed()) return fusionrl::cli::RunBench(bench_args);
   if (cluster.controller->parsed() || cluster.worker->parsed() ||
       cluster.submit->parsed() || cluster.status->parsed()) {
     InstallStopHandlers();

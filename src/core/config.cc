@@ -74,6 +74,7 @@ constexpr absl::string_view kKlModes[] = {"loss", "reward"};
 constexpr absl::string_view kBehaviourWeightLevels[] = {"token", "sequence"};
 constexpr absl::string_view kPlacementModes[] = {"colocated-sync",
                                                  "disaggregated", "fused"};
+constexpr absl::string_view kOverStalePolicies[] = {"regenerate", "drop"};
 constexpr absl::string_view kOffloadPolicies[] = {"never", "auto"};
 // 2^40 MiB = 1 EiB: any real budget, and its bytes still fit in int64.
 constexpr double kMaxCardBudgetMib = 1099511627776.0;
@@ -188,6 +189,7 @@ void VisitPlacement(PlacementConfig& p, V& v) {
 template <class V>
 void VisitStaleSync(StaleSyncConfig& c, V& v) {
   v.Int("max_policy_lag", &c.max_policy_lag, Closed(0, 1024));
+  v.String("over_stale", &c.over_stale, OneOf(kOverStalePolicies));
   v.Int("max_clock_skew", &c.max_clock_skew, Closed(0, 1024));
 }
 

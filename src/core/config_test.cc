@@ -671,6 +671,7 @@ TEST(ConfigTest, ToYamlIsReadable) {
                               "fused_share_idle_threads: true\n  "
                               "fail_if_unplaceable: false\n"));
   EXPECT_THAT(yaml, HasSubstr("stalesync:\n  max_policy_lag: 0\n  "
+                              "over_stale: regenerate\n  "
                               "max_clock_skew: 0\n"));
   EXPECT_THAT(yaml, HasSubstr("memory:\n  card_budget_mib: 0.0\n  "
                               "offload_optimizer: auto\n"));

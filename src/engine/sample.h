@@ -22,6 +22,9 @@ struct Sample {
   bool finished = false;  // ended with eos (false: cut at max_new_tokens)
   double reward = 0.0;    // from the task's RewardFn
   bool correct = false;   // counted in accuracy
+  // Dropped from training (StaleSync over-stale drop): kept for the batch's
+  // shape, masked out of every loss term, normaliser and statistic.
+  bool excluded = false;
 };
 
 }  // namespace fusionrl

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
@@ -44,7 +46,7 @@ CollatedBatch Collate(const std::vector<Sample>& samples, int pad_id,
     for (size_t j = 0; j < s.response_ids.size(); ++j) {
       ids[b][p_len + j] = s.response_ids[j];
       val[b][p_len + j] = true;
-      mask[b][j] = 1.0f;
+      mask[b][j] = s.excluded ? 0.0f : 1.0f;
       if (j < s.behaviour_logp.size()) blp[b][j] = s.behaviour_logp[j];
     }
   }
@@ -275,9 +277,12 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
       const int64_t m_n = std::min(mini, batch - m0);
       // Loss normalisers of the whole (global) mini-batch; max_len is the
       // configured response cap, the same on every rank and every step.
+      // Sequences count only if they have a trained token (an excluded,
+      // over-stale sample has none).
+      const at::Tensor m_mask = mask.narrow(0, m0, m_n);
       std::vector<double> totals = {
-          mask.narrow(0, m0, m_n).sum().item<double>(),
-          static_cast<double>(m_n)};
+          m_mask.sum().item<double>(),
+          (m_mask.sum(1) > 0).sum().item<double>()};
       FUSIONRL_RETURN_IF_ERROR(SumAcrossRanks(sync_, totals));
       algo::AggNorm norm;
       norm.num_tokens = totals[0];

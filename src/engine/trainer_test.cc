@@ -2,8 +2,10 @@
 
 #include <torch/types.h>
 
+#include <algorithm>
 #include <cmath>
 #include <thread>
+#include <vector>
 
 #include "engine/grad_sync.h"
 #include "engine/rollout.h"
@@ -176,6 +178,29 @@ TEST(TrainerTest, DecoupledLossOnPolicyIsPlainPpoAndWeighsStaleSamples) {
   const auto capped = GradsAfterStep(c, stale, &stale_stats);
   EXPECT_NEAR(stale_stats.behaviour_weight_mean, 2.0, 1e-5);
   EXPECT_EQ(stale_stats.behaviour_weight_truncated, 1.0);
+}
+
+// A dropped (over-stale) group is masked out of every loss term and
+// normaliser: the step's gradient is that of the other groups alone, for
+// every aggregation mode.
+TEST(TrainerTest, ExcludedGroupsContributeNothing) {
+  for (const char* mode : {"token-mean", "seq-mean-token-mean",
+                           "seq-mean-token-sum", "seq-mean-token-sum-norm"}) {
+    JobConfig c = TinyJob();
+    c.algorithm.loss_agg_mode = mode;
+    std::vector<Sample> all = FourGroupsOfFour();
+    std::vector<Sample> kept(all.begin(), all.begin() + 8);
+    for (size_t i = 8; i < all.size(); ++i) all[i].excluded = true;
+    TrainStats with_excluded, alone;
+    const auto a = GradsAfterStep(c, all, &with_excluded);
+    const auto b = GradsAfterStep(c, kept, &alone);
+    EXPECT_EQ(with_excluded.tokens, alone.tokens) << mode;
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(a[i], b[i], 1e-5, 1e-7))
+          << mode << " parameter " << i << " max diff "
+          << (a[i] - b[i]).abs().max().item<double>();
+    }
+  }
 }
 
 TEST(TrainerTest, MiniBatchesTakeSeveralOptimizerStepsAndOneVersion) {

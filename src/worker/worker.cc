@@ -1000,20 +1000,65 @@ absl::Status CardRunner::TrainStep(const v1::StepPlan& plan,
                             *memory_, /*on_trainer_thread=*/true));
   }
   std::vector<Sample>& samples = batch.samples;
+  // Over-stale samples: admission makes them impossible, but one is never
+  // trained on silently: its group is sampled again from the current
+  // weights, or masked out of the step (stalesync.over_stale).
+  const int64_t max_lag = cfg.stalesync.max_policy_lag;
+  std::vector<uint64_t> stale_groups;
+  for (const Sample& s : samples) {
+    if (trainer_->version() - s.behaviour_version > max_lag &&
+        std::find(stale_groups.begin(), stale_groups.end(), s.group_id) ==
+            stale_groups.end()) {
+      stale_groups.push_back(s.group_id);
+    }
+  }
+  int64_t over_stale = 0;
+  if (!stale_groups.empty()) {
+    over_stale = static_cast<int64_t>(stale_groups.size()) * rc.group_size;
+    spdlog::warn("{} card {}: step {}: {} prompt group(s) over the policy lag "
+                 "{}; {}",
+                 job_.node->node_id, job_.local_rank, plan.step(),
+                 stale_groups.size(), max_lag, cfg.stalesync.over_stale);
+    if (cfg.stalesync.over_stale == "drop") {
+      for (Sample& s : samples) {
+        if (std::find(stale_groups.begin(), stale_groups.end(), s.group_id) !=
+            stale_groups.end()) {
+          s.excluded = true;
+        }
+      }
+    } else {
+      FUSIONRL_ASSIGN_OR_RETURN(
+          RolloutBatch fresh,
+          SampleGroups(*rollout_, stale_groups, plan.step(), plan.rank(),
+                       trainer_->version(), *memory_,
+                       /*on_trainer_thread=*/true));
+      size_t next = 0;
+      for (Sample& s : samples) {
+        if (std::find(stale_groups.begin(), stale_groups.end(), s.group_id) !=
+            stale_groups.end()) {
+          s = std::move(fresh.samples[next++]);
+        }
+      }
+      // Recount the batch's totals over what is trained.
+      batch.tokens = batch.correct = batch.finished = 0;
+      batch.reward_sum = 0;
+      for (const Sample& s : samples) {
+        batch.tokens += static_cast<int64_t>(s.response_ids.size());
+        batch.correct += s.correct;
+        batch.finished += s.finished;
+        batch.reward_sum += s.reward;
+      }
+    }
+  }
   const double rollout_s = batch.seconds;
   int64_t step_tokens = batch.tokens, correct = batch.correct,
           finished = batch.finished;
   const double reward_sum = batch.reward_sum;
   int64_t max_staleness = 0;
   for (const Sample& s : samples) {
+    if (s.excluded) continue;
     max_staleness =
         std::max(max_staleness, trainer_->version() - s.behaviour_version);
-  }
-  if (max_staleness > cfg.stalesync.max_policy_lag) {
-    // Never trained on silently; the admission rule makes this impossible.
-    return absl::InternalError(absl::StrCat(
-        "step ", plan.step(), ": a sample of staleness ", max_staleness,
-        " exceeds stalesync.max_policy_lag ", cfg.stalesync.max_policy_lag));
   }
   FUSIONRL_RETURN_IF_ERROR(PrepareOptimizer());
   const auto t1 = SteadyClock::now();
@@ -1037,8 +1082,10 @@ absl::Status CardRunner::TrainStep(const v1::StepPlan& plan,
   const size_t hist_at = totals.size();
   totals.resize(hist_at + lag + 1, 0.0);
   for (const Sample& smp : samples) {
+    if (smp.excluded) continue;
     totals[hist_at + (trainer_->version() - 1 - smp.behaviour_version)] += 1;
   }
+  totals.push_back(static_cast<double>(over_stale));
   FUSIONRL_RETURN_IF_ERROR(SumAcrossRanks(sync_.get(), totals));
   double sync_s = 0;
   int64_t sync_bytes = 0;
@@ -1083,6 +1130,7 @@ absl::Status CardRunner::TrainStep(const v1::StepPlan& plan,
       {"behaviour_weight_mean", ts.behaviour_weight_mean},
       {"behaviour_weight_truncated", ts.behaviour_weight_truncated},
       {"max_staleness", static_cast<double>(max_staleness)},
+      {"over_stale_samples", totals.back()},
       {"rollout_tokens", static_cast<double>(step_tokens)},
       {"rollout_seconds", rollout_s},
       {"rollout_wait_seconds", wait_s},
