@@ -31,6 +31,19 @@ struct ModelConfig {
   double rope_theta = 10000.0;  // rotary base
   double norm_eps = 1e-5;       // RMSNorm epsilon
   double init_std = 0.02;       // std of the normal init of linear weights
+  // Mixture of experts: with moe_experts > 0 every block's feed-forward is a
+  // routed MoE block (engine/moe.h) instead of one dense SwiGLU.
+  int moe_experts = 0;  // N experts per block: 0 (dense) or 2..64
+  int moe_top_k = 2;    // experts per token: 1 or 2, <= moe_experts
+  // Training forward only (rollout and evaluation are always dropless): each
+  // expert takes at most ceil(capacity_factor * T * top_k / N) of the T
+  // tokens of a forward call; assignments past that are dropped (the token
+  // keeps its residual and the shared expert). 0 = dropless.
+  double moe_capacity_factor = 0;
+  double moe_aux_loss_coef = 0.01;  // load-balancing loss weight (Switch)
+  double moe_z_loss_coef = 0.001;   // router z-loss weight (ST-MoE)
+  bool moe_shared_expert = false;   // add one always-on SwiGLU expert
+  int moe_d_ff = 0;                 // each expert's inner width; 0 = d_ff
 };
 
 // A task with a verifiable reward. Which fields matter depends on `name`.

@@ -93,6 +93,13 @@ void VisitModel(ModelConfig& m, V& v) {
   v.Double("rope_theta", &m.rope_theta, Above(0));
   v.Double("norm_eps", &m.norm_eps, Above(0));
   v.Double("init_std", &m.init_std, Above(0));
+  v.Int("moe_experts", &m.moe_experts, Closed(0, 64));
+  v.Int("moe_top_k", &m.moe_top_k, Closed(1, 2));
+  v.Double("moe_capacity_factor", &m.moe_capacity_factor, AtLeast(0));
+  v.Double("moe_aux_loss_coef", &m.moe_aux_loss_coef, AtLeast(0));
+  v.Double("moe_z_loss_coef", &m.moe_z_loss_coef, AtLeast(0));
+  v.Bool("moe_shared_expert", &m.moe_shared_expert);
+  v.Int("moe_d_ff", &m.moe_d_ff, AtLeast(0));
 }
 
 template <class V>
@@ -615,6 +622,15 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                      "for rotary embeddings, got ",
                      m.d_model, " / ", m.n_heads, " = ",
                      m.d_model / m.n_heads));
+  }
+  if (m.moe_experts > 0 && m.moe_top_k > m.moe_experts) {
+    return Invalid("model.moe_top_k",
+                   absl::StrCat("must be <= model.moe_experts (", m.moe_experts,
+                                "), got ", m.moe_top_k));
+  }
+  if (m.moe_experts == 1) {
+    return Invalid("model.moe_experts",
+                   "must be 0 (dense) or in [2, 64], got 1");
   }
   if (c.task.max_digits < c.task.min_digits) {
     return Invalid(

@@ -110,6 +110,13 @@ model:
   rope_theta: 500000.0
   norm_eps: 1.0e-6
   init_std: 0.01
+  moe_experts: 8
+  moe_top_k: 1
+  moe_capacity_factor: 1.25
+  moe_aux_loss_coef: 0.02
+  moe_z_loss_coef: 0.0005
+  moe_shared_expert: true
+  moe_d_ff: 96
 task:
   name: jsonl
   seed: -5
@@ -191,6 +198,13 @@ placement:
   EXPECT_EQ(c.model.rope_theta, 500000.0);
   EXPECT_EQ(c.model.norm_eps, 1.0e-6);
   EXPECT_EQ(c.model.init_std, 0.01);
+  EXPECT_EQ(c.model.moe_experts, 8);
+  EXPECT_EQ(c.model.moe_top_k, 1);
+  EXPECT_EQ(c.model.moe_capacity_factor, 1.25);
+  EXPECT_EQ(c.model.moe_aux_loss_coef, 0.02);
+  EXPECT_EQ(c.model.moe_z_loss_coef, 0.0005);
+  EXPECT_TRUE(c.model.moe_shared_expert);
+  EXPECT_EQ(c.model.moe_d_ff, 96);
   EXPECT_EQ(c.task.name, "jsonl");
   EXPECT_EQ(c.task.seed, -5);
   EXPECT_EQ(c.task.eval_size, 50);
@@ -610,6 +624,9 @@ TEST(ConfigTest, RoundTripsThroughYaml) {
   c.model.norm_eps = 1e-5;
   c.model.init_std = 1.0 / 3.0;
   c.model.rope_theta = 1e6;
+  c.model.moe_experts = 4;
+  c.model.moe_capacity_factor = 1.1;
+  c.model.moe_shared_expert = true;
   c.task.name = "null";
   c.task.reward = "true";
   c.task.seed = -3;
@@ -641,6 +658,9 @@ TEST(ConfigTest, RoundTripsThroughYaml) {
   EXPECT_EQ(back->seed, c.seed);
   EXPECT_EQ(back->model.norm_eps, c.model.norm_eps);
   EXPECT_EQ(back->model.init_std, c.model.init_std);
+  EXPECT_EQ(back->model.moe_experts, 4);
+  EXPECT_EQ(back->model.moe_capacity_factor, 1.1);
+  EXPECT_TRUE(back->model.moe_shared_expert);
   EXPECT_EQ(back->task.name, "null");
   EXPECT_EQ(back->task.reward, "true");
   EXPECT_EQ(back->rollout.temperature, c.rollout.temperature);
@@ -660,6 +680,11 @@ TEST(ConfigTest, ToYamlIsReadable) {
   EXPECT_THAT(yaml, HasSubstr("norm_eps: 1e-05\n"));
   EXPECT_THAT(yaml, HasSubstr("temperature: 1.0\n"));
   EXPECT_THAT(yaml, HasSubstr("rope_theta: 10000.0\n"));
+  EXPECT_THAT(yaml, HasSubstr("init_std: 0.02\n  moe_experts: 0\n  "
+                              "moe_top_k: 2\n  moe_capacity_factor: 0.0\n  "
+                              "moe_aux_loss_coef: 0.01\n  "
+                              "moe_z_loss_coef: 0.001\n  "
+                              "moe_shared_expert: false\n  moe_d_ff: 0\n"));
   EXPECT_THAT(yaml, HasSubstr("init_checkpoint: \"\"\n"));
   EXPECT_THAT(yaml, HasSubstr("rollout:\n  prompts_per_step: 16\n"));
   EXPECT_THAT(yaml, HasSubstr("sft:\n  steps: 300\n"));
@@ -680,6 +705,35 @@ TEST(ConfigTest, ToYamlIsReadable) {
   absl::StatusOr<JobConfig> back = ParseJobConfig(yaml, "");
   ASSERT_TRUE(back.ok()) << back.status();
   ExpectSameConfig(*back, JobConfig{});
+}
+
+TEST(ConfigTest, MoeKeysAreCheckedWhenParsed) {
+  absl::StatusOr<JobConfig> config =
+      ParseJobConfig("model:\n  moe_experts: 4\n  moe_top_k: 1\n", "job.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->model.moe_experts, 4);
+  EXPECT_EQ(config->model.moe_top_k, 1);
+  EXPECT_EQ(config->model.moe_capacity_factor, 0.0);
+  EXPECT_EQ(config->model.moe_aux_loss_coef, 0.01);
+  EXPECT_EQ(config->model.moe_z_loss_coef, 0.001);
+  EXPECT_FALSE(config->model.moe_shared_expert);
+  EXPECT_EQ(config->model.moe_d_ff, 0);
+  ExpectError("model:\n  moe_expert: 4\n", absl::StatusCode::kInvalidArgument,
+              {"job.yaml: model.moe_expert: unknown key (did you mean "
+               "'moe_experts'?)"});
+  ExpectError("model:\n  moe_experts: 4\n  moe_top_k: 3\n",
+              absl::StatusCode::kInvalidArgument,
+              {"job.yaml: model.moe_top_k: must be in [1, 2], got 3"});
+  ExpectError("model:\n  moe_experts: 1\n  moe_top_k: 2\n",
+              absl::StatusCode::kInvalidArgument,
+              {"job.yaml: model.moe_top_k: must be <= model.moe_experts (1), "
+               "got 2"});
+  ExpectError("model:\n  moe_experts: 4\n  moe_capacity_factor: -1\n",
+              absl::StatusCode::kInvalidArgument,
+              {"job.yaml: model.moe_capacity_factor: must be >= 0, got -1"});
+  ExpectError("model:\n  moe_shared_expert: 2\n",
+              absl::StatusCode::kInvalidArgument,
+              {"model.moe_shared_expert: expected true or false, got '2'"});
 }
 
 TEST(ConfigTest, ValidateChecksRanges) {
@@ -715,6 +769,35 @@ TEST(ConfigTest, ValidateChecksRanges) {
        "model.norm_eps: must be > 0, got 0"},
       {[](JobConfig& c) { c.model.rope_theta = -1; },
        "model.rope_theta: must be > 0, got -1"},
+      {[](JobConfig& c) { c.model.moe_experts = 65; },
+       "model.moe_experts: must be in [0, 64], got 65"},
+      {[](JobConfig& c) { c.model.moe_experts = -1; },
+       "model.moe_experts: must be in [0, 64], got -1"},
+      {[](JobConfig& c) {
+         c.model.moe_experts = 1;
+         c.model.moe_top_k = 1;
+       },
+       "model.moe_experts: must be 0 (dense) or in [2, 64], got 1"},
+      {[](JobConfig& c) {
+         c.model.moe_experts = 1;
+         c.model.moe_top_k = 2;
+       },
+       "model.moe_top_k: must be <= model.moe_experts (1), got 2"},
+      {[](JobConfig& c) {
+         c.model.moe_experts = 4;
+         c.model.moe_top_k = 3;
+       },
+       "model.moe_top_k: must be in [1, 2], got 3"},
+      {[](JobConfig& c) { c.model.moe_top_k = 0; },
+       "model.moe_top_k: must be in [1, 2], got 0"},
+      {[](JobConfig& c) { c.model.moe_capacity_factor = -0.5; },
+       "model.moe_capacity_factor: must be >= 0, got -0.5"},
+      {[](JobConfig& c) { c.model.moe_aux_loss_coef = -1; },
+       "model.moe_aux_loss_coef: must be >= 0, got -1"},
+      {[](JobConfig& c) { c.model.moe_z_loss_coef = -1; },
+       "model.moe_z_loss_coef: must be >= 0, got -1"},
+      {[](JobConfig& c) { c.model.moe_d_ff = -1; },
+       "model.moe_d_ff: must be >= 0, got -1"},
       {[](JobConfig& c) { c.task.name = ""; }, "task.name: must not be empty"},
       {[](JobConfig& c) { c.task.eval_size = 0; },
        "task.eval_size: must be >= 1, got 0"},
@@ -889,6 +972,15 @@ TEST(ConfigTest, ValidateAcceptsEdgeValues) {
   c.optim.beta1 = 0;
   c.model.d_model = 8;
   c.model.n_heads = 4;
+  EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
+  c.model.moe_experts = 2;  // top_k 2 of 2 experts, dropless
+  c.model.moe_capacity_factor = 0;
+  EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
+  c.model.moe_experts = 64;
+  c.model.moe_top_k = 1;
+  c.model.moe_capacity_factor = 0.01;
+  c.model.moe_aux_loss_coef = 0;
+  c.model.moe_z_loss_coef = 0;
   EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
   c.device = "mps";
   EXPECT_TRUE(ValidateJobConfig(c).ok());

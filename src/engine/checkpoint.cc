@@ -15,15 +15,26 @@ namespace fusionrl {
 namespace fs = std::filesystem;
 namespace {
 
+// The keys that must match for the weights to load and mean the same
+// function. MoE keys are written only for MoE models, so dense checkpoints
+// from before MoE still compare equal; a missing moe_experts reads as 0.
+// (moe_capacity_factor and the loss weights are training knobs, not shape.)
 nlohmann::ordered_json ModelJson(const ModelConfig& m, int vocab) {
-  return {{"vocab_size", vocab},
-          {"d_model", m.d_model},
-          {"n_layers", m.n_layers},
-          {"n_heads", m.n_heads},
-          {"d_ff", m.d_ff},
-          {"max_seq_len", m.max_seq_len},
-          {"rope_theta", m.rope_theta},
-          {"norm_eps", m.norm_eps}};
+  nlohmann::ordered_json j = {{"vocab_size", vocab},
+                              {"d_model", m.d_model},
+                              {"n_layers", m.n_layers},
+                              {"n_heads", m.n_heads},
+                              {"d_ff", m.d_ff},
+                              {"max_seq_len", m.max_seq_len},
+                              {"rope_theta", m.rope_theta},
+                              {"norm_eps", m.norm_eps}};
+  if (m.moe_experts > 0) {
+    j["moe_experts"] = m.moe_experts;
+    j["moe_top_k"] = m.moe_top_k;
+    j["moe_d_ff"] = m.moe_d_ff > 0 ? m.moe_d_ff : m.d_ff;
+    j["moe_shared_expert"] = m.moe_shared_expert;
+  }
+  return j;
 }
 
 }  // namespace
@@ -97,6 +108,15 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir,
   if (!j.contains("model") || !j["model"].is_object()) {
     return absl::DataLossError(
         absl::StrCat("checkpoint '", dir, "': meta.json has no model section"));
+  }
+  // A dense config must not read a MoE checkpoint either.
+  const nlohmann::json stored_experts =
+      j["model"].value("moe_experts", nlohmann::json(0));
+  if (stored_experts != nlohmann::json(model.config().moe_experts)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint '", dir, "': model.moe_experts is ",
+                     stored_experts.dump(), " in the checkpoint but ",
+                     model.config().moe_experts, " in this config"));
   }
   for (const auto& [key, value] : expected.items()) {
     const auto& stored = j["model"].value(key, nlohmann::json());

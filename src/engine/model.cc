@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "engine/moe_module.h"
 
 namespace fusionrl {
 namespace {
@@ -109,45 +110,41 @@ class AttentionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Attention);
 
-class SwiGLUImpl : public torch::nn::Module {
- public:
-  explicit SwiGLUImpl(const ModelConfig& c) {
-    w1 = register_module(
-        "w1", torch::nn::Linear(
-                  torch::nn::LinearOptions(c.d_model, c.d_ff).bias(false)));
-    w3 = register_module(
-        "w3", torch::nn::Linear(
-                  torch::nn::LinearOptions(c.d_model, c.d_ff).bias(false)));
-    w2 = register_module(
-        "w2", torch::nn::Linear(
-                  torch::nn::LinearOptions(c.d_ff, c.d_model).bias(false)));
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    return w2(torch::silu(w1(x)) * w3(x));
-  }
-  torch::nn::Linear w1{nullptr}, w2{nullptr}, w3{nullptr};
-};
-TORCH_MODULE(SwiGLU);
-
+// The feed-forward of a block: one dense SwiGLU, or (model.moe_experts > 0)
+// the routed MoE block; either way registered as "mlp".
 class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const ModelConfig& c) {
     attn_norm = register_module("attn_norm", RMSNorm(c.d_model, c.norm_eps));
     attn = register_module("attn", Attention(c));
     mlp_norm = register_module("mlp_norm", RMSNorm(c.d_model, c.norm_eps));
-    mlp = register_module("mlp", SwiGLU(c));
+    if (c.moe_experts > 0) {
+      moe = register_module(
+          "mlp", MoeFeedForward(c.d_model, c.moe_d_ff > 0 ? c.moe_d_ff : c.d_ff,
+                                c.moe_experts, c.moe_top_k,
+                                c.moe_capacity_factor, c.moe_shared_expert));
+    } else {
+      mlp = register_module("mlp", SwiGLU(c.d_model, c.d_ff));
+    }
   }
+  // token_valid [B, T] (MoE only): which tokens are routed. apply_capacity
+  // (MoE only): drop assignments past the experts' capacity.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos,
                         const torch::Tensor& sin, const torch::Tensor& mask,
                         torch::Tensor* cache_k, torch::Tensor* cache_v,
-                        int64_t cache_start) {
+                        int64_t cache_start, const torch::Tensor& token_valid,
+                        bool apply_capacity) {
     auto h =
         x + attn(attn_norm(x), cos, sin, mask, cache_k, cache_v, cache_start);
+    if (!moe.is_empty()) {
+      return h + moe(mlp_norm(h), token_valid, apply_capacity);
+    }
     return h + mlp(mlp_norm(h));
   }
   RMSNorm attn_norm{nullptr}, mlp_norm{nullptr};
   Attention attn{nullptr};
-  SwiGLU mlp{nullptr};
+  SwiGLU mlp{nullptr};          // dense
+  MoeFeedForward moe{nullptr};  // MoE
 };
 TORCH_MODULE(Block);
 
@@ -184,11 +181,24 @@ class DecoderImpl : public torch::nn::Module {
     auto cos = rope_cos.index({pos}).unsqueeze(1);  // [B, 1, T, Dh/2]
     auto sin = rope_sin.index({pos}).unsqueeze(1);
     auto mask = AttentionMask(key_valid, start, t);
+    // MoE: the new tokens' validity (the last t key slots) says which tokens
+    // are routed; capacity applies in the training forward only (training
+    // mode, autograd on, no cache): rollout and evaluation are dropless, so
+    // routing there never depends on which tokens share a call.
+    torch::Tensor token_valid;
+    bool apply_capacity = false;
+    if (config_.moe_experts > 0) {
+      token_valid = key_valid.narrow(1, key_valid.size(1) - t, t);
+      apply_capacity = cache == nullptr && is_training() &&
+                       at::GradMode::is_enabled() &&
+                       config_.moe_capacity_factor > 0;
+    }
     auto x = embed(tokens);
     for (size_t i = 0; i < blocks.size(); ++i) {
       torch::Tensor* ck = cache ? &cache->keys[i] : nullptr;
       torch::Tensor* cv = cache ? &cache->values[i] : nullptr;
-      x = blocks[i]->forward(x, cos, sin, mask, ck, cv, start);
+      x = blocks[i]->forward(x, cos, sin, mask, ck, cv, start, token_valid,
+                             apply_capacity);
     }
     if (cache) cache->length += t;
     return lm_head(norm(x));
@@ -242,6 +252,15 @@ absl::StatusOr<std::unique_ptr<PolicyModel>> PolicyModel::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("model: invalid shape (vocab ", vocab_size, ", d_model ",
                      config.d_model, ", n_heads ", config.n_heads, ")"));
+  }
+  if (config.moe_experts != 0 &&
+      (config.moe_experts < 2 || config.moe_top_k < 1 || config.moe_top_k > 2 ||
+       config.moe_top_k > config.moe_experts ||
+       config.moe_capacity_factor < 0 || config.moe_d_ff < 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model: invalid mixture of experts (moe_experts ", config.moe_experts,
+        ", moe_top_k ", config.moe_top_k, ", moe_capacity_factor ",
+        config.moe_capacity_factor, ", moe_d_ff ", config.moe_d_ff, ")"));
   }
   auto impl = std::make_unique<Impl>(Impl{config, vocab_size, device, nullptr});
   try {
@@ -362,6 +381,48 @@ absl::Status PolicyModel::Load(const std::string& path) {
     item.value().copy_(stored);
   }
   return absl::OkStatus();
+}
+
+at::Tensor PolicyModel::AuxLoss() const {
+  const ModelConfig& c = impl_->config;
+  at::Tensor total;
+  if (c.moe_experts == 0) return total;
+  for (const auto& block : impl_->decoder->blocks) {
+    const MoeLayerStats& s = block->moe->last_stats();
+    if (!s.aux_loss.defined()) return at::Tensor();
+    auto layer =
+        s.aux_loss * c.moe_aux_loss_coef + s.z_loss * c.moe_z_loss_coef;
+    total = total.defined() ? total + layer : layer;
+  }
+  return total;
+}
+
+MoeStats PolicyModel::moe_stats() const {
+  MoeStats out;
+  const ModelConfig& c = impl_->config;
+  if (c.moe_experts == 0) return out;
+  at::NoGradGuard no_grad;
+  at::Tensor load, dropped, aux, z;
+  for (const auto& block : impl_->decoder->blocks) {
+    const MoeLayerStats& s = block->moe->last_stats();
+    if (!s.aux_loss.defined()) return out;
+    load = load.defined() ? load + s.expert_load : s.expert_load;
+    dropped = dropped.defined() ? dropped + s.dropped_frac : s.dropped_frac;
+    aux = aux.defined() ? aux + s.aux_loss.detach() : s.aux_loss.detach();
+    z = z.defined() ? z + s.z_loss.detach() : s.z_loss.detach();
+  }
+  // One host copy for all of them.
+  const double layers = static_cast<double>(c.n_layers);
+  const auto host =
+      at::cat({load, at::stack({dropped, aux, z})}).to(at::kDouble).cpu() /
+      layers;
+  const auto h = host.accessor<double, 1>();
+  out.expert_load.resize(c.moe_experts);
+  for (int i = 0; i < c.moe_experts; ++i) out.expert_load[i] = h[i];
+  out.dropped_frac = h[c.moe_experts];
+  out.aux_loss = h[c.moe_experts + 1];
+  out.z_loss = h[c.moe_experts + 2];
+  return out;
 }
 
 const ModelConfig& PolicyModel::config() const { return impl_->config; }

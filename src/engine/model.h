@@ -1,6 +1,6 @@
 // The policy: a Llama-style decoder-only transformer (RMSNorm, rotary
-// positions, SwiGLU feed-forward, causal multi-head attention), with a
-// key/value cache for incremental decoding.
+// positions, SwiGLU feed-forward or a mixture of SwiGLU experts, causal
+// multi-head attention), with a key/value cache for incremental decoding.
 //
 // Layout conventions shared by rollout and training:
 //   tokens    [B, T] int64
@@ -40,6 +40,15 @@ struct KvCache {
   int64_t capacity = 0;  // slots allocated
 };
 
+// Router statistics of a MoE policy's last forward call, averaged over its
+// layers (all zero / empty for a dense model or before the first forward).
+struct MoeStats {
+  std::vector<double> expert_load;  // [N] share of assignments per expert
+  double dropped_frac = 0;          // share of assignments dropped by capacity
+  double aux_loss = 0;  // load-balancing loss, unscaled (1 = balanced)
+  double z_loss = 0;    // router z-loss, unscaled
+};
+
 class PolicyModel {
  public:
   // A freshly initialised model (deterministic in `seed`) on `device`.
@@ -63,6 +72,21 @@ class PolicyModel {
   at::Tensor ForwardCached(const at::Tensor& tokens,
                            const at::Tensor& positions,
                            const at::Tensor& key_valid, KvCache& cache);
+
+  // MoE (model.moe_experts > 0): every block's feed-forward is a routed
+  // mixture of experts (engine/moe.h). Capacity (moe_capacity_factor)
+  // applies only to a training forward: Forward() in training mode with
+  // autograd on. ForwardCached() and no-grad or eval-mode Forward() calls are
+  // dropless, so a token's routing depends on its hidden state alone and the
+  // sampler and the trainer route it alike.
+  //
+  // The auxiliary loss of the last Forward/ForwardCached call, summed over
+  // layers: moe_aux_loss_coef * load-balancing loss + moe_z_loss_coef *
+  // router z-loss, with autograd when that call had it. Undefined for a
+  // dense model or before the first forward.
+  at::Tensor AuxLoss() const;
+  // The last call's router statistics (one host copy).
+  MoeStats moe_stats() const;
 
   // Copies all parameter values from `other` (same config). Used to create
   // rollout snapshots and the frozen reference policy.

@@ -272,6 +272,10 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
   policy_.set_training(true);
   double loss_sum = 0, pg_sum = 0, kl_sum = 0, ent_sum = 0, clip_sum = 0;
   double token_weight = 0;
+  // MoE router statistics, summed weighted by micro-batch sequences.
+  const bool moe = policy_.config().moe_experts > 0;
+  double moe_seqs = 0, moe_aux_sum = 0, moe_z_sum = 0, moe_drop_sum = 0;
+  std::vector<double> moe_load_sum(policy_.config().moe_experts, 0.0);
   for (int epoch = 0; epoch < algo_.ppo_epochs; ++epoch) {
     for (int64_t m0 = 0; m0 < batch; m0 += mini) {
       const int64_t m_n = std::min(mini, batch - m0);
@@ -280,9 +284,8 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
       // Sequences count only if they have a trained token (an excluded,
       // over-stale sample has none).
       const at::Tensor m_mask = mask.narrow(0, m0, m_n);
-      std::vector<double> totals = {
-          m_mask.sum().item<double>(),
-          (m_mask.sum(1) > 0).sum().item<double>()};
+      std::vector<double> totals = {m_mask.sum().item<double>(),
+                                    (m_mask.sum(1) > 0).sum().item<double>()};
       FUSIONRL_RETURN_IF_ERROR(SumAcrossRanks(sync_, totals));
       algo::AggNorm norm;
       norm.num_tokens = totals[0];
@@ -342,6 +345,24 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
                                 mb.response_mask) *
                      mb_tokens;
         }
+        if (moe) {
+          // Once per micro-batch, weighted by its share of the (global)
+          // mini-batch's trained sequences, so accumulation gives the mean.
+          const double mb_seqs =
+              (mb.response_mask.sum(1) > 0).sum().item<double>();
+          if (mb_seqs > 0) {
+            loss = loss + policy_.AuxLoss() * (mb_seqs / norm.num_seqs);
+          }
+          const MoeStats ms = policy_.moe_stats();
+          const double w = static_cast<double>(u_n);
+          moe_seqs += w;
+          moe_aux_sum += ms.aux_loss * w;
+          moe_z_sum += ms.z_loss * w;
+          moe_drop_sum += ms.dropped_frac * w;
+          for (size_t e = 0; e < ms.expert_load.size(); ++e) {
+            moe_load_sum[e] += ms.expert_load[e] * w;
+          }
+        }
         loss.backward();
         mini_loss += loss.item<double>();
         pg_sum +=
@@ -396,6 +417,13 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
   if (prox_in_forward) {
     stats.behaviour_weight_mean = weight_sum / tw;
     stats.behaviour_weight_truncated = truncated_sum / tw;
+  }
+  if (moe && moe_seqs > 0) {
+    stats.moe_aux_loss = moe_aux_sum / moe_seqs;
+    stats.moe_z_loss = moe_z_sum / moe_seqs;
+    stats.moe_dropped_frac = moe_drop_sum / moe_seqs;
+    for (double& l : moe_load_sum) l /= moe_seqs;
+    stats.moe_expert_load = std::move(moe_load_sum);
   }
   ++version_;
   return stats;

@@ -12,7 +12,9 @@
 //      optimizer step each) and micro-batches (gradient accumulation; losses
 //      are normalised by the mini-batch's totals so accumulation is exact);
 //      loss = clipped surrogate (+ kl_coef * KL when kl_mode == "loss")
-//      - entropy_coef * entropy;
+//      - entropy_coef * entropy (+ a MoE policy's router auxiliary loss,
+//      PolicyModel::AuxLoss(), weighted by the micro-batch's share of the
+//      mini-batch's trained sequences);
 //   4. clips the global gradient norm, applies the warm-up schedule and takes
 //      an AdamW step; the policy version is incremented once per Step().
 // The proximal ("old") log-probs of the surrogate are the behaviour log-probs
@@ -63,6 +65,14 @@ struct TrainStats {
   double behaviour_weight_mean = 1;
   double behaviour_weight_truncated = 0;
   int optimizer_steps = 0;
+  // MoE policies only (model.moe_experts > 0): router statistics of the
+  // step's training forward passes, averaged over layers and over the
+  // micro-batches (weighted by their sequences).
+  double moe_aux_loss = 0;      // load-balancing loss, unscaled (1 = balanced)
+  double moe_z_loss = 0;        // router z-loss, unscaled
+  double moe_dropped_frac = 0;  // share of expert assignments dropped by
+                                //   capacity (training forward only)
+  std::vector<double> moe_expert_load;  // [N] share of assignments per expert
 };
 
 // Tensors for a batch of samples. Shapes: [B, P + R] for the sequence,

@@ -289,6 +289,137 @@ TEST(TrainerTest, RlRaisesRewardOnToyTask) {
   }
 }
 
+// The same toy run with a MoE policy (4 experts, top-2, a shared expert,
+// capacity factor 1.25 in the training forward): the reward rises, and each
+// step reports the router statistics.
+TEST(TrainerTest, RlWithMoePolicyRaisesReward) {
+  JobConfig c = TinyJob();
+  c.model.moe_experts = 4;
+  c.model.moe_top_k = 2;
+  c.model.moe_capacity_factor = 1.25;
+  c.model.moe_shared_expert = true;
+  c.model.moe_d_ff = 32;
+  c.rollout.group_size = 8;
+  c.optim.lr = 3e-3;
+  c.optim.grad_clip = 1.0;
+  ASSERT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
+  auto model = PolicyModel::Create(c.model, 98, kCpu, 5).value();
+  auto trainer = Trainer::Create(*model, nullptr, c, kPad).value();
+  RolloutEngine engine(*model, kPad, kEos);
+  SamplingParams p;
+  p.max_new_tokens = 3;
+  constexpr int kTarget = 50;
+  TrainStats last;
+  auto mean_reward = [&](int step, bool train) {
+    std::vector<std::vector<int>> prompts;
+    for (int g = 0; g < 8; ++g) {
+      for (int i = 0; i < 8; ++i) prompts.push_back({kBos, 10 + g});
+    }
+    auto out = engine.Generate(prompts, p, 1000 + step).value();
+    std::vector<Sample> samples;
+    double total = 0;
+    for (size_t i = 0; i < out.size(); ++i) {
+      Sample s;
+      s.prompt_ids = prompts[i];
+      s.response_ids = out[i].tokens;
+      s.behaviour_logp = out[i].logp;
+      s.reward = out[i].tokens[0] == kTarget ? 1.0 : 0.0;
+      total += s.reward;
+      samples.push_back(std::move(s));
+    }
+    if (train) {
+      auto st = trainer->Step(samples);
+      EXPECT_TRUE(st.ok()) << st.status();
+      if (st.ok()) last = *st;
+    }
+    return total / out.size();
+  };
+  double before = 0;
+  for (int s = 0; s < 4; ++s) before += mean_reward(s, false) / 4;
+  for (int s = 0; s < 40; ++s) mean_reward(100 + s, true);
+  double after = 0;
+  for (int s = 0; s < 4; ++s) after += mean_reward(500 + s, false) / 4;
+  EXPECT_LT(before, 0.1);
+  EXPECT_GT(after, 0.5) << "before " << before;
+  ASSERT_EQ(last.moe_expert_load.size(), 4u);
+  double load = 0;
+  for (double l : last.moe_expert_load) load += l;
+  EXPECT_NEAR(load, 1.0, 1e-6);
+  EXPECT_GT(last.moe_aux_loss, 0.0);
+  EXPECT_GT(last.moe_z_loss, 0.0);
+  EXPECT_GE(last.moe_dropped_frac, 0.0);
+  EXPECT_LT(last.moe_dropped_frac, 0.5);
+}
+
+// The MoE auxiliary loss enters the gradient once per micro-batch, weighted
+// by the micro-batch's share of the mini-batch's sequences: the trainer's
+// gradient with the loss on, minus the one with it off, is the gradient of
+// sum over micro-batches of (sequences / 16) * PolicyModel::AuxLoss().
+TEST(TrainerTest, MoeAuxLossIsAddedPerMicroBatchBySequenceShare) {
+  JobConfig c = TinyJob();
+  c.model.moe_experts = 4;
+  c.model.moe_top_k = 2;
+  c.optim.micro_batch_size = 6;  // micro-batches of 6, 6 and 4 sequences
+  const std::vector<Sample> samples = FourGroupsOfFour();
+  auto grads_after_step = [&](double aux_coef, double z_coef,
+                              TrainStats* stats) {
+    JobConfig cc = c;
+    cc.model.moe_aux_loss_coef = aux_coef;
+    cc.model.moe_z_loss_coef = z_coef;
+    auto model = PolicyModel::Create(cc.model, 98, kCpu, 3).value();
+    auto trainer = Trainer::Create(*model, nullptr, cc, kPad).value();
+    *stats = trainer->Step(samples).value();
+    std::vector<at::Tensor> g;
+    for (const auto& p : model->parameters()) g.push_back(p.grad().clone());
+    return g;
+  };
+  TrainStats with_stats, without_stats;
+  const auto with = grads_after_step(1.0, 0.1, &with_stats);
+  const auto without = grads_after_step(0.0, 0.0, &without_stats);
+
+  ModelConfig mc = c.model;
+  mc.moe_aux_loss_coef = 1.0;
+  mc.moe_z_loss_coef = 0.1;
+  auto ref = PolicyModel::Create(mc, 98, kCpu, 3).value();
+  ref->set_training(true);
+  double aux_mean = 0;
+  for (size_t start = 0; start < samples.size(); start += 6) {
+    const size_t n = std::min<size_t>(6, samples.size() - start);
+    const std::vector<Sample> slice(samples.begin() + start,
+                                    samples.begin() + start + n);
+    const CollatedBatch b = Collate(slice, kPad, kCpu);
+    ref->Forward(b.input_ids, b.positions, b.valid);
+    (ref->AuxLoss() * (static_cast<double>(n) / 16.0)).backward();
+    aux_mean += ref->moe_stats().aux_loss * static_cast<double>(n) / 16.0;
+  }
+  const auto pr = ref->parameters();
+  int router_params = 0;
+  for (size_t i = 0; i < pr.size(); ++i) {
+    // lm_head and the last block's experts do not feed any router.
+    const at::Tensor expected =
+        pr[i].grad().defined() ? pr[i].grad() : torch::zeros_like(pr[i]);
+    const auto diff = with[i] - without[i];
+    EXPECT_TRUE(torch::allclose(diff, expected, 1e-4, 1e-7))
+        << "param " << i << " max diff "
+        << (diff - expected).abs().max().item<double>();
+    // Only the router (and what feeds it) gets the aux gradient; the router
+    // weights [4, 32] must have one.
+    if (pr[i].sizes() == at::IntArrayRef({4, 32})) {
+      ++router_params;
+      EXPECT_GT(pr[i].grad().abs().sum().item<double>(), 0);
+    }
+  }
+  EXPECT_EQ(router_params, c.model.n_layers);
+  EXPECT_NEAR(with_stats.moe_aux_loss, aux_mean, 1e-6);
+  EXPECT_EQ(with_stats.moe_dropped_frac, 0.0);
+  // A dense policy reports no router statistics.
+  auto dense = TinyModel(3);
+  auto dense_trainer =
+      Trainer::Create(*dense, nullptr, TinyJob(), kPad).value();
+  EXPECT_TRUE(
+      dense_trainer->Step(FourGroupsOfFour()).value().moe_expert_load.empty());
+}
+
 }  // namespace
 }  // namespace fusionrl
 

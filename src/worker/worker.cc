@@ -1015,10 +1015,11 @@ absl::Status CardRunner::TrainStep(const v1::StepPlan& plan,
   int64_t over_stale = 0;
   if (!stale_groups.empty()) {
     over_stale = static_cast<int64_t>(stale_groups.size()) * rc.group_size;
-    spdlog::warn("{} card {}: step {}: {} prompt group(s) over the policy lag "
-                 "{}; {}",
-                 job_.node->node_id, job_.local_rank, plan.step(),
-                 stale_groups.size(), max_lag, cfg.stalesync.over_stale);
+    spdlog::warn(
+        "{} card {}: step {}: {} prompt group(s) over the policy lag "
+        "{}; {}",
+        job_.node->node_id, job_.local_rank, plan.step(), stale_groups.size(),
+        max_lag, cfg.stalesync.over_stale);
     if (cfg.stalesync.over_stale == "drop") {
       for (Sample& s : samples) {
         if (std::find(stale_groups.begin(), stale_groups.end(), s.group_id) !=
@@ -1154,6 +1155,15 @@ absl::Status CardRunner::TrainStep(const v1::StepPlan& plan,
                          : plan.last_eval_accuracy();
   for (int i = 0; i <= lag; ++i) {
     rec.push_back({absl::StrCat("staleness_", i), totals[hist_at + i]});
+  }
+  if (cfg.model.moe_experts > 0) {
+    // The lead card's own router statistics (like the other trainer stats).
+    rec.push_back({"moe_aux_loss", ts.moe_aux_loss});
+    rec.push_back({"moe_z_loss", ts.moe_z_loss});
+    rec.push_back({"moe_dropped_frac", ts.moe_dropped_frac});
+    for (size_t i = 0; i < ts.moe_expert_load.size(); ++i) {
+      rec.push_back({absl::StrCat("moe_load_", i), ts.moe_expert_load[i]});
+    }
   }
   if (plan.eval_after()) {
     FUSIONRL_ASSIGN_OR_RETURN(EvalResult ev,

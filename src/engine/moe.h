@@ -1,0 +1,67 @@
+// Mixture-of-experts routing math: a softmax router with top-k selection,
+// per-expert capacity, and the Switch/GShard load-balancing and ST-MoE
+// router z auxiliary losses. Pure tensor functions, so each is tested on
+// hand-computed inputs; the feed-forward module that uses them (router,
+// experts, batched dispatch) is engine/moe_module.h, internal to the engine.
+//
+// Conventions (T tokens, N experts, k = top_k):
+//   * probabilities p = softmax(router logits), computed in float32 (float64
+//     for float64 logits);
+//   * each token picks its k most probable experts, best first;
+//   * gates: k = 1 uses the chosen probability itself (Switch: the router
+//     gets a gradient from the task loss through the gate); k = 2
+//     renormalises the two chosen probabilities to sum to 1 (GShard,
+//     Mixtral: g_j = p_j / (p_1 + p_2));
+//   * capacity (overflow): an expert takes at most C assignments per call.
+//     Assignments are ranked first by choice (every token's first choice
+//     before any second choice), then by token order; an assignment ranked
+//     past C at its expert is dropped: that expert contributes nothing to
+//     the token, which keeps its other choice (if kept), its residual and the
+//     shared expert. C = 0 means no limit (dropless).
+//
+// Thread safety: the functions are pure and may be called concurrently.
+#ifndef FUSIONRL_ENGINE_MOE_H_
+#define FUSIONRL_ENGINE_MOE_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace fusionrl::moe {
+
+struct RouterOutput {
+  at::Tensor probs;         // [T, N] softmax of the logits (autograd)
+  at::Tensor expert_index;  // [T, k] int64: chosen experts, best first
+  at::Tensor gates;         // [T, k] combine weights (autograd)
+  at::Tensor keep;          // [T, k] bool: the assignment survived capacity
+  at::Tensor expert_load;   // [N] float32: share of the T * k assignments
+                            //   routed to each expert, before capacity
+  at::Tensor dropped_frac;  // [] float32: share of the T * k assignments
+                            //   dropped by capacity
+};
+
+// Slots per expert for one forward call of `tokens` tokens:
+// ceil(capacity_factor * tokens * top_k / num_experts); 0 (no limit) when
+// capacity_factor is 0.
+int64_t Capacity(double capacity_factor, int64_t tokens, int top_k,
+                 int num_experts);
+
+// Routes T tokens given router logits [T, N]. `capacity` as from Capacity()
+// (0 = dropless). REQUIRES: top_k in {1, 2}, top_k <= N, T >= 1.
+RouterOutput Route(const at::Tensor& logits, int top_k, int64_t capacity);
+
+// Load-balancing loss (Switch Transformer eq. 4, GShard):
+// N * sum_i f_i * P_i, with f_i the share of the T * k assignments routed to
+// expert i (before capacity; no gradient) and P_i the mean over tokens of
+// probs[:, i]. 1 when routing is perfectly balanced. probs [T, N] float,
+// expert_index [T, k] int64. A 0-dim tensor (float32, or float64 for float64
+// probs), with autograd through probs.
+at::Tensor AuxLoss(const at::Tensor& probs, const at::Tensor& expert_index);
+
+// Router z-loss (ST-MoE): mean over tokens of logsumexp(logits[t, :])^2;
+// keeps router logits small. logits [T, N]; a 0-dim tensor (as AuxLoss).
+at::Tensor ZLoss(const at::Tensor& logits);
+
+}  // namespace fusionrl::moe
+
+#endif  // FUSIONRL_ENGINE_MOE_H_

@@ -1,0 +1,442 @@
+#include "engine/moe.h"
+
+#include <torch/types.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/checkpoint.h"
+#include "engine/model.h"
+#include "engine/moe_module.h"
+#include "engine/rollout.h"
+#include "engine/test_util.h"
+#include "engine/trainer.h"
+#include "gtest/gtest.h"
+
+namespace fusionrl {
+namespace {
+
+constexpr int kPad = 0, kBos = 1, kEos = 2;
+
+// Router logits whose softmax is exactly the given probabilities (up to
+// float rounding): log p, shifted per row by `shift` (softmax ignores it,
+// the z-loss sees it).
+at::Tensor LogitsFromProbs(const std::vector<std::vector<double>>& probs,
+                           const std::vector<double>& shift) {
+  std::vector<at::Tensor> rows;
+  for (size_t t = 0; t < probs.size(); ++t) {
+    rows.push_back(torch::tensor(probs[t], torch::kDouble).log() + shift[t]);
+  }
+  return torch::stack(rows).to(torch::kFloat);
+}
+
+// Four tokens over three experts:
+//   t0 [0.5, 0.3, 0.2]  t1 [0.1, 0.6, 0.3]  t2 [0.2, 0.1, 0.7]
+//   t3 [0.4, 0.35, 0.25]
+at::Tensor HandLogits() {
+  return LogitsFromProbs(
+      {{0.5, 0.3, 0.2}, {0.1, 0.6, 0.3}, {0.2, 0.1, 0.7}, {0.4, 0.35, 0.25}},
+      {0.5, -1.0, 0.25, 1.5});
+}
+
+void ExpectNear(const at::Tensor& actual, const std::vector<double>& expected,
+                double tol) {
+  const auto a = actual.to(torch::kDouble).reshape({-1}).contiguous();
+  ASSERT_EQ(a.numel(), static_cast<int64_t>(expected.size()));
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_NEAR(a[static_cast<int64_t>(i)].item<double>(), expected[i], tol)
+        << "element " << i;
+  }
+}
+
+TEST(MoeRouteTest, TopOnePicksTheMostLikelyExpertAndGatesWithItsProbability) {
+  const moe::RouterOutput r = moe::Route(HandLogits(), 1, 0);
+  EXPECT_TRUE(torch::equal(r.expert_index,
+                           torch::tensor({{0}, {1}, {2}, {0}}, torch::kLong)));
+  ExpectNear(r.gates, {0.5, 0.6, 0.7, 0.4}, 1e-6);
+  ExpectNear(r.probs,
+             {0.5, 0.3, 0.2, 0.1, 0.6, 0.3, 0.2, 0.1, 0.7, 0.4, 0.35, 0.25},
+             1e-6);
+  EXPECT_TRUE(r.keep.all().item<bool>());
+  ExpectNear(r.expert_load, {0.5, 0.25, 0.25}, 0);
+  EXPECT_EQ(r.dropped_frac.item<float>(), 0.0f);
+}
+
+TEST(MoeRouteTest, TopTwoRenormalisesTheGatesOverTheChosenPair) {
+  const moe::RouterOutput r = moe::Route(HandLogits(), 2, 0);
+  EXPECT_TRUE(torch::equal(
+      r.expert_index,
+      torch::tensor({{0, 1}, {1, 2}, {2, 0}, {0, 1}}, torch::kLong)));
+  ExpectNear(r.gates,
+             {0.5 / 0.8, 0.3 / 0.8, 0.6 / 0.9, 0.3 / 0.9, 0.7 / 0.9, 0.2 / 0.9,
+              0.4 / 0.75, 0.35 / 0.75},
+             1e-6);
+  // Assignments: firsts 0, 1, 2, 0; seconds 1, 2, 0, 1.
+  ExpectNear(r.expert_load, {3.0 / 8, 3.0 / 8, 2.0 / 8}, 0);
+  EXPECT_TRUE(r.keep.all().item<bool>());
+}
+
+TEST(MoeLossTest, AuxLossIsNTimesAssignmentShareDotMeanProbability) {
+  // Mean probabilities P = [1.2, 1.35, 1.45] / 4 = [0.3, 0.3375, 0.3625].
+  const at::Tensor logits = HandLogits();
+  const moe::RouterOutput top1 = moe::Route(logits, 1, 0);
+  // f = [0.5, 0.25, 0.25]: 3 * (0.15 + 0.084375 + 0.090625) = 0.975.
+  EXPECT_NEAR(moe::AuxLoss(top1.probs, top1.expert_index).item<double>(), 0.975,
+              1e-6);
+  const moe::RouterOutput top2 = moe::Route(logits, 2, 0);
+  // f = [0.375, 0.375, 0.25]: 3 * (0.1125 + 0.1265625 + 0.090625).
+  EXPECT_NEAR(moe::AuxLoss(top2.probs, top2.expert_index).item<double>(),
+              0.9890625, 1e-6);
+  // Perfect balance gives exactly 1.
+  const auto uniform = torch::full({4, 2}, 0.5);
+  const auto alternating = torch::tensor({{0}, {1}, {0}, {1}}, torch::kLong);
+  EXPECT_NEAR(moe::AuxLoss(uniform, alternating).item<double>(), 1.0, 1e-7);
+}
+
+TEST(MoeLossTest, ZLossIsMeanSquaredLogSumExp) {
+  // Each row's probabilities sum to 1, so logsumexp = its shift:
+  // (0.25 + 1 + 0.0625 + 2.25) / 4.
+  EXPECT_NEAR(moe::ZLoss(HandLogits()).item<double>(), 0.890625, 1e-6);
+  // [0, 0] -> log 2; [log 3, 0] -> log 4: (1 + 4) / 2 * log(2)^2.
+  const auto logits = torch::tensor({{0.0, 0.0}, {std::log(3.0), 0.0}});
+  EXPECT_NEAR(moe::ZLoss(logits).item<double>(),
+              2.5 * std::log(2.0) * std::log(2.0), 1e-6);
+}
+
+TEST(MoeCapacityTest, CapacityIsCeilOfFactorTimesAssignmentsPerExpert) {
+  EXPECT_EQ(moe::Capacity(0.0, 100, 2, 4), 0);  // dropless
+  EXPECT_EQ(moe::Capacity(1.0, 4, 1, 2), 2);
+  EXPECT_EQ(moe::Capacity(1.0, 4, 2, 4), 2);
+  EXPECT_EQ(moe::Capacity(1.25, 10, 2, 4), 7);  // ceil(6.25)
+  EXPECT_EQ(moe::Capacity(0.01, 3, 1, 8), 1);   // never below one slot
+}
+
+TEST(MoeCapacityTest, TopOneKeepsTheFirstTokensUpToCapacity) {
+  // Four tokens, all preferring expert 0 (by different margins), C = 2.
+  const auto logits =
+      torch::tensor({{1.0, 0.0}, {3.0, 0.0}, {0.5, 0.0}, {2.0, 0.0}});
+  const moe::RouterOutput r =
+      moe::Route(logits, 1, moe::Capacity(1.0, 4, 1, 2));
+  EXPECT_TRUE(torch::equal(r.keep.squeeze(1),
+                           torch::tensor({true, true, false, false})));
+  EXPECT_EQ(r.dropped_frac.item<float>(), 0.5f);
+  ExpectNear(r.expert_load, {1.0, 0.0}, 0);
+}
+
+TEST(MoeCapacityTest, FirstChoicesOutrankSecondChoices) {
+  // N = 4, k = 2, C = ceil(4 * 2 / 4) = 2. Choices (first, second):
+  // t0 (0, 1), t1 (0, 1), t2 (1, 0), t3 (0, 2).
+  const auto logits = torch::tensor({{3.0, 2.0, 0.0, -1.0},
+                                     {3.0, 2.0, 0.0, -1.0},
+                                     {2.0, 3.0, 0.0, -1.0},
+                                     {3.0, 0.0, 2.0, -1.0}});
+  const moe::RouterOutput r =
+      moe::Route(logits, 2, moe::Capacity(1.0, 4, 2, 4));
+  // Expert 0 takes the first choices of t0 and t1; t3's first choice and
+  // t2's second are past capacity. Expert 1 takes t2's first choice before
+  // t0's second (first choices rank first), so t1's second is dropped.
+  EXPECT_TRUE(torch::equal(
+      r.keep,
+      torch::tensor(
+          {{true, true}, {true, false}, {true, false}, {false, true}})));
+  EXPECT_EQ(r.dropped_frac.item<float>(), 0.375f);
+  ExpectNear(r.expert_load, {4.0 / 8, 3.0 / 8, 1.0 / 8, 0.0}, 0);
+}
+
+// A module with fixed, seeded weights, in float64 so that comparisons with
+// the reference loops see the dispatch, not float32 rounding.
+MoeFeedForward MakeMoe(int experts, int top_k, double capacity_factor,
+                       bool shared, uint64_t seed = 3) {
+  torch::manual_seed(seed);
+  MoeFeedForward m(8, 16, experts, top_k, capacity_factor, shared);
+  m->to(torch::kDouble);
+  torch::NoGradGuard no_grad;
+  for (auto& p : m->parameters()) p.normal_(0, 0.5);
+  return m;
+}
+
+at::Tensor RandomTokens(std::vector<int64_t> shape) {
+  return torch::randn(shape, torch::kDouble);
+}
+
+TEST(MoeModuleTest, DroppedTokensGetZeroFromTheExpertsButKeepTheShared) {
+  for (bool shared : {false, true}) {
+    MoeFeedForward m = MakeMoe(2, 1, 1.0, shared);
+    torch::NoGradGuard no_grad;
+    // Router: logit 0 = x[0] > 0 = logit 1, so every token prefers expert 0.
+    m->router->weight.zero_();
+    m->router->weight[0][0] = 1.0;
+    auto x = RandomTokens({4, 8});
+    x.select(1, 0).copy_(torch::tensor({1.0, 2.0, 3.0, 4.0}));
+    const auto out = m->forward(x, at::Tensor(), /*apply_capacity=*/true);
+    EXPECT_EQ(m->last_stats().dropped_frac.item<float>(), 0.5f);
+    const auto base = shared ? m->shared->forward(x)
+                             : torch::zeros_like(x);  // dropped: t2, t3
+    EXPECT_TRUE(torch::equal(out.narrow(0, 2, 2), base.narrow(0, 2, 2)))
+        << "shared " << shared;
+    // Kept tokens: p_0 * expert0(x) (+ shared).
+    const auto p0 = torch::softmax(m->router(x), -1).select(1, 0).unsqueeze(1);
+    const auto kept = p0 * m->experts[0]->forward(x) + base;
+    EXPECT_TRUE(
+        torch::allclose(out.narrow(0, 0, 2), kept.narrow(0, 0, 2), 0, 1e-10));
+    // Without capacity nothing is dropped.
+    const auto all = m->forward(x, at::Tensor(), /*apply_capacity=*/false);
+    EXPECT_EQ(m->last_stats().dropped_frac.item<float>(), 0.0f);
+    EXPECT_TRUE(torch::allclose(all, kept, 0, 1e-10));
+  }
+}
+
+// Each token's output computed one token and one choice at a time.
+at::Tensor PerTokenReference(MoeFeedForward& m, const at::Tensor& x,
+                             int64_t capacity, int top_k) {
+  const moe::RouterOutput r = moe::Route(m->router(x), top_k, capacity);
+  const auto idx = r.expert_index.accessor<int64_t, 2>();
+  const auto keep = r.keep.accessor<bool, 2>();
+  std::vector<at::Tensor> rows;
+  for (int64_t t = 0; t < x.size(0); ++t) {
+    const auto xt = x.narrow(0, t, 1);
+    at::Tensor y = torch::zeros_like(xt);
+    for (int j = 0; j < top_k; ++j) {
+      if (!keep[t][j]) continue;
+      y = y + r.gates.narrow(0, t, 1).narrow(1, j, 1) *
+                  m->experts[idx[t][j]]->forward(xt);
+    }
+    if (!m->shared.is_empty()) y = y + m->shared->forward(xt);
+    rows.push_back(y);
+  }
+  return torch::cat(rows);
+}
+
+TEST(MoeModuleTest, BatchedDispatchEqualsPerTokenLoop) {
+  for (int top_k : {1, 2}) {
+    for (double cf : {0.0, 0.75}) {
+      MoeFeedForward m = MakeMoe(4, top_k, cf, /*shared=*/top_k == 2);
+      torch::NoGradGuard no_grad;
+      const auto x = RandomTokens({24, 8});
+      const auto out = m->forward(x, at::Tensor(), /*apply_capacity=*/true);
+      const int64_t c = moe::Capacity(cf, 24, top_k, 4);
+      const auto ref = PerTokenReference(m, x, c, top_k);
+      EXPECT_LE((out - ref).abs().max().item<double>(), 1e-10)
+          << "k " << top_k << " cf " << cf;
+      if (cf > 0) {
+        EXPECT_GT(m->last_stats().dropped_frac.item<float>(), 0.0f);
+      }
+    }
+  }
+}
+
+TEST(MoeModuleTest, PaddingTokensAreNotRoutedAndGetZero) {
+  MoeFeedForward m = MakeMoe(4, 2, 0.0, /*shared=*/true);
+  torch::NoGradGuard no_grad;
+  const auto x = RandomTokens({2, 3, 8});
+  const auto valid = torch::tensor({{false, true, true}, {true, true, false}});
+  const auto out = m->forward(x, valid, /*apply_capacity=*/false);
+  EXPECT_TRUE(torch::equal(out[0][0], torch::zeros({8}, torch::kDouble)));
+  EXPECT_TRUE(torch::equal(out[1][2], torch::zeros({8}, torch::kDouble)));
+  const auto rows = torch::stack({x[0][1], x[0][2], x[1][0], x[1][1]});
+  const auto ref = PerTokenReference(m, rows, 0, 2);
+  EXPECT_LE((torch::stack({out[0][1], out[0][2], out[1][0], out[1][1]}) - ref)
+                .abs()
+                .max()
+                .item<double>(),
+            1e-10);
+  // Statistics count the four routed tokens only: 8 assignments.
+  const auto load = m->last_stats().expert_load;
+  EXPECT_NEAR(load.sum().item<double>(), 1.0, 1e-6);
+  EXPECT_EQ((load * 8).round().sum().item<double>(), 8.0);
+}
+
+TEST(MoeModuleTest, GradientsMatchThePerTokenReference) {
+  for (double cf : {0.0, 0.75}) {
+    MoeFeedForward m = MakeMoe(4, 2, cf, /*shared=*/true);
+    const auto x = RandomTokens({16, 8});
+    const auto w = RandomTokens({16, 8});
+    auto grads = [&](bool batched) {
+      m->zero_grad();
+      const auto out =
+          batched ? m->forward(x, at::Tensor(), /*apply_capacity=*/true)
+                  : PerTokenReference(m, x, moe::Capacity(cf, 16, 2, 4), 2);
+      auto loss = (out * w).sum();
+      if (batched) {
+        loss = loss + m->last_stats().aux_loss + m->last_stats().z_loss;
+      } else {
+        const auto logits = m->router(x);
+        const auto r = moe::Route(logits, 2, 0);
+        loss =
+            loss + moe::AuxLoss(r.probs, r.expert_index) + moe::ZLoss(logits);
+      }
+      loss.backward();
+      std::vector<at::Tensor> g;
+      for (const auto& p : m->parameters()) {
+        g.push_back(p.grad().defined() ? p.grad().clone()
+                                       : torch::zeros_like(p));
+      }
+      return g;
+    };
+    const auto batched = grads(true);
+    const auto reference = grads(false);
+    const auto names = m->named_parameters().keys();
+    for (size_t i = 0; i < batched.size(); ++i) {
+      EXPECT_LE((batched[i] - reference[i]).abs().max().item<double>(), 1e-10)
+          << names[i] << " cf " << cf;
+    }
+    // The router learns from the task loss (through the gates) and the aux
+    // losses; every expert got tokens.
+    EXPECT_GT(m->router->weight.grad().abs().sum().item<double>(), 0);
+    for (const auto& e : m->experts) {
+      EXPECT_GT(e->w1->weight.grad().abs().sum().item<double>(), 0);
+    }
+  }
+}
+
+ModelConfig TinyMoeConfig(int top_k, double capacity_factor, bool shared) {
+  ModelConfig c = testing_util::TinyModelConfig();
+  c.moe_experts = 4;
+  c.moe_top_k = top_k;
+  c.moe_capacity_factor = capacity_factor;
+  c.moe_shared_expert = shared;
+  c.moe_d_ff = 32;
+  return c;
+}
+
+std::unique_ptr<PolicyModel> TinyMoeModel(const ModelConfig& c,
+                                          uint64_t seed = 7) {
+  return PolicyModel::Create(c, 98, c10::Device("cpu"), seed).value();
+}
+
+// The sampler's behaviour log-probs (KV-cached, one token per call) equal
+// the trainer's recomputation (one full forward, training mode, autograd on)
+// for the same weights: routing sees the same hidden state per token.
+TEST(MoeModelTest, RolloutLogProbsMatchTrainerRecomputation) {
+  for (int top_k : {1, 2}) {
+    auto model = TinyMoeModel(TinyMoeConfig(top_k, 0.0, top_k == 2));
+    RolloutEngine engine(*model, kPad, kEos);
+    SamplingParams p;
+    p.temperature = 0.7;
+    p.max_new_tokens = 12;
+    const std::vector<std::vector<int>> prompts = {
+        {kBos, 20, 21, 22}, {kBos, 40}, {kBos, 50, 51}, {kBos, 60, 61, 62, 63}};
+    auto out = engine.Generate(prompts, p, 99).value();
+    std::vector<Sample> samples(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      samples[i].prompt_ids = prompts[i];
+      samples[i].response_ids = out[i].tokens;
+      samples[i].behaviour_logp = out[i].logp;
+    }
+    const CollatedBatch batch = Collate(samples, kPad, c10::Device("cpu"));
+    model->set_training(true);
+    const auto logp = ResponseLogProbs(*model, batch, 0.7, nullptr);
+    ASSERT_TRUE(logp.requires_grad());
+    const double diff =
+        ((logp.detach() - batch.behaviour_logp) * batch.response_mask)
+            .abs()
+            .max()
+            .item<double>();
+    EXPECT_LT(diff, 1e-5) << "top_k " << top_k;
+    EXPECT_EQ(model->moe_stats().dropped_frac, 0.0);
+  }
+}
+
+TEST(MoeModelTest, CapacityAppliesToTheTrainingForwardOnly) {
+  auto model = TinyMoeModel(TinyMoeConfig(2, 0.5, false));
+  const auto tokens = torch::randint(3, 98, {4, 10}, torch::kLong);
+  const auto valid = torch::ones({4, 10}, torch::kBool);
+  const auto pos = PositionsFromValid(valid);
+  model->set_training(true);
+  model->Forward(tokens, pos, valid);
+  // C = ceil(0.5 * 40 * 2 / 4) = 10 of 80 assignments per expert: at least
+  // 40 dropped.
+  EXPECT_GE(model->moe_stats().dropped_frac, 0.5);
+  const at::Tensor aux = model->AuxLoss();
+  ASSERT_TRUE(aux.defined());
+  EXPECT_TRUE(aux.requires_grad());
+  {
+    torch::NoGradGuard no_grad;  // e.g. a proximal recomputation
+    model->Forward(tokens, pos, valid);
+    EXPECT_EQ(model->moe_stats().dropped_frac, 0.0);
+  }
+  model->set_training(false);
+  model->Forward(tokens, pos, valid);
+  EXPECT_EQ(model->moe_stats().dropped_frac, 0.0);
+  // The cached path is dropless even in training mode with autograd on.
+  model->set_training(true);
+  KvCache cache = model->NewCache(4, 10);
+  model->ForwardCached(tokens, pos, valid, cache);
+  EXPECT_EQ(model->moe_stats().dropped_frac, 0.0);
+}
+
+TEST(MoeModelTest, AuxLossIsTheWeightedSumOverLayers) {
+  ModelConfig c = TinyMoeConfig(2, 0.0, false);
+  c.moe_aux_loss_coef = 0.5;
+  c.moe_z_loss_coef = 0.25;
+  auto model = TinyMoeModel(c);
+  const auto tokens = torch::randint(3, 98, {2, 6}, torch::kLong);
+  const auto valid = torch::ones({2, 6}, torch::kBool);
+  model->Forward(tokens, PositionsFromValid(valid), valid);
+  const MoeStats s = model->moe_stats();
+  ASSERT_EQ(s.expert_load.size(), 4u);
+  double load = 0;
+  for (double l : s.expert_load) load += l;
+  EXPECT_NEAR(load, 1.0, 1e-6);
+  // n_layers * (0.5 * mean aux + 0.25 * mean z).
+  EXPECT_NEAR(model->AuxLoss().item<double>(),
+              c.n_layers * (0.5 * s.aux_loss + 0.25 * s.z_loss), 1e-5);
+  auto dense = testing_util::TinyModel();
+  EXPECT_FALSE(dense->AuxLoss().defined());
+  EXPECT_TRUE(dense->moe_stats().expert_load.empty());
+}
+
+TEST(MoeModelTest, CreateRejectsAnInvalidMixture) {
+  ModelConfig c = TinyMoeConfig(2, 0.0, false);
+  c.moe_experts = 1;
+  EXPECT_EQ(PolicyModel::Create(c, 98, c10::Device("cpu"), 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  c.moe_experts = 4;
+  c.moe_top_k = 3;
+  EXPECT_EQ(PolicyModel::Create(c, 98, c10::Device("cpu"), 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MoeCheckpointTest, MixtureShapeIsCheckedByKey) {
+  const std::string dir = ::testing::TempDir() + "/ckpt_moe";
+  auto moe_model = TinyMoeModel(TinyMoeConfig(2, 0.0, true), 1);
+  ASSERT_TRUE(
+      WriteCheckpoint(dir, *moe_model, nullptr, CheckpointMeta{"rl", "u"})
+          .ok());
+  // Same shape (capacity factor is not shape): loads, weights equal.
+  auto same = TinyMoeModel(TinyMoeConfig(2, 1.5, true), 2);
+  ASSERT_TRUE(ReadCheckpoint(dir, *same, nullptr).ok());
+  const auto pa = moe_model->parameters(), pb = same->parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i)
+    EXPECT_TRUE(torch::equal(pa[i], pb[i]));
+
+  auto expect_mismatch = [&](PolicyModel& m, const std::string& dir_,
+                             const std::string& what) {
+    const auto st = ReadCheckpoint(dir_, m, nullptr).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(st.message().find(what), std::string::npos) << st;
+  };
+  auto dense = testing_util::TinyModel(1);
+  expect_mismatch(*dense, dir,
+                  "model.moe_experts is 4 in the checkpoint but 0");
+  ModelConfig wider = TinyMoeConfig(2, 0.0, true);
+  wider.moe_d_ff = 48;
+  expect_mismatch(*TinyMoeModel(wider), dir,
+                  "model.moe_d_ff is 32 in the checkpoint but 48");
+  expect_mismatch(
+      *TinyMoeModel(TinyMoeConfig(2, 0.0, false)), dir,
+      "model.moe_shared_expert is true in the checkpoint but false");
+
+  const std::string dense_dir = ::testing::TempDir() + "/ckpt_dense_for_moe";
+  ASSERT_TRUE(
+      WriteCheckpoint(dense_dir, *dense, nullptr, CheckpointMeta{"rl", "u"})
+          .ok());
+  expect_mismatch(*same, dense_dir,
+                  "model.moe_experts is 0 in the checkpoint but 4");
+}
+
+}  // namespace
+}  // namespace fusionrl
