@@ -19,6 +19,7 @@
 #include "core/metrics.h"
 #include "fusionrl/config.h"
 #include "fusionrl/v1/job.grpc.pb.h"
+#include "nlohmann/json.hpp"
 #include "rpc/auth.h"
 #include "rpc/status_convert.h"
 #include "spdlog/spdlog.h"
@@ -118,6 +119,22 @@ std::string FormatStatus(const v1::JobStatus& s) {
                         "re-queued\n",
                         s.groups_submitted(), s.groups_trained(),
                         s.groups_requeued());
+  if (!s.last_metrics_json().empty()) {
+    // A MoE policy: the router's balance at the last step.
+    auto rec = nlohmann::json::parse(s.last_metrics_json(), nullptr,
+                                     /*allow_exceptions=*/false);
+    if (rec.is_object() && rec.contains("moe_dropped_frac")) {
+      std::string load;
+      for (int i = 0; rec.contains(absl::StrCat("moe_load_", i)); ++i) {
+        absl::StrAppendFormat(&load, "%s%.2f", i == 0 ? "" : " ",
+                              rec[absl::StrCat("moe_load_", i)].get<double>());
+      }
+      absl::StrAppendFormat(
+          &out, "  MoE router: expert load %s  dropped %.1f%%  aux loss %.4f\n",
+          load, 100 * rec.value("moe_dropped_frac", 0.0),
+          rec.value("moe_aux_loss", 0.0));
+    }
+  }
   if (s.max_clock_skew() > 0) {
     std::string clocks;
     for (const v1::NodeStatus& n : s.nodes()) {

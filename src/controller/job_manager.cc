@@ -152,8 +152,9 @@ struct JobManager::Job {
   int64_t policy_version = 0;
   double loop_seconds = 0;
   std::string checkpoint_dir;
-  std::string summary_json;  // summary.json's text once written
-  int error_code = 0;        // FAILED: absl/gRPC canonical code
+  std::string summary_json;       // summary.json's text once written
+  std::string last_metrics_json;  // the last committed step's record
+  int error_code = 0;             // FAILED: absl/gRPC canonical code
 
   // StaleSync across super nodes (stalesync.max_clock_skew > 0 and several
   // nodes): each node runs ahead of the slowest by at most k steps (the
@@ -529,7 +530,8 @@ void JobManager::CommitLocked(Job& job) {
           rec["clock_skew"] = hi - lo;
           rec["max_clock_skew_seen"] = job.skew_gate->MaxSkewSeen();
         }
-        absl::Status s = job.metrics->AppendLine(rec.dump());
+        job.last_metrics_json = rec.dump();
+        absl::Status s = job.metrics->AppendLine(job.last_metrics_json);
         if (!s.ok())
           spdlog::warn("[{}] metrics: {}", job.id, std::string(s.message()));
       }
@@ -735,6 +737,7 @@ v1::JobStatus JobManager::StatusLocked(const Job& job) const {
   }
   for (const v1::JobEvent& e : job.events) *s.add_events() = e;
   s.set_error_code(job.error_code);
+  s.set_last_metrics_json(job.last_metrics_json);
   if (job.skewed) {
     s.set_max_clock_skew(job.config.stalesync.max_clock_skew);
     s.set_max_clock_skew_seen(job.skew_gate->MaxSkewSeen());

@@ -86,6 +86,7 @@ class JobManagerTest : public ::testing::Test {
     r.set_attempt(plan.attempt());
     r.set_initial_eval_accuracy(-1);
     r.set_eval_accuracy(-1);
+    r.set_metrics_json(absl::StrCat("{\"step\": ", plan.step(), "}"));
     return jobs_.FinishStep(r, absl::Now() + absl::Seconds(10));
   }
 
@@ -196,6 +197,7 @@ TEST_F(JobManagerTest, TwoNodesSumInNodeOrderAndCommitTogether) {
   ASSERT_TRUE(status.ok());
   EXPECT_EQ(status->phase(), v1::JOB_PHASE_SUCCEEDED);
   EXPECT_EQ(status->groups_trained(), 4);
+  EXPECT_EQ(status->last_metrics_json(), "{\"step\":1}");
   EXPECT_TRUE(std::filesystem::exists(out_ + "/summary.json"));
 }
 
