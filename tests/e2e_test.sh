@@ -107,3 +107,24 @@ assert b["omp_wait_policy"], b["omp_wait_policy"]
 print(f"ok   bench JSON: fused+stalesync:2 at {fused['ratio_to_colocated_sync']:.2f}x "
       f"of colocated-sync, max staleness {fused['max_staleness']}")
 PY
+
+# fusionrl bench-memory: a dense and a MoE variant under none / recompute /
+# swap, JSON out.
+timeout 300 "$BIN" bench-memory "$CFG" --set model.moe_experts=4 \
+  --set model.moe_shared_expert=true --repeats 1 --out "$OUT/bench-memory.json" \
+  >/dev/null 2>"$OUT/bench-memory.log" ||
+  { echo "FAIL fusionrl bench-memory"; tail -20 "$OUT/bench-memory.log"; exit 1; }
+python3 - "$OUT/bench-memory.json" <<'PY'
+import json, sys
+b = json.load(open(sys.argv[1]))
+for v in ("dense", "moe"):
+    m = b["variants"][v]
+    none, rec, swap = m["none"], m["recompute"], m["swap"]
+    assert none["held_bytes"] > 0 and none["held_ratio_to_none"] == 1.0, none
+    assert rec["device_held_bytes"] < none["device_held_bytes"], (v, rec, none)
+    assert swap["host_pool_bytes"] > 0, (v, swap)
+    for p in (rec, swap):
+        assert p["max_abs_grad_diff_vs_none"] <= 1e-5, (v, p)
+    print(f"ok   bench-memory {v}: recompute holds {rec['held_ratio_to_none']:.2f} of none, "
+          f"swap {swap['held_ratio_to_none']:.2f} (host pool {swap['host_pool_bytes']} B)")
+PY

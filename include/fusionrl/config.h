@@ -21,6 +21,50 @@
 
 namespace fusionrl {
 
+// What a transformer block's sub-blocks do with the activations they save
+// for backward (model.activations; engine/activation_memory.h measures it).
+//   keep:      autograd holds them until backward (the default).
+//   recompute: activation checkpointing: the sub-block's forward runs under
+//              no-grad and keeps only its inputs; backward runs it again.
+//   swap:      the saved activations are copied to a host pool in forward
+//              and brought back in backward. On a CPU device the pool is the
+//              same memory, so swap frees nothing there.
+// Sub-blocks: attention (q/k/v/o projections, rotary, softmax), mlp (the
+// SwiGLU, or the whole MoE block: router, experts, shared expert) and norm
+// (both RMSNorms of the block).
+struct ActivationConfig {
+  // keep | recompute | swap: the action of every sub-block not set below.
+  // auto (reserved): a planner picks actions to fit budget_mib; accepted by
+  // the config but not implemented yet (model creation fails, Unimplemented).
+  std::string policy = "keep";
+  std::string attention;  // "" = policy; else keep | recompute | swap
+  std::string mlp;        // "" = policy; else keep | recompute | swap
+  std::string norm;       // "" = policy; else keep | recompute | swap
+  // Per-layer overrides, applied last: entries "<layer>: <sub>=<action>,
+  // <sub>=<action>" separated by ';', e.g. "0: mlp=keep; 3: attention=swap".
+  // Layer indices must be < model.n_layers, each layer listed once.
+  std::string layers;
+  double budget_mib = 0;  // auto only (> 0 there): activation budget, MiB
+};
+
+enum class ActivationAction { kKeep, kRecompute, kSwap };
+
+// The resolved action of each sub-block of one layer.
+struct LayerActivationPlan {
+  ActivationAction attention = ActivationAction::kKeep;
+  ActivationAction mlp = ActivationAction::kKeep;
+  ActivationAction norm = ActivationAction::kKeep;
+};
+
+// The plan of each of `n_layers` layers: defaults, then per-sub-block
+// fields, then per-layer overrides. InvalidArgument naming the bad part of a
+// field; Unimplemented for policy auto.
+absl::StatusOr<std::vector<LayerActivationPlan>> ResolveActivationPlan(
+    const ActivationConfig& config, int n_layers);
+
+// "keep", "recompute", "swap".
+const char* ActivationActionName(ActivationAction action);
+
 // Decoder-only transformer (Llama style: RMSNorm, rotary, SwiGLU).
 struct ModelConfig {
   int d_model = 128;            // hidden width; must be divisible by n_heads
@@ -44,6 +88,9 @@ struct ModelConfig {
   double moe_z_loss_coef = 0.001;   // router z-loss weight (ST-MoE)
   bool moe_shared_expert = false;   // add one always-on SwiGLU expert
   int moe_d_ff = 0;                 // each expert's inner width; 0 = d_ff
+  // Selective recompute / swap of activations (training forward only: a
+  // no-grad forward keeps nothing anyway). Not part of the model's shape.
+  ActivationConfig activations;
 };
 
 // A task with a verifiable reward. Which fields matter depends on `name`.

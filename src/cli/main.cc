@@ -28,6 +28,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "cli/bench_cli.h"
+#include "cli/bench_memory_cli.h"
 #include "cli/cluster_cli.h"
 #include "cli/exit_codes.h"
 #include "fusionrl/config.h"
@@ -146,6 +147,9 @@ int main(int argc, char** argv) {
       fusionrl::cli::AddClusterCommands(app, cluster_args);
   fusionrl::cli::BenchArgs bench_args;
   CLI::App* bench = fusionrl::cli::AddBenchCommand(app, bench_args);
+  fusionrl::cli::BenchMemoryArgs bench_memory_args;
+  CLI::App* bench_memory =
+      fusionrl::cli::AddBenchMemoryCommand(app, bench_memory_args);
 
   try {
     app.parse(argc, argv);
@@ -155,6 +159,9 @@ int main(int argc, char** argv) {
   }
 
   if (bench->parsed()) return fusionrl::cli::RunBench(bench_args);
+  if (bench_memory->parsed()) {
+    return fusionrl::cli::RunBenchMemory(bench_memory_args);
+  }
   if (cluster.controller->parsed() || cluster.worker->parsed() ||
       cluster.submit->parsed() || cluster.status->parsed()) {
     InstallStopHandlers();

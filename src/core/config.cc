@@ -84,6 +84,19 @@ constexpr double kMaxCardBudgetMib = 1099511627776.0;
 // Emitter, Validator below. Sections call v.Section(key, body).
 
 template <class V>
+void VisitActivations(ActivationConfig& a, V& v) {
+  static constexpr absl::string_view kPolicies[] = {"keep", "recompute", "swap",
+                                                    "auto"};
+  v.String("policy", &a.policy, OneOf(kPolicies));
+  // "" or an action; checked with a clear message in CheckCrossField.
+  v.String("attention", &a.attention, AnyString());
+  v.String("mlp", &a.mlp, AnyString());
+  v.String("norm", &a.norm, AnyString());
+  v.String("layers", &a.layers, AnyString());
+  v.Double("budget_mib", &a.budget_mib, AtLeast(0));
+}
+
+template <class V>
 void VisitModel(ModelConfig& m, V& v) {
   v.Int("d_model", &m.d_model, AtLeast(8));
   v.Int("n_layers", &m.n_layers, AtLeast(1));
@@ -100,6 +113,7 @@ void VisitModel(ModelConfig& m, V& v) {
   v.Double("moe_z_loss_coef", &m.moe_z_loss_coef, AtLeast(0));
   v.Bool("moe_shared_expert", &m.moe_shared_expert);
   v.Int("moe_d_ff", &m.moe_d_ff, AtLeast(0));
+  v.Section("activations", [&] { VisitActivations(m.activations, v); });
 }
 
 template <class V>
@@ -632,6 +646,30 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
     return Invalid("model.moe_experts",
                    "must be 0 (dense) or in [2, 64], got 1");
   }
+  const ActivationConfig& act = m.activations;
+  if (act.policy == "auto" && act.budget_mib <= 0) {
+    return Invalid("model.activations.budget_mib",
+                   "must be > 0 when model.activations.policy is auto");
+  }
+  for (const auto& [key, value] :
+       {std::pair<const char*, const std::string*>{"attention", &act.attention},
+        {"mlp", &act.mlp},
+        {"norm", &act.norm}}) {
+    if (!value->empty() && *value != "keep" && *value != "recompute" &&
+        *value != "swap") {
+      return Invalid(absl::StrCat("model.activations.", key),
+                     absl::StrCat("must be keep, recompute or swap (empty = "
+                                  "model.activations.policy); got '",
+                                  *value, "'"));
+    }
+  }
+  if (act.policy != "auto") {
+    auto plan = ResolveActivationPlan(act, m.n_layers);
+    if (!plan.ok()) {
+      return Invalid("model.activations.layers",
+                     std::string(plan.status().message()));
+    }
+  }
   if (c.task.max_digits < c.task.min_digits) {
     return Invalid(
         "task.max_digits",
@@ -835,6 +873,112 @@ std::string JobConfigToYaml(const JobConfig& config) {
   Emitter emitter;
   VisitJob(copy, emitter);
   return emitter.Finish();
+}
+
+namespace {
+
+std::optional<ActivationAction> ParseAction(absl::string_view s) {
+  if (s == "keep") return ActivationAction::kKeep;
+  if (s == "recompute") return ActivationAction::kRecompute;
+  if (s == "swap") return ActivationAction::kSwap;
+  return std::nullopt;
+}
+
+}  // namespace
+
+const char* ActivationActionName(ActivationAction action) {
+  switch (action) {
+    case ActivationAction::kKeep:
+      return "keep";
+    case ActivationAction::kRecompute:
+      return "recompute";
+    case ActivationAction::kSwap:
+      return "swap";
+  }
+  return "?";
+}
+
+absl::StatusOr<std::vector<LayerActivationPlan>> ResolveActivationPlan(
+    const ActivationConfig& config, int n_layers) {
+  if (config.policy == "auto") {
+    return absl::UnimplementedError(
+        "model.activations.policy auto is not implemented yet; choose keep, "
+        "recompute or swap per sub-block");
+  }
+  const auto policy = ParseAction(config.policy);
+  if (!policy) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown policy '", config.policy,
+                     "' (keep, recompute, swap or auto)"));
+  }
+  LayerActivationPlan base{*policy, *policy, *policy};
+  struct Field {
+    const char* name;
+    const std::string* value;
+    ActivationAction LayerActivationPlan::*member;
+  };
+  const Field fields[] = {
+      {"attention", &config.attention, &LayerActivationPlan::attention},
+      {"mlp", &config.mlp, &LayerActivationPlan::mlp},
+      {"norm", &config.norm, &LayerActivationPlan::norm}};
+  for (const Field& f : fields) {
+    if (f.value->empty()) continue;
+    const auto action = ParseAction(*f.value);
+    if (!action) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown action '", *f.value, "' for ", f.name,
+                       " (keep, recompute or swap)"));
+    }
+    base.*f.member = *action;
+  }
+  std::vector<LayerActivationPlan> plan(std::max(n_layers, 0), base);
+  std::vector<bool> seen(plan.size(), false);
+  for (absl::string_view entry :
+       absl::StrSplit(config.layers, ';', absl::SkipWhitespace())) {
+    const std::vector<absl::string_view> parts =
+        absl::StrSplit(entry, absl::MaxSplits(':', 1));
+    int layer = -1;
+    if (parts.size() != 2 ||
+        !absl::SimpleAtoi(absl::StripAsciiWhitespace(parts[0]), &layer)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad entry '", absl::StripAsciiWhitespace(entry),
+                       "': expected '<layer>: <sub-block>=<action>, ...'"));
+    }
+    if (layer < 0 || layer >= n_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layer ", layer, " out of range: model.n_layers is ", n_layers));
+    }
+    if (seen[layer]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", layer, " listed twice"));
+    }
+    seen[layer] = true;
+    for (absl::string_view item :
+         absl::StrSplit(parts[1], ',', absl::SkipWhitespace())) {
+      const std::vector<absl::string_view> kv =
+          absl::StrSplit(item, absl::MaxSplits('=', 1));
+      const absl::string_view key =
+          absl::StripAsciiWhitespace(kv.empty() ? "" : kv[0]);
+      const Field* field = nullptr;
+      for (const Field& f : fields) {
+        if (key == f.name) field = &f;
+      }
+      if (kv.size() != 2 || field == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "layer ", layer, ": bad item '", absl::StripAsciiWhitespace(item),
+            "': expected attention|mlp|norm=<action>"));
+      }
+      const absl::string_view value = absl::StripAsciiWhitespace(kv[1]);
+      const auto action = ParseAction(value);
+      if (!action) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("layer ", layer, ": unknown action '", value, "' for ",
+                         key, " (keep, recompute or swap)"));
+      }
+      plan[layer].*field->member = *action;
+    }
+  }
+  return plan;
 }
 
 }  // namespace fusionrl

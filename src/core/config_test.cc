@@ -338,6 +338,74 @@ TEST(ConfigTest, LoadsMemorySection) {
               {"memory.offload_optimizer=sometimes"});
 }
 
+TEST(ConfigTest, LoadsActivationsSection) {
+  absl::StatusOr<JobConfig> config = ParseJobConfig("model:\n", "job.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->model.activations.policy, "keep");
+  EXPECT_EQ(config->model.activations.layers, "");
+
+  config = ParseJobConfig(
+      "model:\n  n_layers: 3\n  activations:\n    policy: recompute\n"
+      "    mlp: swap\n    layers: \"0: mlp=keep, norm=swap; 2: "
+      "attention=keep\"\n",
+      "job.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto plan = ResolveActivationPlan(config->model.activations, 3);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->size(), 3u);
+  EXPECT_EQ((*plan)[0].attention, ActivationAction::kRecompute);
+  EXPECT_EQ((*plan)[0].mlp, ActivationAction::kKeep);
+  EXPECT_EQ((*plan)[0].norm, ActivationAction::kSwap);
+  EXPECT_EQ((*plan)[1].attention, ActivationAction::kRecompute);
+  EXPECT_EQ((*plan)[1].mlp, ActivationAction::kSwap);
+  EXPECT_EQ((*plan)[1].norm, ActivationAction::kRecompute);
+  EXPECT_EQ((*plan)[2].attention, ActivationAction::kKeep);
+  EXPECT_EQ((*plan)[2].mlp, ActivationAction::kSwap);
+
+  // auto is reserved: valid in the config, refused by the resolver.
+  config = ParseJobConfig(
+      "model:\n  activations:\n    policy: auto\n    budget_mib: 512\n",
+      "job.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(ResolveActivationPlan(config->model.activations, 4).status().code(),
+            absl::StatusCode::kUnimplemented);
+
+  ExpectError("model:\n  activations:\n    policy: checkpoint\n",
+              absl::StatusCode::kInvalidArgument,
+              {"job.yaml: model.activations.policy: must be one of keep, "
+               "recompute, swap, auto; got 'checkpoint'"});
+  ExpectError("model:\n  activations:\n    mlp: offload\n",
+              absl::StatusCode::kInvalidArgument,
+              {"job.yaml: model.activations.mlp: must be keep, recompute or "
+               "swap",
+               "got 'offload'"});
+  ExpectError("model:\n  activations:\n    layers: \"4: mlp=keep\"\n",
+              absl::StatusCode::kInvalidArgument,
+              {"job.yaml: model.activations.layers: layer 4 out of range: "
+               "model.n_layers is 4"});
+  ExpectError("model:\n  activations:\n    layers: \"1: mlp=drop\"\n",
+              absl::StatusCode::kInvalidArgument,
+              {"model.activations.layers: layer 1: unknown action 'drop' for "
+               "mlp"});
+  ExpectError("model:\n  activations:\n    layers: \"1: ffn=keep\"\n",
+              absl::StatusCode::kInvalidArgument,
+              {"model.activations.layers: layer 1: bad item 'ffn=keep'"});
+  ExpectError("model:\n  activations:\n    layers: \"mlp=keep\"\n",
+              absl::StatusCode::kInvalidArgument,
+              {"model.activations.layers: bad entry 'mlp=keep'"});
+  ExpectError(
+      "model:\n  activations:\n    layers: \"1: mlp=keep; 1: norm=swap\"\n",
+      absl::StatusCode::kInvalidArgument,
+      {"model.activations.layers: layer 1 listed twice"});
+  ExpectError("model:\n  activations:\n    policy: auto\n",
+              absl::StatusCode::kInvalidArgument,
+              {"model.activations.budget_mib: must be > 0 when "
+               "model.activations.policy is auto"});
+  ExpectError("model:\n  activations:\n    recompute: all\n",
+              absl::StatusCode::kInvalidArgument,
+              {"job.yaml: model.activations.recompute: unknown key"});
+}
+
 TEST(ConfigTest, LoadJobConfigReadsFileAndSetsSourcePath) {
   const std::string path =
       WriteTempFile("load.yaml", "name: from_file\nrollout:\n  top_k: 5\n");

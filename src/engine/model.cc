@@ -1,12 +1,18 @@
 #include "engine/model.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn.h>
 #include <torch/serialize.h>
 
 #include <cmath>
+#include <functional>
+#include <unordered_set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/activation_memory.h"
 #include "engine/moe_module.h"
 
 namespace fusionrl {
@@ -46,6 +52,88 @@ torch::Tensor AttentionMask(const torch::Tensor& key_valid, int64_t start,
                  (key_valid.unsqueeze(1) | self.unsqueeze(0));  // [B, t, K]
   return allowed.unsqueeze(1);
 }
+
+// Selective recompute (model.activations: recompute). A sub-block is a
+// function of its differentiable inputs (the other tensors it reads, such as
+// the rotary tables and the attention mask, are captured by value) and of its
+// parameters. The model has no dropout or other randomness, so running it
+// again gives the same values (bit-identical on the same device and thread
+// count).
+using torch::autograd::variable_list;
+using SubBlockFn = std::function<variable_list(const variable_list&)>;
+
+struct SubBlockHolder : torch::CustomClassHolder {
+  SubBlockFn fn;
+  std::vector<at::Tensor> params;  // the sub-block's parameters
+};
+
+// Forward (grad off, as for every custom Function): runs the sub-block and
+// saves only its inputs. Backward: runs it again with grad on, on detached
+// copies of the inputs, and differentiates that graph. The parameters are
+// inputs of the Function too, so the outer engine gets their gradients as
+// this node's outputs and accumulates them into .grad exactly like any other
+// use (gradient accumulation over micro-batches works unchanged).
+// Arguments: (holder, inputs, params); outputs: the sub-block's outputs.
+struct RecomputeFunction : torch::autograd::Function<RecomputeFunction> {
+  static variable_list forward(torch::autograd::AutogradContext* ctx,
+                               const c10::intrusive_ptr<SubBlockHolder>& body,
+                               at::TensorList inputs, at::TensorList params) {
+    (void)params;  // read by the body through its module
+    ctx->set_materialize_grads(false);
+    ctx->save_for_backward(inputs.vec());
+    ctx->saved_data["body"] = c10::IValue::make_capsule(body);
+    return body->fn(inputs.vec());
+  }
+
+  static variable_list backward(torch::autograd::AutogradContext* ctx,
+                                variable_list grad_outputs) {
+    auto body = c10::static_intrusive_pointer_cast<SubBlockHolder>(
+        ctx->saved_data["body"].toCapsule());
+    variable_list saved = ctx->get_saved_variables();
+    variable_list inputs;
+    for (const auto& v : saved) {
+      inputs.push_back(v.detach().requires_grad_(v.requires_grad()));
+    }
+    variable_list outputs;
+    {
+      at::AutoGradMode grad_on(true);
+      outputs = body->fn(inputs);
+    }
+    variable_list roots, root_grads;
+    for (size_t i = 0; i < outputs.size() && i < grad_outputs.size(); ++i) {
+      if (grad_outputs[i].defined() && outputs[i].defined() &&
+          outputs[i].requires_grad()) {
+        roots.push_back(outputs[i]);
+        root_grads.push_back(grad_outputs[i]);
+      }
+    }
+    // What to differentiate with respect to: the inputs, then the params
+    // (the params are the Function's last inputs; this node's edges say
+    // which of them need a gradient).
+    variable_list wrt;
+    std::vector<size_t> slot;  // index in the result of each wrt entry
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (inputs[i].requires_grad()) {
+        wrt.push_back(inputs[i]);
+        slot.push_back(1 + i);
+      }
+    }
+    const std::vector<at::Tensor>& params = body->params;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params[i].requires_grad()) {
+        wrt.push_back(params[i]);
+        slot.push_back(1 + inputs.size() + i);
+      }
+    }
+    variable_list result(1 + inputs.size() + params.size());
+    if (roots.empty() || wrt.empty()) return result;
+    variable_list grads =
+        torch::autograd::grad(roots, wrt, root_grads, /*retain_graph=*/false,
+                              /*create_graph=*/false, /*allow_unused=*/true);
+    for (size_t i = 0; i < grads.size(); ++i) result[slot[i]] = grads[i];
+    return result;
+  }
+};
 
 class AttentionImpl : public torch::nn::Module {
  public:
@@ -128,12 +216,18 @@ class BlockImpl : public torch::nn::Module {
     }
   }
   // token_valid [B, T] (MoE only): which tokens are routed. apply_capacity
-  // (MoE only): drop assignments past the experts' capacity.
+  // (MoE only): drop assignments past the experts' capacity. Without a cache
+  // and with autograd on, each sub-block follows `plan`.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos,
                         const torch::Tensor& sin, const torch::Tensor& mask,
                         torch::Tensor* cache_k, torch::Tensor* cache_v,
                         int64_t cache_start, const torch::Tensor& token_valid,
                         bool apply_capacity) {
+    aux_loss = torch::Tensor();
+    z_loss = torch::Tensor();
+    if (cache_k == nullptr && at::GradMode::is_enabled() && !AllKeep()) {
+      return PlannedForward(x, cos, sin, mask, token_valid, apply_capacity);
+    }
     auto h =
         x + attn(attn_norm(x), cos, sin, mask, cache_k, cache_v, cache_start);
     if (!moe.is_empty()) {
@@ -141,6 +235,94 @@ class BlockImpl : public torch::nn::Module {
     }
     return h + mlp(mlp_norm(h));
   }
+
+  bool AllKeep() const {
+    return plan.attention == ActivationAction::kKeep &&
+           plan.mlp == ActivationAction::kKeep &&
+           plan.norm == ActivationAction::kKeep;
+  }
+
+  // The block's sub-blocks, each run as the plan says.
+  torch::Tensor PlannedForward(const torch::Tensor& x, const torch::Tensor& cos,
+                               const torch::Tensor& sin,
+                               const torch::Tensor& mask,
+                               const torch::Tensor& token_valid,
+                               bool apply_capacity) {
+    auto n1 = Run(
+        plan.norm,
+        [this](const variable_list& in) -> variable_list {
+          return {attn_norm(in[0])};
+        },
+        {x}, attn_norm->parameters())[0];
+    auto a = Run(
+        plan.attention,
+        [this, cos, sin, mask](const variable_list& in) -> variable_list {
+          return {attn(in[0], cos, sin, mask, nullptr, nullptr, 0)};
+        },
+        {n1}, attn->parameters())[0];
+    auto h = x + a;
+    auto n2 = Run(
+        plan.norm,
+        [this](const variable_list& in) -> variable_list {
+          return {mlp_norm(in[0])};
+        },
+        {h}, mlp_norm->parameters())[0];
+    if (moe.is_empty()) {
+      auto m = Run(
+          plan.mlp,
+          [this](const variable_list& in) -> variable_list {
+            return {mlp(in[0])};
+          },
+          {n2}, mlp->parameters())[0];
+      return h + m;
+    }
+    // MoE: the router's auxiliary losses are outputs of the sub-block, so
+    // under recompute they are outputs of the recompute node and their
+    // gradient flows through the recomputed graph, exactly as without it.
+    auto outs = Run(
+        plan.mlp,
+        [this, token_valid,
+         apply_capacity](const variable_list& in) -> variable_list {
+          auto y = moe(in[0], token_valid, apply_capacity);
+          const MoeLayerStats& s = moe->last_stats();
+          return {y, s.aux_loss, s.z_loss};
+        },
+        {n2}, moe->parameters());
+    if (plan.mlp == ActivationAction::kRecompute) {
+      aux_loss = outs[1];
+      z_loss = outs[2];
+    }
+    return h + outs[0];
+  }
+
+  variable_list Run(ActivationAction action, SubBlockFn fn,
+                    const variable_list& inputs,
+                    std::vector<at::Tensor> params) {
+    switch (action) {
+      case ActivationAction::kKeep:
+        return fn(inputs);
+      case ActivationAction::kSwap: {
+        SwapScope scope(pool, exclude);
+        return fn(inputs);
+      }
+      case ActivationAction::kRecompute:
+        break;
+    }
+    auto holder = c10::make_intrusive<SubBlockHolder>();
+    holder->fn = std::move(fn);
+    holder->params = std::move(params);
+    const std::vector<at::Tensor> param_list = holder->params;
+    return RecomputeFunction::apply(holder, at::TensorList(inputs),
+                                    at::TensorList(param_list));
+  }
+
+  LayerActivationPlan plan;
+  std::shared_ptr<ActivationHostPool> pool;                  // swap target
+  const std::unordered_set<const void*>* exclude = nullptr;  // not swapped
+  // MoE under recompute: the last forward's auxiliary losses, outputs of the
+  // recompute node (the module's own last_stats() is overwritten by the
+  // recomputation in backward: equal values, but another graph).
+  torch::Tensor aux_loss, z_loss;
   RMSNorm attn_norm{nullptr}, mlp_norm{nullptr};
   Attention attn{nullptr};
   SwiGLU mlp{nullptr};          // dense
@@ -235,10 +417,17 @@ TORCH_MODULE(Decoder);
 }  // namespace
 
 struct PolicyModel::Impl {
+  Impl(const ModelConfig& c, int vocab, c10::Device d, Decoder dec)
+      : config(c), vocab_size(vocab), device(d), decoder(std::move(dec)) {}
   ModelConfig config;
   int vocab_size;
   c10::Device device;
   Decoder decoder{nullptr};
+  std::vector<LayerActivationPlan> plan;
+  std::shared_ptr<ActivationHostPool> pool =
+      std::make_shared<ActivationHostPool>();
+  // Storages of the parameters and buffers: saved as they are under swap.
+  std::unordered_set<const void*> no_swap;
 };
 
 PolicyModel::PolicyModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -262,7 +451,7 @@ absl::StatusOr<std::unique_ptr<PolicyModel>> PolicyModel::Create(
         ", moe_top_k ", config.moe_top_k, ", moe_capacity_factor ",
         config.moe_capacity_factor, ", moe_d_ff ", config.moe_d_ff, ")"));
   }
-  auto impl = std::make_unique<Impl>(Impl{config, vocab_size, device, nullptr});
+  auto impl = std::make_unique<Impl>(config, vocab_size, device, nullptr);
   try {
     impl->decoder = Decoder(config, vocab_size);
     impl->decoder->Init(seed);
@@ -272,7 +461,55 @@ absl::StatusOr<std::unique_ptr<PolicyModel>> PolicyModel::Create(
                                             device.str(), ": ",
                                             e.what_without_backtrace()));
   }
-  return std::unique_ptr<PolicyModel>(new PolicyModel(std::move(impl)));
+  std::unique_ptr<PolicyModel> model(new PolicyModel(std::move(impl)));
+  auto plan = ResolveActivationPlan(config.activations, config.n_layers);
+  if (!plan.ok()) {
+    return absl::Status(
+        plan.status().code(),
+        absl::StrCat("model.activations: ", plan.status().message()));
+  }
+  if (auto status = model->SetActivationPlan(*std::move(plan)); !status.ok()) {
+    return status;
+  }
+  return model;
+}
+
+absl::Status PolicyModel::SetActivationPlan(
+    std::vector<LayerActivationPlan> plan) {
+  auto& blocks = impl_->decoder->blocks;
+  if (plan.size() != blocks.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("activation plan has ", plan.size(), " layers, the model ",
+                     blocks.size()));
+  }
+  bool swap = false;
+  impl_->no_swap.clear();
+  for (const auto& p : impl_->decoder->parameters()) {
+    impl_->no_swap.insert(p.storage().unsafeGetStorageImpl());
+  }
+  for (const auto& b : impl_->decoder->buffers()) {
+    impl_->no_swap.insert(b.storage().unsafeGetStorageImpl());
+  }
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    blocks[i]->plan = plan[i];
+    blocks[i]->pool = impl_->pool;
+    blocks[i]->exclude = &impl_->no_swap;
+    swap = swap || plan[i].attention == ActivationAction::kSwap ||
+           plan[i].mlp == ActivationAction::kSwap ||
+           plan[i].norm == ActivationAction::kSwap;
+  }
+  // Before any backward of this model can use swapped tensors.
+  if (swap) InstallSwapEngine();
+  impl_->plan = std::move(plan);
+  return absl::OkStatus();
+}
+
+const std::vector<LayerActivationPlan>& PolicyModel::activation_plan() const {
+  return impl_->plan;
+}
+
+ActivationHostPool& PolicyModel::activation_host_pool() const {
+  return *impl_->pool;
 }
 
 at::Tensor PolicyModel::Forward(const at::Tensor& tokens,
@@ -318,8 +555,8 @@ std::unique_ptr<PolicyModel> PolicyModel::CloneFrozen() const {
 
 std::unique_ptr<PolicyModel> PolicyModel::CloneFrozen(
     c10::Device device) const {
-  auto impl = std::make_unique<Impl>(
-      Impl{impl_->config, impl_->vocab_size, device, nullptr});
+  auto impl =
+      std::make_unique<Impl>(impl_->config, impl_->vocab_size, device, nullptr);
   impl->decoder = Decoder(impl_->config, impl_->vocab_size);
   impl->decoder->to(device);
   std::unique_ptr<PolicyModel> clone(new PolicyModel(std::move(impl)));
@@ -390,8 +627,10 @@ at::Tensor PolicyModel::AuxLoss() const {
   for (const auto& block : impl_->decoder->blocks) {
     const MoeLayerStats& s = block->moe->last_stats();
     if (!s.aux_loss.defined()) return at::Tensor();
-    auto layer =
-        s.aux_loss * c.moe_aux_loss_coef + s.z_loss * c.moe_z_loss_coef;
+    // Under recompute the block keeps the forward's losses with autograd.
+    const bool own = block->aux_loss.defined();
+    auto layer = (own ? block->aux_loss : s.aux_loss) * c.moe_aux_loss_coef +
+                 (own ? block->z_loss : s.z_loss) * c.moe_z_loss_coef;
     total = total.defined() ? total + layer : layer;
   }
   return total;

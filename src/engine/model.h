@@ -32,6 +32,8 @@
 
 namespace fusionrl {
 
+class ActivationHostPool;
+
 // Per-layer key/value buffers [B, H, capacity, Dh], filled from slot 0 up.
 struct KvCache {
   std::vector<at::Tensor> keys;
@@ -85,7 +87,9 @@ class PolicyModel {
   // router z-loss, with autograd when that call had it. Undefined for a
   // dense model or before the first forward.
   at::Tensor AuxLoss() const;
-  // The last call's router statistics (one host copy).
+  // The last call's router statistics (one host copy). With the MoE block
+  // under recompute, backward runs it again: the statistics are then those
+  // of the recomputation, which equal the forward's.
   MoeStats moe_stats() const;
 
   // Copies all parameter values from `other` (same config). Used to create
@@ -96,6 +100,17 @@ class PolicyModel {
   // model's device or on `device` (a rollout card of its own).
   std::unique_ptr<PolicyModel> CloneFrozen() const;
   std::unique_ptr<PolicyModel> CloneFrozen(c10::Device device) const;
+
+  // Selective recompute / swap (model.activations, resolved per layer at
+  // Create; engine/activation_memory.h). Applies to Forward() with autograd
+  // on; ForwardCached() and no-grad calls always keep (they save nothing).
+  // Replaces the plan; InvalidArgument unless it has one entry a layer.
+  // Create fails with Unimplemented for model.activations.policy auto.
+  absl::Status SetActivationPlan(std::vector<LayerActivationPlan> plan);
+  const std::vector<LayerActivationPlan>& activation_plan() const;
+  // The host pool of swapped activations (owned by the model; its byte
+  // counts are what the live graphs of this model hold there).
+  ActivationHostPool& activation_host_pool() const;
 
   std::vector<at::Tensor> parameters() const;
   int64_t num_parameters() const;

@@ -1,0 +1,36 @@
+// `fusionrl bench-memory <config>`: the activation-memory benchmark of
+// selective recompute / swap. For a dense and a MoE variant of the config's
+// policy, it runs training steps (forward + backward of reference
+// solutions) under each activation policy and writes JSON: bytes held for
+// backward (device, host pool, and the headline that counts the host pool on
+// CPU), median step time, both as ratios to `none`, and the largest
+// gradient difference from `none`.
+#ifndef FUSIONRL_CLI_BENCH_MEMORY_CLI_H_
+#define FUSIONRL_CLI_BENCH_MEMORY_CLI_H_
+
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}  // namespace CLI
+
+namespace fusionrl::cli {
+
+struct BenchMemoryArgs {
+  std::string config_path;
+  // none | recompute | swap | auto:<budget MiB>, comma-separated.
+  std::string policies = "none,recompute,swap";
+  int repeats = 5;  // timed steps per (variant, policy)
+  std::string out;  // "" = stdout
+  std::vector<std::string> overrides;
+};
+
+CLI::App* AddBenchMemoryCommand(CLI::App& app, BenchMemoryArgs& args);
+
+// Returns the exit code.
+int RunBenchMemory(const BenchMemoryArgs& args);
+
+}  // namespace fusionrl::cli
+
+#endif  // FUSIONRL_CLI_BENCH_MEMORY_CLI_H_
