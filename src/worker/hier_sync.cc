@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 
 namespace fusionrl {
 namespace {
@@ -17,7 +18,57 @@ constexpr double kOk = 0;
 constexpr double kAborted = 1;
 constexpr double kFailed = 2;
 
+// The tensors as one flat host tensor of `dtype`.
+at::Tensor Flatten(const std::vector<at::Tensor>& tensors,
+                   at::ScalarType dtype) {
+  std::vector<at::Tensor> parts;
+  parts.reserve(tensors.size());
+  for (const at::Tensor& t : tensors) {
+    parts.push_back(t.detach().reshape({-1}).to(at::kCPU, dtype));
+  }
+  return at::cat(parts).contiguous();
+}
+
+// Copies consecutive slices of `flat` back into `tensors`.
+void Unflatten(const at::Tensor& flat, std::vector<at::Tensor>& tensors) {
+  int64_t offset = 0;
+  for (at::Tensor& t : tensors) {
+    const int64_t n = t.numel();
+    t.copy_(flat.narrow(0, offset, n).view(t.sizes()));
+    offset += n;
+  }
+}
+
 }  // namespace
+
+absl::Status HierarchicalSync::ShareFromCardZero(at::Tensor& flat,
+                                                 double outcome,
+                                                 const std::string& error,
+                                                 const char* what) {
+  if (local_ != nullptr && local_->world_size() > 1) {
+    // Hand card 0's result (and the outcome) to the node's other cards.
+    if (local_rank_ != 0) flat.zero_();
+    std::vector<at::Tensor> share = {flat, at::tensor({outcome}, at::kDouble)};
+    absl::Status s = local_->AllReduceSum(share);
+    if (!s.ok()) return s;
+    flat = share[0];
+    outcome = share[1].item<double>();
+  }
+  if (outcome == kAborted) {
+    return absl::AbortedError(
+        local_rank_ == 0 ? error
+                         : absl::StrCat("the node's ", what,
+                                        " was aborted by the controller (a "
+                                        "node was lost or the job ended)"));
+  }
+  if (outcome != kOk) {
+    return absl::UnavailableError(
+        local_rank_ == 0
+            ? error
+            : absl::StrCat("the node's ", what, " failed on card 0"));
+  }
+  return absl::OkStatus();
+}
 
 HierarchicalSync::HierarchicalSync(GradientSync* local, int local_rank,
                                    CrossNodeReduce reduce,
@@ -67,20 +118,14 @@ absl::Status HierarchicalSync::AllReduceSum(std::vector<at::Tensor>& tensors) {
   for (const at::Tensor& t : tensors) {
     all_float = all_float && t.scalar_type() == at::kFloat;
   }
-  const at::ScalarType dtype = all_float ? at::kFloat : at::kDouble;
-  std::vector<at::Tensor> flat_parts;
-  flat_parts.reserve(tensors.size());
-  for (const at::Tensor& t : tensors) {
-    flat_parts.push_back(t.detach().reshape({-1}).to(at::kCPU, dtype));
-  }
-  at::Tensor flat = at::cat(flat_parts).contiguous();
+  at::Tensor flat = Flatten(tensors, all_float ? at::kFloat : at::kDouble);
   const int64_t round = round_++;
   const auto start = std::chrono::steady_clock::now();
+  const size_t bytes = flat.numel() * flat.element_size();
 
   double outcome = kOk;
   std::string error;
   if (local_rank_ == 0) {
-    const size_t bytes = flat.numel() * flat.element_size();
     std::string payload(static_cast<const char*>(flat.data_ptr()), bytes);
     absl::StatusOr<std::string> sum = reduce_(
         round, all_float ? v1::REDUCE_DTYPE_FLOAT32 : v1::REDUCE_DTYPE_FLOAT64,
@@ -97,36 +142,13 @@ absl::Status HierarchicalSync::AllReduceSum(std::vector<at::Tensor>& tensors) {
       error = std::string(sum.status().message());
     }
   }
-  if (multi_card) {
-    // Hand the node's result (and the outcome) to its other cards.
-    if (local_rank_ != 0) flat.zero_();
-    std::vector<at::Tensor> share = {flat, at::tensor({outcome}, at::kDouble)};
-    absl::Status s = local_->AllReduceSum(share);
-    if (!s.ok()) return s;
-    flat = share[0];
-    outcome = share[1].item<double>();
-  }
-  if (outcome == kAborted) {
-    return absl::AbortedError(
-        local_rank_ == 0
-            ? error
-            : "the step was aborted by the controller (a node was lost)");
-  }
-  if (outcome != kOk) {
-    return absl::UnavailableError(
-        local_rank_ == 0 ? error
-                         : "the node's cross-node round failed on card 0");
-  }
+  FUSIONRL_RETURN_IF_ERROR(
+      ShareFromCardZero(flat, outcome, error, "cross-node round"));
   cross_node_seconds_ +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
-  cross_node_bytes_ += flat.numel() * flat.element_size();
-  int64_t offset = 0;
-  for (at::Tensor& t : tensors) {
-    const int64_t n = t.numel();
-    t.copy_(flat.narrow(0, offset, n).view(t.sizes()));
-    offset += n;
-  }
+  cross_node_bytes_ += static_cast<int64_t>(bytes);
+  Unflatten(flat, tensors);
   return absl::OkStatus();
 }
 
@@ -138,16 +160,13 @@ absl::Status HierarchicalSync::ReduceGradients(std::vector<at::Tensor>& grads) {
     if (!s.ok()) return s;
   }
   if (grads.empty()) return absl::OkStatus();
-  std::vector<at::Tensor> flat_parts;
-  flat_parts.reserve(grads.size());
   for (const at::Tensor& t : grads) {
     if (t.scalar_type() != at::kFloat) {
       return absl::UnimplementedError(
           "StaleSync update exchange: gradients must be float32");
     }
-    flat_parts.push_back(t.detach().reshape({-1}).to(at::kCPU));
   }
-  at::Tensor flat = at::cat(flat_parts).contiguous();
+  at::Tensor flat = Flatten(grads, at::kFloat);
   const int64_t round = round_++;
   const auto start = std::chrono::steady_clock::now();
   const size_t bytes = flat.numel() * sizeof(float);
@@ -183,33 +202,12 @@ absl::Status HierarchicalSync::ReduceGradients(std::vector<at::Tensor>& grads) {
       error = std::string(got.status().message());
     }
   }
-  if (multi_card) {
-    if (local_rank_ != 0) flat.zero_();
-    std::vector<at::Tensor> share = {flat, at::tensor({outcome}, at::kDouble)};
-    absl::Status s = local_->AllReduceSum(share);
-    if (!s.ok()) return s;
-    flat = share[0];
-    outcome = share[1].item<double>();
-  }
-  if (outcome == kAborted) {
-    return absl::AbortedError(local_rank_ == 0 ? error
-                                               : "the job ended (update "
-                                                 "exchange aborted)");
-  }
-  if (outcome != kOk) {
-    return absl::UnavailableError(
-        local_rank_ == 0 ? error
-                         : "the node's update exchange failed on card 0");
-  }
+  FUSIONRL_RETURN_IF_ERROR(
+      ShareFromCardZero(flat, outcome, error, "update exchange"));
   cross_node_seconds_ +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
-  int64_t offset = 0;
-  for (at::Tensor& t : grads) {
-    const int64_t n = t.numel();
-    t.copy_(flat.narrow(0, offset, n).view(t.sizes()));
-    offset += n;
-  }
+  Unflatten(flat, grads);
   return absl::OkStatus();
 }
 

@@ -79,6 +79,12 @@ class HierarchicalSync final : public GradientSync {
   int64_t max_update_lag() const { return max_update_lag_; }
 
  private:
+  // After card 0 computed the node's result into `flat` (and `outcome`:
+  // ok / aborted / failed, with `error`), hands both to the node's other
+  // cards and maps the outcome to a status; `what` names the round.
+  absl::Status ShareFromCardZero(at::Tensor& flat, double outcome,
+                                 const std::string& error, const char* what);
+
   GradientSync* local_;
   int local_rank_;
   CrossNodeReduce reduce_;
