@@ -1,6 +1,5 @@
 #include "cli/bench_cli.h"
 
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "cli/bench_common.h"
 #include "cli/exit_codes.h"
 #include "fusionrl/config.h"
 #include "fusionrl/job.h"
@@ -59,13 +59,6 @@ absl::StatusOr<Mode> ParseMode(const std::string& text) {
       "' (colocated-sync, fused, fused+stalesync[:s], disaggregated[:s])"));
 }
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 }  // namespace
 
 CLI::App* AddBenchCommand(CLI::App& app, BenchArgs& args) {
@@ -109,11 +102,8 @@ int RunBench(const BenchArgs& args) {
     if (!m.ok()) return Fail(m.status());
     modes.push_back(*m);
   }
-  absl::StatusOr<JobConfig> base = LoadJobConfig(args.config_path, [&] {
-    std::vector<std::string> o = args.overrides;
-    o.push_back("init_checkpoint=\"\"");
-    return o;
-  }());
+  absl::StatusOr<JobConfig> base =
+      LoadBenchConfig(args.config_path, args.overrides);
   if (!base.ok()) return Fail(base.status());
   if (args.steps > 0) base->run.total_steps = args.steps;
   base->run.eval_every = 0;
@@ -211,19 +201,7 @@ int RunBench(const BenchArgs& args) {
     out_modes[modes[i].name] = m;
   }
   result["modes"] = out_modes;
-  const std::string text = result.dump(1) + "\n";
-  if (args.out.empty()) {
-    std::cout << text;
-  } else {
-    std::ofstream f(args.out);
-    f << text;
-    if (!f) {
-      return Fail(absl::UnavailableError(
-          absl::StrCat("--out: cannot write '", args.out, "'")));
-    }
-    std::cout << args.out << "\n";
-  }
-  return 0;
+  return WriteBenchResult(result, args.out);
 }
 
 }  // namespace fusionrl::cli

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "cli/bench_common.h"
 #include "cli/exit_codes.h"
 #include "core/status_macros.h"
 #include "engine/activation_memory.h"
@@ -55,13 +56,6 @@ absl::StatusOr<Policy> ParsePolicy(const std::string& text) {
   return absl::InvalidArgumentError(
       absl::StrCat("--policies: unknown policy '", text,
                    "' (none, recompute, swap, auto:<budget MiB>)"));
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 // `n` reference solutions of the task's training problems, as one batch.
@@ -149,11 +143,8 @@ int RunBenchMemory(const BenchMemoryArgs& args) {
     return Fail(absl::InvalidArgumentError(
         "--policies: must start with none (the reference of every ratio)"));
   }
-  absl::StatusOr<JobConfig> base = LoadJobConfig(args.config_path, [&] {
-    std::vector<std::string> o = args.overrides;
-    o.push_back("init_checkpoint=\"\"");
-    return o;
-  }());
+  absl::StatusOr<JobConfig> base =
+      LoadBenchConfig(args.config_path, args.overrides);
   if (!base.ok()) return Fail(base.status());
   if (base->model.moe_experts == 0) {
     return Fail(absl::InvalidArgumentError(
@@ -218,18 +209,7 @@ int RunBenchMemory(const BenchMemoryArgs& args) {
     variants[variant] = out;
   }
   result["variants"] = variants;
-  const std::string text = result.dump(1) + "\n";
-  if (args.out.empty()) {
-    std::cout << text;
-  } else {
-    std::ofstream f(args.out);
-    f << text;
-    if (!f) {
-      return Fail(absl::UnavailableError(
-          absl::StrCat("--out: cannot write '", args.out, "'")));
-    }
-  }
-  return kExitOk;
+  return WriteBenchResult(result, args.out);
 }
 
 }  // namespace fusionrl::cli
