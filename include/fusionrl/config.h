@@ -34,8 +34,9 @@ namespace fusionrl {
 // (both RMSNorms of the block).
 struct ActivationConfig {
   // keep | recompute | swap: the action of every sub-block not set below.
-  // auto (reserved): a planner picks actions to fit budget_mib; accepted by
-  // the config but not implemented yet (model creation fails, Unimplemented).
+  // auto: at the first training step a planner measures each sub-block and
+  // picks actions so the activations fit budget_mib at the least extra time
+  // (engine/activation_planner.h); the other fields must then be empty.
   std::string policy = "keep";
   std::string attention;  // "" = policy; else keep | recompute | swap
   std::string mlp;        // "" = policy; else keep | recompute | swap
@@ -58,7 +59,7 @@ struct LayerActivationPlan {
 
 // The plan of each of `n_layers` layers: defaults, then per-sub-block
 // fields, then per-layer overrides. InvalidArgument naming the bad part of a
-// field; Unimplemented for policy auto.
+// field. Policy auto resolves to keep everywhere (the planner decides).
 absl::StatusOr<std::vector<LayerActivationPlan>> ResolveActivationPlan(
     const ActivationConfig& config, int n_layers);
 

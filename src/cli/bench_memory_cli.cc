@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "cli/exit_codes.h"
 #include "core/status_macros.h"
 #include "engine/activation_memory.h"
+#include "engine/activation_planner.h"
 #include "engine/job_common.h"
 #include "engine/model.h"
 #include "engine/sample.h"
@@ -74,39 +76,96 @@ absl::StatusOr<CollatedBatch> SolutionBatch(const JobContext& ctx, int n) {
   return Collate(samples, ctx.tokenizer->pad_id(), ctx.device);
 }
 
-struct PolicyResult {
+struct PolicyRun {
+  JobContext ctx;
+  CollatedBatch batch;
+  std::optional<ActivationPlanReport> plan;  // auto only
+  std::string error;  // auto whose budget cannot be met: not stepped
+  double plan_seconds = 0;
   std::vector<double> step_seconds;
   ActivationReport first;
   std::vector<at::Tensor> grads;  // after the first step
 };
 
-absl::StatusOr<PolicyResult> RunPolicy(const JobConfig& cfg, int batch_size,
-                                       int repeats) {
-  FUSIONRL_ASSIGN_OR_RETURN(JobContext ctx, PrepareJob(cfg, std::string()));
-  FUSIONRL_ASSIGN_OR_RETURN(CollatedBatch batch,
-                            SolutionBatch(ctx, batch_size));
-  PolicyModel& model = *ctx.policy;
-  PolicyResult r;
-  // Step 0 (measured, gradients kept) and `repeats` timed steps, each from
-  // zeroed gradients on the same weights.
-  for (int i = 0; i <= repeats; ++i) {
-    for (at::Tensor p : model.parameters()) {
-      if (p.grad().defined()) p.mutable_grad().zero_();
-    }
-    FUSIONRL_ASSIGN_OR_RETURN(ActivationReport rep,
-                              MeasureTrainStep(model, batch));
-    if (i == 0) {
-      r.first = rep;
-      for (const at::Tensor& p : model.parameters()) {
-        r.grads.push_back(p.grad().defined() ? p.grad().clone()
-                                             : at::zeros_like(p));
+// One measured training step of `run` from zeroed gradients.
+absl::StatusOr<ActivationReport> Step(PolicyRun& run) {
+  for (at::Tensor p : run.ctx.policy->parameters()) {
+    if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+  return MeasureTrainStep(*run.ctx.policy, run.batch);
+}
+
+// Every policy's model (same seed, so the same weights) and batch; auto
+// policies planned on that batch. Then step 0 of each (measured, gradients
+// kept) and `repeats` timed steps, interleaved across the policies so each
+// ratio compares steps taken side by side.
+absl::StatusOr<std::vector<PolicyRun>> RunPolicies(
+    const JobConfig& variant, const std::vector<Policy>& policies,
+    int batch_size, int repeats) {
+  std::vector<PolicyRun> runs(policies.size());
+  for (size_t i = 0; i < policies.size(); ++i) {
+    JobConfig c = variant;
+    c.model.activations.policy = policies[i].action;
+    c.model.activations.budget_mib = policies[i].budget_mib;
+    FUSIONRL_ASSIGN_OR_RETURN(runs[i].ctx, PrepareJob(c, std::string()));
+    FUSIONRL_ASSIGN_OR_RETURN(runs[i].batch,
+                              SolutionBatch(runs[i].ctx, batch_size));
+    if (policies[i].action == "auto") {
+      PlannerOptions opts;
+      opts.budget_bytes =
+          static_cast<int64_t>(policies[i].budget_mib * 1048576.0);
+      const absl::Time start = absl::Now();
+      absl::StatusOr<ActivationPlanReport> plan =
+          PlanActivations(*runs[i].ctx.policy, runs[i].batch, opts);
+      runs[i].plan_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+      if (absl::IsFailedPrecondition(plan.status())) {
+        runs[i].error = std::string(plan.status().message());
+      } else if (!plan.ok()) {
+        return plan.status();
+      } else {
+        runs[i].plan = *std::move(plan);
       }
-    } else {
-      r.step_seconds.push_back(
+    }
+  }
+  for (PolicyRun& run : runs) {
+    if (!run.error.empty()) continue;
+    FUSIONRL_ASSIGN_OR_RETURN(run.first, Step(run));
+    for (const at::Tensor& p : run.ctx.policy->parameters()) {
+      run.grads.push_back(p.grad().defined() ? p.grad().clone()
+                                             : at::zeros_like(p));
+    }
+  }
+  for (int r = 0; r < repeats; ++r) {
+    for (PolicyRun& run : runs) {
+      if (!run.error.empty()) continue;
+      FUSIONRL_ASSIGN_OR_RETURN(ActivationReport rep, Step(run));
+      run.step_seconds.push_back(
           absl::ToDoubleSeconds(rep.forward_time + rep.backward_time));
     }
   }
-  return r;
+  return runs;
+}
+
+nlohmann::ordered_json PlanJson(const ActivationPlanReport& r, double seconds) {
+  nlohmann::ordered_json subs = nlohmann::ordered_json::array();
+  for (const SubBlockProfile& p : r.sub_blocks) {
+    subs.push_back({{"layer", p.layer},
+                    {"sub_block", p.sub_block},
+                    {"forward_seconds", p.forward_seconds},
+                    {"recompute_freed_bytes", p.recompute_freed_bytes},
+                    {"swap_candidate", p.swap_candidate},
+                    {"swap_freed_bytes", p.swap_freed_bytes},
+                    {"swap_extra_seconds", p.swap_extra_seconds},
+                    {"chosen", ActivationActionName(p.chosen)}});
+  }
+  return {{"budget_bytes", r.budget_bytes},
+          {"plan", FormatActivationPlan(r.plan)},
+          {"planned_held_bytes", r.planned_held_bytes},
+          {"keep_held_bytes", r.keep_held_bytes},
+          {"estimated_step_time_ratio", r.estimated_step_time_ratio},
+          {"measurements", r.measurements},
+          {"planning_seconds", seconds},
+          {"sub_blocks", subs}};
 }
 
 }  // namespace
@@ -167,29 +226,26 @@ int RunBenchMemory(const BenchMemoryArgs& args) {
     JobConfig v = *base;
     if (std::string(variant) == "dense") v.model.moe_experts = 0;
     nlohmann::ordered_json out = nlohmann::ordered_json::object();
-    PolicyResult none;
-    for (const Policy& p : policies) {
-      JobConfig c = v;
-      c.model.activations.policy = p.action;
-      c.model.activations.budget_mib = p.budget_mib;
-      spdlog::info("bench-memory: {} / {}", variant, p.name);
-      absl::StatusOr<PolicyResult> r = RunPolicy(c, batch_size, args.repeats);
-      if (!r.ok()) {
-        if (absl::IsUnimplemented(r.status())) {
-          out[p.name] = {{"error", std::string(r.status().message())}};
-          continue;
-        }
-        return Fail(r.status());
+    spdlog::info("bench-memory: {}", variant);
+    absl::StatusOr<std::vector<PolicyRun>> runs =
+        RunPolicies(v, policies, batch_size, args.repeats);
+    if (!runs.ok()) return Fail(runs.status());
+    const PolicyRun& none = runs->front();
+    const double t_none = Median(none.step_seconds);
+    for (size_t i = 0; i < policies.size(); ++i) {
+      const Policy& p = policies[i];
+      const PolicyRun& r = (*runs)[i];
+      if (!r.error.empty()) {
+        out[p.name] = {{"activation_policy", p.action}, {"error", r.error}};
+        continue;
       }
-      if (p.name == "none") none = *r;
       double max_diff = 0;
-      for (size_t i = 0; i < r->grads.size() && i < none.grads.size(); ++i) {
+      for (size_t j = 0; j < r.grads.size() && j < none.grads.size(); ++j) {
         max_diff = std::max(
-            max_diff, (r->grads[i] - none.grads[i]).abs().max().item<double>());
+            max_diff, (r.grads[j] - none.grads[j]).abs().max().item<double>());
       }
-      const double t = Median(r->step_seconds);
-      const double t_none = Median(none.step_seconds);
-      const ActivationReport& a = r->first;
+      const double t = Median(r.step_seconds);
+      const ActivationReport& a = r.first;
       out[p.name] = {
           {"activation_policy", p.action},
           {"held_bytes", a.held_bytes},
@@ -205,6 +261,7 @@ int RunBenchMemory(const BenchMemoryArgs& args) {
           {"step_time_ratio_to_none", t_none > 0 ? t / t_none : 0.0},
           {"max_abs_grad_diff_vs_none", max_diff},
           {"loss", a.loss}};
+      if (r.plan) out[p.name]["planner"] = PlanJson(*r.plan, r.plan_seconds);
     }
     variants[variant] = out;
   }

@@ -663,6 +663,12 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                                   *value, "'"));
     }
   }
+  if (act.policy == "auto" && !(act.attention.empty() && act.mlp.empty() &&
+                                act.norm.empty() && act.layers.empty())) {
+    return Invalid("model.activations",
+                   "under policy auto the planner chooses every sub-block: "
+                   "leave attention, mlp, norm and layers unset");
+  }
   if (act.policy != "auto") {
     auto plan = ResolveActivationPlan(act, m.n_layers);
     if (!plan.ok()) {
@@ -901,9 +907,8 @@ const char* ActivationActionName(ActivationAction action) {
 absl::StatusOr<std::vector<LayerActivationPlan>> ResolveActivationPlan(
     const ActivationConfig& config, int n_layers) {
   if (config.policy == "auto") {
-    return absl::UnimplementedError(
-        "model.activations.policy auto is not implemented yet; choose keep, "
-        "recompute or swap per sub-block");
+    // The planner (engine/activation_planner.h) replaces it by measurement.
+    return std::vector<LayerActivationPlan>(std::max(n_layers, 0));
   }
   const auto policy = ParseAction(config.policy);
   if (!policy) {

@@ -362,13 +362,20 @@ TEST(ConfigTest, LoadsActivationsSection) {
   EXPECT_EQ((*plan)[2].attention, ActivationAction::kKeep);
   EXPECT_EQ((*plan)[2].mlp, ActivationAction::kSwap);
 
-  // auto is reserved: valid in the config, refused by the resolver.
+  // auto: the resolver gives keep everywhere until the planner measures.
   config = ParseJobConfig(
       "model:\n  activations:\n    policy: auto\n    budget_mib: 512\n",
       "job.yaml");
   ASSERT_TRUE(config.ok()) << config.status();
-  EXPECT_EQ(ResolveActivationPlan(config->model.activations, 4).status().code(),
-            absl::StatusCode::kUnimplemented);
+  plan = ResolveActivationPlan(config->model.activations, 4);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->size(), 4u);
+  EXPECT_EQ((*plan)[3].mlp, ActivationAction::kKeep);
+  ExpectError(
+      "model:\n  activations:\n    policy: auto\n    budget_mib: 64\n"
+      "    mlp: keep\n",
+      absl::StatusCode::kInvalidArgument,
+      {"job.yaml: model.activations: under policy auto the planner chooses"});
 
   ExpectError("model:\n  activations:\n    policy: checkpoint\n",
               absl::StatusCode::kInvalidArgument,

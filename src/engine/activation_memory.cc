@@ -161,10 +161,8 @@ SwapScope::SwapScope(std::shared_ptr<ActivationHostPool> pool,
 
 SwapScope::~SwapScope() { g_swap_scope = previous_; }
 
-namespace {
-
-at::Tensor DefaultLoss(PolicyModel& model, const CollatedBatch& batch,
-                       const at::Tensor& logits) {
+at::Tensor DefaultStepLoss(PolicyModel& model, const CollatedBatch& batch,
+                           const at::Tensor& logits) {
   const int64_t t = batch.input_ids.size(1);
   auto logp = at::log_softmax(logits.narrow(1, 0, t - 1), -1);
   auto target = batch.input_ids.narrow(1, 1, t - 1);
@@ -178,11 +176,10 @@ at::Tensor DefaultLoss(PolicyModel& model, const CollatedBatch& batch,
   return loss;
 }
 
-}  // namespace
-
 absl::StatusOr<ActivationReport> MeasureTrainStep(PolicyModel& model,
                                                   const CollatedBatch& batch,
-                                                  const StepLoss& loss_fn) {
+                                                  const StepLoss& loss_fn,
+                                                  bool run_backward) {
   ActivationReport report;
   ActivationHostPool& pool = model.activation_host_pool();
   const int64_t pool_before = pool.current_bytes();
@@ -197,7 +194,7 @@ absl::StatusOr<ActivationReport> MeasureTrainStep(PolicyModel& model,
       at::Tensor logits =
           model.Forward(batch.input_ids, batch.positions, batch.valid);
       loss = loss_fn ? loss_fn(model, batch, logits)
-                     : DefaultLoss(model, batch, logits);
+                     : DefaultStepLoss(model, batch, logits);
       logits.reset();
       // item() waits for the device, so the time is the forward's own.
       report.loss = loss.item<double>();
@@ -212,6 +209,7 @@ absl::StatusOr<ActivationReport> MeasureTrainStep(PolicyModel& model,
     }
     report.held_bytes = report.device_held_bytes +
                         (model.device().is_cpu() ? report.host_pool_bytes : 0);
+    if (!run_backward) return report;
     const absl::Time start = absl::Now();
     loss.backward();
     if (!model.device().is_cpu()) {

@@ -24,10 +24,9 @@
 //  * MeasureTrainStep runs one forward + backward and reports bytes held for
 //    backward at the end of the forward pass, measured with
 //    ScopedAllocationCounter (not estimated), and the host pool separately.
-//    A planner (model.activations.policy auto, to come) can measure
-//    candidate plans with PolicyModel::SetActivationPlan + MeasureTrainStep,
-//    and must count swap as freeing nothing on a CPU device
-//    (SwapFreesDeviceMemory).
+//    The planner of model.activations.policy auto
+//    (engine/activation_planner.h) measures candidate plans the same way and
+//    counts swap as freeing nothing on a CPU device (SwapFreesDeviceMemory).
 //
 // Thread safety: ActivationHostPool's counters are atomic. SwapScope is
 // thread-local state: construct and destroy on one thread, nested. The
@@ -131,13 +130,19 @@ struct ActivationReport {
 using StepLoss = std::function<at::Tensor(PolicyModel&, const CollatedBatch&,
                                           const at::Tensor& logits)>;
 
+// The default StepLoss.
+at::Tensor DefaultStepLoss(PolicyModel& model, const CollatedBatch& batch,
+                           const at::Tensor& logits);
+
 // Runs one training forward + backward of `batch` (only input_ids, valid and
 // positions are used by the default loss), accumulating into the
 // parameters' .grad, and measures it. `loss` = nullptr for the default.
 // Internal if LibTorch fails (e.g. out of memory).
+// With run_backward false only the forward runs (the report's backward
+// fields stay zero) and the graph is dropped: the gradients are untouched.
 absl::StatusOr<ActivationReport> MeasureTrainStep(
     PolicyModel& model, const CollatedBatch& batch,
-    const StepLoss& loss = nullptr);
+    const StepLoss& loss = nullptr, bool run_backward = true);
 
 }  // namespace fusionrl
 

@@ -6,6 +6,9 @@
 #include <torch/nn.h>
 #include <torch/serialize.h>
 
+#include <algorithm>
+#include <array>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <unordered_set>
@@ -225,7 +228,8 @@ class BlockImpl : public torch::nn::Module {
                         bool apply_capacity) {
     aux_loss = torch::Tensor();
     z_loss = torch::Tensor();
-    if (cache_k == nullptr && at::GradMode::is_enabled() && !AllKeep()) {
+    if (cache_k == nullptr && at::GradMode::is_enabled() &&
+        (!AllKeep() || timer != nullptr)) {
       return PlannedForward(x, cos, sin, mask, token_valid, apply_capacity);
     }
     auto h =
@@ -242,62 +246,140 @@ class BlockImpl : public torch::nn::Module {
            plan.norm == ActivationAction::kKeep;
   }
 
-  // The block's sub-blocks, each run as the plan says.
+  // The block as four steps, each run as the plan says:
+  //   0: n1 = attn_norm(x)          (norm)
+  //   1: h  = x + attn(n1)          (attention)
+  //   2: n2 = mlp_norm(h)           (norm)
+  //   3: y  = h + mlp(n2) [+ aux]   (mlp)
+  // Consecutive steps under recompute run as one recompute node, which keeps
+  // only the values the run reads from before it: all of a layer under
+  // recompute keeps just its input x (as whole-layer checkpointing does).
+  enum Value { kX, kN1, kH, kN2, kY, kAux, kZ, kNumValues };
+  using Values = std::array<torch::Tensor, kNumValues>;
+
+  void Apply(int step, Values& v, const torch::Tensor& cos,
+             const torch::Tensor& sin, const torch::Tensor& mask,
+             const torch::Tensor& token_valid, bool apply_capacity) {
+    switch (step) {
+      case 0:
+        v[kN1] = attn_norm(v[kX]);
+        return;
+      case 1:
+        v[kH] = v[kX] + attn(v[kN1], cos, sin, mask, nullptr, nullptr, 0);
+        return;
+      case 2:
+        v[kN2] = mlp_norm(v[kH]);
+        return;
+      default:
+        if (moe.is_empty()) {
+          v[kY] = v[kH] + mlp(v[kN2]);
+          return;
+        }
+        v[kY] = v[kH] + moe(v[kN2], token_valid, apply_capacity);
+        // The router's losses are outputs of the step, so under recompute
+        // they are outputs of the recompute node and their gradient flows
+        // through the recomputed graph, exactly as without it.
+        v[kAux] = moe->last_stats().aux_loss;
+        v[kZ] = moe->last_stats().z_loss;
+    }
+  }
+
   torch::Tensor PlannedForward(const torch::Tensor& x, const torch::Tensor& cos,
                                const torch::Tensor& sin,
                                const torch::Tensor& mask,
                                const torch::Tensor& token_valid,
                                bool apply_capacity) {
-    auto n1 = Run(
-        plan.norm,
-        [this](const variable_list& in) -> variable_list {
-          return {attn_norm(in[0])};
-        },
-        {x}, attn_norm->parameters())[0];
-    auto a = Run(
-        plan.attention,
-        [this, cos, sin, mask](const variable_list& in) -> variable_list {
-          return {attn(in[0], cos, sin, mask, nullptr, nullptr, 0)};
-        },
-        {n1}, attn->parameters())[0];
-    auto h = x + a;
-    auto n2 = Run(
-        plan.norm,
-        [this](const variable_list& in) -> variable_list {
-          return {mlp_norm(in[0])};
-        },
-        {h}, mlp_norm->parameters())[0];
-    if (moe.is_empty()) {
-      auto m = Run(
-          plan.mlp,
-          [this](const variable_list& in) -> variable_list {
-            return {mlp(in[0])};
-          },
-          {n2}, mlp->parameters())[0];
-      return h + m;
+    static const std::vector<int> kReads[4] = {
+        {kX}, {kX, kN1}, {kH}, {kH, kN2}};
+    static const std::vector<int> kWrites[4] = {
+        {kN1}, {kH}, {kN2}, {kY, kAux, kZ}};
+    const ActivationAction action[4] = {plan.norm, plan.attention, plan.norm,
+                                        plan.mlp};
+    const int kind[4] = {2, 0, 2, 1};  // timer slot of each step
+    torch::nn::Module* module[4] = {
+        attn_norm.ptr().get(), attn.ptr().get(), mlp_norm.ptr().get(),
+        moe.is_empty() ? static_cast<torch::nn::Module*>(mlp.ptr().get())
+                       : moe.ptr().get()};
+    const bool is_moe = !moe.is_empty();
+    Values v;
+    v[kX] = x;
+    for (int i = 0; i < 4;) {
+      int j = i;
+      if (action[i] == ActivationAction::kRecompute) {
+        while (j + 1 < 4 && action[j + 1] == ActivationAction::kRecompute) ++j;
+      }
+      // The run's inputs (read, not written inside) and outputs (written
+      // inside, read after it or the block's results).
+      std::vector<int> in, out;
+      for (int s = i; s <= j; ++s) {
+        for (int r : kReads[s]) {
+          bool inside = false;
+          for (int w = i; w < s; ++w) {
+            for (int written : kWrites[w]) inside = inside || written == r;
+          }
+          if (!inside && std::find(in.begin(), in.end(), r) == in.end()) {
+            in.push_back(r);
+          }
+        }
+        for (int w : kWrites[s]) {
+          if ((w == kAux || w == kZ) && !is_moe) continue;
+          bool read_after = w == kY || w == kAux || w == kZ;
+          for (int t = j + 1; t < 4; ++t) {
+            for (int r : kReads[t]) read_after = read_after || r == w;
+          }
+          if (read_after) out.push_back(w);
+        }
+      }
+      SubBlockFn fn = [this, i, j, in, out, cos, sin, mask, token_valid,
+                       apply_capacity](const variable_list& inputs) {
+        Values local;
+        for (size_t k = 0; k < in.size(); ++k) local[in[k]] = inputs[k];
+        for (int s = i; s <= j; ++s) {
+          Apply(s, local, cos, sin, mask, token_valid, apply_capacity);
+        }
+        variable_list result;
+        for (int w : out) result.push_back(local[w]);
+        return result;
+      };
+      variable_list inputs;
+      for (int r : in) inputs.push_back(v[r]);
+      std::vector<at::Tensor> params;
+      for (int s = i; s <= j; ++s) {
+        for (const auto& p : module[s]->parameters()) params.push_back(p);
+      }
+      variable_list outs =
+          Run(kind[i], action[i], std::move(fn), inputs, std::move(params));
+      for (size_t k = 0; k < out.size(); ++k) v[out[k]] = outs[k];
+      i = j + 1;
     }
-    // MoE: the router's auxiliary losses are outputs of the sub-block, so
-    // under recompute they are outputs of the recompute node and their
-    // gradient flows through the recomputed graph, exactly as without it.
-    auto outs = Run(
-        plan.mlp,
-        [this, token_valid,
-         apply_capacity](const variable_list& in) -> variable_list {
-          auto y = moe(in[0], token_valid, apply_capacity);
-          const MoeLayerStats& s = moe->last_stats();
-          return {y, s.aux_loss, s.z_loss};
-        },
-        {n2}, moe->parameters());
-    if (plan.mlp == ActivationAction::kRecompute) {
-      aux_loss = outs[1];
-      z_loss = outs[2];
+    if (is_moe && plan.mlp == ActivationAction::kRecompute) {
+      aux_loss = v[kAux];
+      z_loss = v[kZ];
     }
-    return h + outs[0];
+    return v[kY];
   }
 
-  variable_list Run(ActivationAction action, SubBlockFn fn,
+  // Runs one sub-block (kind: 0 attention, 1 mlp, 2 norm) as `action` says,
+  // adding its wall time to the timer when one is set.
+  variable_list Run(int kind, ActivationAction action, SubBlockFn fn,
                     const variable_list& inputs,
                     std::vector<at::Tensor> params) {
+    if (timer == nullptr) {
+      return RunAs(action, std::move(fn), inputs, std::move(params));
+    }
+    if (timer->sync) timer->sync();
+    const auto start = std::chrono::steady_clock::now();
+    variable_list out = RunAs(action, std::move(fn), inputs, std::move(params));
+    if (timer->sync) timer->sync();
+    timer->seconds[layer][kind] +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
+    return out;
+  }
+
+  variable_list RunAs(ActivationAction action, SubBlockFn fn,
+                      const variable_list& inputs,
+                      std::vector<at::Tensor> params) {
     switch (action) {
       case ActivationAction::kKeep:
         return fn(inputs);
@@ -317,7 +399,9 @@ class BlockImpl : public torch::nn::Module {
   }
 
   LayerActivationPlan plan;
-  std::shared_ptr<ActivationHostPool> pool;                  // swap target
+  int layer = 0;                             // index in the decoder
+  SubBlockTimer* timer = nullptr;            // profiling, when set
+  std::shared_ptr<ActivationHostPool> pool;  // swap target
   const std::unordered_set<const void*>* exclude = nullptr;  // not swapped
   // MoE under recompute: the last forward's auxiliary losses, outputs of the
   // recompute node (the module's own last_stats() is overwritten by the
@@ -336,6 +420,7 @@ class DecoderImpl : public torch::nn::Module {
     embed = register_module("embed", torch::nn::Embedding(vocab, c.d_model));
     for (int i = 0; i < c.n_layers; ++i) {
       blocks.push_back(register_module("block" + std::to_string(i), Block(c)));
+      blocks.back()->layer = i;
     }
     norm = register_module("norm", RMSNorm(c.d_model, c.norm_eps));
     lm_head = register_module(
@@ -502,6 +587,14 @@ absl::Status PolicyModel::SetActivationPlan(
   if (swap) InstallSwapEngine();
   impl_->plan = std::move(plan);
   return absl::OkStatus();
+}
+
+void PolicyModel::set_sub_block_timer(SubBlockTimer* timer) {
+  auto& blocks = impl_->decoder->blocks;
+  if (timer != nullptr) {
+    timer->seconds.assign(blocks.size(), {0.0, 0.0, 0.0});
+  }
+  for (auto& b : blocks) b->timer = timer;
 }
 
 const std::vector<LayerActivationPlan>& PolicyModel::activation_plan() const {

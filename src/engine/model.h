@@ -21,7 +21,9 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +35,17 @@
 namespace fusionrl {
 
 class ActivationHostPool;
+
+// Wall time of each sub-block of each layer in the training forwards run
+// while the timer is set (PolicyModel::set_sub_block_timer), for the
+// activation planner (engine/activation_planner.h).
+struct SubBlockTimer {
+  // [layer][0 attention, 1 mlp (SwiGLU or MoE block), 2 norms (both)],
+  // seconds summed over the forwards; zeroed when the timer is set.
+  std::vector<std::array<double, 3>> seconds;
+  // Waits for the device before each reading (CUDA); null on a CPU.
+  std::function<void()> sync;
+};
 
 // Per-layer key/value buffers [B, H, capacity, Dh], filled from slot 0 up.
 struct KvCache {
@@ -111,6 +124,10 @@ class PolicyModel {
   // The host pool of swapped activations (owned by the model; its byte
   // counts are what the live graphs of this model hold there).
   ActivationHostPool& activation_host_pool() const;
+  // While `timer` is set (nullptr to unset; it must outlive its use), every
+  // Forward() with autograd on runs block by block through the plan's
+  // sub-block path and adds each sub-block's time to it.
+  void set_sub_block_timer(SubBlockTimer* timer);
 
   std::vector<at::Tensor> parameters() const;
   int64_t num_parameters() const;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/activation_memory.h"
+#include "engine/activation_planner.h"
 #include "engine/model.h"
 #include "engine/sample.h"
 #include "engine/test_util.h"
@@ -318,14 +319,144 @@ TEST(ActivationPlanTest, CreateResolvesThePlanPerLayer) {
   EXPECT_EQ(plan[1].norm, ActivationAction::kSwap);
 }
 
-TEST(ActivationPlanTest, AutoIsNotImplementedYet) {
-  ModelConfig c = Config(false);
-  c.activations.policy = "auto";
-  c.activations.budget_mib = 64;
-  auto m = PolicyModel::Create(c, kVocab, c10::Device("cpu"), 1);
-  ASSERT_FALSE(m.ok());
-  EXPECT_EQ(m.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(m.status().message().find("not implemented"), std::string::npos);
+// Consecutive recomputed steps run as one node keeping only what the run
+// reads from before it: with every sub-block recomputed a layer holds just
+// its input, B x T x D floats (so each extra layer adds exactly that).
+TEST(ActivationPlanTest, WholeLayerRecomputeHoldsOnlyTheLayerInput) {
+  const CollatedBatch b = Batch(5);
+  int64_t held[2];
+  for (int i = 0; i < 2; ++i) {
+    ModelConfig c = Config(false);
+    c.n_layers = 2 + 2 * i;
+    c.activations = All("recompute");
+    auto m = PolicyModel::Create(c, kVocab, c10::Device("cpu"), 11);
+    ASSERT_TRUE(m.ok()) << m.status();
+    auto r = MeasureTrainStep(**m, b, nullptr, /*run_backward=*/false);
+    ASSERT_TRUE(r.ok()) << r.status();
+    held[i] = r->held_bytes;
+  }
+  const int64_t d = Config(false).d_model;
+  EXPECT_EQ(held[1] - held[0], 2 * kBatch * kLen * d * 4);
+}
+
+TEST(ActivationPlanTest, AutoResolvesToKeepUntilPlanned) {
+  ActivationConfig a = All("auto");
+  a.budget_mib = 64;
+  auto model = Model(true, a);
+  for (const auto& layer : model->activation_plan()) {
+    EXPECT_EQ(layer.attention, ActivationAction::kKeep);
+    EXPECT_EQ(layer.mlp, ActivationAction::kKeep);
+    EXPECT_EQ(layer.norm, ActivationAction::kKeep);
+  }
+}
+
+// The planner's plan fits the budget, is minimal (putting any chosen
+// sub-block back to keep breaks the budget), never swaps on a CPU, and
+// gives keep's gradients; the model's .grad is untouched by planning.
+TEST(ActivationPlannerTest, PlanFitsIsMinimalAndKeepsGradients) {
+  for (bool moe : {false, true}) {
+    SCOPED_TRACE(moe ? "moe" : "dense");
+    const CollatedBatch b = Batch(7);
+    auto keep_model = Model(moe, All("keep"));
+    const StepResult keep = Train(*keep_model, {b});
+    auto model = Model(moe, All("keep"));
+    PlannerOptions opts;
+    opts.budget_bytes = keep.report.held_bytes / 2;
+    opts.repeats = 1;
+    auto report = PlanActivations(*model, b, opts);
+    ASSERT_TRUE(report.ok()) << report.status();
+    for (const auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined());
+    EXPECT_EQ(report->keep_held_bytes, keep.report.held_bytes);
+    EXPECT_LE(report->planned_held_bytes, opts.budget_bytes);
+    EXPECT_GT(report->estimated_step_time_ratio, 1.0);
+    ASSERT_EQ(report->sub_blocks.size(), 3u * model->activation_plan().size());
+    const std::vector<LayerActivationPlan> plan = model->activation_plan();
+    int chosen = 0;
+    for (const SubBlockProfile& sb : report->sub_blocks) {
+      EXPECT_FALSE(sb.swap_candidate);
+      EXPECT_NE(sb.chosen, ActivationAction::kSwap);
+      EXPECT_GT(sb.forward_seconds, 0);
+      if (sb.chosen == ActivationAction::kKeep) continue;
+      ++chosen;
+      std::vector<LayerActivationPlan> less = plan;
+      ActivationAction LayerActivationPlan::*member =
+          sb.sub_block == "attention" ? &LayerActivationPlan::attention
+          : sb.sub_block == "mlp"     ? &LayerActivationPlan::mlp
+                                      : &LayerActivationPlan::norm;
+      EXPECT_EQ(less[sb.layer].*member, sb.chosen);
+      less[sb.layer].*member = ActivationAction::kKeep;
+      ASSERT_TRUE(model->SetActivationPlan(less).ok());
+      auto r = MeasureTrainStep(*model, b, nullptr, /*run_backward=*/false);
+      ASSERT_TRUE(r.ok());
+      EXPECT_GT(r->held_bytes, opts.budget_bytes)
+          << sb.layer << " " << sb.sub_block << " is not needed";
+    }
+    EXPECT_GT(chosen, 0);
+    ASSERT_TRUE(model->SetActivationPlan(plan).ok());
+    const StepResult planned = Train(*model, {b});
+    EXPECT_EQ(planned.report.held_bytes, report->planned_held_bytes);
+    for (size_t i = 0; i < keep.grads.size(); ++i) {
+      EXPECT_LE((planned.grads[i] - keep.grads[i]).abs().max().item<double>(),
+                1e-5);
+    }
+    // The plan round-trips through model.activations.layers.
+    ActivationConfig again = All("keep");
+    again.layers = FormatActivationPlan(plan);
+    auto resolved = ResolveActivationPlan(again, plan.size());
+    ASSERT_TRUE(resolved.ok()) << resolved.status();
+    for (size_t l = 0; l < plan.size(); ++l) {
+      EXPECT_EQ((*resolved)[l].attention, plan[l].attention);
+      EXPECT_EQ((*resolved)[l].mlp, plan[l].mlp);
+      EXPECT_EQ((*resolved)[l].norm, plan[l].norm);
+    }
+  }
+}
+
+TEST(ActivationPlannerTest, UnreachableBudgetFailsAndLeavesKeep) {
+  auto model = Model(true, All("keep"));
+  PlannerOptions opts;
+  opts.budget_bytes = 1024;  // less than the logits alone
+  opts.repeats = 1;
+  auto report = PlanActivations(*model, Batch(3), opts);
+  ASSERT_FALSE(report.ok());
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(report.status().message().find("cannot be met"), std::string::npos)
+      << report.status();
+  for (const auto& layer : model->activation_plan()) {
+    EXPECT_EQ(layer.mlp, ActivationAction::kKeep);
+  }
+  opts.budget_bytes = 0;
+  EXPECT_EQ(PlanActivations(*model, Batch(3), opts).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// policy auto in a job: Trainer::Create plans for micro_batch_size x
+// max_seq_len and installs the plan; an impossible budget fails Create.
+TEST(ActivationPlannerTest, TrainerPlansAutoPolicyAtCreate) {
+  JobConfig config;
+  config.model = Config(true);
+  config.model.activations = All("auto");
+  config.model.activations.budget_mib = 0.5;
+  config.optim.micro_batch_size = 2;
+  auto m = PolicyModel::Create(config.model, kVocab, c10::Device("cpu"), 1);
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto trainer = Trainer::Create(**m, nullptr, config, /*pad_id=*/0, nullptr);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  bool any = false;
+  for (const auto& layer : (*m)->activation_plan()) {
+    any = any || layer.attention != ActivationAction::kKeep ||
+          layer.mlp != ActivationAction::kKeep ||
+          layer.norm != ActivationAction::kKeep;
+  }
+  EXPECT_TRUE(any);
+  config.model.activations.budget_mib = 0.001;
+  auto m2 = PolicyModel::Create(config.model, kVocab, c10::Device("cpu"), 1);
+  ASSERT_TRUE(m2.ok());
+  auto refused = Trainer::Create(**m2, nullptr, config, 0, nullptr);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("model.activations (policy auto)"),
+            std::string::npos)
+      << refused.status();
 }
 
 TEST(ActivationPlanTest, BadPlansAreRejected) {

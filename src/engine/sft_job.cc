@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/metrics.h"
 #include "core/status_macros.h"
+#include "engine/activation_planner.h"
 #include "engine/checkpoint.h"
 #include "engine/job_common.h"
 #include "engine/trainer.h"
@@ -32,6 +33,9 @@ absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config) {
   const std::string& out = config.output_dir;
   FUSIONRL_ASSIGN_OR_RETURN(JobContext ctx, PrepareJob(config, out));
   PolicyModel& policy = *ctx.policy;
+  // model.activations.policy auto: plan for a full batch.
+  FUSIONRL_RETURN_IF_ERROR(
+      PlanActivationsForJob(policy, config.sft.batch_size).status());
   FUSIONRL_ASSIGN_OR_RETURN(auto metrics,
                             MetricsLog::Open(out + "/metrics.jsonl", true));
   const auto& sc = config.sft;

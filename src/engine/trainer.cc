@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "engine/activation_planner.h"
 #include "engine/algorithms.h"
 
 namespace fusionrl {
@@ -147,6 +148,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
                                .betas(std::make_tuple(o.beta1, o.beta2))
                                .eps(o.eps)
                                .weight_decay(o.weight_decay));
+  // model.activations.policy auto: plan for the largest micro-batch.
+  FUSIONRL_RETURN_IF_ERROR(
+      PlanActivationsForJob(policy,
+                            std::max<int64_t>(1, config.optim.micro_batch_size))
+          .status());
   std::unique_ptr<Trainer> trainer(
       new Trainer(policy, reference, config, pad_id, sync));
   trainer->optim_state_ = std::move(optim);
