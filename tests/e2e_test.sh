@@ -109,9 +109,10 @@ print(f"ok   bench JSON: fused+stalesync:2 at {fused['ratio_to_colocated_sync']:
 PY
 
 # fusionrl bench-memory: a dense and a MoE variant under none / recompute /
-# swap, JSON out.
+# swap / auto with a budget of half what none holds, JSON out.
 timeout 300 "$BIN" bench-memory "$CFG" --set model.moe_experts=4 \
-  --set model.moe_shared_expert=true --repeats 1 --out "$OUT/bench-memory.json" \
+  --set model.moe_shared_expert=true --repeats 1 \
+  --policies none,recompute,swap,auto:50% --out "$OUT/bench-memory.json" \
   >/dev/null 2>"$OUT/bench-memory.log" ||
   { echo "FAIL fusionrl bench-memory"; tail -20 "$OUT/bench-memory.log"; exit 1; }
 python3 - "$OUT/bench-memory.json" <<'PY'
@@ -123,8 +124,15 @@ for v in ("dense", "moe"):
     assert none["held_bytes"] > 0 and none["held_ratio_to_none"] == 1.0, none
     assert rec["device_held_bytes"] < none["device_held_bytes"], (v, rec, none)
     assert swap["host_pool_bytes"] > 0, (v, swap)
-    for p in (rec, swap):
+    auto = m["auto:50%"]
+    assert auto["held_bytes"] <= none["held_bytes"] / 2, (v, auto)
+    assert auto["held_bytes"] == auto["planner"]["planned_held_bytes"], (v, auto)
+    assert auto["planner"]["keep_held_bytes"] == none["held_bytes"], (v, auto)
+    assert "recompute" in auto["planner"]["plan"], (v, auto)
+    assert all(s["chosen"] != "swap" for s in auto["planner"]["sub_blocks"]), auto
+    for p in (rec, swap, auto):
         assert p["max_abs_grad_diff_vs_none"] <= 1e-5, (v, p)
     print(f"ok   bench-memory {v}: recompute holds {rec['held_ratio_to_none']:.2f} of none, "
-          f"swap {swap['held_ratio_to_none']:.2f} (host pool {swap['host_pool_bytes']} B)")
+          f"swap {swap['held_ratio_to_none']:.2f} (host pool {swap['host_pool_bytes']} B), "
+          f"auto:50% {auto['held_ratio_to_none']:.2f}: {auto['planner']['plan']}")
 PY

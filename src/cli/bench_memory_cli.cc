@@ -36,7 +36,10 @@ namespace {
 struct Policy {
   std::string name;    // as given
   std::string action;  // model.activations.policy
+  // auto: the budget in MiB, or with budget_is_percent in percent of what
+  // none holds for the same variant (0..100].
   double budget_mib = 0;
+  bool budget_is_percent = false;
 };
 
 absl::StatusOr<Policy> ParsePolicy(const std::string& text) {
@@ -50,14 +53,20 @@ absl::StatusOr<Policy> ParsePolicy(const std::string& text) {
     p.action = text;
     return p;
   }
-  if (text.rfind("auto:", 0) == 0 &&
-      absl::SimpleAtod(text.substr(5), &p.budget_mib) && p.budget_mib > 0) {
-    p.action = "auto";
-    return p;
+  if (text.rfind("auto:", 0) == 0) {
+    std::string budget = text.substr(5);
+    p.budget_is_percent = !budget.empty() && budget.back() == '%';
+    if (p.budget_is_percent) budget.pop_back();
+    if (absl::SimpleAtod(budget, &p.budget_mib) && p.budget_mib > 0 &&
+        (!p.budget_is_percent || p.budget_mib <= 100)) {
+      p.action = "auto";
+      return p;
+    }
   }
   return absl::InvalidArgumentError(
       absl::StrCat("--policies: unknown policy '", text,
-                   "' (none, recompute, swap, auto:<budget MiB>)"));
+                   "' (none, recompute, swap, auto:<budget MiB>, "
+                   "auto:<percent of none's held bytes>%)"));
 }
 
 // `n` reference solutions of the task's training problems, as one batch.
@@ -114,6 +123,15 @@ absl::StatusOr<std::vector<PolicyRun>> RunPolicies(
       PlannerOptions opts;
       opts.budget_bytes =
           static_cast<int64_t>(policies[i].budget_mib * 1048576.0);
+      if (policies[i].budget_is_percent) {
+        // What none (runs[0], prepared first) holds for this batch.
+        FUSIONRL_ASSIGN_OR_RETURN(
+            ActivationReport none,
+            MeasureTrainStep(*runs[0].ctx.policy, runs[0].batch, nullptr,
+                             /*run_backward=*/false));
+        opts.budget_bytes = static_cast<int64_t>(
+            none.held_bytes * policies[i].budget_mib / 100.0);
+      }
       const absl::Time start = absl::Now();
       absl::StatusOr<ActivationPlanReport> plan =
           PlanActivations(*runs[i].ctx.policy, runs[i].batch, opts);
@@ -179,7 +197,8 @@ CLI::App* AddBenchMemoryCommand(CLI::App& app, BenchMemoryArgs& args) {
                   "job YAML (configs/bench-memory.yaml)")
       ->required();
   cmd->add_option("--policies", args.policies,
-                  "comma-separated: none, recompute, swap, auto:<MiB> "
+                  "comma-separated: none, recompute, swap, auto:<MiB>, "
+                  "auto:<percent of none>% "
                   "(default none,recompute,swap)");
   cmd->add_option("--repeats", args.repeats,
                   "timed steps per variant and policy (default 5)")
