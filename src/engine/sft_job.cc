@@ -90,7 +90,10 @@ absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config) {
     adamw.zero_grad();
     auto logp = ResponseLogProbs(policy, cb, 1.0, nullptr);
     auto loss = -(logp * cb.response_mask).sum() / cb.response_mask.sum();
-    loss.backward();
+    // MoE: the router's load-balancing and z losses join the objective, as
+    // in RL training (the logged "loss" stays the likelihood term).
+    const at::Tensor aux = policy.AuxLoss();
+    (aux.defined() ? loss + aux : loss).backward();
     auto params = policy.parameters();
     const double grad_norm =
         o.grad_clip > 0 ? torch::nn::utils::clip_grad_norm_(params, o.grad_clip)
@@ -108,6 +111,15 @@ absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config) {
     }
     MetricRecord rec = {
         {"step", step}, {"loss", loss_v}, {"grad_norm", grad_norm}, {"lr", lr}};
+    if (aux.defined()) {
+      const MoeStats ms = policy.moe_stats();
+      rec.push_back({"moe_aux_loss", ms.aux_loss});
+      rec.push_back({"moe_z_loss", ms.z_loss});
+      rec.push_back({"moe_dropped_frac", ms.dropped_frac});
+      for (size_t i = 0; i < ms.expert_load.size(); ++i) {
+        rec.push_back({absl::StrCat("moe_load_", i), ms.expert_load[i]});
+      }
+    }
     const bool eval_now =
         (sc.eval_every > 0 && step % sc.eval_every == 0) || step == sc.steps;
     if (eval_now) {
