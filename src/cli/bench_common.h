@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "cli/exit_codes.h"
+#include "core/metrics.h"
 #include "fusionrl/config.h"
 #include "nlohmann/json.hpp"
 
@@ -23,13 +24,6 @@ inline absl::StatusOr<JobConfig> LoadBenchConfig(
     const std::string& path, std::vector<std::string> overrides) {
   overrides.push_back("init_checkpoint=\"\"");
   return LoadJobConfig(path, overrides);
-}
-
-inline double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 // Writes `result` to stdout (`out` empty) or to `out`, then prints that

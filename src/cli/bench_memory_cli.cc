@@ -73,13 +73,9 @@ absl::StatusOr<Policy> ParsePolicy(const std::string& text) {
 absl::StatusOr<CollatedBatch> SolutionBatch(const JobContext& ctx, int n) {
   std::vector<Sample> samples;
   for (int i = 0; i < n; ++i) {
-    const Problem p = ctx.task->TrainProblem(static_cast<uint64_t>(i));
-    Sample s;
-    FUSIONRL_ASSIGN_OR_RETURN(s.prompt_ids,
-                              EncodePrompt(*ctx.tokenizer, p.prompt));
-    FUSIONRL_ASSIGN_OR_RETURN(s.response_ids,
-                              ctx.tokenizer->Encode(ctx.task->Solution(p)));
-    s.response_ids.push_back(ctx.tokenizer->eos_id());
+    FUSIONRL_ASSIGN_OR_RETURN(
+        Sample s,
+        SolutionSample(ctx, ctx.task->TrainProblem(static_cast<uint64_t>(i))));
     samples.push_back(std::move(s));
   }
   return Collate(samples, ctx.tokenizer->pad_id(), ctx.device);

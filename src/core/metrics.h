@@ -46,6 +46,10 @@ std::string MetricRecordToJson(const MetricRecord& record);
 // "45s", "3m05s", "2h04m".
 std::string FormatDuration(double seconds);
 
+// The median of `values` (mean of the middle two for an even count); 0 when
+// empty.
+double Median(std::vector<double> values);
+
 // "950", "12.3k", "4.56M".
 std::string FormatCount(double value);
 

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/metrics.h"
 #include "core/status_macros.h"
 #include "engine/activation_memory.h"
 #include "engine/model.h"
@@ -24,13 +25,6 @@ constexpr const char* kSubBlockNames[3] = {"attention", "mlp", "norm"};
 constexpr ActivationAction LayerActivationPlan::*kMembers[3] = {
     &LayerActivationPlan::attention, &LayerActivationPlan::mlp,
     &LayerActivationPlan::norm};
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // Bytes held for backward by one training forward of `batch` under `plan`.
 absl::StatusOr<int64_t> HeldUnder(PolicyModel& model,

@@ -89,6 +89,17 @@ absl::StatusOr<std::vector<int>> EncodePrompt(const Tokenizer& tokenizer,
   return ids;
 }
 
+absl::StatusOr<Sample> SolutionSample(const JobContext& ctx,
+                                      const Problem& problem) {
+  Sample s;
+  FUSIONRL_ASSIGN_OR_RETURN(s.prompt_ids,
+                            EncodePrompt(*ctx.tokenizer, problem.prompt));
+  FUSIONRL_ASSIGN_OR_RETURN(s.response_ids,
+                            ctx.tokenizer->Encode(ctx.task->Solution(problem)));
+  s.response_ids.push_back(ctx.tokenizer->eos_id());
+  return s;
+}
+
 std::string DecodeResponse(const Tokenizer& tokenizer,
                            const std::vector<int>& tokens) {
   std::vector<int> body;

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "core/job_summary.h"
 #include "engine/model.h"
+#include "engine/sample.h"
 #include "fusionrl/config.h"
 #include "fusionrl/job.h"
 #include "fusionrl/task.h"
@@ -42,6 +43,11 @@ absl::StatusOr<JobContext> PrepareJob(const JobConfig& config,
 // bos + the prompt's tokens.
 absl::StatusOr<std::vector<int>> EncodePrompt(const Tokenizer& tokenizer,
                                               const std::string& prompt);
+
+// A supervised sample of `problem`: bos + prompt, and the task's reference
+// solution + eos as the response.
+absl::StatusOr<Sample> SolutionSample(const JobContext& ctx,
+                                      const Problem& problem);
 
 // Response tokens -> text, stopping at eos.
 std::string DecodeResponse(const Tokenizer& tokenizer,

@@ -217,6 +217,7 @@ class BlockImpl : public torch::nn::Module {
     } else {
       mlp = register_module("mlp", SwiGLU(c.d_model, c.d_ff));
     }
+    SetPlan(LayerActivationPlan{});
   }
   // token_valid [B, T] (MoE only): which tokens are routed. apply_capacity
   // (MoE only): drop assignments past the experts' capacity. Without a cache
@@ -284,52 +285,74 @@ class BlockImpl : public torch::nn::Module {
     }
   }
 
+  // A run of steps executed together: one step kept or swapped, or
+  // consecutive steps under recompute. in: the values it reads from before
+  // it; out: the values it writes that later steps read, and the results.
+  struct Segment {
+    int first = 0, last = 0;
+    ActivationAction action = ActivationAction::kKeep;
+    std::vector<int> in, out;
+  };
+
+  void SetPlan(const LayerActivationPlan& p) {
+    static const std::vector<int> kReads[4] = {
+        {kX}, {kX, kN1}, {kH}, {kH, kN2}};
+    static const std::vector<int> kWrites[4] = {
+        {kN1}, {kH}, {kN2}, {kY, kAux, kZ}};
+    plan = p;
+    const ActivationAction action[4] = {p.norm, p.attention, p.norm, p.mlp};
+    segments.clear();
+    for (int i = 0; i < 4;) {
+      Segment seg;
+      seg.first = seg.last = i;
+      seg.action = action[i];
+      if (action[i] == ActivationAction::kRecompute) {
+        while (seg.last + 1 < 4 &&
+               action[seg.last + 1] == ActivationAction::kRecompute) {
+          ++seg.last;
+        }
+      }
+      for (int s = seg.first; s <= seg.last; ++s) {
+        for (int r : kReads[s]) {
+          bool inside = false;
+          for (int w = seg.first; w < s; ++w) {
+            for (int written : kWrites[w]) inside = inside || written == r;
+          }
+          if (!inside &&
+              std::find(seg.in.begin(), seg.in.end(), r) == seg.in.end()) {
+            seg.in.push_back(r);
+          }
+        }
+        for (int w : kWrites[s]) {
+          if ((w == kAux || w == kZ) && moe.is_empty()) continue;
+          bool read_after = w == kY || w == kAux || w == kZ;
+          for (int t = seg.last + 1; t < 4; ++t) {
+            for (int r : kReads[t]) read_after = read_after || r == w;
+          }
+          if (read_after) seg.out.push_back(w);
+        }
+      }
+      i = seg.last + 1;
+      segments.push_back(std::move(seg));
+    }
+  }
+
   torch::Tensor PlannedForward(const torch::Tensor& x, const torch::Tensor& cos,
                                const torch::Tensor& sin,
                                const torch::Tensor& mask,
                                const torch::Tensor& token_valid,
                                bool apply_capacity) {
-    static const std::vector<int> kReads[4] = {
-        {kX}, {kX, kN1}, {kH}, {kH, kN2}};
-    static const std::vector<int> kWrites[4] = {
-        {kN1}, {kH}, {kN2}, {kY, kAux, kZ}};
-    const ActivationAction action[4] = {plan.norm, plan.attention, plan.norm,
-                                        plan.mlp};
     const int kind[4] = {2, 0, 2, 1};  // timer slot of each step
     torch::nn::Module* module[4] = {
         attn_norm.ptr().get(), attn.ptr().get(), mlp_norm.ptr().get(),
         moe.is_empty() ? static_cast<torch::nn::Module*>(mlp.ptr().get())
                        : moe.ptr().get()};
-    const bool is_moe = !moe.is_empty();
     Values v;
     v[kX] = x;
-    for (int i = 0; i < 4;) {
-      int j = i;
-      if (action[i] == ActivationAction::kRecompute) {
-        while (j + 1 < 4 && action[j + 1] == ActivationAction::kRecompute) ++j;
-      }
-      // The run's inputs (read, not written inside) and outputs (written
-      // inside, read after it or the block's results).
-      std::vector<int> in, out;
-      for (int s = i; s <= j; ++s) {
-        for (int r : kReads[s]) {
-          bool inside = false;
-          for (int w = i; w < s; ++w) {
-            for (int written : kWrites[w]) inside = inside || written == r;
-          }
-          if (!inside && std::find(in.begin(), in.end(), r) == in.end()) {
-            in.push_back(r);
-          }
-        }
-        for (int w : kWrites[s]) {
-          if ((w == kAux || w == kZ) && !is_moe) continue;
-          bool read_after = w == kY || w == kAux || w == kZ;
-          for (int t = j + 1; t < 4; ++t) {
-            for (int r : kReads[t]) read_after = read_after || r == w;
-          }
-          if (read_after) out.push_back(w);
-        }
-      }
+    for (const Segment& seg : segments) {
+      const int i = seg.first, j = seg.last;
+      const std::vector<int>& in = seg.in;
+      const std::vector<int>& out = seg.out;
       SubBlockFn fn = [this, i, j, in, out, cos, sin, mask, token_valid,
                        apply_capacity](const variable_list& inputs) {
         Values local;
@@ -347,12 +370,13 @@ class BlockImpl : public torch::nn::Module {
       for (int s = i; s <= j; ++s) {
         for (const auto& p : module[s]->parameters()) params.push_back(p);
       }
+      // A fused run's time goes to its first step's slot (the planner times
+      // only plans without recompute, where every run is one step).
       variable_list outs =
-          Run(kind[i], action[i], std::move(fn), inputs, std::move(params));
+          Run(kind[i], seg.action, std::move(fn), inputs, std::move(params));
       for (size_t k = 0; k < out.size(); ++k) v[out[k]] = outs[k];
-      i = j + 1;
     }
-    if (is_moe && plan.mlp == ActivationAction::kRecompute) {
+    if (!moe.is_empty() && plan.mlp == ActivationAction::kRecompute) {
       aux_loss = v[kAux];
       z_loss = v[kZ];
     }
@@ -398,7 +422,8 @@ class BlockImpl : public torch::nn::Module {
                                     at::TensorList(param_list));
   }
 
-  LayerActivationPlan plan;
+  LayerActivationPlan plan;                  // set with SetPlan
+  std::vector<Segment> segments;             // derived from plan by SetPlan
   int layer = 0;                             // index in the decoder
   SubBlockTimer* timer = nullptr;            // profiling, when set
   std::shared_ptr<ActivationHostPool> pool;  // swap target
@@ -576,7 +601,7 @@ absl::Status PolicyModel::SetActivationPlan(
     impl_->no_swap.insert(b.storage().unsafeGetStorageImpl());
   }
   for (size_t i = 0; i < blocks.size(); ++i) {
-    blocks[i]->plan = plan[i];
+    blocks[i]->SetPlan(plan[i]);
     blocks[i]->pool = impl_->pool;
     blocks[i]->exclude = &impl_->no_swap;
     swap = swap || plan[i].attention == ActivationAction::kSwap ||

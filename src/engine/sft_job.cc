@@ -67,12 +67,7 @@ absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config) {
     std::vector<Sample> batch;
     for (int i = 0; i < sc.batch_size; ++i) {
       const Problem p = ctx.task->TrainProblem(cursor++);
-      Sample s;
-      FUSIONRL_ASSIGN_OR_RETURN(s.prompt_ids,
-                                EncodePrompt(*ctx.tokenizer, p.prompt));
-      FUSIONRL_ASSIGN_OR_RETURN(s.response_ids,
-                                ctx.tokenizer->Encode(ctx.task->Solution(p)));
-      s.response_ids.push_back(ctx.tokenizer->eos_id());
+      FUSIONRL_ASSIGN_OR_RETURN(Sample s, SolutionSample(ctx, p));
       if (static_cast<int>(s.response_ids.size()) > max_new) {
         return absl::InvalidArgumentError(
             absl::StrCat("rollout.max_new_tokens: the reference solution of '",
