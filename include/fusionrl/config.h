@@ -66,15 +66,62 @@ absl::StatusOr<std::vector<LayerActivationPlan>> ResolveActivationPlan(
 // "keep", "recompute", "swap".
 const char* ActivationActionName(ActivationAction action);
 
-// Decoder-only transformer (Llama style: RMSNorm, rotary, SwiGLU).
+// Rotary position scaling (Hugging Face `rope_scaling`).
+//   none:   plain rotary.
+//   linear: positions divided by `factor` (every frequency / factor).
+//   llama3: Llama 3.1's frequency-dependent scaling: wavelengths shorter
+//           than original_max_position_embeddings / high_freq_factor are
+//           kept, longer than .. / low_freq_factor divided by `factor`,
+//           smoothly interpolated in between.
+struct RopeScalingConfig {
+  std::string type = "none";  // none | linear | llama3
+  double factor = 1.0;        // linear, llama3: > 0
+  double low_freq_factor = 1.0;                 // llama3
+  double high_freq_factor = 4.0;                // llama3: > low_freq_factor
+  int original_max_position_embeddings = 8192;  // llama3
+};
+
+// Decoder-only transformer (Llama style: RMSNorm, rotary, SwiGLU), with the
+// variations of the Hugging Face architectures FusionRL imports
+// (docs/models.md): grouped-query attention, a head size of its own, q/k/v
+// biases (Qwen2), per-head q/k RMSNorm (Qwen3), tied embeddings and rotary
+// scaling.
+//
+// With `hf_path` set, the architecture keys below (marked [arch]) come from
+// the directory's config.json: each must be left at its default or equal the
+// imported value, and a different value is an error naming both.
 struct ModelConfig {
-  int d_model = 128;            // hidden width; must be divisible by n_heads
-  int n_layers = 4;             // transformer blocks
-  int n_heads = 4;              // attention heads
-  int d_ff = 384;               // SwiGLU inner width
+  // A Hugging Face model directory (config.json, model.safetensors or a
+  // sharded set with model.safetensors.index.json, tokenizer.json,
+  // tokenizer_config.json, optional generation_config.json). Its weights are
+  // the initial policy, its tokenizer the job's tokenizer. "" = a built-in
+  // model initialised from `seed`.
+  std::string hf_path;
+  // [arch] "" (the built-in decoder) | LlamaForCausalLM | Qwen2ForCausalLM |
+  // Qwen3ForCausalLM | MistralForCausalLM: the architecture a checkpoint is
+  // exported as; set from config.json with hf_path, or by hand to train a
+  // randomly initialised model of that architecture.
+  std::string architecture;
+  // Tokenizer directory (tokenizer.json + tokenizer_config.json); "" = the
+  // hf_path's tokenizer, or the character tokenizer of the built-in tasks.
+  std::string tokenizer;
+  // Compute and parameter dtype: float32 | bfloat16. Stored weights of any
+  // of F32/BF16/F16 are converted to it on load.
+  std::string dtype = "float32";
+  int vocab_size = 0;           // [arch] embedding rows; 0 = the tokenizer's
+  int d_model = 128;            // [arch] hidden width
+  int n_layers = 4;             // [arch] transformer blocks
+  int n_heads = 4;              // [arch] query heads
+  int n_kv_heads = 0;           // [arch] key/value heads (GQA); 0 = n_heads
+  int head_dim = 0;             // [arch] per-head size; 0 = d_model / n_heads
+  int d_ff = 384;               // [arch] SwiGLU inner width
   int max_seq_len = 64;         // longest prompt + response, in tokens
-  double rope_theta = 10000.0;  // rotary base
-  double norm_eps = 1e-5;       // RMSNorm epsilon
+  double rope_theta = 10000.0;  // [arch] rotary base
+  RopeScalingConfig rope_scaling;  // [arch]
+  double norm_eps = 1e-5;          // [arch] RMSNorm epsilon
+  bool qkv_bias = false;           // [arch] biases on q/k/v projections
+  bool qk_norm = false;            // [arch] per-head RMSNorm of q and k
+  bool tie_embeddings = false;     // [arch] lm_head shares the embedding
   double init_std = 0.02;       // std of the normal init of linear weights
   // Mixture of experts: with moe_experts > 0 every block's feed-forward is a
   // routed MoE block (engine/moe.h) instead of one dense SwiGLU.
@@ -96,7 +143,7 @@ struct ModelConfig {
 
 // A task with a verifiable reward. Which fields matter depends on `name`.
 struct TaskConfig {
-  // addition | countdown | repeat | reverse | sort | jsonl
+  // addition | countdown | repeat | reverse | sort | jsonl | math
   std::string name = "addition";
   int64_t seed = 1234;   // seeds the train generator and the eval split
   int eval_size = 200;   // held-out prompts; never used for training
@@ -109,11 +156,20 @@ struct TaskConfig {
   // (long_max + 1) / 2..long_max; answers are at most 2 * long_max chars.
   double long_fraction = 0.125;
   int long_max = 24;
-  std::string train_path;  // jsonl: training file (one JSON object a line)
-  std::string eval_path;   // jsonl: held-out file; "" = hold out the
+  std::string train_path;  // jsonl, math: training file (one JSON object a
+                           //   line)
+  std::string eval_path;   // jsonl, math: held-out file; "" = hold out the
                            //   last eval_size lines of train_path
   // RewardFn name (see fusionrl/task.h); "" = the task's default verifier.
   std::string reward;
+  // How a problem becomes prompt text: chatml | llama3 | none, or "" = auto:
+  // detected from the chat_template of a Hugging Face model's
+  // tokenizer_config.json (an error if it is not recognised), none for the
+  // built-in character model.
+  std::string chat_template;
+  // System message put before every prompt; "" = none. A problem's own
+  // system message takes its place.
+  std::string system_prompt;
 };
 
 // Autoregressive sampling.
@@ -166,6 +222,10 @@ struct OptimConfig {
   int warmup_steps = 0;       // linear warm-up of the lr from 0
   int mini_batch_size = 0;    // sequences per optimizer step; 0 = whole batch
   int micro_batch_size = 64;  // sequences per forward/backward (accumulated)
+  // Response positions per chunk of the LM head in the trainer: the logits
+  // of only this many tokens exist at a time (forward and backward), never
+  // batch x sequence x vocabulary; 0 = the whole micro-batch at once.
+  int logits_chunk_tokens = 512;
 };
 
 // The RL loop (`fusionrl run`).

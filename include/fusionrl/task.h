@@ -30,9 +30,28 @@
 
 namespace fusionrl {
 
+// One turn of a chat conversation, before any chat template is applied.
+// `role` is "system", "user" or "assistant".
+struct ChatMessage {
+  std::string role;
+  std::string content;
+};
+
 struct Problem {
-  std::string prompt;  // text given to the policy
+  std::string prompt;  // the user text given to the policy
   std::string answer;  // reference answer the verifier checks against
+  // The fields below have `{}` initializers so that the existing
+  // `Problem{prompt, answer}` stays free of -Wmissing-field-initializers.
+  // System message of this problem; "" = none (then task.system_prompt,
+  // if set, is used). Not part of `prompt`.
+  std::string system{};
+  // The whole conversation, for problems given in chat form (system first,
+  // if any; the last message is the user turn whose text is `prompt`).
+  // Empty = the conversation is [system (if any), user: prompt].
+  std::vector<ChatMessage> messages{};
+  // Worked solution (e.g. GSM8K reasoning ending in "#### 72") used as the
+  // supervised warm-start target by tasks that have one; "" = none.
+  std::string solution{};
 };
 
 struct Verdict {
@@ -76,8 +95,8 @@ using TaskFactory =
 using RewardFactory = std::function<std::unique_ptr<RewardFn>()>;
 
 // name -> factory. Global() comes with the built-in tasks (addition,
-// countdown, repeat, reverse, sort, jsonl) and rewards (exact, numeric,
-// countdown) registered.
+// countdown, repeat, reverse, sort, jsonl, math) and rewards (exact,
+// char_match, numeric, countdown, math) registered.
 class TaskRegistry {
  public:
   static TaskRegistry& Global();

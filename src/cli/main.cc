@@ -7,6 +7,9 @@
 //   fusionrl eval <job.yaml> [--checkpoint DIR] [--set key.path=value ...]
 //   fusionrl validate <job.yaml> [--set key.path=value ...]
 //   fusionrl bench <job.yaml> [--modes a,b,...] [--repeats N] [--out FILE]
+//   fusionrl generate --model DIR --prompt TEXT [--chat] [--json] [...]
+//   fusionrl export <checkpoint> --out DIR [--dtype bfloat16]
+//   fusionrl tokenize --tokenizer DIR [--decode | --bench]   (stdin->stdout)
 //   fusionrl controller --listen HOST:PORT [...]      (docs/cluster.md)
 //   fusionrl worker --controller HOST:PORT [--cards N] [--super-node NAME]
 //   fusionrl submit <job.yaml> --controller HOST:PORT [--wait]
@@ -31,6 +34,8 @@
 #include "cli/bench_memory_cli.h"
 #include "cli/cluster_cli.h"
 #include "cli/exit_codes.h"
+#include "cli/model_cli.h"
+#include "cli/tokenize_cli.h"
 #include "fusionrl/config.h"
 #include "fusionrl/job.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -150,6 +155,13 @@ int main(int argc, char** argv) {
   fusionrl::cli::BenchMemoryArgs bench_memory_args;
   CLI::App* bench_memory =
       fusionrl::cli::AddBenchMemoryCommand(app, bench_memory_args);
+  fusionrl::cli::TokenizeArgs tokenize_args;
+  CLI::App* tokenize = fusionrl::cli::AddTokenizeCommand(app, tokenize_args);
+
+  fusionrl::cli::GenerateArgs generate_args;
+  fusionrl::cli::ExportArgs export_args;
+  const fusionrl::cli::ModelCommands model_commands =
+      fusionrl::cli::AddModelCommands(app, generate_args, export_args);
 
   try {
     app.parse(argc, argv);
@@ -158,9 +170,18 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : kExitBadInput;
   }
 
+  if (model_commands.generate->parsed()) {
+    return fusionrl::cli::RunGenerate(generate_args);
+  }
+  if (model_commands.export_->parsed()) {
+    return fusionrl::cli::RunExport(export_args);
+  }
   if (bench->parsed()) return fusionrl::cli::RunBench(bench_args);
   if (bench_memory->parsed()) {
     return fusionrl::cli::RunBenchMemory(bench_memory_args);
+  }
+  if (tokenize->parsed()) {
+    return fusionrl::cli::RunTokenize(tokenize_args, std::cin, std::cout);
   }
   if (cluster.controller->parsed() || cluster.worker->parsed() ||
       cluster.submit->parsed() || cluster.status->parsed()) {

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <limits>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -26,6 +27,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "core/hf_config.h"
 
 namespace fusionrl {
 namespace {
@@ -97,14 +99,40 @@ void VisitActivations(ActivationConfig& a, V& v) {
 }
 
 template <class V>
+void VisitRopeScaling(RopeScalingConfig& r, V& v) {
+  static constexpr absl::string_view kTypes[] = {"none", "linear", "llama3"};
+  v.String("type", &r.type, OneOf(kTypes));
+  v.Double("factor", &r.factor, Above(0));
+  v.Double("low_freq_factor", &r.low_freq_factor, Above(0));
+  v.Double("high_freq_factor", &r.high_freq_factor, Above(0));
+  v.Int("original_max_position_embeddings",
+        &r.original_max_position_embeddings, AtLeast(1));
+}
+
+template <class V>
 void VisitModel(ModelConfig& m, V& v) {
+  static constexpr absl::string_view kArchitectures[] = {
+      "", "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+      "MistralForCausalLM"};
+  static constexpr absl::string_view kDtypes[] = {"float32", "bfloat16"};
+  v.String("hf_path", &m.hf_path, ExistingFile());
+  v.String("architecture", &m.architecture, OneOf(kArchitectures));
+  v.String("tokenizer", &m.tokenizer, ExistingFile());
+  v.String("dtype", &m.dtype, OneOf(kDtypes));
+  v.Int("vocab_size", &m.vocab_size, AtLeast(0));
   v.Int("d_model", &m.d_model, AtLeast(8));
   v.Int("n_layers", &m.n_layers, AtLeast(1));
   v.Int("n_heads", &m.n_heads, AtLeast(1));
+  v.Int("n_kv_heads", &m.n_kv_heads, AtLeast(0));
+  v.Int("head_dim", &m.head_dim, AtLeast(0));
   v.Int("d_ff", &m.d_ff, AtLeast(1));
   v.Int("max_seq_len", &m.max_seq_len, AtLeast(2));
   v.Double("rope_theta", &m.rope_theta, Above(0));
+  v.Section("rope_scaling", [&] { VisitRopeScaling(m.rope_scaling, v); });
   v.Double("norm_eps", &m.norm_eps, Above(0));
+  v.Bool("qkv_bias", &m.qkv_bias);
+  v.Bool("qk_norm", &m.qk_norm);
+  v.Bool("tie_embeddings", &m.tie_embeddings);
   v.Double("init_std", &m.init_std, Above(0));
   v.Int("moe_experts", &m.moe_experts, Closed(0, 64));
   v.Int("moe_top_k", &m.moe_top_k, Closed(1, 2));
@@ -130,6 +158,9 @@ void VisitTask(TaskConfig& t, V& v) {
   v.String("train_path", &t.train_path, ExistingFile());
   v.String("eval_path", &t.eval_path, ExistingFile());
   v.String("reward", &t.reward, AnyString());
+  // "" (auto) or a format; checked with a clear message in CheckCrossField.
+  v.String("chat_template", &t.chat_template, AnyString());
+  v.String("system_prompt", &t.system_prompt, AnyString());
 }
 
 template <class V>
@@ -173,6 +204,7 @@ void VisitOptim(OptimConfig& o, V& v) {
   v.Int("warmup_steps", &o.warmup_steps, AtLeast(0));
   v.Int("mini_batch_size", &o.mini_batch_size, AtLeast(0));
   v.Int("micro_batch_size", &o.micro_batch_size, AtLeast(1));
+  v.Int("logits_chunk_tokens", &o.logits_chunk_tokens, AtLeast(0));
 }
 
 template <class V>
@@ -624,18 +656,56 @@ class Validator {
 // so single fields are already in range (e.g. n_heads >= 1).
 std::optional<FieldError> CheckCrossField(const JobConfig& c) {
   const ModelConfig& m = c.model;
-  if (m.d_model % m.n_heads != 0) {
-    return Invalid("model.d_model",
-                   absl::StrCat("must be divisible by model.n_heads (",
-                                m.n_heads, "), got ", m.d_model));
+  if (m.head_dim == 0) {
+    if (m.d_model % m.n_heads != 0) {
+      return Invalid("model.d_model",
+                     absl::StrCat("must be divisible by model.n_heads (",
+                                  m.n_heads, "), got ", m.d_model));
+    }
+    if ((m.d_model / m.n_heads) % 2 != 0) {
+      return Invalid(
+          "model.d_model",
+          absl::StrCat("head size model.d_model / model.n_heads must be even "
+                       "for rotary embeddings, got ",
+                       m.d_model, " / ", m.n_heads, " = ",
+                       m.d_model / m.n_heads));
+    }
+  } else if (m.head_dim % 2 != 0) {
+    return Invalid("model.head_dim",
+                   absl::StrCat("must be even for rotary embeddings, got ",
+                                m.head_dim));
   }
-  if ((m.d_model / m.n_heads) % 2 != 0) {
-    return Invalid(
-        "model.d_model",
-        absl::StrCat("head size model.d_model / model.n_heads must be even "
-                     "for rotary embeddings, got ",
-                     m.d_model, " / ", m.n_heads, " = ",
-                     m.d_model / m.n_heads));
+  if (m.n_kv_heads > 0 && m.n_heads % m.n_kv_heads != 0) {
+    return Invalid("model.n_kv_heads",
+                   absl::StrCat("model.n_heads (", m.n_heads,
+                                ") must be a multiple of it, got ",
+                                m.n_kv_heads));
+  }
+  if (m.rope_scaling.type == "llama3" &&
+      m.rope_scaling.high_freq_factor <= m.rope_scaling.low_freq_factor) {
+    return Invalid("model.rope_scaling.high_freq_factor",
+                   "must be > model.rope_scaling.low_freq_factor");
+  }
+  {
+    const bool qwen2 = m.architecture == "Qwen2ForCausalLM";
+    const bool qwen3 = m.architecture == "Qwen3ForCausalLM";
+    if (!m.architecture.empty() && m.qkv_bias != qwen2) {
+      return Invalid("model.qkv_bias",
+                     absl::StrCat("must be ", qwen2 ? "true" : "false",
+                                  " for model.architecture ",
+                                  m.architecture));
+    }
+    if (!m.architecture.empty() && m.qk_norm != qwen3) {
+      return Invalid("model.qk_norm",
+                     absl::StrCat("must be ", qwen3 ? "true" : "false",
+                                  " for model.architecture ",
+                                  m.architecture));
+    }
+  }
+  if (!m.hf_path.empty() && m.moe_experts > 0) {
+    return Invalid("model.moe_experts",
+                   "must be 0 with model.hf_path (imported models are "
+                   "dense)");
   }
   if (m.moe_experts > 0 && m.moe_top_k > m.moe_experts) {
     return Invalid("model.moe_top_k",
@@ -682,8 +752,20 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
         absl::StrCat("must be >= task.min_digits (", c.task.min_digits,
                      "), got ", c.task.max_digits));
   }
-  if (c.task.name == "jsonl" && c.task.train_path.empty()) {
-    return Invalid("task.train_path", "required when task.name is jsonl");
+  if ((c.task.name == "jsonl" || c.task.name == "math") &&
+      c.task.train_path.empty()) {
+    return Invalid("task.train_path",
+                   absl::StrCat("required when task.name is ", c.task.name));
+  }
+  {
+    const std::string& t = c.task.chat_template;
+    if (!t.empty() && t != "chatml" && t != "llama3" && t != "none") {
+      return Invalid("task.chat_template",
+                     absl::StrCat("must be chatml, llama3 or none (empty = "
+                                  "auto, from the model's "
+                                  "tokenizer_config.json); got '",
+                                  t, "'"));
+    }
   }
   if (c.algorithm.adv_estimator == "rloo" && c.rollout.group_size < 2) {
     return Invalid("rollout.group_size",
@@ -772,6 +854,79 @@ absl::StatusOr<Override> ParseOverride(const std::string& text) {
   return o;
 }
 
+// With model.hf_path: the [arch] keys come from the directory's
+// config.json. A key still at its default takes the imported value; a key
+// set to the imported value is fine (a resolved config.yaml reads back); any
+// other value is an error naming both.
+std::optional<FieldError> ApplyHfArchitecture(ModelConfig& m) {
+  // A missing directory is reported by the field rule (NotFound).
+  if (m.hf_path.empty() || !std::filesystem::exists(m.hf_path)) {
+    return std::nullopt;
+  }
+  absl::StatusOr<HfModelInfo> info = ReadHfModelConfig(m.hf_path);
+  if (!info.ok()) {
+    FieldError e = Invalid("model.hf_path", std::string(info.status().message()));
+    e.code = info.status().code() == absl::StatusCode::kNotFound
+                 ? absl::StatusCode::kNotFound
+                 : absl::StatusCode::kInvalidArgument;
+    return e;
+  }
+  const ModelConfig& hf = info->model;
+  const ModelConfig def;
+  std::optional<FieldError> error;
+  auto take = [&](const char* key, auto ModelConfig::*field) {
+    if (error) return;
+    if (m.*field != def.*field && m.*field != hf.*field) {
+      std::ostringstream set, imported;
+      set << m.*field;
+      imported << hf.*field;
+      error = Invalid(
+          absl::StrCat("model.", key),
+          absl::StrCat("is ", set.str(), " but model.hf_path's config.json "
+                       "gives ", imported.str(),
+                       "; leave the architecture keys unset with "
+                       "model.hf_path"));
+      return;
+    }
+    m.*field = hf.*field;
+  };
+  take("architecture", &ModelConfig::architecture);
+  take("vocab_size", &ModelConfig::vocab_size);
+  take("d_model", &ModelConfig::d_model);
+  take("n_layers", &ModelConfig::n_layers);
+  take("n_heads", &ModelConfig::n_heads);
+  take("n_kv_heads", &ModelConfig::n_kv_heads);
+  take("head_dim", &ModelConfig::head_dim);
+  take("d_ff", &ModelConfig::d_ff);
+  take("rope_theta", &ModelConfig::rope_theta);
+  take("norm_eps", &ModelConfig::norm_eps);
+  take("qkv_bias", &ModelConfig::qkv_bias);
+  take("qk_norm", &ModelConfig::qk_norm);
+  take("tie_embeddings", &ModelConfig::tie_embeddings);
+  if (error) return error;
+  const RopeScalingConfig& r = m.rope_scaling;
+  const RopeScalingConfig rdef;
+  const bool rope_default =
+      r.type == rdef.type && r.factor == rdef.factor &&
+      r.low_freq_factor == rdef.low_freq_factor &&
+      r.high_freq_factor == rdef.high_freq_factor &&
+      r.original_max_position_embeddings ==
+          rdef.original_max_position_embeddings;
+  const RopeScalingConfig& h = hf.rope_scaling;
+  const bool rope_same =
+      r.type == h.type && r.factor == h.factor &&
+      r.low_freq_factor == h.low_freq_factor &&
+      r.high_freq_factor == h.high_freq_factor &&
+      r.original_max_position_embeddings == h.original_max_position_embeddings;
+  if (!rope_default && !rope_same) {
+    return Invalid("model.rope_scaling",
+                   "differs from model.hf_path's config.json; leave the "
+                   "architecture keys unset with model.hf_path");
+  }
+  m.rope_scaling = h;
+  return std::nullopt;
+}
+
 absl::StatusOr<JobConfig> ParseImpl(const std::string& yaml_text,
                                     const std::string& source,
                                     const std::vector<std::string>& overrides) {
@@ -825,7 +980,9 @@ absl::StatusOr<JobConfig> ParseImpl(const std::string& yaml_text,
         absl::StrCat(source, ": invalid YAML: ", e.msg));
   }
 
-  if (auto error = Validate(config)) {
+  std::optional<FieldError> error = ApplyHfArchitecture(config.model);
+  if (!error) error = Validate(config);
+  if (error) {
     // Blame the last override that set the offending key, if any.
     for (auto it = parsed.rbegin(); it != parsed.rend(); ++it) {
       if (it->path == error->path) {

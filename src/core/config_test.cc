@@ -608,6 +608,49 @@ TEST(ConfigTest, JsonlTaskRequiresTrainPath) {
               {"job.yaml: task.train_path: required when task.name is jsonl"});
 }
 
+TEST(ConfigTest, MathTaskRequiresTrainPath) {
+  ExpectError("task:\n  name: math\n", absl::StatusCode::kInvalidArgument,
+              {"job.yaml: task.train_path: required when task.name is math"});
+}
+
+TEST(ConfigTest, LoadsChatTemplateAndSystemPrompt) {
+  absl::StatusOr<JobConfig> defaults = ParseJobConfig("", "job.yaml");
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->task.chat_template, "");  // auto
+  EXPECT_EQ(defaults->task.system_prompt, "");
+  for (const char* format : {"chatml", "llama3", "none", "''"}) {
+    SCOPED_TRACE(format);
+    absl::StatusOr<JobConfig> config = ParseJobConfig(
+        absl::StrCat("task:\n  chat_template: ", format,
+                     "\n  system_prompt: \"Think step by step.\\nThen "
+                     "answer.\"\n"),
+        "job.yaml");
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_EQ(config->task.chat_template,
+              std::string(format) == "''" ? "" : format);
+    EXPECT_EQ(config->task.system_prompt, "Think step by step.\nThen answer.");
+    // Both keys survive the YAML round trip.
+    absl::StatusOr<JobConfig> back =
+        ParseJobConfig(JobConfigToYaml(*config), "rt.yaml");
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->task.chat_template, config->task.chat_template);
+    EXPECT_EQ(back->task.system_prompt, config->task.system_prompt);
+  }
+}
+
+TEST(ConfigTest, RejectsUnknownChatTemplate) {
+  ExpectError("task:\n  chat_template: ChatML\n",
+              absl::StatusCode::kInvalidArgument,
+              {"job.yaml: task.chat_template: must be chatml, llama3 or none",
+               "got 'ChatML'"});
+  ExpectError("task:\n  chat_template: [chatml]\n",
+              absl::StatusCode::kInvalidArgument,
+              {"job.yaml: task.chat_template: expected a string"});
+  ExpectError("task:\n  system_prompt: {a: 1}\n",
+              absl::StatusCode::kInvalidArgument,
+              {"job.yaml: task.system_prompt: expected a string"});
+}
+
 TEST(ConfigTest, AppliesOverridesInOrder) {
   absl::StatusOr<JobConfig> config = ParseJobConfig(
       absl::StrCat("init_checkpoint: ", MissingPath("gone.pt"),
@@ -897,6 +940,9 @@ TEST(ConfigTest, ValidateChecksRanges) {
        "task.long_max: must be in [1, 500], got 0"},
       {[](JobConfig& c) { c.task.long_max = 501; },
        "task.long_max: must be in [1, 500], got 501"},
+      {[](JobConfig& c) { c.task.chat_template = "qwen"; },
+       "task.chat_template: must be chatml, llama3 or none (empty = auto, "
+       "from the model's tokenizer_config.json); got 'qwen'"},
       {[](JobConfig& c) { c.rollout.group_size = 0; },
        "rollout.group_size: must be >= 1, got 0"},
       {[](JobConfig& c) { c.rollout.temperature = -0.5; },

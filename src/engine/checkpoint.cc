@@ -28,6 +28,29 @@ nlohmann::ordered_json ModelJson(const ModelConfig& m, int vocab) {
                               {"max_seq_len", m.max_seq_len},
                               {"rope_theta", m.rope_theta},
                               {"norm_eps", m.norm_eps}};
+  // Architecture keys beyond the built-in decoder's, written only when set,
+  // so checkpoints from before them compare equal.
+  const ModelConfig d;
+  if (!m.architecture.empty()) j["architecture"] = m.architecture;
+  if (m.n_kv_heads != d.n_kv_heads && m.n_kv_heads != m.n_heads) {
+    j["n_kv_heads"] = m.n_kv_heads;
+  }
+  if (m.head_dim != d.head_dim && m.head_dim * m.n_heads != m.d_model) {
+    j["head_dim"] = m.head_dim;
+  }
+  if (m.qkv_bias) j["qkv_bias"] = true;
+  if (m.qk_norm) j["qk_norm"] = true;
+  if (m.tie_embeddings) j["tie_embeddings"] = true;
+  if (m.rope_scaling.type != "none") {
+    const RopeScalingConfig& r = m.rope_scaling;
+    j["rope_scaling"] = {{"type", r.type}, {"factor", r.factor}};
+    if (r.type == "llama3") {
+      j["rope_scaling"]["low_freq_factor"] = r.low_freq_factor;
+      j["rope_scaling"]["high_freq_factor"] = r.high_freq_factor;
+      j["rope_scaling"]["original_max_position_embeddings"] =
+          r.original_max_position_embeddings;
+    }
+  }
   if (m.moe_experts > 0) {
     j["moe_experts"] = m.moe_experts;
     j["moe_top_k"] = m.moe_top_k;
@@ -37,7 +60,75 @@ nlohmann::ordered_json ModelJson(const ModelConfig& m, int vocab) {
   return j;
 }
 
+// The inverse of ModelJson. Missing optional keys keep their defaults.
+absl::Status ModelFromJson(const nlohmann::json& j, const std::string& where,
+                           ModelConfig* m, int* vocab) {
+  try {
+    *vocab = j.at("vocab_size").get<int>();
+    m->d_model = j.at("d_model").get<int>();
+    m->n_layers = j.at("n_layers").get<int>();
+    m->n_heads = j.at("n_heads").get<int>();
+    m->d_ff = j.at("d_ff").get<int>();
+    m->max_seq_len = j.at("max_seq_len").get<int>();
+    m->rope_theta = j.at("rope_theta").get<double>();
+    m->norm_eps = j.at("norm_eps").get<double>();
+    m->architecture = j.value("architecture", std::string());
+    m->n_kv_heads = j.value("n_kv_heads", 0);
+    m->head_dim = j.value("head_dim", 0);
+    m->qkv_bias = j.value("qkv_bias", false);
+    m->qk_norm = j.value("qk_norm", false);
+    m->tie_embeddings = j.value("tie_embeddings", false);
+    if (j.contains("rope_scaling")) {
+      const auto& r = j["rope_scaling"];
+      m->rope_scaling.type = r.at("type").get<std::string>();
+      m->rope_scaling.factor = r.at("factor").get<double>();
+      m->rope_scaling.low_freq_factor = r.value("low_freq_factor", 1.0);
+      m->rope_scaling.high_freq_factor = r.value("high_freq_factor", 4.0);
+      m->rope_scaling.original_max_position_embeddings =
+          r.value("original_max_position_embeddings", 8192);
+    }
+    m->moe_experts = j.value("moe_experts", 0);
+    if (m->moe_experts > 0) {
+      m->moe_top_k = j.at("moe_top_k").get<int>();
+      m->moe_d_ff = j.at("moe_d_ff").get<int>();
+      m->moe_shared_expert = j.at("moe_shared_expert").get<bool>();
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return absl::DataLossError(
+        absl::StrCat(where, ": meta.json model section: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::StatusOr<CheckpointModel> ReadCheckpointModel(const std::string& dir) {
+  const fs::path meta_path = fs::path(dir) / "meta.json";
+  std::ifstream in(meta_path);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("checkpoint '", dir,
+                     "': no meta.json (not a FusionRL checkpoint "
+                     "directory)"));
+  }
+  nlohmann::json j =
+      nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint '", dir, "': meta.json is not JSON with a model section"));
+  }
+  CheckpointModel out;
+  FUSIONRL_RETURN_IF_ERROR(ModelFromJson(j["model"],
+                                         absl::StrCat("checkpoint '", dir, "'"),
+                                         &out.model, &out.vocab_size));
+  if (j.contains("source") && j["source"].is_object()) {
+    out.hf_path = j["source"].value("hf_path", std::string());
+    out.tokenizer = j["source"].value("tokenizer", std::string());
+  }
+  out.model.hf_path = out.hf_path;
+  out.model.tokenizer = out.tokenizer;
+  return out;
+}
 
 absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,
                              const Trainer* trainer,
@@ -68,6 +159,12 @@ absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,
       {"rollout_tokens", meta.rollout_tokens},
       {"loop_seconds", meta.loop_seconds},
       {"model", ModelJson(model.config(), model.vocab_size())}};
+  // Where the model and tokenizer came from (not compared on load): what
+  // `fusionrl export` copies the tokenizer files from.
+  if (!model.config().hf_path.empty() || !model.config().tokenizer.empty()) {
+    j["source"] = {{"hf_path", model.config().hf_path},
+                   {"tokenizer", model.config().tokenizer}};
+  }
   FUSIONRL_RETURN_IF_ERROR(
       WriteFileAtomic((tmp_dir / "meta.json").string(), j.dump(2) + "\n"));
   // Swap into place: the old checkpoint is removed only once the new one is

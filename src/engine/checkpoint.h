@@ -35,6 +35,17 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir,
                                               PolicyModel& model,
                                               Trainer* trainer);
 
+// What a checkpoint says about its model without loading any tensor: the
+// shape (meta.json's "model"), the vocabulary size and where the model and
+// tokenizer came from ("source"; empty for a built-in model).
+struct CheckpointModel {
+  ModelConfig model;  // shape keys set; training knobs at their defaults
+  int vocab_size = 0;
+  std::string hf_path;    // model.hf_path of the run, or ""
+  std::string tokenizer;  // model.tokenizer of the run, or ""
+};
+absl::StatusOr<CheckpointModel> ReadCheckpointModel(const std::string& dir);
+
 }  // namespace fusionrl
 
 #endif  // FUSIONRL_ENGINE_CHECKPOINT_H_

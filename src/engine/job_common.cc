@@ -3,14 +3,18 @@
 #include <ATen/Parallel.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "core/hf_config.h"
 #include "core/metrics.h"
 #include "core/status_macros.h"
 #include "engine/checkpoint.h"
+#include "engine/hf_model.h"
 #include "engine/rollout.h"
 #include "nlohmann/json.hpp"
 
@@ -44,12 +48,82 @@ absl::StatusOr<c10::Device> ResolveDevice(const std::string& name) {
   return device;
 }
 
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadJobTokenizer(
+    const ModelConfig& model) {
+  const std::string& dir =
+      !model.tokenizer.empty() ? model.tokenizer : model.hf_path;
+  if (dir.empty()) return MakeCharTokenizer();
+  auto tokenizer = LoadTokenizer(dir);
+  if (!tokenizer.ok()) {
+    return absl::Status(
+        tokenizer.status().code(),
+        absl::StrCat(model.tokenizer.empty() ? "model.hf_path: "
+                                             : "model.tokenizer: ",
+                     tokenizer.status().message()));
+  }
+  return tokenizer;
+}
+
+absl::StatusOr<DetectedChatTemplate> ResolveChatFormat(
+    const JobConfig& config) {
+  DetectedChatTemplate out;
+  if (!config.task.chat_template.empty()) {
+    auto format = ParseChatFormat(config.task.chat_template);
+    if (!format.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "task.chat_template: ", format.status().message()));
+    }
+    out.format = *format;
+    return out;
+  }
+  const ModelConfig& m = config.model;
+  const std::string& dir = !m.tokenizer.empty() ? m.tokenizer : m.hf_path;
+  if (dir.empty()) return out;  // the built-in tasks' plain prompts
+  const std::string path =
+      (std::filesystem::path(dir) / "tokenizer_config.json").string();
+  std::ifstream in(path);
+  nlohmann::json j;
+  if (in) {
+    j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  }
+  std::string chat_template;
+  if (j.is_object() && j.contains("chat_template")) {
+    const auto& t = j["chat_template"];
+    if (t.is_string()) chat_template = t.get<std::string>();
+    // A list of named templates: the "default" one.
+    if (t.is_array()) {
+      for (const auto& e : t) {
+        if (e.is_object() && e.value("name", "") == "default" &&
+            e.contains("template") && e["template"].is_string()) {
+          chat_template = e["template"].get<std::string>();
+        }
+      }
+    }
+  }
+  if (chat_template.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": no chat_template; set task.chat_template: chatml | llama3 | "
+              "none"));
+  }
+  auto detected = DetectChatTemplate(chat_template);
+  if (!detected.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", detected.status().message()));
+  }
+  return *detected;
+}
+
 absl::StatusOr<JobContext> PrepareJob(const JobConfig& config,
                                       const std::string& output_dir) {
   at::set_num_threads(config.num_threads);
   JobContext ctx;
   FUSIONRL_ASSIGN_OR_RETURN(ctx.device, ResolveDevice(config.device));
-  ctx.tokenizer = MakeCharTokenizer();
+  FUSIONRL_ASSIGN_OR_RETURN(ctx.tokenizer, LoadJobTokenizer(config.model));
+  FUSIONRL_ASSIGN_OR_RETURN(DetectedChatTemplate chat,
+                            ResolveChatFormat(config));
+  ctx.chat_format = chat.format;
+  ctx.chat_info = chat.info;
+  ctx.system_prompt = config.task.system_prompt;
   FUSIONRL_ASSIGN_OR_RETURN(ctx.task,
                             TaskRegistry::Global().Create(config.task));
   const std::string reward_name = config.task.reward.empty()
@@ -57,10 +131,44 @@ absl::StatusOr<JobContext> PrepareJob(const JobConfig& config,
                                       : config.task.reward;
   FUSIONRL_ASSIGN_OR_RETURN(ctx.reward,
                             RewardRegistry::Global().Create(reward_name));
+
+  // Stop ids: the tokenizer's eos, the model's generation eos list, the
+  // chat format's end of turn.
+  auto add_stop = [&](int id) {
+    if (id >= 0 && std::find(ctx.stop_ids.begin(), ctx.stop_ids.end(), id) ==
+                       ctx.stop_ids.end()) {
+      ctx.stop_ids.push_back(id);
+    }
+  };
+  add_stop(ctx.tokenizer->eos_id());
+  if (!config.model.hf_path.empty()) {
+    FUSIONRL_ASSIGN_OR_RETURN(HfModelInfo info,
+                              ReadHfModelConfig(config.model.hf_path));
+    for (int id : info.eos_token_ids) add_stop(id);
+  }
+  if (ctx.chat_format == ChatFormat::kChatML) {
+    add_stop(ctx.tokenizer->TokenToId("<|im_end|>"));
+  } else if (ctx.chat_format == ChatFormat::kLlama3) {
+    add_stop(ctx.tokenizer->TokenToId("<|eot_id|>"));
+  }
+
+  const int vocab = config.model.vocab_size > 0 ? config.model.vocab_size
+                                                : ctx.tokenizer->vocab_size();
+  if (vocab < ctx.tokenizer->vocab_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.vocab_size: ", vocab, " is smaller than the tokenizer's ",
+        ctx.tokenizer->vocab_size(), " ids"));
+  }
   FUSIONRL_ASSIGN_OR_RETURN(
-      ctx.policy,
-      PolicyModel::Create(config.model, ctx.tokenizer->vocab_size(), ctx.device,
-                          static_cast<uint64_t>(config.seed)));
+      ctx.policy, PolicyModel::Create(config.model, vocab, ctx.device,
+                                      static_cast<uint64_t>(config.seed)));
+  if (!config.model.hf_path.empty() && config.init_checkpoint.empty()) {
+    if (auto status = LoadHfWeights(config.model.hf_path, *ctx.policy);
+        !status.ok()) {
+      return absl::Status(status.code(), absl::StrCat("model.hf_path: ",
+                                                      status.message()));
+    }
+  }
   if (!config.init_checkpoint.empty()) {
     auto meta = ReadCheckpoint(config.init_checkpoint, *ctx.policy, nullptr);
     if (!meta.ok()) {
@@ -85,18 +193,40 @@ absl::StatusOr<JobContext> PrepareJob(const JobConfig& config,
 absl::StatusOr<std::vector<int>> EncodePrompt(const Tokenizer& tokenizer,
                                               const std::string& prompt) {
   FUSIONRL_ASSIGN_OR_RETURN(std::vector<int> ids, tokenizer.Encode(prompt));
-  ids.insert(ids.begin(), tokenizer.bos_id());
+  if (tokenizer.bos_id() >= 0) ids.insert(ids.begin(), tokenizer.bos_id());
   return ids;
+}
+
+absl::StatusOr<std::vector<int>> EncodeProblemPrompt(const JobContext& ctx,
+                                                     const Problem& problem) {
+  const std::vector<ChatMessage> messages =
+      ProblemMessages(problem, ctx.system_prompt);
+  const std::string text =
+      RenderChat(ctx.chat_format, ctx.chat_info, messages,
+                 /*add_generation_prompt=*/true);
+  if (ctx.chat_format == ChatFormat::kNone) {
+    return EncodePrompt(*ctx.tokenizer, text);
+  }
+  // The chat format writes any begin-of-text token itself.
+  return ctx.tokenizer->Encode(text);
 }
 
 absl::StatusOr<Sample> SolutionSample(const JobContext& ctx,
                                       const Problem& problem) {
   Sample s;
-  FUSIONRL_ASSIGN_OR_RETURN(s.prompt_ids,
-                            EncodePrompt(*ctx.tokenizer, problem.prompt));
+  FUSIONRL_ASSIGN_OR_RETURN(s.prompt_ids, EncodeProblemPrompt(ctx, problem));
   FUSIONRL_ASSIGN_OR_RETURN(s.response_ids,
                             ctx.tokenizer->Encode(ctx.task->Solution(problem)));
-  s.response_ids.push_back(ctx.tokenizer->eos_id());
+  // A chat model ends its turn with the format's end-of-turn token.
+  int end = ctx.tokenizer->eos_id();
+  if (ctx.chat_format == ChatFormat::kChatML) {
+    const int id = ctx.tokenizer->TokenToId("<|im_end|>");
+    if (id >= 0) end = id;
+  } else if (ctx.chat_format == ChatFormat::kLlama3) {
+    const int id = ctx.tokenizer->TokenToId("<|eot_id|>");
+    if (id >= 0) end = id;
+  }
+  s.response_ids.push_back(end);
   return s;
 }
 
@@ -110,12 +240,25 @@ std::string DecodeResponse(const Tokenizer& tokenizer,
   return tokenizer.Decode(body);
 }
 
+std::string DecodeResponse(const JobContext& ctx,
+                           const std::vector<int>& tokens) {
+  std::vector<int> body;
+  for (int t : tokens) {
+    if (std::find(ctx.stop_ids.begin(), ctx.stop_ids.end(), t) !=
+        ctx.stop_ids.end()) {
+      break;
+    }
+    body.push_back(t);
+  }
+  return ctx.tokenizer->Decode(body);
+}
+
 absl::StatusOr<EvalResult> EvaluateGreedy(PolicyModel& model,
                                           const JobContext& ctx,
                                           int max_new_tokens) {
   const auto start = std::chrono::steady_clock::now();
   const auto& problems = ctx.task->eval_set();
-  RolloutEngine engine(model, ctx.tokenizer->pad_id(), ctx.tokenizer->eos_id());
+  RolloutEngine engine(model, ctx.tokenizer->pad_id(), ctx.stop_ids);
   SamplingParams greedy;
   greedy.temperature = 0;
   greedy.max_new_tokens = max_new_tokens;
@@ -128,7 +271,7 @@ absl::StatusOr<EvalResult> EvaluateGreedy(PolicyModel& model,
     std::vector<std::vector<int>> prompts;
     for (size_t j = i; j < end; ++j) {
       FUSIONRL_ASSIGN_OR_RETURN(
-          auto ids, EncodePrompt(*ctx.tokenizer, problems[j].prompt));
+          auto ids, EncodeProblemPrompt(ctx, problems[j]));
       prompts.push_back(std::move(ids));
     }
     FUSIONRL_ASSIGN_OR_RETURN(auto completions,
@@ -136,7 +279,7 @@ absl::StatusOr<EvalResult> EvaluateGreedy(PolicyModel& model,
     for (size_t j = i; j < end; ++j) {
       const Verdict v = ctx.reward->Score(
           problems[j],
-          DecodeResponse(*ctx.tokenizer, completions[j - i].tokens));
+          DecodeResponse(ctx, completions[j - i].tokens));
       reward_sum += v.reward;
       correct += v.correct ? 1 : 0;
     }

@@ -18,6 +18,7 @@
 #include "fusionrl/job.h"
 #include "fusionrl/task.h"
 #include "fusionrl/tokenizer.h"
+#include "tasks/chat_format.h"
 
 namespace fusionrl {
 
@@ -31,12 +32,35 @@ struct JobContext {
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<Task> task;
   std::unique_ptr<RewardFn> reward;
-  std::unique_ptr<PolicyModel> policy;  // init_checkpoint loaded if set
+  // The Hugging Face weights of model.hf_path, or a seeded random init;
+  // then init_checkpoint's weights if set.
+  std::unique_ptr<PolicyModel> policy;
+  // Generation stops at any of these: the tokenizer's eos, the model's
+  // generation_config.json eos ids and the chat format's end-of-turn token.
+  std::vector<int> stop_ids;
+  // How a problem becomes the prompt text (task.chat_template, or the
+  // model's tokenizer_config.json chat_template).
+  ChatFormat chat_format = ChatFormat::kNone;
+  ChatTemplateInfo chat_info;
+  std::string system_prompt;  // task.system_prompt
 };
 
+// The job's tokenizer: model.tokenizer's directory, else model.hf_path's,
+// else the character tokenizer.
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadJobTokenizer(
+    const ModelConfig& model);
+
+// The chat format of a job: task.chat_template when set; else, for a model
+// with a tokenizer directory, the format its tokenizer_config.json's
+// chat_template is recognised as (InvalidArgument naming the file when it
+// has none or an unrecognised one); else none.
+absl::StatusOr<DetectedChatTemplate> ResolveChatFormat(
+    const JobConfig& config);
+
 // Sets LibTorch's thread count, resolves the device, builds tokenizer, task,
-// reward and policy, loads config.init_checkpoint. When `output_dir` is
-// non-empty, creates it and writes the resolved config there as config.yaml.
+// reward and policy (imports model.hf_path's weights), loads
+// config.init_checkpoint. When `output_dir` is non-empty, creates it and
+// writes the resolved config there as config.yaml.
 absl::StatusOr<JobContext> PrepareJob(const JobConfig& config,
                                       const std::string& output_dir);
 
@@ -44,13 +68,24 @@ absl::StatusOr<JobContext> PrepareJob(const JobConfig& config,
 absl::StatusOr<std::vector<int>> EncodePrompt(const Tokenizer& tokenizer,
                                               const std::string& prompt);
 
-// A supervised sample of `problem`: bos + prompt, and the task's reference
-// solution + eos as the response.
+// The token ids `problem` is given to the policy as: its conversation
+// (system prompt, messages) rendered in the job's chat format with the
+// generation prompt, then encoded; bos first when the tokenizer has one and
+// the format does not write it (format none). For the built-in tasks
+// (format none, no system prompt) this is EncodePrompt(prompt).
+absl::StatusOr<std::vector<int>> EncodeProblemPrompt(const JobContext& ctx,
+                                                     const Problem& problem);
+
+// A supervised sample of `problem`: its prompt (EncodeProblemPrompt), and
+// the task's reference solution + eos as the response.
 absl::StatusOr<Sample> SolutionSample(const JobContext& ctx,
                                       const Problem& problem);
 
 // Response tokens -> text, stopping at eos.
 std::string DecodeResponse(const Tokenizer& tokenizer,
+                           const std::vector<int>& tokens);
+// Response tokens -> text, stopping at any of the job's stop ids.
+std::string DecodeResponse(const JobContext& ctx,
                            const std::vector<int>& tokens);
 
 struct EvalResult {

@@ -95,8 +95,13 @@ int64_t KvCacheBytes(const KvCache& cache) {
 
 int64_t KvCacheBytesFor(const ModelConfig& config, int64_t batch,
                         int64_t capacity) {
+  const int64_t kv_heads =
+      config.n_kv_heads > 0 ? config.n_kv_heads : config.n_heads;
+  const int64_t head_dim =
+      config.head_dim > 0 ? config.head_dim : config.d_model / config.n_heads;
+  const int64_t elem = config.dtype == "bfloat16" ? 2 : 4;
   return 2 * static_cast<int64_t>(config.n_layers) * batch * capacity *
-         config.d_model * static_cast<int64_t>(sizeof(float));
+         kv_heads * head_dim * elem;
 }
 
 absl::Status MoveOptimizerState(Trainer& trainer, c10::Device device) {

@@ -53,7 +53,8 @@ int64_t OptimizerStateBytes(const Trainer& trainer);
 int64_t KvCacheBytes(const KvCache& cache);
 
 // What PolicyModel::NewCache(batch, capacity) allocates for a model of
-// `config`: 2 x n_layers x batch x capacity x d_model float32 values.
+// `config`: 2 x n_layers x batch x capacity x kv heads x head_dim values of
+// the model's dtype.
 int64_t KvCacheBytesFor(const ModelConfig& config, int64_t batch,
                         int64_t capacity);
 

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/activation_memory.h"
 #include "engine/moe_module.h"
+#include "engine/recompute.h"
 
 namespace fusionrl {
 namespace {
@@ -56,104 +57,32 @@ torch::Tensor AttentionMask(const torch::Tensor& key_valid, int64_t start,
   return allowed.unsqueeze(1);
 }
 
-// Selective recompute (model.activations: recompute). A sub-block is a
-// function of its differentiable inputs (the other tensors it reads, such as
-// the rotary tables and the attention mask, are captured by value) and of its
-// parameters. The model has no dropout or other randomness, so running it
-// again gives the same values (bit-identical on the same device and thread
-// count).
 using torch::autograd::variable_list;
-using SubBlockFn = std::function<variable_list(const variable_list&)>;
-
-struct SubBlockHolder : torch::CustomClassHolder {
-  SubBlockFn fn;
-  std::vector<at::Tensor> params;  // the sub-block's parameters
-};
-
-// Forward (grad off, as for every custom Function): runs the sub-block and
-// saves only its inputs. Backward: runs it again with grad on, on detached
-// copies of the inputs, and differentiates that graph. The parameters are
-// inputs of the Function too, so the outer engine gets their gradients as
-// this node's outputs and accumulates them into .grad exactly like any other
-// use (gradient accumulation over micro-batches works unchanged).
-// Arguments: (holder, inputs, params); outputs: the sub-block's outputs.
-struct RecomputeFunction : torch::autograd::Function<RecomputeFunction> {
-  static variable_list forward(torch::autograd::AutogradContext* ctx,
-                               const c10::intrusive_ptr<SubBlockHolder>& body,
-                               at::TensorList inputs, at::TensorList params) {
-    (void)params;  // read by the body through its module
-    ctx->set_materialize_grads(false);
-    ctx->save_for_backward(inputs.vec());
-    ctx->saved_data["body"] = c10::IValue::make_capsule(body);
-    return body->fn(inputs.vec());
-  }
-
-  static variable_list backward(torch::autograd::AutogradContext* ctx,
-                                variable_list grad_outputs) {
-    auto body = c10::static_intrusive_pointer_cast<SubBlockHolder>(
-        ctx->saved_data["body"].toCapsule());
-    variable_list saved = ctx->get_saved_variables();
-    variable_list inputs;
-    for (const auto& v : saved) {
-      inputs.push_back(v.detach().requires_grad_(v.requires_grad()));
-    }
-    variable_list outputs;
-    {
-      at::AutoGradMode grad_on(true);
-      outputs = body->fn(inputs);
-    }
-    variable_list roots, root_grads;
-    for (size_t i = 0; i < outputs.size() && i < grad_outputs.size(); ++i) {
-      if (grad_outputs[i].defined() && outputs[i].defined() &&
-          outputs[i].requires_grad()) {
-        roots.push_back(outputs[i]);
-        root_grads.push_back(grad_outputs[i]);
-      }
-    }
-    // What to differentiate with respect to: the inputs, then the params
-    // (the params are the Function's last inputs; this node's edges say
-    // which of them need a gradient).
-    variable_list wrt;
-    std::vector<size_t> slot;  // index in the result of each wrt entry
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      if (inputs[i].requires_grad()) {
-        wrt.push_back(inputs[i]);
-        slot.push_back(1 + i);
-      }
-    }
-    const std::vector<at::Tensor>& params = body->params;
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (params[i].requires_grad()) {
-        wrt.push_back(params[i]);
-        slot.push_back(1 + inputs.size() + i);
-      }
-    }
-    variable_list result(1 + inputs.size() + params.size());
-    if (roots.empty() || wrt.empty()) return result;
-    variable_list grads =
-        torch::autograd::grad(roots, wrt, root_grads, /*retain_graph=*/false,
-                              /*create_graph=*/false, /*allow_unused=*/true);
-    for (size_t i = 0; i < grads.size(); ++i) result[slot[i]] = grads[i];
-    return result;
-  }
-};
+using SubBlockFn = RecomputeFn;
 
 class AttentionImpl : public torch::nn::Module {
  public:
+  // Grouped-query attention: n_heads query heads share n_kv_heads key/value
+  // heads (query head h reads kv head h / (n_heads / n_kv_heads), as Hugging
+  // Face's repeat_kv), each of head_dim. Qwen2 adds biases to q/k/v; Qwen3
+  // normalises each head's q and k (RMSNorm over head_dim) before rotary.
   explicit AttentionImpl(const ModelConfig& c)
-      : n_heads_(c.n_heads), head_dim_(c.d_model / c.n_heads) {
-    wq = register_module(
-        "wq", torch::nn::Linear(
-                  torch::nn::LinearOptions(c.d_model, c.d_model).bias(false)));
-    wk = register_module(
-        "wk", torch::nn::Linear(
-                  torch::nn::LinearOptions(c.d_model, c.d_model).bias(false)));
-    wv = register_module(
-        "wv", torch::nn::Linear(
-                  torch::nn::LinearOptions(c.d_model, c.d_model).bias(false)));
-    wo = register_module(
-        "wo", torch::nn::Linear(
-                  torch::nn::LinearOptions(c.d_model, c.d_model).bias(false)));
+      : n_heads_(c.n_heads),
+        n_kv_heads_(KvHeads(c)),
+        head_dim_(HeadDim(c)) {
+    auto linear = [&](const char* name, int64_t in, int64_t out, bool bias) {
+      return register_module(
+          name,
+          torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias)));
+    };
+    wq = linear("wq", c.d_model, n_heads_ * head_dim_, c.qkv_bias);
+    wk = linear("wk", c.d_model, n_kv_heads_ * head_dim_, c.qkv_bias);
+    wv = linear("wv", c.d_model, n_kv_heads_ * head_dim_, c.qkv_bias);
+    wo = linear("wo", n_heads_ * head_dim_, c.d_model, false);
+    if (c.qk_norm) {
+      q_norm = register_module("q_norm", RMSNorm(head_dim_, c.norm_eps));
+      k_norm = register_module("k_norm", RMSNorm(head_dim_, c.norm_eps));
+    }
   }
 
   // x [B, T, D]; cos/sin [B, 1, T, Dh/2]; mask [B, 1, T, K].
@@ -164,39 +93,61 @@ class AttentionImpl : public torch::nn::Module {
                         torch::Tensor* cache_k, torch::Tensor* cache_v,
                         int64_t cache_start) {
     const int64_t b = x.size(0), t = x.size(1);
-    auto split = [&](const torch::Tensor& y) {
-      return y.view({b, t, n_heads_, head_dim_}).transpose(1, 2);
+    auto split = [&](const torch::Tensor& y, int64_t heads) {
+      return y.view({b, t, heads, head_dim_});
     };
-    auto q = Rotate(split(wq(x)), cos, sin);
-    auto k = Rotate(split(wk(x)), cos, sin);
-    auto v = split(wv(x));
+    auto q = split(wq(x), n_heads_);
+    auto k = split(wk(x), n_kv_heads_);
+    if (!q_norm.is_empty()) {
+      q = q_norm(q);
+      k = k_norm(k);
+    }
+    q = Rotate(q.transpose(1, 2), cos, sin);
+    k = Rotate(k.transpose(1, 2), cos, sin);
+    auto v = split(wv(x), n_kv_heads_).transpose(1, 2);
     if (cache_k != nullptr) {
       cache_k->narrow(2, cache_start, t).copy_(k);
       cache_v->narrow(2, cache_start, t).copy_(v);
       k = cache_k->narrow(2, 0, cache_start + t);
       v = cache_v->narrow(2, 0, cache_start + t);
     }
+    if (n_kv_heads_ != n_heads_) {
+      const int64_t rep = n_heads_ / n_kv_heads_;
+      k = k.repeat_interleave(rep, 1);
+      v = v.repeat_interleave(rep, 1);
+    }
     auto scores = torch::matmul(q, k.transpose(-2, -1)) /
                   std::sqrt(static_cast<double>(head_dim_));
     scores = scores.masked_fill(mask.logical_not(),
                                 -std::numeric_limits<float>::infinity());
-    auto out = torch::matmul(torch::softmax(scores, -1), v);
+    auto probs = torch::softmax(scores, -1, torch::kFloat).to(v.scalar_type());
+    auto out = torch::matmul(probs, v);
     return wo(out.transpose(1, 2).reshape({b, t, n_heads_ * head_dim_}));
   }
 
+  static int64_t KvHeads(const ModelConfig& c) {
+    return c.n_kv_heads > 0 ? c.n_kv_heads : c.n_heads;
+  }
+  static int64_t HeadDim(const ModelConfig& c) {
+    return c.head_dim > 0 ? c.head_dim : c.d_model / c.n_heads;
+  }
+
   torch::nn::Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};  // qk_norm only
 
  private:
   // Rotary embedding, half-split convention (x1, x2) -> (x1 c - x2 s,
-  // x1 s + x2 c).
+  // x1 s + x2 c): Hugging Face's rotate_half, not the interleaved pairs.
   static torch::Tensor Rotate(const torch::Tensor& x, const torch::Tensor& cos,
                               const torch::Tensor& sin) {
     auto halves = x.chunk(2, -1);
     const auto& x1 = halves[0];
     const auto& x2 = halves[1];
-    return torch::cat({x1 * cos - x2 * sin, x1 * sin + x2 * cos}, -1);
+    return torch::cat({x1 * cos - x2 * sin, x1 * sin + x2 * cos}, -1)
+        .to(x.scalar_type());
   }
   int64_t n_heads_;
+  int64_t n_kv_heads_;
   int64_t head_dim_;
 };
 TORCH_MODULE(Attention);
@@ -414,12 +365,7 @@ class BlockImpl : public torch::nn::Module {
       case ActivationAction::kRecompute:
         break;
     }
-    auto holder = c10::make_intrusive<SubBlockHolder>();
-    holder->fn = std::move(fn);
-    holder->params = std::move(params);
-    const std::vector<at::Tensor> param_list = holder->params;
-    return RecomputeFunction::apply(holder, at::TensorList(inputs),
-                                    at::TensorList(param_list));
+    return RunRecomputed(std::move(fn), inputs, std::move(params));
   }
 
   LayerActivationPlan plan;                  // set with SetPlan
@@ -439,6 +385,33 @@ class BlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
+c10::ScalarType ModelDtype(const ModelConfig& c) {
+  return c.dtype == "bfloat16" ? torch::kBFloat16 : torch::kFloat;
+}
+
+// Rotary inverse frequencies theta^(-2i/Dh), i < Dh/2, in float64, with
+// Hugging Face's rope_scaling applied (linear: all / factor; llama3: by
+// wavelength, transformers' _compute_llama3_parameters).
+torch::Tensor RotaryInverseFrequencies(const ModelConfig& c) {
+  const int64_t head_dim = c.head_dim > 0 ? c.head_dim : c.d_model / c.n_heads;
+  auto inv_freq = torch::pow(
+      c.rope_theta, -torch::arange(0, head_dim, 2, torch::kDouble) / head_dim);
+  const RopeScalingConfig& r = c.rope_scaling;
+  if (r.type == "linear") return inv_freq / r.factor;
+  if (r.type != "llama3") return inv_freq;
+  const double old_len = r.original_max_position_embeddings;
+  const double low_wavelen = old_len / r.low_freq_factor;
+  const double high_wavelen = old_len / r.high_freq_factor;
+  auto wavelen = 2 * M_PI / inv_freq;
+  auto scaled = torch::where(wavelen > low_wavelen, inv_freq / r.factor,
+                             inv_freq);
+  auto smooth = (old_len / wavelen - r.low_freq_factor) /
+                (r.high_freq_factor - r.low_freq_factor);
+  auto smoothed = (1 - smooth) * scaled / r.factor + smooth * scaled;
+  auto medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
+  return torch::where(medium, smoothed, scaled);
+}
+
 class DecoderImpl : public torch::nn::Module {
  public:
   DecoderImpl(const ModelConfig& c, int vocab) : config_(c) {
@@ -448,14 +421,17 @@ class DecoderImpl : public torch::nn::Module {
       blocks.back()->layer = i;
     }
     norm = register_module("norm", RMSNorm(c.d_model, c.norm_eps));
-    lm_head = register_module(
-        "lm_head", torch::nn::Linear(
-                       torch::nn::LinearOptions(c.d_model, vocab).bias(false)));
+    // Tied embeddings: the head is the embedding matrix (no parameter of
+    // its own).
+    if (!c.tie_embeddings) {
+      lm_head = register_module(
+          "lm_head",
+          torch::nn::Linear(
+              torch::nn::LinearOptions(c.d_model, vocab).bias(false)));
+    }
     // Rotary tables for every position, [max_seq_len, Dh/2]; buffers so they
     // follow .to(device) but are not parameters.
-    const int64_t half = c.d_model / c.n_heads / 2;
-    auto inv_freq =
-        torch::pow(c.rope_theta, -torch::arange(half, torch::kDouble) / half);
+    auto inv_freq = RotaryInverseFrequencies(c);
     auto angles =
         torch::outer(torch::arange(c.max_seq_len, torch::kDouble), inv_freq);
     rope_cos =
@@ -493,7 +469,24 @@ class DecoderImpl : public torch::nn::Module {
                              apply_capacity);
     }
     if (cache) cache->length += t;
-    return lm_head(norm(x));
+    if (hidden_only_) return norm(x);
+    return Head(norm(x));
+  }
+
+  // Logits of final hidden states [..., D] -> [..., V].
+  torch::Tensor Head(const torch::Tensor& h) {
+    return lm_head.is_empty() ? torch::linear(h, embed->weight) : lm_head(h);
+  }
+
+  // Final hidden states [B, T, D] (after the last norm): forward() without
+  // the head, for callers that need logits at a few positions only.
+  torch::Tensor Hidden(const torch::Tensor& tokens,
+                       const torch::Tensor& positions,
+                       const torch::Tensor& key_valid) {
+    hidden_only_ = true;
+    auto h = forward(tokens, positions, key_valid, nullptr);
+    hidden_only_ = false;
+    return h;
   }
 
   void Init(uint64_t seed) {
@@ -506,7 +499,10 @@ class DecoderImpl : public torch::nn::Module {
     for (auto& item : named_parameters()) {
       const std::string& name = item.key();
       auto& p = item.value();
-      if (p.dim() < 2) continue;  // norm weights stay 1
+      if (p.dim() < 2) {  // norm weights stay 1, biases start at 0
+        if (name.find(".bias") != std::string::npos) p.zero_();
+        continue;
+      }
       const bool residual_out = name.find("wo.") != std::string::npos ||
                                 name.find("w2.") != std::string::npos;
       auto init = at::normal(0.0, residual_out ? out_std : std, p.sizes(), gen,
@@ -516,6 +512,7 @@ class DecoderImpl : public torch::nn::Module {
   }
 
   ModelConfig config_;
+  bool hidden_only_ = false;  // set by Hidden() around forward()
   torch::nn::Embedding embed{nullptr};
   std::vector<Block> blocks;
   RMSNorm norm{nullptr};
@@ -546,11 +543,22 @@ PolicyModel::~PolicyModel() = default;
 absl::StatusOr<std::unique_ptr<PolicyModel>> PolicyModel::Create(
     const ModelConfig& config, int vocab_size, c10::Device device,
     uint64_t seed) {
-  if (vocab_size < 1 || config.d_model % config.n_heads != 0 ||
-      (config.d_model / config.n_heads) % 2 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model: invalid shape (vocab ", vocab_size, ", d_model ",
-                     config.d_model, ", n_heads ", config.n_heads, ")"));
+  const int64_t head_dim = config.head_dim > 0
+                               ? config.head_dim
+                               : (config.d_model % config.n_heads == 0
+                                      ? config.d_model / config.n_heads
+                                      : 1);
+  const int64_t kv_heads =
+      config.n_kv_heads > 0 ? config.n_kv_heads : config.n_heads;
+  if (vocab_size < 1 || head_dim % 2 != 0 || config.n_heads % kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model: invalid shape (vocab ", vocab_size, ", d_model ",
+        config.d_model, ", n_heads ", config.n_heads, ", n_kv_heads ",
+        kv_heads, ", head_dim ", head_dim, ")"));
+  }
+  if (config.dtype != "float32" && config.dtype != "bfloat16") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.dtype: '", config.dtype, "' (float32 or bfloat16)"));
   }
   if (config.moe_experts != 0 &&
       (config.moe_experts < 2 || config.moe_top_k < 1 || config.moe_top_k > 2 ||
@@ -565,7 +573,7 @@ absl::StatusOr<std::unique_ptr<PolicyModel>> PolicyModel::Create(
   try {
     impl->decoder = Decoder(config, vocab_size);
     impl->decoder->Init(seed);
-    impl->decoder->to(device);
+    impl->decoder->to(device, ModelDtype(config));
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("model: cannot create on ",
                                             device.str(), ": ",
@@ -636,14 +644,40 @@ at::Tensor PolicyModel::Forward(const at::Tensor& tokens,
   return impl_->decoder->forward(tokens, positions, key_valid, nullptr);
 }
 
+at::Tensor PolicyModel::ForwardHidden(const at::Tensor& tokens,
+                                      const at::Tensor& positions,
+                                      const at::Tensor& key_valid) {
+  return impl_->decoder->Hidden(tokens, positions, key_valid);
+}
+
+at::Tensor PolicyModel::Logits(const at::Tensor& hidden) {
+  return impl_->decoder->Head(hidden);
+}
+
+std::vector<at::Tensor> PolicyModel::head_parameters() const {
+  const auto& d = impl_->decoder;
+  return {d->lm_head.is_empty() ? d->embed->weight : d->lm_head->weight};
+}
+
+std::vector<std::pair<std::string, at::Tensor>> PolicyModel::named_parameters()
+    const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : impl_->decoder->named_parameters()) {
+    out.emplace_back(item.key(), item.value());
+  }
+  return out;
+}
+
 KvCache PolicyModel::NewCache(int64_t batch, int64_t capacity) const {
   const auto& c = impl_->config;
   KvCache cache;
   cache.capacity = capacity;
-  auto opts = torch::TensorOptions().dtype(torch::kFloat).device(impl_->device);
+  auto opts =
+      torch::TensorOptions().dtype(ModelDtype(c)).device(impl_->device);
   for (int i = 0; i < c.n_layers; ++i) {
-    cache.keys.push_back(torch::empty(
-        {batch, c.n_heads, capacity, c.d_model / c.n_heads}, opts));
+    cache.keys.push_back(torch::empty({batch, AttentionImpl::KvHeads(c),
+                                       capacity, AttentionImpl::HeadDim(c)},
+                                      opts));
     cache.values.push_back(torch::empty_like(cache.keys.back()));
   }
   return cache;
@@ -676,7 +710,7 @@ std::unique_ptr<PolicyModel> PolicyModel::CloneFrozen(
   auto impl =
       std::make_unique<Impl>(impl_->config, impl_->vocab_size, device, nullptr);
   impl->decoder = Decoder(impl_->config, impl_->vocab_size);
-  impl->decoder->to(device);
+  impl->decoder->to(device, ModelDtype(impl_->config));
   std::unique_ptr<PolicyModel> clone(new PolicyModel(std::move(impl)));
   clone->CopyWeightsFrom(*this);
   for (auto& p : clone->impl_->decoder->parameters())

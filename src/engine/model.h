@@ -26,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -77,6 +78,18 @@ class PolicyModel {
   // Logits [B, T, V] for a whole padded batch (autograd on).
   at::Tensor Forward(const at::Tensor& tokens, const at::Tensor& positions,
                      const at::Tensor& key_valid);
+
+  // Forward() split in two, for callers that need logits at a few positions
+  // only (large vocabularies): the final hidden states [B, T, D] after the
+  // last norm, and the logits [..., V] of any hidden states [..., D].
+  // Logits(ForwardHidden(...)) == Forward(...).
+  at::Tensor ForwardHidden(const at::Tensor& tokens,
+                           const at::Tensor& positions,
+                           const at::Tensor& key_valid);
+  at::Tensor Logits(const at::Tensor& hidden);
+  // The parameters Logits() reads: lm_head's weight, or the embedding's
+  // when the embeddings are tied.
+  std::vector<at::Tensor> head_parameters() const;
 
   // Allocates an empty cache for `batch` sequences of up to `capacity` slots.
   KvCache NewCache(int64_t batch, int64_t capacity) const;
@@ -130,6 +143,10 @@ class PolicyModel {
   void set_sub_block_timer(SubBlockTimer* timer);
 
   std::vector<at::Tensor> parameters() const;
+  // Parameters by FusionRL name ("embed.weight", "block0.attn.wq.weight",
+  // ...; engine/hf_model.h maps them to Hugging Face names), in a fixed
+  // order.
+  std::vector<std::pair<std::string, at::Tensor>> named_parameters() const;
   int64_t num_parameters() const;
   void set_training(bool on);
 

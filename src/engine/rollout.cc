@@ -34,7 +34,15 @@ at::Tensor FilterLogits(const at::Tensor& logits, int top_k, double top_p) {
 }
 
 RolloutEngine::RolloutEngine(PolicyModel& model, int pad_id, int eos_id)
-    : model_(model), pad_id_(pad_id), eos_id_(eos_id) {}
+    : RolloutEngine(model, pad_id, std::vector<int>{eos_id}) {}
+
+RolloutEngine::RolloutEngine(PolicyModel& model, int pad_id,
+                             std::vector<int> stop_ids)
+    : model_(model), pad_id_(pad_id), stop_ids_(std::move(stop_ids)) {}
+
+bool RolloutEngine::IsStop(int id) const {
+  return std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end();
+}
 
 absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(
     const std::vector<std::vector<int>>& prompts, const SamplingParams& params,
@@ -125,7 +133,7 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(
     out_logp.select(1, step).copy_(
         at::where(alive, token_logp, at::zeros_like(token_logp)));
     valid.select(1, prompt_len + step).copy_(alive);
-    alive = alive & (next != eos_id_);
+    for (int id : stop_ids_) alive = alive & (next != id);
     steps = step + 1;
     if (step + 1 == max_new || !alive.any().item<bool>()) break;
     logits =
@@ -146,7 +154,7 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(
       const int tok = static_cast<int>(tok_acc[b][s]);
       c.tokens.push_back(tok);
       c.logp.push_back(logp_acc[b][s]);
-      if (tok == eos_id_) {
+      if (IsStop(tok)) {
         c.finished = true;
         break;
       }

@@ -34,13 +34,17 @@ struct SamplingParams {
 };
 
 struct Completion {
-  std::vector<int> tokens;  // generated ids, eos included if produced
+  std::vector<int> tokens;  // generated ids, the stop id included if produced
   std::vector<float> logp;  // one per token
-  bool finished = false;    // produced eos
+  bool finished = false;    // produced a stop id
 };
 
 class RolloutEngine {
  public:
+  // A sequence stops at the first of `stop_ids` it samples (the model's
+  // eos ids: generation_config.json may list several, and a chat format's
+  // end-of-turn token).
+  RolloutEngine(PolicyModel& model, int pad_id, std::vector<int> stop_ids);
   RolloutEngine(PolicyModel& model, int pad_id, int eos_id);
 
   // One completion per prompt (each prompt: token ids, bos included, non-
@@ -54,9 +58,11 @@ class RolloutEngine {
   int64_t tokens_generated() const { return tokens_generated_; }
 
  private:
+  bool IsStop(int id) const;
+
   PolicyModel& model_;
   int pad_id_;
-  int eos_id_;
+  std::vector<int> stop_ids_;
   int64_t tokens_generated_ = 0;
 };
 

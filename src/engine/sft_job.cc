@@ -83,7 +83,9 @@ absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config) {
         Collate(batch, ctx.tokenizer->pad_id(), ctx.device);
     policy.set_training(true);
     adamw.zero_grad();
-    auto logp = ResponseLogProbs(policy, cb, 1.0, nullptr);
+    auto logp = ResponseTokenLogProbs(policy, cb, 1.0,
+                                      config.optim.logits_chunk_tokens, false)
+                    .logp;
     auto loss = -(logp * cb.response_mask).sum() / cb.response_mask.sum();
     // MoE: the router's load-balancing and z losses join the objective, as
     // in RL training (the logged "loss" stays the likelihood term).

@@ -17,6 +17,7 @@
 #include "core/status_macros.h"
 #include "engine/activation_planner.h"
 #include "engine/algorithms.h"
+#include "engine/recompute.h"
 
 namespace fusionrl {
 
@@ -75,6 +76,65 @@ at::Tensor ResponseLogProbs(PolicyModel& model, const CollatedBatch& batch,
       .squeeze(-1);
 }
 
+ResponseTokenStats ResponseTokenLogProbs(PolicyModel& model,
+                                         const CollatedBatch& batch,
+                                         double temperature,
+                                         int64_t chunk_tokens,
+                                         bool with_entropy) {
+  ResponseTokenStats out;
+  if (chunk_tokens <= 0) {
+    at::Tensor logits;
+    out.logp = ResponseLogProbs(model, batch, temperature, &logits);
+    if (with_entropy) out.entropy = algo::EntropyFromLogits(logits);
+    return out;
+  }
+  const int64_t b = batch.response_ids.size(0);
+  const int64_t r_len = batch.response_ids.size(1);
+  auto hidden =
+      model.ForwardHidden(batch.input_ids, batch.positions, batch.valid)
+          .narrow(1, batch.prompt_len - 1, r_len);
+  const int64_t d = hidden.size(2);
+  // Real response positions only (padding never reaches the head).
+  const auto index =
+      batch.valid.narrow(1, batch.prompt_len, r_len).reshape(-1).nonzero()
+          .squeeze(-1);
+  const int64_t n = index.size(0);
+  const auto h = hidden.reshape({b * r_len, d}).index_select(0, index);
+  const auto targets = batch.response_ids.reshape(-1).index_select(0, index);
+  const bool scale = temperature > 0 && temperature != 1.0;
+  std::vector<at::Tensor> logps, ents;
+  for (int64_t start = 0; start < n; start += chunk_tokens) {
+    const int64_t len = std::min(chunk_tokens, n - start);
+    const at::Tensor t = targets.narrow(0, start, len).unsqueeze(-1);
+    RecomputeFn fn = [&model, t, scale, temperature,
+                      with_entropy](const std::vector<at::Tensor>& in) {
+      auto z = model.Logits(in[0]).to(at::kFloat);
+      if (scale) z = z / temperature;
+      auto lse = z.logsumexp(-1);
+      std::vector<at::Tensor> result = {z.gather(-1, t).squeeze(-1) - lse};
+      if (with_entropy) {
+        result.push_back(lse - (at::softmax(z, -1) * z).sum(-1));
+      }
+      return result;
+    };
+    const std::vector<at::Tensor> in = {h.narrow(0, start, len)};
+    std::vector<at::Tensor> res =
+        at::GradMode::is_enabled()
+            ? RunRecomputed(std::move(fn), in, model.head_parameters())
+            : fn(in);
+    logps.push_back(res[0]);
+    if (with_entropy) ents.push_back(res[1]);
+  }
+  auto scatter = [&](const std::vector<at::Tensor>& parts) {
+    auto flat = at::zeros({b * r_len}, hidden.options().dtype(at::kFloat));
+    if (!parts.empty()) flat = flat.index_copy(0, index, at::cat(parts));
+    return flat.view({b, r_len});
+  };
+  out.logp = scatter(logps);
+  if (with_entropy) out.entropy = scatter(ents);
+  return out;
+}
+
 namespace {
 
 // Rows [start, start + n) of every tensor in the batch.
@@ -122,6 +182,7 @@ Trainer::Trainer(PolicyModel& policy, PolicyModel* reference,
                                                   : 1.0),
       pad_id_(pad_id),
       max_new_tokens_(config.rollout.max_new_tokens),
+      logits_chunk_tokens_(config.optim.logits_chunk_tokens),
       sync_(sync) {}
 
 Trainer::~Trainer() = default;
@@ -203,7 +264,9 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
     at::NoGradGuard no_grad;
     if (compute_hook_) compute_hook_();
     reference_->set_training(false);
-    ref_logp = ResponseLogProbs(*reference_, full, temperature_, nullptr);
+    ref_logp = ResponseTokenLogProbs(*reference_, full, temperature_,
+                                     logits_chunk_tokens_, false)
+                   .logp;
   }
 
   // Decoupled PPO: the proximal policy is this step's starting weights,
@@ -228,7 +291,9 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
     at::NoGradGuard no_grad;
     if (compute_hook_) compute_hook_();
     policy_.set_training(false);
-    old_logp = ResponseLogProbs(policy_, full, temperature_, nullptr);
+    old_logp = ResponseTokenLogProbs(policy_, full, temperature_,
+                                     logits_chunk_tokens_, false)
+                   .logp;
     double truncated = 0;
     behaviour_weight = algo::BehaviourWeights(
         old_logp, full.behaviour_logp, mask, optim_state_->weight_level,
@@ -305,8 +370,10 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
         if (compute_hook_) compute_hook_();
         const CollatedBatch mb = Slice(full, u0, u_n);
         const auto adv = advantages.narrow(0, u0, u_n);
-        at::Tensor logits;
-        auto logp = ResponseLogProbs(policy_, mb, temperature_, &logits);
+        const bool entropy_grad = algo_.entropy_coef > 0;
+        ResponseTokenStats tok = ResponseTokenLogProbs(
+            policy_, mb, temperature_, logits_chunk_tokens_, true);
+        const at::Tensor& logp = tok.logp;
         at::Tensor old_mb = old_logp.narrow(0, u0, u_n);
         at::Tensor weight_mb = behaviour_weight.defined()
                                    ? behaviour_weight.narrow(0, u0, u_n)
@@ -339,16 +406,14 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
           }
           kl_sum += MaskedMean(kl_tok.detach(), mb.response_mask) * mb_tokens;
         }
-        if (algo_.entropy_coef > 0) {
-          auto ent = algo::EntropyFromLogits(logits);
-          loss = loss -
-                 algo_.entropy_coef * algo::AggLoss(ent, mb.response_mask,
-                                                    optim_state_->agg, norm);
-          ent_sum += MaskedMean(ent.detach(), mb.response_mask) * mb_tokens;
-        } else {
+        if (entropy_grad) {
+          loss = loss - algo_.entropy_coef *
+                            algo::AggLoss(tok.entropy, mb.response_mask,
+                                          optim_state_->agg, norm);
+        }
+        {
           at::NoGradGuard no_grad;
-          ent_sum += MaskedMean(algo::EntropyFromLogits(logits.detach()),
-                                mb.response_mask) *
+          ent_sum += MaskedMean(tok.entropy.detach(), mb.response_mask) *
                      mb_tokens;
         }
         if (moe) {

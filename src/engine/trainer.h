@@ -91,9 +91,29 @@ CollatedBatch Collate(const std::vector<Sample>& samples, int pad_id,
 
 // Per-token log-probs [B, R] of batch.response_ids under `model` (with
 // autograd unless the caller disables it); optionally the logits of the
-// response positions [B, R, V].
+// response positions [B, R, V]. Materialises B x R x V logits: the
+// reference for ResponseTokenStats below.
 at::Tensor ResponseLogProbs(PolicyModel& model, const CollatedBatch& batch,
                             double temperature, at::Tensor* logits_out);
+
+// Log-probs and entropies of the response tokens, [B, R] each (0 at padded
+// response slots), with the LM head applied only at real response
+// positions and `chunk_tokens` positions at a time (optim.
+// logits_chunk_tokens). Under autograd each chunk is one recompute node
+// (engine/recompute.h), so neither forward nor backward ever holds more than
+// one chunk's logits: what keeps a 152k-token vocabulary from materialising
+// batch x sequence x vocabulary. chunk_tokens 0 = one chunk of every
+// position (ResponseLogProbs's path). Entropy is computed only when
+// `with_entropy` (otherwise undefined).
+struct ResponseTokenStats {
+  at::Tensor logp;     // float [B, R]
+  at::Tensor entropy;  // float [B, R]
+};
+ResponseTokenStats ResponseTokenLogProbs(PolicyModel& model,
+                                         const CollatedBatch& batch,
+                                         double temperature,
+                                         int64_t chunk_tokens,
+                                         bool with_entropy);
 
 class Trainer {
  public:
@@ -148,6 +168,7 @@ class Trainer {
   double temperature_;
   int pad_id_;
   int max_new_tokens_;
+  int64_t logits_chunk_tokens_;  // optim.logits_chunk_tokens
   GradientSync* sync_;
   int64_t version_ = 0;
   std::function<void()> compute_hook_;

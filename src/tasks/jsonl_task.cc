@@ -1,4 +1,7 @@
-// The jsonl task: problems read from JSON Lines files.
+// JSONL-backed tasks: loading, eval split and shuffle (jsonl_task.h), and
+// the `jsonl` task's {"prompt", "answer"} records.
+
+#include "tasks/jsonl_task.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -51,8 +54,8 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return content;
 }
 
-// One JSONL line -> Problem; the error message is the bare reason.
-absl::StatusOr<Problem> ParseRecord(absl::string_view line) {
+// One JSONL line -> JSON value; the error message is the bare reason.
+absl::StatusOr<nlohmann::json> ParseLine(absl::string_view line) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(line.begin(), line.end());
@@ -74,6 +77,11 @@ absl::StatusOr<Problem> ParseRecord(absl::string_view line) {
     return absl::InvalidArgumentError(
         absl::StrCat("expected a JSON object, got ", j.type_name()));
   }
+  return j;
+}
+
+// A jsonl-task record: {"prompt": str, "answer": str|number}.
+absl::StatusOr<Problem> ParsePromptRecord(const nlohmann::json& j) {
   Problem p;
   const auto prompt = j.find("prompt");
   if (prompt == j.end()) {
@@ -102,16 +110,20 @@ absl::StatusOr<Problem> ParseRecord(absl::string_view line) {
   return p;
 }
 
-// All records of a JSONL file; blank lines are skipped. Errors name the
-// file and, for a bad record, its 1-based line: "<path>:<line>: <reason>".
-absl::StatusOr<std::vector<Problem>> LoadJsonl(const std::string& path) {
+}  // namespace
+
+absl::StatusOr<std::vector<Problem>> LoadJsonl(
+    const std::string& path, const JsonlRecordParser& parse_record) {
   FUSIONRL_ASSIGN_OR_RETURN(const std::string content, ReadFile(path));
   std::vector<Problem> records;
   int line_number = 0;
   for (absl::string_view line : absl::StrSplit(content, '\n')) {
     ++line_number;
     if (absl::StripAsciiWhitespace(line).empty()) continue;
-    absl::StatusOr<Problem> record = ParseRecord(line);
+    absl::StatusOr<nlohmann::json> json = ParseLine(line);
+    absl::StatusOr<Problem> record =
+        json.ok() ? parse_record(*json)
+                  : absl::StatusOr<Problem>(json.status());
     if (!record.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
           path, ":", line_number, ": ", record.status().message()));
@@ -121,6 +133,8 @@ absl::StatusOr<std::vector<Problem>> LoadJsonl(const std::string& path) {
   return records;
 }
 
+namespace {
+
 // Problems from JSONL files: a fixed eval split and training records
 // visited in a fresh seeded shuffle every epoch (TrainProblem(index) is
 // record perm_e[index % n] with e = index / n).
@@ -129,14 +143,20 @@ absl::StatusOr<std::vector<Problem>> LoadJsonl(const std::string& path) {
 class JsonlTask final : public Task {
  public:
   // REQUIRES: !train.empty(); no train prompt is an eval prompt.
-  JsonlTask(std::vector<Problem> train, std::vector<Problem> eval, int64_t seed)
-      : train_(std::move(train)),
+  JsonlTask(std::string name, std::string default_reward,
+            std::vector<Problem> train, std::vector<Problem> eval, int64_t seed)
+      : name_(std::move(name)),
+        default_reward_(std::move(default_reward)),
+        train_(std::move(train)),
         eval_(std::move(eval)),
         seed_(static_cast<uint64_t>(seed)) {}
 
-  std::string name() const override { return "jsonl"; }
-  std::string default_reward() const override { return "exact"; }
+  std::string name() const override { return name_; }
+  std::string default_reward() const override { return default_reward_; }
   const std::vector<Problem>& eval_set() const override { return eval_; }
+  std::string Solution(const Problem& problem) const override {
+    return problem.solution.empty() ? problem.answer : problem.solution;
+  }
 
   Problem TrainProblem(uint64_t index) const override {
     const uint64_t n = train_.size();
@@ -160,6 +180,8 @@ class JsonlTask final : public Task {
     return perm;
   }
 
+  const std::string name_;
+  const std::string default_reward_;
   const std::vector<Problem> train_;
   const std::vector<Problem> eval_;
   const uint64_t seed_;
@@ -170,10 +192,11 @@ class JsonlTask final : public Task {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Task>> MakeJsonlTask(const TaskConfig& c) {
+absl::StatusOr<std::unique_ptr<Task>> MakeJsonlTaskFromSpec(
+    const TaskConfig& c, const JsonlTaskSpec& spec) {
   if (c.train_path.empty()) {
     return absl::InvalidArgumentError(
-        "task.train_path: required by the jsonl task");
+        absl::StrCat("task.train_path: required by the ", spec.name, " task"));
   }
   if (c.eval_size < 0) {
     return absl::InvalidArgumentError(
@@ -181,10 +204,10 @@ absl::StatusOr<std::unique_ptr<Task>> MakeJsonlTask(const TaskConfig& c) {
   }
   const size_t eval_size = static_cast<size_t>(c.eval_size);
   FUSIONRL_ASSIGN_OR_RETURN(std::vector<Problem> train,
-                            LoadJsonl(c.train_path));
+                            LoadJsonl(c.train_path, spec.parse_record));
   std::vector<Problem> eval;
   if (!c.eval_path.empty()) {
-    FUSIONRL_ASSIGN_OR_RETURN(eval, LoadJsonl(c.eval_path));
+    FUSIONRL_ASSIGN_OR_RETURN(eval, LoadJsonl(c.eval_path, spec.parse_record));
     if (eval.empty() && eval_size > 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(c.eval_path, ": no records"));
@@ -218,7 +241,12 @@ absl::StatusOr<std::unique_ptr<Task>> MakeJsonlTask(const TaskConfig& c) {
                            "left to train on"));
   }
   return std::unique_ptr<Task>(
-      std::make_unique<JsonlTask>(std::move(train), std::move(eval), c.seed));
+      std::make_unique<JsonlTask>(spec.name, spec.default_reward,
+                                  std::move(train), std::move(eval), c.seed));
+}
+
+absl::StatusOr<std::unique_ptr<Task>> MakeJsonlTask(const TaskConfig& c) {
+  return MakeJsonlTaskFromSpec(c, {"jsonl", "exact", ParsePromptRecord});
 }
 
 }  // namespace fusionrl::tasks

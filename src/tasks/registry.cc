@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "fusionrl/task.h"
 #include "tasks/builtin_tasks.h"
+#include "tasks/jsonl_task.h"
 #include "tasks/rewards.h"
 
 namespace fusionrl {
@@ -100,6 +101,7 @@ TaskRegistry& TaskRegistry::Global() {
         {"addition", tasks::MakeAdditionTask},
         {"countdown", tasks::MakeCountdownTask},
         {"jsonl", tasks::MakeJsonlTask},
+        {"math", tasks::MakeMathTask},
         {"repeat", tasks::MakeRepeatTask},
         {"reverse", tasks::MakeReverseTask},
         {"sort", tasks::MakeSortTask},
@@ -152,6 +154,7 @@ RewardRegistry& RewardRegistry::Global() {
         {"char_match", tasks::MakeCharMatchReward},
         {"countdown", tasks::MakeCountdownReward},
         {"exact", tasks::MakeExactReward},
+        {"math", tasks::MakeMathReward},
         {"numeric", tasks::MakeNumericReward},
     };
     for (const auto& [name, factory] : builtins) {

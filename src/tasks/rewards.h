@@ -1,12 +1,14 @@
 // Built-in reward functions and the countdown expression parser they share
 // with the countdown task. Private to fusionrl_tasks; users reach the rewards
 // through RewardRegistry::Global() ("exact", "char_match", "numeric",
-// "countdown").
+// "countdown", "math"). The math reward lives in math_reward.cc.
 #ifndef FUSIONRL_TASKS_REWARDS_H_
 #define FUSIONRL_TASKS_REWARDS_H_
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -50,6 +52,44 @@ std::unique_ptr<RewardFn> MakeNumericReward();
 // prompt's numbers (as a multiset) and evaluates to the prompt's target.
 // The problem's answer is not consulted.
 std::unique_ptr<RewardFn> MakeCountdownReward();
+
+// The final answer of a math response, as text:
+//   1. if the response has "</think>", only the text after the last one is
+//      searched (a response still thinking has no answer);
+//   2. the content of the last complete \boxed{...} or \fbox{...} (braces
+//      balanced, "\{" "\}" literal; an empty one does not count);
+//   3. else, after the last "####": its first number token, or if it has
+//      none the rest of that line (non-empty);
+//   4. else the last number token in the text.
+// nullopt when there is nothing (no number at all).
+// A number token is [sign][$ or \$]digits[,ddd...][.digits][e[+-]digits]
+// or [sign][$]digits/digits ("3/4") or [sign]\frac{A}{B} (also \dfrac,
+// \tfrac) with A, B plain numbers; ".5" is a number; commas only group
+// thousands ("1,234,567"; "1,2" is two numbers); '-' is a sign only when it
+// does not follow a letter, digit or closing bracket ("5-3" ends in 3); a
+// trailing "." ends the token ("is 72." gives 72).
+std::optional<std::string> ExtractMathAnswer(std::string_view response);
+
+// True iff a candidate answer matches a reference answer. Both are first
+// normalised: \text{X}, \textbf{X}, \textrm{X}, \mathrm{X}, \mbox{X}
+// become X; "$", "\$", "%", "\%", degree signs, \left, \right, \!, \,
+// and \displaystyle are dropped ("%" is dropped, not divided by 100); \dfrac
+// and \tfrac become \frac; outer braces and trailing periods are stripped.
+// A normalised answer has a value when it is one number token, or holds a
+// single number token among plain words ("18 dollars", "x = 5"; not
+// "\sqrt{2}" or "2x+1"). Values are exact rationals: integers must be
+// equal exactly; otherwise equal as rationals ("0.75" == "3/4" ==
+// "\frac{3}{4}") or within 1e-6 relative (|a - b| <= 1e-6 * max(|a|, |b|),
+// so "0.3333333" == "1/3"). Answers without a value (symbolic ones) match
+// only as equal strings, whitespace ignored; a value never matches a
+// non-value. Exponents above 30 and numbers beyond 128-bit rationals have no
+// value.
+bool MathAnswersEqual(std::string_view candidate, std::string_view reference);
+
+// 1.0 iff ExtractMathAnswer(response) MathAnswersEqual the problem's answer
+// (the text after its last "####" if it has one). Never crashes on
+// arbitrary input.
+std::unique_ptr<RewardFn> MakeMathReward();
 
 }  // namespace fusionrl::tasks
 

@@ -965,10 +965,10 @@ TaskFactory EchoFactory() {
 
 TEST(RegistryTest, GlobalHasTheBuiltins) {
   EXPECT_EQ(TaskRegistry::Global().Names(),
-            (std::vector<std::string>{"addition", "countdown", "jsonl",
+            (std::vector<std::string>{"addition", "countdown", "jsonl", "math",
                                       "repeat", "reverse", "sort"}));
   const std::vector<std::string> rewards = RewardRegistry::Global().Names();
-  for (const char* name : {"countdown", "exact", "numeric"}) {
+  for (const char* name : {"countdown", "exact", "math", "numeric"}) {
     EXPECT_NE(std::find(rewards.begin(), rewards.end(), name), rewards.end());
   }
 }
@@ -978,7 +978,7 @@ TEST(RegistryTest, UnknownNamesListTheKnownOnes) {
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(s.message(),
             "task.name: unknown task 'nope' (known: addition, countdown, "
-            "jsonl, repeat, reverse, sort)");
+            "jsonl, math, repeat, reverse, sort)");
 
   TaskConfig config = Config("addition");
   config.reward = "nope";

@@ -516,7 +516,7 @@ absl::Status CardRunner::Run() {
       trainer_, Trainer::Create(policy, reference_.get(), cfg,
                                 ctx_.tokenizer->pad_id(), sync_.get()));
   rollout_ = std::make_unique<RolloutEngine>(policy, ctx_.tokenizer->pad_id(),
-                                             ctx_.tokenizer->eos_id());
+                                             ctx_.stop_ids);
   if (job_.local_rank == 0) {
     spdlog::info(
         "[{}] {}: policy {} parameters on {} x {} card(s), task {} "
@@ -583,7 +583,7 @@ absl::Status CardRunner::Run() {
       });
     }
     fusion_->engine = std::make_unique<RolloutEngine>(
-        *fusion_->snapshot, ctx_.tokenizer->pad_id(), ctx_.tokenizer->eos_id());
+        *fusion_->snapshot, ctx_.tokenizer->pad_id(), ctx_.stop_ids);
     fusion_->snapshot_version = trainer_->version();
     PublishWeights();
     fusion_->thread = std::thread([this] { RolloutLoop(); });
@@ -727,7 +727,7 @@ absl::StatusOr<RolloutBatch> CardRunner::SampleGroups(
   for (uint64_t index : groups) {
     batch.problems.push_back(ctx_.task->TrainProblem(index));
     FUSIONRL_ASSIGN_OR_RETURN(
-        auto ids, EncodePrompt(*ctx_.tokenizer, batch.problems.back().prompt));
+        auto ids, EncodeProblemPrompt(ctx_, batch.problems.back()));
     for (int i = 0; i < rc.group_size; ++i) {
       Sample s;
       s.group_id = index;
@@ -776,7 +776,7 @@ absl::StatusOr<RolloutBatch> CardRunner::SampleGroups(
     s.finished = (*completions)[i].finished;
     const Verdict v =
         ctx_.reward->Score(batch.problems[i / rc.group_size],
-                           DecodeResponse(*ctx_.tokenizer, s.response_ids));
+                           DecodeResponse(ctx_, s.response_ids));
     s.reward = v.reward;
     s.correct = v.correct;
     batch.reward_sum += v.reward;

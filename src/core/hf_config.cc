@@ -1,0 +1,414 @@
+#include "core/hf_config.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+
+namespace fusionrl {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr const char* kArchitectures[] = {
+    "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+    "MistralForCausalLM"};
+
+const char* ModelType(const std::string& arch) {
+  if (arch == "Qwen2ForCausalLM") return "qwen2";
+  if (arch == "Qwen3ForCausalLM") return "qwen3";
+  if (arch == "MistralForCausalLM") return "mistral";
+  return "llama";
+}
+
+absl::StatusOr<Json> ReadJsonFile(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat(path.string(), ": cannot open (no such file?)"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  Json j = Json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path.string(), ": not valid JSON"));
+  }
+  if (!j.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path.string(), ": expected a JSON object"));
+  }
+  return j;
+}
+
+// Typed reads of config.json keys with errors naming file and key.
+class Fields {
+ public:
+  Fields(const Json& j, std::string file) : j_(j), file_(std::move(file)) {}
+
+  bool Has(const char* key) const {
+    return j_.contains(key) && !j_[key].is_null();
+  }
+
+  absl::StatusOr<int> Int(const char* key, std::optional<int> fallback) const {
+    if (!Has(key)) {
+      if (fallback) return *fallback;
+      return Missing(key);
+    }
+    const Json& v = j_[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
+        v.get<int64_t>() > (int64_t{1} << 31) - 1) {
+      return Bad(key, "expected a non-negative integer", v);
+    }
+    return v.get<int>();
+  }
+
+  absl::StatusOr<double> Number(const char* key,
+                                std::optional<double> fallback) const {
+    if (!Has(key)) {
+      if (fallback) return *fallback;
+      return Missing(key);
+    }
+    const Json& v = j_[key];
+    if (!v.is_number() || !std::isfinite(v.get<double>())) {
+      return Bad(key, "expected a number", v);
+    }
+    return v.get<double>();
+  }
+
+  absl::StatusOr<bool> Bool(const char* key, bool fallback) const {
+    if (!Has(key)) return fallback;
+    const Json& v = j_[key];
+    if (!v.is_boolean()) return Bad(key, "expected true or false", v);
+    return v.get<bool>();
+  }
+
+  absl::StatusOr<std::string> String(const char* key,
+                                     std::string fallback) const {
+    if (!Has(key)) return fallback;
+    const Json& v = j_[key];
+    if (!v.is_string()) return Bad(key, "expected a string", v);
+    return v.get<std::string>();
+  }
+
+  absl::Status Unsupported(const char* key, const std::string& why) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file_, ": ", key, ": ", why));
+  }
+
+  absl::Status Bad(const char* key, const char* want, const Json& v) const {
+    std::string shown = v.dump();
+    if (shown.size() > 60) shown = shown.substr(0, 57) + "...";
+    return absl::InvalidArgumentError(
+        absl::StrCat(file_, ": ", key, ": ", want, ", got ", shown));
+  }
+
+  const std::string& file() const { return file_; }
+
+  absl::Status Missing(const char* key) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file_, ": ", key, ": required key is missing"));
+  }
+
+ private:
+  const Json& j_;
+  std::string file_;
+};
+
+#define HF_ASSIGN(lhs, expr)            \
+  do {                                  \
+    auto hf_value_ = (expr);            \
+    if (!hf_value_.ok()) return hf_value_.status(); \
+    lhs = *std::move(hf_value_);        \
+  } while (0)
+
+absl::StatusOr<std::vector<int>> EosIds(const Json& j, const Fields& f,
+                                        const char* key) {
+  std::vector<int> ids;
+  if (!f.Has(key)) return ids;
+  const Json& v = j[key];
+  if (v.is_number_integer()) {
+    ids.push_back(v.get<int>());
+    return ids;
+  }
+  if (v.is_array()) {
+    for (const Json& e : v) {
+      if (!e.is_number_integer()) {
+        return f.Bad(key, "expected an integer or a list of integers", v);
+      }
+      ids.push_back(e.get<int>());
+    }
+    return ids;
+  }
+  return f.Bad(key, "expected an integer or a list of integers", v);
+}
+
+absl::Status ReadRopeScaling(const Json& j, const Fields& f,
+                             RopeScalingConfig* out) {
+  *out = RopeScalingConfig{};
+  if (!f.Has("rope_scaling")) return absl::OkStatus();
+  const Json& r = j["rope_scaling"];
+  if (!r.is_object()) {
+    return f.Bad("rope_scaling", "expected an object or null", r);
+  }
+  std::string type;
+  if (r.contains("rope_type") && r["rope_type"].is_string()) {
+    type = r["rope_type"].get<std::string>();
+  } else if (r.contains("type") && r["type"].is_string()) {
+    type = r["type"].get<std::string>();
+  } else {
+    return f.Bad("rope_scaling", "expected a rope_type", r);
+  }
+  const Fields rf(r, absl::StrCat(f.file(), ": rope_scaling"));
+  if (type == "default") return absl::OkStatus();
+  if (type != "linear" && type != "llama3") {
+    return f.Unsupported(
+        "rope_scaling",
+        absl::StrCat("rope type '", type,
+                     "' is not supported (default, linear and llama3 are)"));
+  }
+  out->type = type;
+  auto factor = rf.Number("factor", std::nullopt);
+  if (!factor.ok()) return factor.status();
+  if (!(*factor > 0)) {
+    return f.Bad("rope_scaling", "expected factor > 0", r);
+  }
+  out->factor = *factor;
+  if (type == "llama3") {
+    auto low = rf.Number("low_freq_factor", std::nullopt);
+    if (!low.ok()) return low.status();
+    auto high = rf.Number("high_freq_factor", std::nullopt);
+    if (!high.ok()) return high.status();
+    auto orig = rf.Int("original_max_position_embeddings", std::nullopt);
+    if (!orig.ok()) return orig.status();
+    if (!(*high > *low) || *low <= 0 || *orig <= 0) {
+      return f.Bad("rope_scaling",
+                   "expected 0 < low_freq_factor < high_freq_factor and "
+                   "original_max_position_embeddings > 0",
+                   r);
+    }
+    out->low_freq_factor = *low;
+    out->high_freq_factor = *high;
+    out->original_max_position_embeddings = *orig;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<HfModelInfo> ReadHfModelConfig(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path path = fs::path(dir) / "config.json";
+  auto json = ReadJsonFile(path);
+  if (!json.ok()) return json.status();
+  const Json& j = *json;
+  const Fields f(j, path.string());
+  HfModelInfo info;
+  ModelConfig& m = info.model;
+
+  if (!j.contains("architectures") || !j["architectures"].is_array() ||
+      j["architectures"].size() != 1 || !j["architectures"][0].is_string()) {
+    return f.Bad("architectures", "expected a list of one name",
+                  j.value("architectures", Json()));
+  }
+  m.architecture = j["architectures"][0].get<std::string>();
+  bool known = false;
+  for (const char* a : kArchitectures) known = known || m.architecture == a;
+  if (!known) {
+    return f.Unsupported(
+        "architectures",
+        absl::StrCat("'", m.architecture, "' is not supported (",
+                     absl::StrJoin(kArchitectures, ", "), " are)"));
+  }
+  const std::string arch = m.architecture;
+
+  std::string act;
+  HF_ASSIGN(act, f.String("hidden_act", "silu"));
+  if (act != "silu") {
+    return f.Unsupported(
+        "hidden_act",
+        absl::StrCat("activation '", act, "' is not supported (silu is)"));
+  }
+  HF_ASSIGN(m.vocab_size, f.Int("vocab_size", std::nullopt));
+  HF_ASSIGN(m.d_model, f.Int("hidden_size", std::nullopt));
+  HF_ASSIGN(m.n_layers, f.Int("num_hidden_layers", std::nullopt));
+  HF_ASSIGN(m.n_heads, f.Int("num_attention_heads", std::nullopt));
+  HF_ASSIGN(m.n_kv_heads, f.Int("num_key_value_heads", m.n_heads));
+  HF_ASSIGN(m.d_ff, f.Int("intermediate_size", std::nullopt));
+  if (m.vocab_size < 1 || m.d_model < 1 || m.n_layers < 1 || m.n_heads < 1 ||
+      m.n_kv_heads < 1 || m.d_ff < 1) {
+    return f.Unsupported("hidden_size",
+                         "sizes (vocab_size, hidden_size, num_hidden_layers, "
+                         "num_attention_heads, num_key_value_heads, "
+                         "intermediate_size) must be >= 1");
+  }
+  const int default_head_dim = m.d_model / m.n_heads;
+  // Qwen2's modeling code always uses hidden_size / num_attention_heads.
+  if (arch == "Qwen2ForCausalLM") {
+    m.head_dim = default_head_dim;
+  } else {
+    HF_ASSIGN(m.head_dim, f.Int("head_dim", default_head_dim));
+  }
+  if (m.n_heads % m.n_kv_heads != 0) {
+    return f.Unsupported(
+        "num_key_value_heads",
+        absl::StrCat("num_attention_heads (", m.n_heads,
+                     ") must be a multiple of num_key_value_heads (",
+                     m.n_kv_heads, ")"));
+  }
+  if (m.head_dim < 2 || m.head_dim % 2 != 0) {
+    return f.Unsupported("head_dim",
+                         absl::StrCat("must be even for rotary embeddings, got ",
+                                      m.head_dim));
+  }
+  HF_ASSIGN(m.rope_theta, f.Number("rope_theta", 10000.0));
+  HF_ASSIGN(m.norm_eps, f.Number("rms_norm_eps", 1e-6));
+  HF_ASSIGN(m.tie_embeddings, f.Bool("tie_word_embeddings", false));
+  if (auto s = ReadRopeScaling(j, f, &m.rope_scaling); !s.ok()) return s;
+  HF_ASSIGN(info.max_position_embeddings,
+            f.Int("max_position_embeddings", 0));
+  HF_ASSIGN(info.torch_dtype, f.String("torch_dtype", ""));
+  HF_ASSIGN(info.bos_token_id, f.Int("bos_token_id", -1));
+
+  bool attention_bias = false, mlp_bias = false, sliding = false;
+  HF_ASSIGN(attention_bias, f.Bool("attention_bias", false));
+  HF_ASSIGN(mlp_bias, f.Bool("mlp_bias", false));
+  HF_ASSIGN(sliding, f.Bool("use_sliding_window", false));
+  if (attention_bias) {
+    return f.Unsupported("attention_bias",
+                         "biases on all attention projections are not "
+                         "supported (only Qwen2's q/k/v biases are)");
+  }
+  if (mlp_bias) {
+    return f.Unsupported("mlp_bias", "MLP biases are not supported");
+  }
+  if (sliding) {
+    return f.Unsupported("use_sliding_window",
+                         "sliding-window attention is not supported");
+  }
+  if (arch == "MistralForCausalLM" && f.Has("sliding_window")) {
+    return f.Unsupported("sliding_window",
+                         "sliding-window attention is not supported (set it "
+                         "to null if the model never needs it)");
+  }
+  m.qkv_bias = arch == "Qwen2ForCausalLM";
+  m.qk_norm = arch == "Qwen3ForCausalLM";
+
+  // generation_config.json's eos list wins over config.json's.
+  HF_ASSIGN(info.eos_token_ids, EosIds(j, f, "eos_token_id"));
+  const fs::path gen_path = fs::path(dir) / "generation_config.json";
+  if (fs::exists(gen_path)) {
+    auto gen = ReadJsonFile(gen_path);
+    if (!gen.ok()) return gen.status();
+    const Fields gf(*gen, gen_path.string());
+    std::vector<int> ids;
+    HF_ASSIGN(ids, EosIds(*gen, gf, "eos_token_id"));
+    if (!ids.empty()) info.eos_token_ids = ids;
+    if (gf.Has("bos_token_id")) {
+      HF_ASSIGN(info.bos_token_id, gf.Int("bos_token_id", -1));
+    }
+  }
+  return info;
+}
+
+absl::StatusOr<std::string> HfConfigJson(const ModelConfig& m, int vocab_size,
+                                         int bos_token_id,
+                                         const std::vector<int>& eos_ids,
+                                         const std::string& torch_dtype) {
+  const std::string arch =
+      m.architecture.empty() ? "LlamaForCausalLM" : m.architecture;
+  const bool qwen2 = arch == "Qwen2ForCausalLM";
+  const bool qwen3 = arch == "Qwen3ForCausalLM";
+  if (m.moe_experts > 0) {
+    return absl::InvalidArgumentError(
+        "export: mixture-of-experts policies have no Hugging Face "
+        "architecture here (dense models only)");
+  }
+  if (m.qkv_bias != qwen2 || m.qk_norm != qwen3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "export: ", arch, " cannot express this model (qkv_bias ",
+        m.qkv_bias ? "true" : "false", ", qk_norm ",
+        m.qk_norm ? "true" : "false",
+        "); set model.architecture to the matching one"));
+  }
+  const int head_dim = m.head_dim > 0 ? m.head_dim : m.d_model / m.n_heads;
+  if (qwen2 && head_dim * m.n_heads != m.d_model) {
+    return absl::InvalidArgumentError(
+        "export: Qwen2ForCausalLM needs head_dim == hidden_size / heads");
+  }
+  nlohmann::ordered_json j;
+  j["architectures"] = {arch};
+  j["model_type"] = ModelType(arch);
+  j["vocab_size"] = vocab_size;
+  j["hidden_size"] = m.d_model;
+  j["intermediate_size"] = m.d_ff;
+  j["num_hidden_layers"] = m.n_layers;
+  j["num_attention_heads"] = m.n_heads;
+  j["num_key_value_heads"] = m.n_kv_heads > 0 ? m.n_kv_heads : m.n_heads;
+  if (!qwen2) j["head_dim"] = head_dim;
+  j["hidden_act"] = "silu";
+  j["max_position_embeddings"] = m.max_seq_len;
+  j["rms_norm_eps"] = m.norm_eps;
+  j["rope_theta"] = m.rope_theta;
+  if (m.rope_scaling.type == "none") {
+    j["rope_scaling"] = nullptr;
+  } else if (m.rope_scaling.type == "linear") {
+    j["rope_scaling"] = {{"rope_type", "linear"},
+                         {"factor", m.rope_scaling.factor}};
+  } else {
+    j["rope_scaling"] = {
+        {"rope_type", "llama3"},
+        {"factor", m.rope_scaling.factor},
+        {"low_freq_factor", m.rope_scaling.low_freq_factor},
+        {"high_freq_factor", m.rope_scaling.high_freq_factor},
+        {"original_max_position_embeddings",
+         m.rope_scaling.original_max_position_embeddings}};
+  }
+  j["tie_word_embeddings"] = m.tie_embeddings;
+  if (!qwen2) j["attention_bias"] = false;
+  if (arch == "LlamaForCausalLM") j["mlp_bias"] = false;
+  if (qwen2 || qwen3) {
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+  }
+  if (arch == "MistralForCausalLM") j["sliding_window"] = nullptr;
+  if (bos_token_id >= 0) j["bos_token_id"] = bos_token_id;
+  if (eos_ids.size() == 1) j["eos_token_id"] = eos_ids[0];
+  if (eos_ids.size() > 1) j["eos_token_id"] = eos_ids;
+  j["torch_dtype"] = torch_dtype;
+  j["use_cache"] = true;
+  return j.dump(2) + "\n";
+}
+
+const std::vector<std::string>& ArchitectureKeys() {
+  static const std::vector<std::string> keys = {
+      "architecture", "vocab_size",   "d_model",    "n_layers",
+      "n_heads",      "n_kv_heads",   "head_dim",   "d_ff",
+      "rope_theta",   "rope_scaling", "norm_eps",   "qkv_bias",
+      "qk_norm",      "tie_embeddings"};
+  return keys;
+}
+
+bool SameArchitecture(const ModelConfig& a, const ModelConfig& b) {
+  const auto& ra = a.rope_scaling;
+  const auto& rb = b.rope_scaling;
+  return a.architecture == b.architecture && a.vocab_size == b.vocab_size &&
+         a.d_model == b.d_model && a.n_layers == b.n_layers &&
+         a.n_heads == b.n_heads && a.n_kv_heads == b.n_kv_heads &&
+         a.head_dim == b.head_dim && a.d_ff == b.d_ff &&
+         a.rope_theta == b.rope_theta && a.norm_eps == b.norm_eps &&
+         a.qkv_bias == b.qkv_bias && a.qk_norm == b.qk_norm &&
+         a.tie_embeddings == b.tie_embeddings && ra.type == rb.type &&
+         ra.factor == rb.factor && ra.low_freq_factor == rb.low_freq_factor &&
+         ra.high_freq_factor == rb.high_freq_factor &&
+         ra.original_max_position_embeddings ==
+             rb.original_max_position_embeddings;
+}
+
+}  // namespace fusionrl

@@ -1,0 +1,61 @@
+// Hugging Face model directories: config.json and generation_config.json
+// read into FusionRL's ModelConfig, and written back for export.
+//
+// Supported architectures: LlamaForCausalLM, Qwen2ForCausalLM,
+// Qwen3ForCausalLM and MistralForCausalLM (without a sliding window). What
+// they need is exact (docs/models.md): grouped-query attention, head_dim,
+// rotary in the rotate-half convention with rope_theta and rope_scaling
+// (linear, llama3), tie_word_embeddings, q/k/v bias (Qwen2), q/k RMSNorm
+// (Qwen3), rms_norm_eps, SiLU. Anything else that changes the function
+// (another activation, rope type, sliding window, attention or MLP biases
+// of another shape) is refused by name rather than approximated.
+//
+// Torch-free: the controller and the config layer use it.
+#ifndef FUSIONRL_CORE_HF_CONFIG_H_
+#define FUSIONRL_CORE_HF_CONFIG_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "fusionrl/config.h"
+
+namespace fusionrl {
+
+struct HfModelInfo {
+  // The [arch] fields of ModelConfig (architecture, vocab_size, d_model,
+  // n_layers, n_heads, n_kv_heads, head_dim, d_ff, rope_theta,
+  // rope_scaling, norm_eps, qkv_bias, qk_norm, tie_embeddings); the others
+  // keep their defaults.
+  ModelConfig model;
+  int max_position_embeddings = 0;  // 0 when config.json has none
+  std::string torch_dtype;          // as stored ("" when absent)
+  int bos_token_id = -1;            // -1 when absent
+  // generation_config.json's eos_token_id (a number or a list), else
+  // config.json's; may be empty.
+  std::vector<int> eos_token_ids;
+};
+
+// Reads <dir>/config.json (and <dir>/generation_config.json when present).
+// NotFound when config.json is missing; InvalidArgument naming the file and
+// the key for a malformed or unsupported config.
+absl::StatusOr<HfModelInfo> ReadHfModelConfig(const std::string& dir);
+
+// The config.json that ReadHfModelConfig reads back as `model` (pretty
+// JSON text). `model.architecture` "" is written as LlamaForCausalLM;
+// InvalidArgument when the model has features its architecture cannot
+// express (e.g. q/k norm in a Llama).
+absl::StatusOr<std::string> HfConfigJson(const ModelConfig& model,
+                                         int vocab_size, int bos_token_id,
+                                         const std::vector<int>& eos_ids,
+                                         const std::string& torch_dtype);
+
+// The names of the [arch] keys, for error messages and docs.
+const std::vector<std::string>& ArchitectureKeys();
+
+// True when the [arch] fields of `a` and `b` are equal.
+bool SameArchitecture(const ModelConfig& a, const ModelConfig& b);
+
+}  // namespace fusionrl
+
+#endif  // FUSIONRL_CORE_HF_CONFIG_H_

@@ -1,0 +1,58 @@
+// Hugging Face model directories <-> PolicyModel: import of safetensors
+// weights (single file or sharded), export of a trained policy as a
+// directory that transformers and vLLM load as it is.
+//
+// Names: FusionRL's parameters ("block3.attn.wq.weight") map one to one onto
+// the Hugging Face names ("model.layers.3.self_attn.q_proj.weight"); the
+// table is HfParameterName(). A tied model has no lm_head of its own, and
+// none is written.
+#ifndef FUSIONRL_ENGINE_HF_MODEL_H_
+#define FUSIONRL_ENGINE_HF_MODEL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/model.h"
+
+namespace fusionrl {
+
+// The Hugging Face name of a FusionRL parameter name; InvalidArgument for a
+// parameter with no Hugging Face counterpart (MoE experts).
+absl::StatusOr<std::string> HfParameterName(const std::string& name);
+
+// Loads the weights of the Hugging Face directory `dir` (model.safetensors,
+// or the shards listed by model.safetensors.index.json) into `model`, whose
+// config must describe the same architecture (ReadHfModelConfig). Stored
+// F32 / BF16 / F16 tensors are converted to the model's dtype. Every
+// parameter must be found with its exact shape, and every stored tensor must
+// be used (except lm_head.weight of a tied model and rotary inv_freq
+// buffers). Errors name the file and the tensor: missing, unexpected, shape
+// mismatch, unsupported dtype, and every safetensors format error.
+absl::Status LoadHfWeights(const std::string& dir, PolicyModel& model);
+
+struct HfExportOptions {
+  std::string dtype = "float32";  // float32 | bfloat16 (stored tensors)
+  // Tensors per file: above this the weights are sharded with an index, as
+  // transformers' save_pretrained does (its default is 5 GB).
+  uint64_t max_shard_bytes = 5'000'000'000ULL;
+  // Tokenizer files (tokenizer.json, tokenizer_config.json and, when
+  // present, special_tokens_map.json, vocab.json, merges.txt,
+  // generation_config.json's neighbours) are copied from here; "" = none.
+  std::string tokenizer_dir;
+  int bos_token_id = -1;       // config.json / generation_config.json
+  std::vector<int> eos_token_ids;
+};
+
+// Writes `model` as a Hugging Face directory at `out_dir`: config.json,
+// generation_config.json, model.safetensors (or shards + index) and the
+// tokenizer files. Assembled in "<out_dir>.tmp" and renamed into place; an
+// existing `out_dir` is replaced only once the new one is complete.
+absl::Status ExportHfModel(const PolicyModel& model, const std::string& out_dir,
+                           const HfExportOptions& options);
+
+}  // namespace fusionrl
+
+#endif  // FUSIONRL_ENGINE_HF_MODEL_H_

@@ -1,0 +1,392 @@
+// Hugging Face import and export against an independent PyTorch reference:
+// tiny Qwen2 / Qwen3 / Llama models with the real Qwen3 vocabulary, their
+// golden logits and greedy continuations computed in float64 by
+// scripts/make_hf_fixtures.py (ctest's hf_fixtures_setup runs it into
+// $FUSIONRL_HF_FIXTURES). Without the fixtures (no Qwen3 tokenizer fetched,
+// no python3-torch) the tests skip and say why.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/types.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/hf_config.h"
+#include "engine/hf_model.h"
+#include "engine/model.h"
+#include "engine/model_dir.h"
+#include "engine/rollout.h"
+#include "engine/trainer.h"
+#include "hf/safetensors.h"
+#include "nlohmann/json.hpp"
+
+namespace fusionrl {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* kModels[] = {"qwen2-tiny", "qwen3-tiny", "llama-tiny"};
+
+std::string FixturesDir() {
+  const char* env = std::getenv("FUSIONRL_HF_FIXTURES");
+  return env != nullptr ? env : "";
+}
+
+// The model directory, or "" (the caller skips) when the fixtures are absent.
+std::string ModelDir(const std::string& name) {
+  const std::string root = FixturesDir();
+  if (root.empty()) return "";
+  const fs::path dir = fs::path(root) / name;
+  return fs::exists(dir / "golden.json") ? dir.string() : "";
+}
+
+#define REQUIRE_FIXTURE(dir, name)                                         \
+  const std::string dir = ModelDir(name);                                  \
+  if (dir.empty()) {                                                       \
+    GTEST_SKIP() << "HF fixtures not found (FUSIONRL_HF_FIXTURES='"        \
+                 << FixturesDir()                                          \
+                 << "'): run scripts/fetch-test-data.sh, then ctest makes " \
+                    "them with scripts/make_hf_fixtures.py";               \
+  }
+
+nlohmann::json ReadJson(const fs::path& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+std::unique_ptr<PolicyModel> Import(const std::string& dir) {
+  ModelDirOptions options;
+  options.max_seq_len = 64;
+  auto loaded = LoadModelDir(dir, options);
+  EXPECT_TRUE(loaded.ok()) << loaded.status();
+  if (!loaded.ok()) return nullptr;
+  return std::move(loaded->policy);
+}
+
+at::Tensor GoldenLogits(const std::string& dir) {
+  auto file = SafetensorsFile::Open((fs::path(dir) / "golden.safetensors"));
+  EXPECT_TRUE(file.ok()) << file.status();
+  const StTensorInfo* info = (*file)->Find("logits");
+  EXPECT_NE(info, nullptr);
+  at::Tensor t = at::empty(info->shape, at::kFloat);
+  const auto bytes = (*file)->Data(*info);
+  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  return t;
+}
+
+at::Tensor Ids(const nlohmann::json& rows) {
+  const int64_t b = rows.size(), t = rows[0].size();
+  at::Tensor ids = at::empty({b, t}, at::kLong);
+  for (int64_t i = 0; i < b; ++i) {
+    for (int64_t j = 0; j < t; ++j) {
+      ids[i][j] = rows[i][j].get<int64_t>();
+    }
+  }
+  return ids;
+}
+
+class HfImportTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(HfImportTest, LogitsMatchTheReferenceWithin1e4) {
+  REQUIRE_FIXTURE(dir, GetParam());
+  auto model = Import(dir);
+  ASSERT_NE(model, nullptr);
+  const nlohmann::json golden = ReadJson(fs::path(dir) / "golden.json");
+  const at::Tensor ids = Ids(golden["input_ids"]);
+  const at::Tensor valid = at::ones_like(ids, at::kBool);
+  at::NoGradGuard no_grad;
+  const at::Tensor logits =
+      model->Forward(ids, PositionsFromValid(valid), valid);
+  const at::Tensor expected = GoldenLogits(dir);
+  ASSERT_EQ(logits.sizes(), expected.sizes());
+  const double max_diff = (logits - expected).abs().max().item<double>();
+  const double scale = expected.abs().max().item<double>();
+  EXPECT_LT(max_diff, 1e-4) << GetParam() << ": logits up to " << scale;
+  // The test would notice a wrong model: logits are far from trivial.
+  EXPECT_GT(scale, 1.0);
+}
+
+TEST_P(HfImportTest, GreedyGenerationMatchesTokenForToken) {
+  REQUIRE_FIXTURE(dir, GetParam());
+  auto model = Import(dir);
+  ASSERT_NE(model, nullptr);
+  const nlohmann::json golden = ReadJson(fs::path(dir) / "golden.json");
+  // The reference does not stop at eos: no stop ids here either.
+  RolloutEngine engine(*model, /*pad_id=*/0, std::vector<int>{});
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  for (const auto& g : golden["greedy"]) {
+    const std::vector<int> prompt = g["prompt_ids"].get<std::vector<int>>();
+    const std::vector<int> want = g["ids"].get<std::vector<int>>();
+    greedy.max_new_tokens = static_cast<int>(want.size());
+    auto out = engine.Generate({prompt}, greedy, 0);
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ((*out)[0].tokens, want) << GetParam();
+  }
+  // Batched with left padding: the shorter prompt gives the same tokens.
+  std::vector<std::vector<int>> prompts;
+  std::vector<std::vector<int>> wants;
+  for (const auto& g : golden["greedy"]) {
+    prompts.push_back(g["prompt_ids"].get<std::vector<int>>());
+    wants.push_back(g["ids"].get<std::vector<int>>());
+  }
+  greedy.max_new_tokens = static_cast<int>(wants[0].size());
+  auto batched = engine.Generate(prompts, greedy, 0);
+  ASSERT_TRUE(batched.ok()) << batched.status();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ((*batched)[i].tokens, wants[i]) << GetParam() << " row " << i;
+  }
+}
+
+TEST_P(HfImportTest, ExportRoundTripIsBitIdentical) {
+  REQUIRE_FIXTURE(dir, GetParam());
+  auto model = Import(dir);
+  ASSERT_NE(model, nullptr);
+  const fs::path tmp = fs::path(::testing::TempDir()) /
+                       (std::string("hf_export_") + GetParam());
+  for (const char* dtype : {"float32", "bfloat16"}) {
+    HfExportOptions options;
+    options.dtype = dtype;
+    options.tokenizer_dir = dir;
+    options.eos_token_ids = {151645, 151643};
+    options.bos_token_id = 151643;
+    // Small shards: the sharded path and its index are exercised too.
+    options.max_shard_bytes = 8'000'000;
+    ASSERT_TRUE(ExportHfModel(*model, tmp.string(), options).ok());
+    EXPECT_TRUE(fs::exists(tmp / "model.safetensors.index.json"));
+    EXPECT_TRUE(fs::exists(tmp / "tokenizer.json"));
+    auto info = ReadHfModelConfig(tmp.string());
+    ASSERT_TRUE(info.ok()) << info.status();
+    auto original = ReadHfModelConfig(dir);
+    ASSERT_TRUE(original.ok());
+    EXPECT_TRUE(SameArchitecture(info->model, original->model)) << dtype;
+    EXPECT_EQ(info->eos_token_ids, (std::vector<int>{151645, 151643}));
+    auto again = Import(tmp.string());
+    ASSERT_NE(again, nullptr);
+    const auto a = model->named_parameters();
+    const auto b = again->named_parameters();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_TRUE(at::equal(a[i].second, b[i].second))
+          << dtype << ": " << a[i].first;
+    }
+  }
+  // bf16 out of bf16 in: every stored tensor is byte for byte the source's.
+  std::map<std::string, std::vector<uint8_t>> source;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("model", 0) != 0 || entry.path().extension() != ".safetensors") {
+      continue;
+    }
+    auto f = SafetensorsFile::Open(entry.path().string());
+    ASSERT_TRUE(f.ok());
+    for (const auto& t : (*f)->tensors()) {
+      const auto d = (*f)->Data(t);
+      source[t.name].assign(d.begin(), d.end());
+    }
+  }
+  size_t compared = 0;
+  for (const auto& entry : fs::directory_iterator(tmp)) {
+    if (entry.path().extension() != ".safetensors") continue;
+    auto f = SafetensorsFile::Open(entry.path().string());
+    ASSERT_TRUE(f.ok());
+    for (const auto& t : (*f)->tensors()) {
+      const auto d = (*f)->Data(t);
+      ASSERT_EQ(source.count(t.name), 1u) << t.name;
+      EXPECT_TRUE(std::vector<uint8_t>(d.begin(), d.end()) == source[t.name])
+          << t.name;
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, model->named_parameters().size());
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, HfImportTest,
+                         ::testing::ValuesIn(kModels));
+
+// Copies `dir`'s config and weights into a fresh directory, letting the
+// caller rewrite config.json and the tensors first.
+struct Mutated {
+  fs::path dir;
+};
+
+Mutated MutateQwen3(
+    const std::string& src, const std::string& name,
+    const std::function<void(nlohmann::json&)>& edit_config,
+    const std::function<void(std::vector<StTensorView>&)>& edit_tensors) {
+  Mutated m;
+  m.dir = fs::path(::testing::TempDir()) / ("hf_bad_" + name);
+  fs::remove_all(m.dir);
+  fs::create_directories(m.dir);
+  nlohmann::json config = ReadJson(fs::path(src) / "config.json");
+  edit_config(config);
+  std::ofstream(m.dir / "config.json") << config.dump(2);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+    fs::copy_file(fs::path(src) / f, m.dir / f);
+  }
+  auto file = SafetensorsFile::Open((fs::path(src) / "model.safetensors"));
+  EXPECT_TRUE(file.ok());
+  std::vector<StTensorView> views;
+  for (const auto& t : (*file)->tensors()) {
+    const auto d = (*file)->Data(t);
+    views.push_back({t.name, t.dtype, t.shape, d.data(), d.size()});
+  }
+  edit_tensors(views);
+  EXPECT_TRUE(
+      WriteSafetensors((m.dir / "model.safetensors").string(), views, {}).ok());
+  return m;
+}
+
+std::string LoadError(const fs::path& dir) {
+  ModelDirOptions options;
+  options.max_seq_len = 64;
+  auto loaded = LoadModelDir(dir.string(), options);
+  return loaded.ok() ? "" : std::string(loaded.status().message());
+}
+
+TEST(HfImportErrorsTest, BadDirectoriesAreRefusedNamingFileAndTensor) {
+  REQUIRE_FIXTURE(dir, "qwen3-tiny");
+  auto keep = [](nlohmann::json&) {};
+  auto same = [](std::vector<StTensorView>&) {};
+  const std::string norm = "model.layers.1.self_attn.k_norm.weight";
+
+  auto missing = MutateQwen3(dir, "missing", keep, [&](auto& v) {
+    v.erase(std::remove_if(v.begin(), v.end(),
+                           [&](const StTensorView& t) { return t.name == norm; }),
+            v.end());
+  });
+  std::string e = LoadError(missing.dir);
+  EXPECT_NE(e.find("missing tensor '" + norm + "'"), std::string::npos) << e;
+
+  auto extra = MutateQwen3(dir, "extra", keep, [&](auto& v) {
+    StTensorView t = v.front();
+    t.name = "model.layers.0.mlp.extra.weight";
+    v.push_back(t);
+  });
+  e = LoadError(extra.dir);
+  EXPECT_NE(e.find("unexpected tensor 'model.layers.0.mlp.extra.weight'"),
+            std::string::npos)
+      << e;
+
+  auto shape = MutateQwen3(
+      dir, "shape", [](nlohmann::json& c) { c["intermediate_size"] = 96; },
+      same);
+  e = LoadError(shape.dir);
+  EXPECT_NE(e.find("model.safetensors: tensor 'model.layers.0.mlp."),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("has shape"), std::string::npos) << e;
+
+  auto arch = MutateQwen3(
+      dir, "arch",
+      [](nlohmann::json& c) { c["architectures"] = {"GPT2LMHeadModel"}; },
+      same);
+  e = LoadError(arch.dir);
+  EXPECT_NE(e.find("config.json: architectures: 'GPT2LMHeadModel' is not "
+                   "supported"),
+            std::string::npos)
+      << e;
+
+  auto act = MutateQwen3(
+      dir, "act", [](nlohmann::json& c) { c["hidden_act"] = "gelu"; }, same);
+  e = LoadError(act.dir);
+  EXPECT_NE(e.find("hidden_act: activation 'gelu' is not supported"),
+            std::string::npos)
+      << e;
+
+  auto rope = MutateQwen3(
+      dir, "rope",
+      [](nlohmann::json& c) {
+        c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+      },
+      same);
+  e = LoadError(rope.dir);
+  EXPECT_NE(e.find("rope type 'yarn' is not supported"), std::string::npos)
+      << e;
+
+  auto sliding = MutateQwen3(
+      dir, "sliding", [](nlohmann::json& c) { c["use_sliding_window"] = true; },
+      same);
+  e = LoadError(sliding.dir);
+  EXPECT_NE(e.find("sliding-window attention is not supported"),
+            std::string::npos)
+      << e;
+}
+
+// The chunked LM head gives the materialised path's log-probs and entropies
+// (within 1e-6 of their size) and gradients (within 1e-4 of each
+// parameter's largest gradient): the same float32 sums in another order.
+TEST(ChunkedLogitsTest, EqualsMaterialisedLogProbsEntropyAndGradients) {
+  REQUIRE_FIXTURE(dir, "qwen3-tiny");
+  auto model = Import(dir);
+  ASSERT_NE(model, nullptr);
+  model->set_training(true);
+  std::vector<Sample> samples(3);
+  samples[0].prompt_ids = {3838, 374, 220, 16};
+  samples[0].response_ids = {488, 220, 22, 30, 151645};
+  samples[1].prompt_ids = {12522, 5193};
+  samples[1].response_ids = {264, 882};
+  samples[2].prompt_ids = {12522, 5193, 264, 882, 11, 1052};
+  samples[2].response_ids = {572, 264, 3838, 374};
+  for (auto& s : samples) s.behaviour_logp.assign(s.response_ids.size(), 0.f);
+  const CollatedBatch batch = Collate(samples, 151643, c10::Device("cpu"));
+  auto run = [&](int64_t chunk) {
+    for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+    ResponseTokenStats s =
+        ResponseTokenLogProbs(*model, batch, 0.7, chunk, true);
+    ((s.logp * batch.response_mask).sum() -
+     0.3 * (s.entropy * batch.response_mask).sum())
+        .backward();
+    std::vector<at::Tensor> grads;
+    for (auto& p : model->parameters()) grads.push_back(p.grad().clone());
+    return std::make_pair(s, grads);
+  };
+  const auto reference = run(0);
+  // The fixture's logits are large (its weights are spread out so greedy
+  // decoding is decisive): float32 rounding of a log-sum-exp over 151,936
+  // logits of that size is ~1e-7 relative, so compare relative to it.
+  const double logp_scale = std::max(
+      1.0, (reference.first.logp * batch.response_mask).abs().max().item<double>());
+  // Entropy = logsumexp - E[logit]: its rounding error is that of the
+  // logits, so it shares their scale.
+  const double ent_scale = std::max(
+      logp_scale,
+      (reference.first.entropy * batch.response_mask).abs().max().item<double>());
+  for (int64_t chunk : {1, 4, 1000}) {
+    const auto chunked = run(chunk);
+    const auto& mask = batch.response_mask;
+    EXPECT_LT(((chunked.first.logp - reference.first.logp) * mask)
+                  .abs()
+                  .max()
+                  .item<double>() /
+                  logp_scale,
+              1e-6)
+        << chunk << " (log-probs up to " << logp_scale << ")";
+    EXPECT_LT(((chunked.first.entropy - reference.first.entropy) * mask)
+                  .abs()
+                  .max()
+                  .item<double>() /
+                  ent_scale,
+              1e-6)
+        << chunk << " (entropies up to " << ent_scale << ")";
+    for (size_t i = 0; i < reference.second.size(); ++i) {
+      const double scale =
+          std::max(1.0, reference.second[i].abs().max().item<double>());
+      EXPECT_LT((chunked.second[i] - reference.second[i])
+                        .abs()
+                        .max()
+                        .item<double>() /
+                    scale,
+                1e-4)
+          << "chunk " << chunk << " parameter " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fusionrl

@@ -1,0 +1,49 @@
+// A policy with its tokenizer from a directory on disk, for the commands that
+// take a model rather than a job (`fusionrl generate`, `fusionrl export`):
+// either a Hugging Face directory (config.json + safetensors + tokenizer
+// files) or a FusionRL checkpoint (meta.json + model.pt; its tokenizer is the
+// one its run used, recorded in meta.json).
+#ifndef FUSIONRL_ENGINE_MODEL_DIR_H_
+#define FUSIONRL_ENGINE_MODEL_DIR_H_
+
+#include <c10/core/Device.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model.h"
+#include "fusionrl/tokenizer.h"
+#include "tasks/chat_format.h"
+
+namespace fusionrl {
+
+struct ModelDirOptions {
+  c10::Device device = c10::Device("cpu");
+  std::string dtype = "float32";  // compute dtype
+  int max_seq_len = 0;  // rotary table length; 0 = the stored model's
+  std::string tokenizer;  // tokenizer directory; "" = the model's own
+};
+
+struct LoadedModel {
+  std::unique_ptr<PolicyModel> policy;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::string tokenizer_dir;  // "" for the character tokenizer
+  std::string hf_path;        // the Hugging Face directory it came from
+  int bos_token_id = -1;      // config / generation_config's, else tokenizer
+  std::vector<int> eos_token_ids;  // generation stops at any of these
+  // The chat format of the tokenizer's chat_template; InvalidArgument text
+  // in chat_error when it has none or an unrecognised one.
+  DetectedChatTemplate chat;
+  std::string chat_error;
+};
+
+// Loads `dir` (a Hugging Face directory or a FusionRL checkpoint). Errors
+// name the directory and what is wrong with it.
+absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir,
+                                         const ModelDirOptions& options);
+
+}  // namespace fusionrl
+
+#endif  // FUSIONRL_ENGINE_MODEL_DIR_H_
