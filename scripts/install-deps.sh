@@ -11,6 +11,7 @@ PACKAGES=(
   nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
   libpcre2-dev libutf8proc-dev
   python3 openssl
+  python3-torch
 )
 
 missing=()

@@ -237,6 +237,11 @@ struct RunConfig {
   // Deadline of every collective between cards (gradient all-reduce, metric
   // sums): a card that stops answering becomes an error, not a hang.
   double collective_timeout_seconds = 300;
+  // After the final checkpoint (RL and SFT), also write the policy as a
+  // Hugging Face directory at <output_dir>/hf (`fusionrl export`), in
+  // export_dtype (float32 | bfloat16).
+  bool export_final = false;
+  std::string export_dtype = "float32";
 };
 
 // Supervised warm start (`fusionrl sft`).

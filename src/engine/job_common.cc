@@ -17,6 +17,7 @@
 #include "engine/hf_model.h"
 #include "engine/rollout.h"
 #include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
 
 namespace fusionrl {
 
@@ -188,6 +189,31 @@ absl::StatusOr<JobContext> PrepareJob(const JobConfig& config,
         WriteFileAtomic(output_dir + "/config.yaml", JobConfigToYaml(config)));
   }
   return ctx;
+}
+
+absl::Status ExportJobPolicy(const JobConfig& config, const JobContext& ctx,
+                             const PolicyModel& policy,
+                             const std::string& out_dir) {
+  HfExportOptions options;
+  options.dtype = config.run.export_dtype;
+  options.tokenizer_dir = !config.model.tokenizer.empty()
+                              ? config.model.tokenizer
+                              : config.model.hf_path;
+  options.bos_token_id = ctx.tokenizer->bos_id();
+  if (!config.model.hf_path.empty()) {
+    FUSIONRL_ASSIGN_OR_RETURN(HfModelInfo info,
+                              ReadHfModelConfig(config.model.hf_path));
+    if (info.bos_token_id >= 0) options.bos_token_id = info.bos_token_id;
+  }
+  options.eos_token_ids = ctx.stop_ids;
+  auto status = ExportHfModel(policy, out_dir, options);
+  if (!status.ok()) {
+    return absl::Status(status.code(), absl::StrCat("run.export_final: ",
+                                                    status.message()));
+  }
+  spdlog::info("[{}] exported the policy as a Hugging Face model: {}",
+               config.name, out_dir);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<int>> EncodePrompt(const Tokenizer& tokenizer,

@@ -64,6 +64,13 @@ absl::StatusOr<DetectedChatTemplate> ResolveChatFormat(
 absl::StatusOr<JobContext> PrepareJob(const JobConfig& config,
                                       const std::string& output_dir);
 
+// Writes `policy` as a Hugging Face directory at `out_dir` (ExportHfModel)
+// with the job's tokenizer files, bos and stop ids, in
+// config.run.export_dtype.
+absl::Status ExportJobPolicy(const JobConfig& config, const JobContext& ctx,
+                             const PolicyModel& policy,
+                             const std::string& out_dir);
+
 // bos + the prompt's tokens.
 absl::StatusOr<std::vector<int>> EncodePrompt(const Tokenizer& tokenizer,
                                               const std::string& prompt);

@@ -134,6 +134,10 @@ absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config) {
   FUSIONRL_RETURN_IF_ERROR(
       WriteCheckpoint(summary.checkpoint_dir, policy, nullptr,
                       CheckpointMeta{"sft", config.name, sc.steps, 0, cursor}));
+  if (config.run.export_final) {
+    FUSIONRL_RETURN_IF_ERROR(
+        ExportJobPolicy(config, ctx, policy, out + "/hf"));
+  }
   summary.final_eval_accuracy = last_eval;
   summary.steps = sc.steps;
   summary.tokens_per_second = train_seconds > 0 ? tokens / train_seconds : 0;

@@ -31,8 +31,7 @@ class Reader final : public nlohmann::json_sax<json> {
   }
   bool number_unsigned(number_unsigned_t v) override {
     if (mode_ == Mode::kVocab) {
-      return VocabEntry(v > (uint64_t{1} << 40) ? -1
-                                                : static_cast<int64_t>(v));
+      return VocabEntry(v > (uint64_t{1} << 40) ? -1 : static_cast<int64_t>(v));
     }
     return Scalar(json(v));
   }
@@ -138,8 +137,8 @@ class Reader final : public nlohmann::json_sax<json> {
   // Whether the container about to open is the value of `name` in the
   // top-level "model" object.
   bool AtModelKey(std::string_view name) const {
-    return stack_.size() == 2 && keys_[1] == "model" && stack_[1]->is_object() &&
-           stack_[0]->is_object() && key_ == name;
+    return stack_.size() == 2 && keys_[1] == "model" &&
+           stack_[1]->is_object() && stack_[0]->is_object() && key_ == name;
   }
 
   bool Scalar(json value) {
@@ -158,8 +157,8 @@ class Reader final : public nlohmann::json_sax<json> {
 
   bool BadEntry(const std::string& what) {
     if (mode_ == Mode::kVocab) {
-      return Fail(absl::StrCat("model.vocab['", key_, "']: expected an id, got ",
-                               what));
+      return Fail(absl::StrCat("model.vocab['", key_,
+                               "']: expected an id, got ", what));
     }
     return Fail(absl::StrCat("model.merges[", out_->merges.size(),
                              "]: expected \"a b\" or [a, b], got ", what));
@@ -230,7 +229,8 @@ absl::StatusOr<TokenizerJson> ReadTokenizerJson(std::string_view text,
   }
   if (!ok) {
     return absl::InvalidArgumentError(absl::StrCat(
-        file, ": ", reader.error().empty() ? "malformed JSON" : reader.error()));
+        file, ": ",
+        reader.error().empty() ? "malformed JSON" : reader.error()));
   }
   return out;
 }

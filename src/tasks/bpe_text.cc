@@ -106,8 +106,7 @@ struct MatchState {
   MatchState()
       : data(pcre2_match_data_create(1, nullptr)),
         context(pcre2_match_context_create(nullptr)),
-        jit_stack(pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024,
-                                         nullptr)) {
+        jit_stack(pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, nullptr)) {
     if (jit_stack != nullptr) {
       pcre2_jit_stack_assign(context, nullptr, jit_stack);
     }
@@ -256,7 +255,8 @@ bool UnicodeToBytes(std::string_view token, std::string* out) {
       cp = b;
       len = 1;
     } else if ((b & 0xE0) == 0xC0 && i + 1 < token.size()) {
-      cp = ((b & 0x1F) << 6) | (static_cast<unsigned char>(token[i + 1]) & 0x3F);
+      cp =
+          ((b & 0x1F) << 6) | (static_cast<unsigned char>(token[i + 1]) & 0x3F);
       len = 2;
     } else {
       cp = 0xFFFFFFFF;  // three- and four-byte characters are never in it
@@ -278,15 +278,14 @@ absl::StatusOr<std::unique_ptr<RegexSplitter>> RegexSplitter::Create(
   if (literal) options |= PCRE2_LITERAL;
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
-  pcre2_code* code = pcre2_compile(
-      reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options,
-      &error_code, &error_offset, nullptr);
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()),
+                                   pattern.size(), options, &error_code,
+                                   &error_offset, nullptr);
   if (code == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("regex '",
-                     absl::string_view(pattern.data(), pattern.size()),
-                     "' does not compile: ",
-                     Pcre2Message(error_code), " at offset ", error_offset));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "regex '", absl::string_view(pattern.data(), pattern.size()),
+        "' does not compile: ", Pcre2Message(error_code), " at offset ",
+        error_offset));
   }
   // JIT when available; pcre2_match() uses it transparently, and falls back
   // to the interpreter when compilation failed.
@@ -318,8 +317,8 @@ absl::Status RegexSplitter::Split(std::string_view text,
     if (match_end == match_start) {
       // An empty match yields no piece; move on by one character.
       start = match_start + 1;
-      while (start < n && (static_cast<unsigned char>(text[start]) & 0xC0) ==
-                              0x80) {
+      while (start < n &&
+             (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) {
         ++start;
       }
       continue;

@@ -68,8 +68,7 @@ class BpeTokenizer final : public Tokenizer {
   int bos_id() const override { return bos_id_; }
   int eos_id() const override { return eos_id_; }
 
-  absl::StatusOr<std::vector<int>> Encode(
-      std::string_view text) const override;
+  absl::StatusOr<std::vector<int>> Encode(std::string_view text) const override;
   std::string Decode(const std::vector<int>& ids) const override;
   std::string DecodeWithSpecial(const std::vector<int>& ids) const override;
   int TokenToId(std::string_view token) const override;
@@ -91,6 +90,11 @@ class BpeTokenizer final : public Tokenizer {
 
   BpeTokenizer() = default;
 
+  static uint64_t PairKey(int left, int right) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
+           static_cast<uint32_t>(right);
+  }
+
   absl::Status ParseTokenizerJson(std::string_view text,
                                   const std::string& name);
   absl::Status ParseConfigJson(std::string_view text, const std::string& name);
@@ -107,7 +111,11 @@ class BpeTokenizer final : public Tokenizer {
                              std::vector<int>* ids) const;
   absl::Status EncodeNormalized(std::string_view text,
                                 std::vector<int>* ids) const;
+  // One pre-tokenized word: through the cache, else BpeWord.
   absl::Status EncodeWord(std::string_view word, std::vector<int>* ids) const;
+  // One word through the model: the vocabulary (ignore_merges), else its
+  // bytes merged by rank.
+  absl::Status BpeWord(std::string_view word, std::vector<int>* symbols) const;
   void MergeSymbols(std::vector<int>* symbols) const;
   void MergeSymbolsLong(std::vector<int>* symbols) const;
   std::string DecodeImpl(const std::vector<int>& ids, bool skip_special) const;
@@ -121,7 +129,7 @@ class BpeTokenizer final : public Tokenizer {
 
   // Token string (byte-level characters) -> id; added tokens separately.
   absl::flat_hash_map<std::string, int> vocab_;
-  // (left id << 32 | right id) -> rank and merged id.
+  // PairKey(left id, right id) -> rank and merged id.
   absl::flat_hash_map<uint64_t, Merge> merges_;
   // Byte -> id of its one-character token, -1 when the vocabulary lacks it.
   std::array<int, 256> byte_ids_{};

@@ -36,16 +36,17 @@ std::string Mapped(std::string_view bytes) {
 
 // A small Qwen-shaped tokenizer.json: the 256 byte tokens (id == byte), then
 // one token per merge (ids 256, 257, ...), then added tokens from 300.
-json SmallTokenizer(const std::vector<std::pair<std::string, std::string>>&
-                        merges = {{"h", "e"},
-                                  {"l", "l"},
-                                  {"he", "ll"},
-                                  {"hell", "o"},
-                                  {" ", "w"},
-                                  {"o", "r"},
-                                  {" w", "or"},
-                                  {" wor", "ld"},
-                                  {"l", "d"}}) {
+json SmallTokenizer(
+    const std::vector<std::pair<std::string, std::string>>& merges = {
+        {"h", "e"},
+        {"l", "l"},
+        {"he", "ll"},
+        {"hell", "o"},
+        {" ", "w"},
+        {"o", "r"},
+        {" w", "or"},
+        {" wor", "ld"},
+        {"l", "d"}}) {
   json vocab = json::object();
   for (int b = 0; b < 256; ++b) {
     vocab[bpe::ByteToUnicode(static_cast<unsigned char>(b))] = b;
@@ -57,15 +58,27 @@ json SmallTokenizer(const std::vector<std::pair<std::string, std::string>>&
     if (!vocab.contains(Mapped(a + b))) vocab[Mapped(a + b)] = next_id++;
   }
   json added = json::array();
-  added.push_back({{"id", 300}, {"content", "<|end|>"}, {"special", true},
-                   {"lstrip", false}, {"rstrip", false},
-                   {"normalized", false}, {"single_word", false}});
-  added.push_back({{"id", 301}, {"content", "<|e"}, {"special", true},
-                   {"lstrip", false}, {"rstrip", false},
-                   {"normalized", false}, {"single_word", false}});
-  added.push_back({{"id", 302}, {"content", "<think>"}, {"special", false},
-                   {"lstrip", false}, {"rstrip", false},
-                   {"normalized", false}, {"single_word", false}});
+  added.push_back({{"id", 300},
+                   {"content", "<|end|>"},
+                   {"special", true},
+                   {"lstrip", false},
+                   {"rstrip", false},
+                   {"normalized", false},
+                   {"single_word", false}});
+  added.push_back({{"id", 301},
+                   {"content", "<|e"},
+                   {"special", true},
+                   {"lstrip", false},
+                   {"rstrip", false},
+                   {"normalized", false},
+                   {"single_word", false}});
+  added.push_back({{"id", 302},
+                   {"content", "<think>"},
+                   {"special", false},
+                   {"lstrip", false},
+                   {"rstrip", false},
+                   {"normalized", false},
+                   {"single_word", false}});
   return {
       {"version", "1.0"},
       {"added_tokens", added},
@@ -185,8 +198,7 @@ TEST(BpeTokenizerTest, NormalizesToNfc) {
 TEST(BpeTokenizerTest, DecodesUnknownIdsAndBrokenBytesAsReplacement) {
   const auto tok = Make(SmallTokenizer());
   ASSERT_NE(tok, nullptr);
-  EXPECT_EQ(tok->Decode({'h', -1, 100000, 'i'}),
-            "h\xEF\xBF\xBD\xEF\xBF\xBDi");
+  EXPECT_EQ(tok->Decode({'h', -1, 100000, 'i'}), "h\xEF\xBF\xBD\xEF\xBF\xBDi");
   // Half of a two-byte character.
   EXPECT_EQ(tok->Decode({'a', 0xC3}), "a\xEF\xBF\xBD");
 }
@@ -218,9 +230,8 @@ TEST(BpeTokenizerTest, HonoursIgnoreMerges) {
 
 TEST(BpeTokenizerTest, Gpt2ByteLevelRegex) {
   json tokenizer = SmallTokenizer();
-  tokenizer["pre_tokenizer"] = {{"type", "ByteLevel"},
-                                {"add_prefix_space", false},
-                                {"use_regex", true}};
+  tokenizer["pre_tokenizer"] = {
+      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
   tokenizer["normalizer"] = nullptr;
   const auto tok = Make(tokenizer);
   ASSERT_NE(tok, nullptr);
@@ -229,10 +240,9 @@ TEST(BpeTokenizerTest, Gpt2ByteLevelRegex) {
 
 TEST(BpeTokenizerTest, ReadsSpecialIdsFromTheConfig) {
   json tokenizer = SmallTokenizer();
-  const auto qwen_like =
-      Make(tokenizer, {{"bos_token", nullptr},
-                       {"eos_token", "<|end|>"},
-                       {"pad_token", {{"content", "<|e"}}}});
+  const auto qwen_like = Make(tokenizer, {{"bos_token", nullptr},
+                                          {"eos_token", "<|end|>"},
+                                          {"pad_token", {{"content", "<|e"}}}});
   ASSERT_NE(qwen_like, nullptr);
   EXPECT_EQ(qwen_like->bos_id(), -1);
   EXPECT_EQ(qwen_like->eos_id(), 300);
@@ -247,8 +257,8 @@ TEST(BpeTokenizerTest, ReadsSpecialIdsFromTheConfig) {
                                        {"eos_token", "<|end|>"}});
   ASSERT_NE(no_bos, nullptr);
   EXPECT_EQ(no_bos->bos_id(), -1);
-  auto unknown = BpeTokenizer::FromJson(tokenizer.dump(),
-                                        R"({"eos_token": "</s>"})");
+  auto unknown =
+      BpeTokenizer::FromJson(tokenizer.dump(), R"({"eos_token": "</s>"})");
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(unknown.status().message().find(
                 "tokenizer_config.json: eos_token: '</s>'"),
@@ -270,8 +280,9 @@ TEST(BpeTokenizerTest, RefusesUnsupportedComponentsByName) {
   EXPECT_NE(LoadError(t).find("normalizer.type: 'NFKC' is not supported"),
             std::string::npos);
   t = SmallTokenizer();
-  t["normalizer"] = {{"type", "Sequence"},
-                     {"normalizers", {{{"type", "NFC"}}, {{"type", "Lowercase"}}}}};
+  t["normalizer"] = {
+      {"type", "Sequence"},
+      {"normalizers", {{{"type", "NFC"}}, {{"type", "Lowercase"}}}}};
   EXPECT_NE(LoadError(t).find("normalizer.normalizers[1].type: 'Lowercase'"),
             std::string::npos);
   t = SmallTokenizer();
@@ -281,9 +292,9 @@ TEST(BpeTokenizerTest, RefusesUnsupportedComponentsByName) {
             std::string::npos);
   t = SmallTokenizer();
   t["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Removed";
-  EXPECT_NE(LoadError(t).find(
-                "pre_tokenizer.pretokenizers[0].behavior: 'Removed'"),
-            std::string::npos);
+  EXPECT_NE(
+      LoadError(t).find("pre_tokenizer.pretokenizers[0].behavior: 'Removed'"),
+      std::string::npos);
   t = SmallTokenizer();
   t["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true;
   EXPECT_NE(LoadError(t).find("add_prefix_space: true is not supported"),
@@ -326,10 +337,9 @@ TEST(BpeTokenizerTest, ReportsMalformedAndMissingFiles) {
   EXPECT_NE(bad.status().message().find("tokenizer.json: malformed JSON"),
             std::string::npos);
 
-  const std::string dir = absl::StrCat(testing::TempDir(), "/bpe_missing_",
-                                       std::chrono::steady_clock::now()
-                                           .time_since_epoch()
-                                           .count());
+  const std::string dir =
+      absl::StrCat(testing::TempDir(), "/bpe_missing_",
+                   std::chrono::steady_clock::now().time_since_epoch().count());
   std::filesystem::create_directories(dir);
   auto missing = LoadTokenizer(dir);
   ASSERT_FALSE(missing.ok());
@@ -380,7 +390,7 @@ TEST(BpeTokenizerTest, IsSafeToShareBetweenThreads) {
 }
 
 // ---------------------------------------------------------------------------
-// Golden test: Qwen3's tokenizer against the reference's ids.
+// Golden tests: real tokenizers against the reference's ids.
 
 std::string TestDataDir() {
   if (const char* env = std::getenv("FUSIONRL_TEST_DATA");
@@ -391,19 +401,20 @@ std::string TestDataDir() {
   return absl::StrCat(home ? home : "", "/.cache/fusionrl/test-data");
 }
 
-class Qwen3GoldenTest : public testing::Test {
+// One model's tokenizer from the test-data directory, loaded once per test.
+class GoldenTest : public testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    dir_ = TestDataDir() + "/qwen3-tokenizer";
+    dir_ = absl::StrCat(TestDataDir(), "/", GetParam(), "-tokenizer");
     if (!std::filesystem::exists(dir_ + "/tokenizer.json")) {
-      GTEST_SKIP() << "Qwen3 tokenizer not found at " << dir_
+      GTEST_SKIP() << GetParam() << " tokenizer not found at " << dir_
                    << "; run scripts/fetch-test-data.sh";
     }
     const auto start = std::chrono::steady_clock::now();
     auto tok = BpeTokenizer::Load(dir_);
-    load_seconds_ = std::chrono::duration<double>(
-                        std::chrono::steady_clock::now() - start)
-                        .count();
+    load_seconds_ =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
     ASSERT_TRUE(tok.ok()) << tok.status();
     tok_ = *std::move(tok);
   }
@@ -413,21 +424,31 @@ class Qwen3GoldenTest : public testing::Test {
   std::unique_ptr<BpeTokenizer> tok_;
 };
 
-TEST_F(Qwen3GoldenTest, HasQwen3SpecialIds) {
-  std::printf("[   INFO   ] Qwen3 tokenizer loaded in %.3f s (regex JIT: %s)\n",
-              load_seconds_, tok_->regex_jit() ? "yes" : "no");
-  EXPECT_EQ(tok_->vocab_size(), 151669);
-  EXPECT_EQ(tok_->bos_id(), -1);
-  EXPECT_EQ(tok_->eos_id(), 151645);  // <|im_end|>
-  EXPECT_EQ(tok_->pad_id(), 151643);  // <|endoftext|>
-  EXPECT_EQ(tok_->TokenToId("<|im_start|>"), 151644);
-  EXPECT_EQ(tok_->TokenToId("<|im_end|>"), 151645);
-  EXPECT_EQ(tok_->TokenToId("<think>"), 151667);
+TEST_P(GoldenTest, HasTheModelsSpecialIds) {
+  std::printf("[   INFO   ] %s tokenizer loaded in %.3f s (regex JIT: %s)\n",
+              GetParam().c_str(), load_seconds_,
+              tok_->regex_jit() ? "yes" : "no");
+  if (GetParam() == "qwen3") {
+    EXPECT_EQ(tok_->vocab_size(), 151669);
+    EXPECT_EQ(tok_->bos_id(), -1);      // bos_token null
+    EXPECT_EQ(tok_->eos_id(), 151645);  // <|im_end|>
+    EXPECT_EQ(tok_->pad_id(), 151643);  // <|endoftext|>
+    EXPECT_EQ(tok_->TokenToId("<|im_start|>"), 151644);
+    EXPECT_EQ(tok_->TokenToId("<|im_end|>"), 151645);
+    EXPECT_EQ(tok_->TokenToId("<think>"), 151667);
+  } else {
+    EXPECT_EQ(tok_->vocab_size(), 128256);
+    EXPECT_EQ(tok_->bos_id(), 128000);  // <|begin_of_text|>
+    EXPECT_EQ(tok_->eos_id(), 128001);  // <|end_of_text|>
+    EXPECT_EQ(tok_->pad_id(), 128001);  // no pad token: eos
+    EXPECT_EQ(tok_->TokenToId("<|eot_id|>"), 128009);
+  }
 }
 
-TEST_F(Qwen3GoldenTest, EncodesTheCorpusExactlyAsTheReference) {
-  const std::string golden_path = std::string(FUSIONRL_SOURCE_DIR) +
-                                  "/tests/data/tokenizer/qwen3_golden.jsonl";
+TEST_P(GoldenTest, EncodesTheCorpusExactlyAsTheReference) {
+  const std::string golden_path =
+      absl::StrCat(FUSIONRL_SOURCE_DIR, "/tests/data/tokenizer/", GetParam(),
+                   "_golden.jsonl");
   std::ifstream in(golden_path);
   ASSERT_TRUE(in) << golden_path;
   std::string line;
@@ -446,39 +467,46 @@ TEST_F(Qwen3GoldenTest, EncodesTheCorpusExactlyAsTheReference) {
     bytes += text.size();
     const auto start = std::chrono::steady_clock::now();
     auto got = tok_->Encode(text);
-    encode_seconds += std::chrono::duration<double>(
-                          std::chrono::steady_clock::now() - start)
-                          .count();
+    encode_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
     ASSERT_TRUE(got.ok()) << got.status() << " for " << json(text).dump();
     if (*got != want) {
       ++mismatches;
-      ADD_FAILURE() << "ids differ for " << json(text).dump()
-                    << "\n  want " << json(want).dump() << "\n  got  "
-                    << json(*got).dump();
+      ADD_FAILURE() << "ids differ for " << json(text).dump() << "\n  want "
+                    << json(want).dump() << "\n  got  " << json(*got).dump();
     }
     // Qwen3 normalizes to NFC, so decoding gives back NFC(text): the text
-    // itself for the 90% of the corpus that is already in NFC.
+    // itself for the 90% of the corpus that is already in NFC. Llama-3 has
+    // no normalizer and gives back the text.
     std::string nfc;
     auto changed = bpe::NfcNormalize(text, &nfc);
     ASSERT_TRUE(changed.ok()) << changed.status();
-    const std::string& expected = *changed ? nfc : text;
-    if (expected == text) ++nfc_already;
+    const std::string& nfc_text = *changed ? nfc : text;
+    if (nfc_text == text) ++nfc_already;
+    const std::string& expected = GetParam() == "qwen3" ? nfc_text : text;
     const std::string back = tok_->DecodeWithSpecial(*got);
     if (back != expected) {
       ++round_trip_failures;
-      ADD_FAILURE() << "round trip differs for " << json(text).dump()
-                    << ": " << json(back).dump();
+      ADD_FAILURE() << "round trip differs for " << json(text).dump() << ": "
+                    << json(back).dump();
     }
   }
   std::printf(
-      "[   INFO   ] golden: %d/%d strings exact; %d round-trip failures "
+      "[   INFO   ] %s golden: %d/%d strings exact; %d round-trip failures "
       "(%d strings already NFC); %zu bytes (cold cache: %.1f MB/s)\n",
-      total - mismatches, total, round_trip_failures, nfc_already, bytes,
-      bytes / 1e6 / std::max(encode_seconds, 1e-9));
+      GetParam().c_str(), total - mismatches, total, round_trip_failures,
+      nfc_already, bytes, bytes / 1e6 / std::max(encode_seconds, 1e-9));
   EXPECT_GE(total, 300);
   EXPECT_EQ(mismatches, 0);
   EXPECT_EQ(round_trip_failures, 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(RealTokenizers, GoldenTest,
+                         testing::Values("qwen3", "llama3"),
+                         [](const testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
 
 }  // namespace
 }  // namespace fusionrl

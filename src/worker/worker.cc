@@ -1190,6 +1190,10 @@ absl::Status CardRunner::TrainStep(const v1::StepPlan& plan,
         cfg.output_dir + "/checkpoints/" + plan.checkpoint_name();
     FUSIONRL_RETURN_IF_ERROR(
         WriteCheckpoint(dir, policy, trainer_.get(), meta));
+    if (cfg.run.export_final && plan.checkpoint_name() == "final") {
+      FUSIONRL_RETURN_IF_ERROR(
+          ExportJobPolicy(cfg, ctx_, policy, cfg.output_dir + "/hf"));
+    }
     report.set_checkpoint_dir(dir);
   }
   report.set_metrics_json(MetricRecordToJson(rec));
