@@ -136,3 +136,24 @@ for v in ("dense", "moe"):
           f"swap {swap['held_ratio_to_none']:.2f} (host pool {swap['host_pool_bytes']} B), "
           f"auto:50% {auto['held_ratio_to_none']:.2f}: {auto['planner']['plan']}")
 PY
+
+# fusionrl bench-logits: the chunked LM head against the materialised one on
+# the quickstart's char model, small; both settings compute the same.
+timeout 300 "$BIN" bench-logits "$HERE/../configs/quickstart.yaml" \
+  --chunks 0,16 --repeats 1 --set optim.micro_batch_size=8 \
+  --set model.n_layers=1 --out "$OUT/bench-logits.json" \
+  >/dev/null 2>"$OUT/bench-logits.log" ||
+  { echo "FAIL fusionrl bench-logits"; tail -20 "$OUT/bench-logits.log"; exit 1; }
+python3 - "$OUT/bench-logits.json" <<'PY'
+import json, sys
+b = json.load(open(sys.argv[1]))
+s = b["settings"]
+assert set(s) == {"0", "16"}, list(s)
+assert s["0"]["peak_ratio_to_chunk0"] == 1.0 and s["0"]["peak_bytes"] > 0, s["0"]
+for k in ("0", "16"):
+    assert len(s[k]["step_seconds"]) == 1 and s[k]["bytes_identical_across_repeats"], s[k]
+assert s["16"]["max_abs_logp_diff_vs_chunk0"] < 1e-5, s["16"]
+assert s["16"]["max_rel_grad_diff_vs_chunk0"] < 1e-4, s["16"]
+print(f"ok   bench-logits: chunk 16 peaks at {s['16']['peak_ratio_to_chunk0']:.2f} of "
+      f"chunk 0, logp diff {s['16']['max_abs_logp_diff_vs_chunk0']:.1e}")
+PY

@@ -31,6 +31,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "cli/bench_cli.h"
+#include "cli/bench_logits_cli.h"
 #include "cli/bench_memory_cli.h"
 #include "cli/cluster_cli.h"
 #include "cli/exit_codes.h"
@@ -155,6 +156,9 @@ int main(int argc, char** argv) {
   fusionrl::cli::BenchMemoryArgs bench_memory_args;
   CLI::App* bench_memory =
       fusionrl::cli::AddBenchMemoryCommand(app, bench_memory_args);
+  fusionrl::cli::BenchLogitsArgs bench_logits_args;
+  CLI::App* bench_logits =
+      fusionrl::cli::AddBenchLogitsCommand(app, bench_logits_args);
   fusionrl::cli::TokenizeArgs tokenize_args;
   CLI::App* tokenize = fusionrl::cli::AddTokenizeCommand(app, tokenize_args);
 
@@ -179,6 +183,9 @@ int main(int argc, char** argv) {
   if (bench->parsed()) return fusionrl::cli::RunBench(bench_args);
   if (bench_memory->parsed()) {
     return fusionrl::cli::RunBenchMemory(bench_memory_args);
+  }
+  if (bench_logits->parsed()) {
+    return fusionrl::cli::RunBenchLogits(bench_logits_args);
   }
   if (tokenize->parsed()) {
     return fusionrl::cli::RunTokenize(tokenize_args, std::cin, std::cout);

@@ -686,11 +686,18 @@ KvCache PolicyModel::NewCache(int64_t batch, int64_t capacity) const {
 at::Tensor PolicyModel::ForwardCached(const at::Tensor& tokens,
                                       const at::Tensor& positions,
                                       const at::Tensor& key_valid,
-                                      KvCache& cache) {
+                                      KvCache& cache, bool last_only) {
   TORCH_CHECK(cache.length + tokens.size(1) <= cache.capacity,
               "KV cache overflow: ", cache.length, " + ", tokens.size(1), " > ",
               cache.capacity);
-  return impl_->decoder->forward(tokens, positions, key_valid, &cache);
+  if (!last_only || tokens.size(1) == 1) {
+    return impl_->decoder->forward(tokens, positions, key_valid, &cache);
+  }
+  impl_->decoder->hidden_only_ = true;
+  at::Tensor hidden =
+      impl_->decoder->forward(tokens, positions, key_valid, &cache);
+  impl_->decoder->hidden_only_ = false;
+  return impl_->decoder->Head(hidden.narrow(1, hidden.size(1) - 1, 1));
 }
 
 void PolicyModel::CopyWeightsFrom(const PolicyModel& other) {

@@ -95,11 +95,15 @@ class PolicyModel {
   KvCache NewCache(int64_t batch, int64_t capacity) const;
 
   // Appends `tokens` [B, t] at slots cache.length.. and returns their logits
-  // [B, t, V]. `key_valid` is [B, cache.length + t]. Run under no-grad.
+  // [B, t, V], or only the last slot's [B, 1, V] with `last_only` (a
+  // prefill: the LM head over a large vocabulary at every prompt position
+  // would cost t times more and is never read). `key_valid` is
+  // [B, cache.length + t]. Run under no-grad.
   // REQUIRES: cache.length + t <= cache.capacity.
   at::Tensor ForwardCached(const at::Tensor& tokens,
                            const at::Tensor& positions,
-                           const at::Tensor& key_valid, KvCache& cache);
+                           const at::Tensor& key_valid, KvCache& cache,
+                           bool last_only = false);
 
   // MoE (model.moe_experts > 0): every block's feed-forward is a routed
   // mixture of experts (engine/moe.h). Capacity (moe_capacity_factor)

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "engine/vocab_kernels.h"
 
 namespace fusionrl {
 
@@ -96,8 +97,8 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(
   auto logits =
       model_
           .ForwardCached(prompt_tokens, PositionsFromValid(prompt_valid),
-                         prompt_valid, cache)
-          .select(1, prompt_len - 1);
+                         prompt_valid, cache, /*last_only=*/true)
+          .select(1, 0);
 
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   auto out_tokens =
@@ -107,11 +108,24 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(
   auto alive = at::ones({batch}, long_opts.dtype(at::kBool).device(device));
   int64_t steps = 0;
   const bool greedy = params.temperature <= 0.0;
+  const bool unfiltered =
+      greedy || (params.top_k <= 0 && params.top_p >= 1.0);
   for (int64_t step = 0; step < max_new; ++step) {
+    at::Tensor next, token_logp;
+    if (unfiltered && device.is_cpu()) {
+      // One fused pass per row: no [B, V] temporaries (vocab_kernels.h).
+      // The same uniforms are drawn as on the composite path below.
+      at::Tensor u;
+      if (!greedy) {
+        u = 1.0 - at::rand({batch}, gen, at::TensorOptions().dtype(at::kFloat));
+      }
+      SampledRows rows = SampleRows(logits, u, params.temperature);
+      next = rows.tokens;
+      token_logp = rows.logp;
+    } else {
     auto scaled = greedy ? logits.to(at::kFloat)
                          : logits.to(at::kFloat) / params.temperature;
     auto logp_all = at::log_softmax(scaled, -1);
-    at::Tensor next;
     if (greedy) {
       next = scaled.argmax(-1);
     } else {
@@ -127,7 +141,8 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(
                  .sum(-1)
                  .clamp_max(cdf.size(-1) - 1);
     }
-    auto token_logp = logp_all.gather(-1, next.unsqueeze(-1)).squeeze(-1);
+    token_logp = logp_all.gather(-1, next.unsqueeze(-1)).squeeze(-1);
+    }
     next = at::where(alive, next, at::full_like(next, pad_id_));
     out_tokens.select(1, step).copy_(next);
     out_logp.select(1, step).copy_(

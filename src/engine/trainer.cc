@@ -17,7 +17,7 @@
 #include "core/status_macros.h"
 #include "engine/activation_planner.h"
 #include "engine/algorithms.h"
-#include "engine/recompute.h"
+#include "engine/vocab_kernels.h"
 
 namespace fusionrl {
 
@@ -101,29 +101,14 @@ ResponseTokenStats ResponseTokenLogProbs(PolicyModel& model,
   const int64_t n = index.size(0);
   const auto h = hidden.reshape({b * r_len, d}).index_select(0, index);
   const auto targets = batch.response_ids.reshape(-1).index_select(0, index);
-  const bool scale = temperature > 0 && temperature != 1.0;
+  const at::Tensor weight = model.head_parameters()[0];
   std::vector<at::Tensor> logps, ents;
   for (int64_t start = 0; start < n; start += chunk_tokens) {
     const int64_t len = std::min(chunk_tokens, n - start);
-    const at::Tensor t = targets.narrow(0, start, len).unsqueeze(-1);
-    RecomputeFn fn = [&model, t, scale, temperature,
-                      with_entropy](const std::vector<at::Tensor>& in) {
-      auto z = model.Logits(in[0]).to(at::kFloat);
-      if (scale) z = z / temperature;
-      auto lse = z.logsumexp(-1);
-      std::vector<at::Tensor> result = {z.gather(-1, t).squeeze(-1) - lse};
-      if (with_entropy) {
-        result.push_back(lse - (at::softmax(z, -1) * z).sum(-1));
-      }
-      return result;
-    };
-    const std::vector<at::Tensor> in = {h.narrow(0, start, len)};
-    std::vector<at::Tensor> res =
-        at::GradMode::is_enabled()
-            ? RunRecomputed(std::move(fn), in, model.head_parameters())
-            : fn(in);
-    logps.push_back(res[0]);
-    if (with_entropy) ents.push_back(res[1]);
+    HeadStats stats = HeadLogProbs(h.narrow(0, start, len), weight,
+                                   targets.narrow(0, start, len), temperature);
+    logps.push_back(stats.logp);
+    if (with_entropy) ents.push_back(stats.entropy);
   }
   auto scatter = [&](const std::vector<at::Tensor>& parts) {
     auto flat = at::zeros({b * r_len}, hidden.options().dtype(at::kFloat));

@@ -99,12 +99,14 @@ at::Tensor ResponseLogProbs(PolicyModel& model, const CollatedBatch& batch,
 // Log-probs and entropies of the response tokens, [B, R] each (0 at padded
 // response slots), with the LM head applied only at real response
 // positions and `chunk_tokens` positions at a time (optim.
-// logits_chunk_tokens). Under autograd each chunk is one recompute node
-// (engine/recompute.h), so neither forward nor backward ever holds more than
-// one chunk's logits: what keeps a 152k-token vocabulary from materialising
-// batch x sequence x vocabulary. chunk_tokens 0 = one chunk of every
-// position (ResponseLogProbs's path). Entropy is computed only when
-// `with_entropy` (otherwise undefined).
+// logits_chunk_tokens). Each chunk is one fused autograd node
+// (engine/vocab_kernels.h HeadLogProbs) that keeps two floats a row and
+// recomputes its logits in backward, so neither forward nor backward ever
+// holds more than one chunk's logits: what keeps a 152k-token vocabulary
+// from materialising batch x sequence x vocabulary. chunk_tokens 0 = the
+// composite path over all positions at once (ResponseLogProbs; the
+// reference the fused path is tested against). Entropy is returned only
+// when `with_entropy` (otherwise undefined).
 struct ResponseTokenStats {
   at::Tensor logp;     // float [B, R]
   at::Tensor entropy;  // float [B, R]
