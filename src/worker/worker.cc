@@ -1190,10 +1190,6 @@ absl::Status CardRunner::TrainStep(const v1::StepPlan& plan,
         cfg.output_dir + "/checkpoints/" + plan.checkpoint_name();
     FUSIONRL_RETURN_IF_ERROR(
         WriteCheckpoint(dir, policy, trainer_.get(), meta));
-    if (cfg.run.export_final && plan.checkpoint_name() == "final") {
-      FUSIONRL_RETURN_IF_ERROR(
-          ExportJobPolicy(cfg, ctx_, policy, cfg.output_dir + "/hf"));
-    }
     report.set_checkpoint_dir(dir);
   }
   report.set_metrics_json(MetricRecordToJson(rec));
@@ -1218,7 +1214,14 @@ absl::Status CardRunner::WriteEndCheckpoint(const v1::StepPlan& plan,
                       plan.rollout_tokens_before(),
                       plan.loop_seconds_before()};
   *dir = cfg.output_dir + "/checkpoints/" + plan.checkpoint_name();
-  return WriteCheckpoint(*dir, *ctx_.policy, trainer_.get(), meta);
+  FUSIONRL_RETURN_IF_ERROR(
+      WriteCheckpoint(*dir, *ctx_.policy, trainer_.get(), meta));
+  // A job that ran to its end (not one stopped early) is exported.
+  if (cfg.run.export_final && plan.checkpoint_name() == "final") {
+    FUSIONRL_RETURN_IF_ERROR(
+        ExportJobPolicy(cfg, ctx_, *ctx_.policy, cfg.output_dir + "/hf"));
+  }
+  return absl::OkStatus();
 }
 
 // Runs one assigned job on this node: one thread per card.
