@@ -74,8 +74,8 @@ const char* ActivationActionName(ActivationAction action);
 //           kept, longer than .. / low_freq_factor divided by `factor`,
 //           smoothly interpolated in between.
 struct RopeScalingConfig {
-  std::string type = "none";  // none | linear | llama3
-  double factor = 1.0;        // linear, llama3: > 0
+  std::string type = "none";                    // none | linear | llama3
+  double factor = 1.0;                          // linear, llama3: > 0
   double low_freq_factor = 1.0;                 // llama3
   double high_freq_factor = 4.0;                // llama3: > low_freq_factor
   int original_max_position_embeddings = 8192;  // llama3
@@ -122,7 +122,7 @@ struct ModelConfig {
   bool qkv_bias = false;           // [arch] biases on q/k/v projections
   bool qk_norm = false;            // [arch] per-head RMSNorm of q and k
   bool tie_embeddings = false;     // [arch] lm_head shares the embedding
-  double init_std = 0.02;       // std of the normal init of linear weights
+  double init_std = 0.02;          // std of the normal init of linear weights
   // Mixture of experts: with moe_experts > 0 every block's feed-forward is a
   // routed MoE block (engine/moe.h) instead of one dense SwiGLU.
   int moe_experts = 0;  // N experts per block: 0 (dense) or 2..64

@@ -15,20 +15,22 @@
 
 namespace fusionrl::cli {
 
-ModelCommands AddModelCommands(CLI::App& app, GenerateArgs& g,
-                               ExportArgs& e) {
+ModelCommands AddModelCommands(CLI::App& app, GenerateArgs& g, ExportArgs& e) {
   ModelCommands c;
   c.generate = app.add_subcommand(
       "generate", "sample a completion from a model directory or checkpoint");
-  c.generate->add_option("--model,-m", g.model,
-                         "Hugging Face model directory or FusionRL checkpoint")
+  c.generate
+      ->add_option("--model,-m", g.model,
+                   "Hugging Face model directory or FusionRL checkpoint")
       ->required();
   c.generate->add_option("--prompt,-p", g.prompt, "prompt text")->required();
-  c.generate->add_option("--max-new-tokens,-n", g.max_new_tokens,
-                         "response length cap in tokens")
+  c.generate
+      ->add_option("--max-new-tokens,-n", g.max_new_tokens,
+                   "response length cap in tokens")
       ->check(CLI::Range(1, 1 << 20));
-  c.generate->add_option("--temperature,-t", g.temperature,
-                         "sampling temperature; 0 = greedy")
+  c.generate
+      ->add_option("--temperature,-t", g.temperature,
+                   "sampling temperature; 0 = greedy")
       ->check(CLI::Range(0.0, 100.0));
   c.generate->add_option("--top-k", g.top_k, "0 = off")
       ->check(CLI::Range(0, 1 << 30));
@@ -38,8 +40,7 @@ ModelCommands AddModelCommands(CLI::App& app, GenerateArgs& g,
   c.generate->add_flag("--chat", g.chat,
                        "wrap the prompt as a user message in the model's "
                        "chat format");
-  c.generate->add_option("--system", g.system,
-                         "with --chat: a system message");
+  c.generate->add_option("--system", g.system, "with --chat: a system message");
   c.generate->add_flag("--json", g.json,
                        "print {\"prompt_ids\", \"ids\", \"text\"} as one "
                        "JSON line");
@@ -55,8 +56,9 @@ ModelCommands AddModelCommands(CLI::App& app, GenerateArgs& g,
       "export",
       "write a checkpoint as a Hugging Face model directory (transformers, "
       "vLLM)");
-  c.export_->add_option("source", e.source,
-                        "FusionRL checkpoint (or Hugging Face directory)")
+  c.export_
+      ->add_option("source", e.source,
+                   "FusionRL checkpoint (or Hugging Face directory)")
       ->required();
   c.export_->add_option("--out,-o", e.out, "output directory")->required();
   c.export_->add_option("--dtype", e.dtype, "stored dtype")
@@ -64,8 +66,9 @@ ModelCommands AddModelCommands(CLI::App& app, GenerateArgs& g,
   c.export_->add_option("--tokenizer", e.tokenizer,
                         "copy the tokenizer files from here (default: the "
                         "run's tokenizer)");
-  c.export_->add_option("--max-shard-mb", e.max_shard_mb,
-                        "shard the weights above this size (MB, 10^6 bytes)")
+  c.export_
+      ->add_option("--max-shard-mb", e.max_shard_mb,
+                   "shard the weights above this size (MB, 10^6 bytes)")
       ->check(CLI::Range(1.0, 1e9));
   return c;
 }
@@ -86,14 +89,14 @@ int RunGenerate(const GenerateArgs& args) {
   std::vector<int> stop = m.eos_token_ids;
   if (args.chat) {
     if (!m.chat_error.empty()) {
-      return Fail(absl::InvalidArgumentError(
-          absl::StrCat("--chat: ", m.chat_error)));
+      return Fail(
+          absl::InvalidArgumentError(absl::StrCat("--chat: ", m.chat_error)));
     }
     std::vector<ChatMessage> messages;
     if (!args.system.empty()) messages.push_back({"system", args.system});
     messages.push_back({"user", args.prompt});
     text = RenderChat(m.chat.format, m.chat.info, messages, true);
-    const char* end = m.chat.format == ChatFormat::kChatML ? "<|im_end|>"
+    const char* end = m.chat.format == ChatFormat::kChatML   ? "<|im_end|>"
                       : m.chat.format == ChatFormat::kLlama3 ? "<|eot_id|>"
                                                              : "";
     const int id = m.tokenizer->TokenToId(end);

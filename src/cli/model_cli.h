@@ -25,9 +25,9 @@ struct GenerateArgs {
   int top_k = 0;
   double top_p = 1.0;
   uint64_t seed = 0;
-  bool chat = false;     // apply the model's chat format
-  std::string system;    // with --chat: a system message
-  bool json = false;     // one JSON line instead of the text
+  bool chat = false;   // apply the model's chat format
+  std::string system;  // with --chat: a system message
+  bool json = false;   // one JSON line instead of the text
   std::string device = "cpu";
   std::string dtype = "float32";
   std::string tokenizer;  // override the model's tokenizer directory

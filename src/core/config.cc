@@ -105,8 +105,8 @@ void VisitRopeScaling(RopeScalingConfig& r, V& v) {
   v.Double("factor", &r.factor, Above(0));
   v.Double("low_freq_factor", &r.low_freq_factor, Above(0));
   v.Double("high_freq_factor", &r.high_freq_factor, Above(0));
-  v.Int("original_max_position_embeddings",
-        &r.original_max_position_embeddings, AtLeast(1));
+  v.Int("original_max_position_embeddings", &r.original_max_position_embeddings,
+        AtLeast(1));
 }
 
 template <class V>
@@ -674,15 +674,15 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                        m.d_model / m.n_heads));
     }
   } else if (m.head_dim % 2 != 0) {
-    return Invalid("model.head_dim",
-                   absl::StrCat("must be even for rotary embeddings, got ",
-                                m.head_dim));
+    return Invalid(
+        "model.head_dim",
+        absl::StrCat("must be even for rotary embeddings, got ", m.head_dim));
   }
   if (m.n_kv_heads > 0 && m.n_heads % m.n_kv_heads != 0) {
-    return Invalid("model.n_kv_heads",
-                   absl::StrCat("model.n_heads (", m.n_heads,
-                                ") must be a multiple of it, got ",
-                                m.n_kv_heads));
+    return Invalid(
+        "model.n_kv_heads",
+        absl::StrCat("model.n_heads (", m.n_heads,
+                     ") must be a multiple of it, got ", m.n_kv_heads));
   }
   if (m.rope_scaling.type == "llama3" &&
       m.rope_scaling.high_freq_factor <= m.rope_scaling.low_freq_factor) {
@@ -695,14 +695,12 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
     if (!m.architecture.empty() && m.qkv_bias != qwen2) {
       return Invalid("model.qkv_bias",
                      absl::StrCat("must be ", qwen2 ? "true" : "false",
-                                  " for model.architecture ",
-                                  m.architecture));
+                                  " for model.architecture ", m.architecture));
     }
     if (!m.architecture.empty() && m.qk_norm != qwen3) {
       return Invalid("model.qk_norm",
                      absl::StrCat("must be ", qwen3 ? "true" : "false",
-                                  " for model.architecture ",
-                                  m.architecture));
+                                  " for model.architecture ", m.architecture));
     }
   }
   if (!m.hf_path.empty() && m.moe_experts > 0) {
@@ -868,7 +866,8 @@ std::optional<FieldError> ApplyHfArchitecture(ModelConfig& m) {
   }
   absl::StatusOr<HfModelInfo> info = ReadHfModelConfig(m.hf_path);
   if (!info.ok()) {
-    FieldError e = Invalid("model.hf_path", std::string(info.status().message()));
+    FieldError e =
+        Invalid("model.hf_path", std::string(info.status().message()));
     e.code = info.status().code() == absl::StatusCode::kNotFound
                  ? absl::StatusCode::kNotFound
                  : absl::StatusCode::kInvalidArgument;
@@ -883,12 +882,13 @@ std::optional<FieldError> ApplyHfArchitecture(ModelConfig& m) {
       std::ostringstream set, imported;
       set << m.*field;
       imported << hf.*field;
-      error = Invalid(
-          absl::StrCat("model.", key),
-          absl::StrCat("is ", set.str(), " but model.hf_path's config.json "
-                       "gives ", imported.str(),
-                       "; leave the architecture keys unset with "
-                       "model.hf_path"));
+      error = Invalid(absl::StrCat("model.", key),
+                      absl::StrCat("is ", set.str(),
+                                   " but model.hf_path's config.json "
+                                   "gives ",
+                                   imported.str(),
+                                   "; leave the architecture keys unset with "
+                                   "model.hf_path"));
       return;
     }
     m.*field = hf.*field;
@@ -909,12 +909,11 @@ std::optional<FieldError> ApplyHfArchitecture(ModelConfig& m) {
   if (error) return error;
   const RopeScalingConfig& r = m.rope_scaling;
   const RopeScalingConfig rdef;
-  const bool rope_default =
-      r.type == rdef.type && r.factor == rdef.factor &&
-      r.low_freq_factor == rdef.low_freq_factor &&
-      r.high_freq_factor == rdef.high_freq_factor &&
-      r.original_max_position_embeddings ==
-          rdef.original_max_position_embeddings;
+  const bool rope_default = r.type == rdef.type && r.factor == rdef.factor &&
+                            r.low_freq_factor == rdef.low_freq_factor &&
+                            r.high_freq_factor == rdef.high_freq_factor &&
+                            r.original_max_position_embeddings ==
+                                rdef.original_max_position_embeddings;
   const RopeScalingConfig& h = hf.rope_scaling;
   const bool rope_same =
       r.type == h.type && r.factor == h.factor &&

@@ -1,6 +1,7 @@
 #include "fusionrl/config.h"
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -1119,6 +1120,97 @@ TEST(ConfigTest, ValidateAcceptsEdgeValues) {
   c.memory.card_budget_mib = 1099511627776.0;
   c.memory.offload_optimizer = "never";
   EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
+}
+
+// A Hugging Face model directory holding only `config_json`.
+std::string HfDir(const std::string& name, const std::string& config_json) {
+  const std::string dir =
+      absl::StrCat(testing::TempDir(), "/fusionrl_config_test_hf_", name);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << config_json;
+  return dir;
+}
+
+constexpr char kQwen3Json[] = R"({
+  "architectures": ["Qwen3ForCausalLM"], "hidden_size": 64,
+  "intermediate_size": 128, "num_hidden_layers": 2,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+  "vocab_size": 1000, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+  "tie_word_embeddings": true, "hidden_act": "silu",
+  "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 64}})";
+
+TEST(ConfigTest, HfPathTakesTheArchitectureFromConfigJson) {
+  const std::string dir = HfDir("qwen3", kQwen3Json);
+  auto c =
+      ParseJobConfig(absl::StrCat("model: {hf_path: ", dir, "}"), "j.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model.architecture, "Qwen3ForCausalLM");
+  EXPECT_EQ(c->model.d_model, 64);
+  EXPECT_EQ(c->model.n_kv_heads, 2);
+  EXPECT_EQ(c->model.head_dim, 32);
+  EXPECT_EQ(c->model.vocab_size, 1000);
+  EXPECT_TRUE(c->model.qk_norm);
+  EXPECT_FALSE(c->model.qkv_bias);
+  EXPECT_TRUE(c->model.tie_embeddings);
+  EXPECT_EQ(c->model.rope_scaling.type, "llama3");
+  EXPECT_EQ(c->model.rope_scaling.original_max_position_embeddings, 64);
+  // The resolved config reads back (its architecture keys equal the import).
+  auto again = ParseJobConfig(JobConfigToYaml(*c), "j.yaml");
+  ASSERT_TRUE(again.ok()) << again.status();
+  ExpectSameConfig(*c, *again);
+}
+
+TEST(ConfigTest, HfPathRefusesConflictingArchitectureKeys) {
+  const std::string dir = HfDir("qwen3b", kQwen3Json);
+  auto c = ParseJobConfig(
+      absl::StrCat("model: {hf_path: ", dir, ", n_layers: 12}"), "j.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(),
+            "j.yaml: model.n_layers: is 12 but model.hf_path's config.json "
+            "gives 2; leave the architecture keys unset with model.hf_path");
+  // An override is named instead of the file. (A key set to its default
+  // value counts as unset: it takes the imported value.)
+  c = ParseJobConfig(absl::StrCat("model: {hf_path: ", dir, "}"), "j.yaml",
+                     {"model.n_kv_heads=4"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(std::string(c.status().message()),
+              StartsWith("--set model.n_kv_heads=4: is 4 but model.hf_path's "
+                         "config.json gives 2"));
+  const std::string bad =
+      HfDir("gpt2", R"({"architectures": ["GPT2LMHeadModel"]})");
+  c = ParseJobConfig(absl::StrCat("model: {hf_path: ", bad, "}"), "j.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(std::string(c.status().message()),
+              HasSubstr("model.hf_path: " + bad +
+                        "/config.json: architectures: 'GPT2LMHeadModel' is "
+                        "not supported"));
+}
+
+TEST(ConfigTest, ArchitectureKeysAreChecked) {
+  auto c = ParseJobConfig("model: {architecture: Qwen2ForCausalLM}", "j.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(),
+            "j.yaml: model.qkv_bias: must be true for model.architecture "
+            "Qwen2ForCausalLM");
+  c = ParseJobConfig("model: {n_heads: 4, n_kv_heads: 3}", "j.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("model.n_kv_heads"));
+  c = ParseJobConfig("model: {head_dim: 7}", "j.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(std::string(c.status().message()),
+              HasSubstr("model.head_dim: must be even"));
+  c = ParseJobConfig("model: {rope_scaling: {type: yarn}}", "j.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(std::string(c.status().message()),
+              HasSubstr("model.rope_scaling.type"));
+  c = ParseJobConfig(
+      "model: {architecture: Qwen3ForCausalLM, qk_norm: true, head_dim: 48, "
+      "d_model: 128, n_heads: 4, n_kv_heads: 2, tie_embeddings: true}\n"
+      "optim: {logits_chunk_tokens: 0}\nrun: {export_final: true}",
+      "j.yaml");
+  EXPECT_TRUE(c.ok()) << c.status();
 }
 
 }  // namespace

@@ -121,11 +121,11 @@ class Fields {
   std::string file_;
 };
 
-#define HF_ASSIGN(lhs, expr)            \
-  do {                                  \
-    auto hf_value_ = (expr);            \
+#define HF_ASSIGN(lhs, expr)                        \
+  do {                                              \
+    auto hf_value_ = (expr);                        \
     if (!hf_value_.ok()) return hf_value_.status(); \
-    lhs = *std::move(hf_value_);        \
+    lhs = *std::move(hf_value_);                    \
   } while (0)
 
 absl::StatusOr<std::vector<int>> EosIds(const Json& j, const Fields& f,
@@ -215,7 +215,7 @@ absl::StatusOr<HfModelInfo> ReadHfModelConfig(const std::string& dir) {
   if (!j.contains("architectures") || !j["architectures"].is_array() ||
       j["architectures"].size() != 1 || !j["architectures"][0].is_string()) {
     return f.Bad("architectures", "expected a list of one name",
-                  j.value("architectures", Json()));
+                 j.value("architectures", Json()));
   }
   m.architecture = j["architectures"][0].get<std::string>();
   bool known = false;
@@ -263,16 +263,15 @@ absl::StatusOr<HfModelInfo> ReadHfModelConfig(const std::string& dir) {
                      m.n_kv_heads, ")"));
   }
   if (m.head_dim < 2 || m.head_dim % 2 != 0) {
-    return f.Unsupported("head_dim",
-                         absl::StrCat("must be even for rotary embeddings, got ",
-                                      m.head_dim));
+    return f.Unsupported(
+        "head_dim",
+        absl::StrCat("must be even for rotary embeddings, got ", m.head_dim));
   }
   HF_ASSIGN(m.rope_theta, f.Number("rope_theta", 10000.0));
   HF_ASSIGN(m.norm_eps, f.Number("rms_norm_eps", 1e-6));
   HF_ASSIGN(m.tie_embeddings, f.Bool("tie_word_embeddings", false));
   if (auto s = ReadRopeScaling(j, f, &m.rope_scaling); !s.ok()) return s;
-  HF_ASSIGN(info.max_position_embeddings,
-            f.Int("max_position_embeddings", 0));
+  HF_ASSIGN(info.max_position_embeddings, f.Int("max_position_embeddings", 0));
   HF_ASSIGN(info.torch_dtype, f.String("torch_dtype", ""));
   HF_ASSIGN(info.bos_token_id, f.Int("bos_token_id", -1));
 
@@ -331,11 +330,11 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& m, int vocab_size,
         "architecture here (dense models only)");
   }
   if (m.qkv_bias != qwen2 || m.qk_norm != qwen3) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "export: ", arch, " cannot express this model (qkv_bias ",
-        m.qkv_bias ? "true" : "false", ", qk_norm ",
-        m.qk_norm ? "true" : "false",
-        "); set model.architecture to the matching one"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("export: ", arch, " cannot express this model (qkv_bias ",
+                     m.qkv_bias ? "true" : "false", ", qk_norm ",
+                     m.qk_norm ? "true" : "false",
+                     "); set model.architecture to the matching one"));
   }
   const int head_dim = m.head_dim > 0 ? m.head_dim : m.d_model / m.n_heads;
   if (qwen2 && head_dim * m.n_heads != m.d_model) {
@@ -362,13 +361,12 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& m, int vocab_size,
     j["rope_scaling"] = {{"rope_type", "linear"},
                          {"factor", m.rope_scaling.factor}};
   } else {
-    j["rope_scaling"] = {
-        {"rope_type", "llama3"},
-        {"factor", m.rope_scaling.factor},
-        {"low_freq_factor", m.rope_scaling.low_freq_factor},
-        {"high_freq_factor", m.rope_scaling.high_freq_factor},
-        {"original_max_position_embeddings",
-         m.rope_scaling.original_max_position_embeddings}};
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", m.rope_scaling.factor},
+                         {"low_freq_factor", m.rope_scaling.low_freq_factor},
+                         {"high_freq_factor", m.rope_scaling.high_freq_factor},
+                         {"original_max_position_embeddings",
+                          m.rope_scaling.original_max_position_embeddings}};
   }
   j["tie_word_embeddings"] = m.tie_embeddings;
   if (!qwen2) j["attention_bias"] = false;
@@ -388,10 +386,9 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& m, int vocab_size,
 
 const std::vector<std::string>& ArchitectureKeys() {
   static const std::vector<std::string> keys = {
-      "architecture", "vocab_size",   "d_model",    "n_layers",
-      "n_heads",      "n_kv_heads",   "head_dim",   "d_ff",
-      "rope_theta",   "rope_scaling", "norm_eps",   "qkv_bias",
-      "qk_norm",      "tie_embeddings"};
+      "architecture", "vocab_size", "d_model", "n_layers",      "n_heads",
+      "n_kv_heads",   "head_dim",   "d_ff",    "rope_theta",    "rope_scaling",
+      "norm_eps",     "qkv_bias",   "qk_norm", "tie_embeddings"};
   return keys;
 }
 

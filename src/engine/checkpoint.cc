@@ -60,6 +60,30 @@ nlohmann::ordered_json ModelJson(const ModelConfig& m, int vocab) {
   return j;
 }
 
+// <dir>/meta.json, parsed: NotFound without one, DataLoss when it is not
+// JSON or has no model section.
+absl::StatusOr<nlohmann::json> ReadMetaJson(const std::string& dir) {
+  std::ifstream in(fs::path(dir) / "meta.json");
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("checkpoint '", dir,
+                     "': no meta.json (not a FusionRL checkpoint "
+                     "directory)"));
+  }
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const nlohmann::json::exception& e) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint '", dir, "': meta.json: ", e.what()));
+  }
+  if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint '", dir, "': meta.json has no model section"));
+  }
+  return j;
+}
+
 // The inverse of ModelJson. Missing optional keys keep their defaults.
 absl::Status ModelFromJson(const nlohmann::json& j, const std::string& where,
                            ModelConfig* m, int* vocab) {
@@ -103,20 +127,7 @@ absl::Status ModelFromJson(const nlohmann::json& j, const std::string& where,
 }  // namespace
 
 absl::StatusOr<CheckpointModel> ReadCheckpointModel(const std::string& dir) {
-  const fs::path meta_path = fs::path(dir) / "meta.json";
-  std::ifstream in(meta_path);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat("checkpoint '", dir,
-                     "': no meta.json (not a FusionRL checkpoint "
-                     "directory)"));
-  }
-  nlohmann::json j =
-      nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) {
-    return absl::DataLossError(absl::StrCat(
-        "checkpoint '", dir, "': meta.json is not JSON with a model section"));
-  }
+  FUSIONRL_ASSIGN_OR_RETURN(nlohmann::json j, ReadMetaJson(dir));
   CheckpointModel out;
   FUSIONRL_RETURN_IF_ERROR(ModelFromJson(j["model"],
                                          absl::StrCat("checkpoint '", dir, "'"),
@@ -186,26 +197,8 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir,
                                               PolicyModel& model,
                                               Trainer* trainer) {
   const fs::path root(dir);
-  const fs::path meta_path = root / "meta.json";
-  std::ifstream in(meta_path);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat("checkpoint '", dir,
-                     "': no meta.json (not a FusionRL checkpoint "
-                     "directory)"));
-  }
-  nlohmann::json j;
-  try {
-    in >> j;
-  } catch (const nlohmann::json::exception& e) {
-    return absl::DataLossError(
-        absl::StrCat("checkpoint '", dir, "': meta.json: ", e.what()));
-  }
+  FUSIONRL_ASSIGN_OR_RETURN(nlohmann::json j, ReadMetaJson(dir));
   const auto expected = ModelJson(model.config(), model.vocab_size());
-  if (!j.contains("model") || !j["model"].is_object()) {
-    return absl::DataLossError(
-        absl::StrCat("checkpoint '", dir, "': meta.json has no model section"));
-  }
   // A dense config must not read a MoE checkpoint either.
   const nlohmann::json stored_experts =
       j["model"].value("moe_experts", nlohmann::json(0));

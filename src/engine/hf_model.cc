@@ -38,9 +38,9 @@ absl::StatusOr<c10::ScalarType> TorchType(StDtype d, const std::string& file,
     case StDtype::kF16:
       return torch::kHalf;
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat(file, ": tensor '", name, "' has dtype ",
-                       std::string(StDtypeName(d)), " (weights must be F32, BF16 or F16)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          file, ": tensor '", name, "' has dtype ", std::string(StDtypeName(d)),
+          " (weights must be F32, BF16 or F16)"));
   }
 }
 
@@ -136,9 +136,10 @@ absl::Status LoadHfWeights(const std::string& dir, PolicyModel& model) {
     FUSIONRL_ASSIGN_OR_RETURN(std::string hf, HfParameterName(name));
     auto it = stored.find(hf);
     if (it == stored.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": missing tensor '", hf, "' (config.json's architecture "
-          "needs it)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": missing tensor '", hf,
+                       "' (config.json's architecture "
+                       "needs it)"));
     }
     const SafetensorsFile& file = *it->second.first;
     const StTensorInfo& info = *it->second.second;
@@ -153,7 +154,8 @@ absl::Status LoadHfWeights(const std::string& dir, PolicyModel& model) {
                               TorchType(info.dtype, file.path(), hf));
     const absl::Span<const uint8_t> bytes = file.Data(info);
     at::Tensor host = torch::empty(want, torch::TensorOptions().dtype(type));
-    if (!bytes.empty()) std::memcpy(host.data_ptr(), bytes.data(), bytes.size());
+    if (!bytes.empty())
+      std::memcpy(host.data_ptr(), bytes.data(), bytes.size());
     param.copy_(host);
     used.insert(hf);
   }
@@ -211,10 +213,10 @@ absl::Status ExportHfModel(const PolicyModel& model, const std::string& out_dir,
       host.push_back(std::move(t));
     }
   }
-  FUSIONRL_RETURN_IF_ERROR(
-      WriteShardedSafetensors(tmp_dir.string(), views, {{"format", "pt"}},
-                              options.max_shard_bytes)
-          .status());
+  FUSIONRL_RETURN_IF_ERROR(WriteShardedSafetensors(tmp_dir.string(), views,
+                                                   {{"format", "pt"}},
+                                                   options.max_shard_bytes)
+                               .status());
   FUSIONRL_RETURN_IF_ERROR(
       WriteFileAtomic((tmp_dir / "config.json").string(), config_json));
   nlohmann::ordered_json gen = nlohmann::ordered_json::object();
@@ -229,8 +231,8 @@ absl::Status ExportHfModel(const PolicyModel& model, const std::string& out_dir,
   if (!options.tokenizer_dir.empty()) {
     const fs::path src(options.tokenizer_dir);
     if (!fs::exists(src / "tokenizer.json")) {
-      return absl::NotFoundError(absl::StrCat(
-          "export: no tokenizer.json in '", options.tokenizer_dir, "'"));
+      return absl::NotFoundError(absl::StrCat("export: no tokenizer.json in '",
+                                              options.tokenizer_dir, "'"));
     }
     for (const char* name :
          {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -239,9 +241,9 @@ absl::Status ExportHfModel(const PolicyModel& model, const std::string& out_dir,
       fs::copy_file(src / name, tmp_dir / name,
                     fs::copy_options::overwrite_existing, ec);
       if (ec) {
-        return absl::UnavailableError(absl::StrCat(
-            "export: cannot copy '", (src / name).string(), "': ",
-            ec.message()));
+        return absl::UnavailableError(absl::StrCat("export: cannot copy '",
+                                                   (src / name).string(),
+                                                   "': ", ec.message()));
       }
     }
   }
@@ -251,9 +253,9 @@ absl::Status ExportHfModel(const PolicyModel& model, const std::string& out_dir,
   if (fs::exists(final_dir)) fs::rename(final_dir, old_dir, ec);
   if (!ec) fs::rename(tmp_dir, final_dir, ec);
   if (ec) {
-    return absl::UnavailableError(absl::StrCat(
-        "export: cannot move '", tmp_dir.string(), "' to '", out_dir, "': ",
-        ec.message()));
+    return absl::UnavailableError(absl::StrCat("export: cannot move '",
+                                               tmp_dir.string(), "' to '",
+                                               out_dir, "': ", ec.message()));
   }
   fs::remove_all(old_dir, ec);
   return absl::OkStatus();

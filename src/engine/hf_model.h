@@ -42,7 +42,7 @@ struct HfExportOptions {
   // present, special_tokens_map.json, vocab.json, merges.txt,
   // generation_config.json's neighbours) are copied from here; "" = none.
   std::string tokenizer_dir;
-  int bos_token_id = -1;       // config.json / generation_config.json
+  int bos_token_id = -1;  // config.json / generation_config.json
   std::vector<int> eos_token_ids;
 };
 

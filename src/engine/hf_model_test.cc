@@ -4,6 +4,8 @@
 // scripts/make_hf_fixtures.py (ctest's hf_fixtures_setup runs it into
 // $FUSIONRL_HF_FIXTURES). Without the fixtures (no Qwen3 tokenizer fetched,
 // no python3-torch) the tests skip and say why.
+#include "engine/hf_model.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/types.h>
@@ -18,7 +20,6 @@
 #include <vector>
 
 #include "core/hf_config.h"
-#include "engine/hf_model.h"
 #include "engine/model.h"
 #include "engine/model_dir.h"
 #include "engine/rollout.h"
@@ -46,13 +47,13 @@ std::string ModelDir(const std::string& name) {
   return fs::exists(dir / "golden.json") ? dir.string() : "";
 }
 
-#define REQUIRE_FIXTURE(dir, name)                                         \
-  const std::string dir = ModelDir(name);                                  \
-  if (dir.empty()) {                                                       \
-    GTEST_SKIP() << "HF fixtures not found (FUSIONRL_HF_FIXTURES='"        \
-                 << FixturesDir()                                          \
+#define REQUIRE_FIXTURE(dir, name)                                          \
+  const std::string dir = ModelDir(name);                                   \
+  if (dir.empty()) {                                                        \
+    GTEST_SKIP() << "HF fixtures not found (FUSIONRL_HF_FIXTURES='"         \
+                 << FixturesDir()                                           \
                  << "'): run scripts/fetch-test-data.sh, then ctest makes " \
-                    "them with scripts/make_hf_fixtures.py";               \
+                    "them with scripts/make_hf_fixtures.py";                \
   }
 
 nlohmann::json ReadJson(const fs::path& path) {
@@ -148,8 +149,8 @@ TEST_P(HfImportTest, ExportRoundTripIsBitIdentical) {
   REQUIRE_FIXTURE(dir, GetParam());
   auto model = Import(dir);
   ASSERT_NE(model, nullptr);
-  const fs::path tmp = fs::path(::testing::TempDir()) /
-                       (std::string("hf_export_") + GetParam());
+  const fs::path tmp =
+      fs::path(::testing::TempDir()) / (std::string("hf_export_") + GetParam());
   for (const char* dtype : {"float32", "bfloat16"}) {
     HfExportOptions options;
     options.dtype = dtype;
@@ -181,7 +182,8 @@ TEST_P(HfImportTest, ExportRoundTripIsBitIdentical) {
   std::map<std::string, std::vector<uint8_t>> source;
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
-    if (name.rfind("model", 0) != 0 || entry.path().extension() != ".safetensors") {
+    if (name.rfind("model", 0) != 0 ||
+        entry.path().extension() != ".safetensors") {
       continue;
     }
     auto f = SafetensorsFile::Open(entry.path().string());
@@ -257,9 +259,10 @@ TEST(HfImportErrorsTest, BadDirectoriesAreRefusedNamingFileAndTensor) {
   const std::string norm = "model.layers.1.self_attn.k_norm.weight";
 
   auto missing = MutateQwen3(dir, "missing", keep, [&](auto& v) {
-    v.erase(std::remove_if(v.begin(), v.end(),
-                           [&](const StTensorView& t) { return t.name == norm; }),
-            v.end());
+    v.erase(
+        std::remove_if(v.begin(), v.end(),
+                       [&](const StTensorView& t) { return t.name == norm; }),
+        v.end());
   });
   std::string e = LoadError(missing.dir);
   EXPECT_NE(e.find("missing tensor '" + norm + "'"), std::string::npos) << e;
@@ -372,7 +375,8 @@ TEST(ChunkedLogitsTest, MatchesFloat64AndTheCompositeGradients) {
   };
   // The logits are large (the fixture's weights are spread out so greedy
   // decoding is decisive): errors are relative to the largest log-prob.
-  const double scale = std::max(1.0, (logp64 * mask).abs().max().item<double>());
+  const double scale =
+      std::max(1.0, (logp64 * mask).abs().max().item<double>());
   const auto composite = run(0);
   std::cerr << "float32 composite path vs float64 (scale " << scale
             << "): log-prob " << error(composite.first.logp, logp64)
@@ -417,10 +421,10 @@ TEST(HfRlTest, GrpoRaisesRewardOnTheRealVocabulary) {
   ASSERT_EQ(loaded->chat.format, ChatFormat::kChatML);
 
   std::vector<std::vector<int>> questions;
-  for (const char* q : {"What is 2 + 3?", "Name a colour.", "Say hello.",
-                        "Count to three."}) {
-    const std::string text = RenderChat(loaded->chat.format, loaded->chat.info,
-                                        {{"user", q}}, true);
+  for (const char* q :
+       {"What is 2 + 3?", "Name a colour.", "Say hello.", "Count to three."}) {
+    const std::string text =
+        RenderChat(loaded->chat.format, loaded->chat.info, {{"user", q}}, true);
     auto ids = tok.Encode(text);
     ASSERT_TRUE(ids.ok()) << ids.status();
     questions.push_back(*ids);
@@ -433,8 +437,8 @@ TEST(HfRlTest, GrpoRaisesRewardOnTheRealVocabulary) {
     at::NoGradGuard no_grad;
     at::Tensor mean_p;
     for (const auto& q : questions) {
-      at::Tensor ids = at::tensor(std::vector<int64_t>(q.begin(), q.end()))
-                           .unsqueeze(0);
+      at::Tensor ids =
+          at::tensor(std::vector<int64_t>(q.begin(), q.end())).unsqueeze(0);
       at::Tensor valid = at::ones_like(ids, at::kBool);
       at::Tensor p = at::softmax(
           model.Forward(ids, PositionsFromValid(valid), valid)[0][-1], -1);
@@ -497,8 +501,8 @@ TEST(HfRlTest, GrpoRaisesRewardOnTheRealVocabulary) {
   for (int s = 0; s < 4; ++s) after += round(500 + s, false) / 4;
   EXPECT_LT(before, 0.25) << "target p " << target_p;
   EXPECT_GT(after, before + 0.4) << "target p " << target_p;
-  std::cerr << "reward of token " << target << ": " << before << " -> "
-            << after << "\n";
+  std::cerr << "reward of token " << target << ": " << before << " -> " << after
+            << "\n";
 }
 
 }  // namespace

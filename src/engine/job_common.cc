@@ -58,9 +58,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadJobTokenizer(
   if (!tokenizer.ok()) {
     return absl::Status(
         tokenizer.status().code(),
-        absl::StrCat(model.tokenizer.empty() ? "model.hf_path: "
-                                             : "model.tokenizer: ",
-                     tokenizer.status().message()));
+        absl::StrCat(
+            model.tokenizer.empty() ? "model.hf_path: " : "model.tokenizer: ",
+            tokenizer.status().message()));
   }
   return tokenizer;
 }
@@ -71,8 +71,8 @@ absl::StatusOr<DetectedChatTemplate> ResolveChatFormat(
   if (!config.task.chat_template.empty()) {
     auto format = ParseChatFormat(config.task.chat_template);
     if (!format.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "task.chat_template: ", format.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("task.chat_template: ", format.status().message()));
     }
     out.format = *format;
     return out;
@@ -103,8 +103,9 @@ absl::StatusOr<DetectedChatTemplate> ResolveChatFormat(
   }
   if (chat_template.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        path, ": no chat_template; set task.chat_template: chatml | llama3 | "
-              "none"));
+        path,
+        ": no chat_template; set task.chat_template: chatml | llama3 | "
+        "none"));
   }
   auto detected = DetectChatTemplate(chat_template);
   if (!detected.ok()) {
@@ -166,8 +167,8 @@ absl::StatusOr<JobContext> PrepareJob(const JobConfig& config,
   if (!config.model.hf_path.empty() && config.init_checkpoint.empty()) {
     if (auto status = LoadHfWeights(config.model.hf_path, *ctx.policy);
         !status.ok()) {
-      return absl::Status(status.code(), absl::StrCat("model.hf_path: ",
-                                                      status.message()));
+      return absl::Status(status.code(),
+                          absl::StrCat("model.hf_path: ", status.message()));
     }
   }
   if (!config.init_checkpoint.empty()) {
@@ -208,8 +209,8 @@ absl::Status ExportJobPolicy(const JobConfig& config, const JobContext& ctx,
   options.eos_token_ids = ctx.stop_ids;
   auto status = ExportHfModel(policy, out_dir, options);
   if (!status.ok()) {
-    return absl::Status(status.code(), absl::StrCat("run.export_final: ",
-                                                    status.message()));
+    return absl::Status(status.code(),
+                        absl::StrCat("run.export_final: ", status.message()));
   }
   spdlog::info("[{}] exported the policy as a Hugging Face model: {}",
                config.name, out_dir);
@@ -227,9 +228,8 @@ absl::StatusOr<std::vector<int>> EncodeProblemPrompt(const JobContext& ctx,
                                                      const Problem& problem) {
   const std::vector<ChatMessage> messages =
       ProblemMessages(problem, ctx.system_prompt);
-  const std::string text =
-      RenderChat(ctx.chat_format, ctx.chat_info, messages,
-                 /*add_generation_prompt=*/true);
+  const std::string text = RenderChat(ctx.chat_format, ctx.chat_info, messages,
+                                      /*add_generation_prompt=*/true);
   if (ctx.chat_format == ChatFormat::kNone) {
     return EncodePrompt(*ctx.tokenizer, text);
   }
@@ -296,16 +296,15 @@ absl::StatusOr<EvalResult> EvaluateGreedy(PolicyModel& model,
     const size_t end = std::min(problems.size(), i + kBatch);
     std::vector<std::vector<int>> prompts;
     for (size_t j = i; j < end; ++j) {
-      FUSIONRL_ASSIGN_OR_RETURN(
-          auto ids, EncodeProblemPrompt(ctx, problems[j]));
+      FUSIONRL_ASSIGN_OR_RETURN(auto ids,
+                                EncodeProblemPrompt(ctx, problems[j]));
       prompts.push_back(std::move(ids));
     }
     FUSIONRL_ASSIGN_OR_RETURN(auto completions,
                               engine.Generate(prompts, greedy, /*seed=*/0));
     for (size_t j = i; j < end; ++j) {
       const Verdict v = ctx.reward->Score(
-          problems[j],
-          DecodeResponse(ctx, completions[j - i].tokens));
+          problems[j], DecodeResponse(ctx, completions[j - i].tokens));
       reward_sum += v.reward;
       correct += v.correct ? 1 : 0;
     }

@@ -54,8 +54,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadJobTokenizer(
 // with a tokenizer directory, the format its tokenizer_config.json's
 // chat_template is recognised as (InvalidArgument naming the file when it
 // has none or an unrecognised one); else none.
-absl::StatusOr<DetectedChatTemplate> ResolveChatFormat(
-    const JobConfig& config);
+absl::StatusOr<DetectedChatTemplate> ResolveChatFormat(const JobConfig& config);
 
 // Sets LibTorch's thread count, resolves the device, builds tokenizer, task,
 // reward and policy (imports model.hf_path's weights), loads

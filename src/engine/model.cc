@@ -67,9 +67,7 @@ class AttentionImpl : public torch::nn::Module {
   // Face's repeat_kv), each of head_dim. Qwen2 adds biases to q/k/v; Qwen3
   // normalises each head's q and k (RMSNorm over head_dim) before rotary.
   explicit AttentionImpl(const ModelConfig& c)
-      : n_heads_(c.n_heads),
-        n_kv_heads_(KvHeads(c)),
-        head_dim_(HeadDim(c)) {
+      : n_heads_(c.n_heads), n_kv_heads_(KvHeads(c)), head_dim_(HeadDim(c)) {
     auto linear = [&](const char* name, int64_t in, int64_t out, bool bias) {
       return register_module(
           name,
@@ -403,8 +401,8 @@ torch::Tensor RotaryInverseFrequencies(const ModelConfig& c) {
   const double low_wavelen = old_len / r.low_freq_factor;
   const double high_wavelen = old_len / r.high_freq_factor;
   auto wavelen = 2 * M_PI / inv_freq;
-  auto scaled = torch::where(wavelen > low_wavelen, inv_freq / r.factor,
-                             inv_freq);
+  auto scaled =
+      torch::where(wavelen > low_wavelen, inv_freq / r.factor, inv_freq);
   auto smooth = (old_len / wavelen - r.low_freq_factor) /
                 (r.high_freq_factor - r.low_freq_factor);
   auto smoothed = (1 - smooth) * scaled / r.factor + smooth * scaled;
@@ -551,10 +549,10 @@ absl::StatusOr<std::unique_ptr<PolicyModel>> PolicyModel::Create(
   const int64_t kv_heads =
       config.n_kv_heads > 0 ? config.n_kv_heads : config.n_heads;
   if (vocab_size < 1 || head_dim % 2 != 0 || config.n_heads % kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model: invalid shape (vocab ", vocab_size, ", d_model ",
-        config.d_model, ", n_heads ", config.n_heads, ", n_kv_heads ",
-        kv_heads, ", head_dim ", head_dim, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: invalid shape (vocab ", vocab_size, ", d_model ",
+                     config.d_model, ", n_heads ", config.n_heads,
+                     ", n_kv_heads ", kv_heads, ", head_dim ", head_dim, ")"));
   }
   if (config.dtype != "float32" && config.dtype != "bfloat16") {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -672,12 +670,11 @@ KvCache PolicyModel::NewCache(int64_t batch, int64_t capacity) const {
   const auto& c = impl_->config;
   KvCache cache;
   cache.capacity = capacity;
-  auto opts =
-      torch::TensorOptions().dtype(ModelDtype(c)).device(impl_->device);
+  auto opts = torch::TensorOptions().dtype(ModelDtype(c)).device(impl_->device);
   for (int i = 0; i < c.n_layers; ++i) {
-    cache.keys.push_back(torch::empty({batch, AttentionImpl::KvHeads(c),
-                                       capacity, AttentionImpl::HeadDim(c)},
-                                      opts));
+    cache.keys.push_back(torch::empty(
+        {batch, AttentionImpl::KvHeads(c), capacity, AttentionImpl::HeadDim(c)},
+        opts));
     cache.values.push_back(torch::empty_like(cache.keys.back()));
   }
   return cache;

@@ -21,9 +21,10 @@ absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir,
   const bool hf = fs::exists(fs::path(dir) / "config.json");
   const bool checkpoint = fs::exists(fs::path(dir) / "meta.json");
   if (!hf && !checkpoint) {
-    return absl::NotFoundError(absl::StrCat(
-        "'", dir, "' is neither a Hugging Face model directory (no "
-        "config.json) nor a FusionRL checkpoint (no meta.json)"));
+    return absl::NotFoundError(
+        absl::StrCat("'", dir,
+                     "' is neither a Hugging Face model directory (no "
+                     "config.json) nor a FusionRL checkpoint (no meta.json)"));
   }
   if (hf) {
     FUSIONRL_ASSIGN_OR_RETURN(HfModelInfo info, ReadHfModelConfig(dir));
@@ -33,17 +34,17 @@ absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir,
     out.hf_path = dir;
     out.bos_token_id = info.bos_token_id;
     out.eos_token_ids = info.eos_token_ids;
-    m.max_seq_len = info.max_position_embeddings > 0
-                        ? info.max_position_embeddings
-                        : 2048;
+    m.max_seq_len =
+        info.max_position_embeddings > 0 ? info.max_position_embeddings : 2048;
   } else {
     FUSIONRL_ASSIGN_OR_RETURN(CheckpointModel cm, ReadCheckpointModel(dir));
     m = cm.model;
     vocab = cm.vocab_size;
     out.hf_path = cm.hf_path;
-    if (!cm.hf_path.empty() && fs::exists(fs::path(cm.hf_path) /
-                                          "config.json")) {
-      FUSIONRL_ASSIGN_OR_RETURN(HfModelInfo info, ReadHfModelConfig(cm.hf_path));
+    if (!cm.hf_path.empty() &&
+        fs::exists(fs::path(cm.hf_path) / "config.json")) {
+      FUSIONRL_ASSIGN_OR_RETURN(HfModelInfo info,
+                                ReadHfModelConfig(cm.hf_path));
       out.bos_token_id = info.bos_token_id;
       out.eos_token_ids = info.eos_token_ids;
     }

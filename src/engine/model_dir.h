@@ -22,8 +22,8 @@ namespace fusionrl {
 struct ModelDirOptions {
   c10::Device device = c10::Device("cpu");
   std::string dtype = "float32";  // compute dtype
-  int max_seq_len = 0;  // rotary table length; 0 = the stored model's
-  std::string tokenizer;  // tokenizer directory; "" = the model's own
+  int max_seq_len = 0;            // rotary table length; 0 = the stored model's
+  std::string tokenizer;          // tokenizer directory; "" = the model's own
 };
 
 struct LoadedModel {

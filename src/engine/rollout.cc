@@ -108,8 +108,7 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(
   auto alive = at::ones({batch}, long_opts.dtype(at::kBool).device(device));
   int64_t steps = 0;
   const bool greedy = params.temperature <= 0.0;
-  const bool unfiltered =
-      greedy || (params.top_k <= 0 && params.top_p >= 1.0);
+  const bool unfiltered = greedy || (params.top_k <= 0 && params.top_p >= 1.0);
   for (int64_t step = 0; step < max_new; ++step) {
     at::Tensor next, token_logp;
     if (unfiltered && device.is_cpu()) {
@@ -123,25 +122,25 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(
       next = rows.tokens;
       token_logp = rows.logp;
     } else {
-    auto scaled = greedy ? logits.to(at::kFloat)
-                         : logits.to(at::kFloat) / params.temperature;
-    auto logp_all = at::log_softmax(scaled, -1);
-    if (greedy) {
-      next = scaled.argmax(-1);
-    } else {
-      auto probs =
-          at::softmax(FilterLogits(scaled, params.top_k, params.top_p), -1);
-      auto cdf = probs.cumsum(-1);
-      // Inverse-CDF draw with u in (0, 1]: the first token whose cumulative
-      // mass reaches u; zero-probability tokens can never be chosen.
-      auto u = (1.0 - at::rand({batch, 1}, gen,
-                               at::TensorOptions().dtype(at::kFloat)))
-                   .to(device);
-      next = (cdf < u * cdf.narrow(-1, cdf.size(-1) - 1, 1))
-                 .sum(-1)
-                 .clamp_max(cdf.size(-1) - 1);
-    }
-    token_logp = logp_all.gather(-1, next.unsqueeze(-1)).squeeze(-1);
+      auto scaled = greedy ? logits.to(at::kFloat)
+                           : logits.to(at::kFloat) / params.temperature;
+      auto logp_all = at::log_softmax(scaled, -1);
+      if (greedy) {
+        next = scaled.argmax(-1);
+      } else {
+        auto probs =
+            at::softmax(FilterLogits(scaled, params.top_k, params.top_p), -1);
+        auto cdf = probs.cumsum(-1);
+        // Inverse-CDF draw with u in (0, 1]: the first token whose cumulative
+        // mass reaches u; zero-probability tokens can never be chosen.
+        auto u = (1.0 - at::rand({batch, 1}, gen,
+                                 at::TensorOptions().dtype(at::kFloat)))
+                     .to(device);
+        next = (cdf < u * cdf.narrow(-1, cdf.size(-1) - 1, 1))
+                   .sum(-1)
+                   .clamp_max(cdf.size(-1) - 1);
+      }
+      token_logp = logp_all.gather(-1, next.unsqueeze(-1)).squeeze(-1);
     }
     next = at::where(alive, next, at::full_like(next, pad_id_));
     out_tokens.select(1, step).copy_(next);

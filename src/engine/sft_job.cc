@@ -135,8 +135,7 @@ absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config) {
       WriteCheckpoint(summary.checkpoint_dir, policy, nullptr,
                       CheckpointMeta{"sft", config.name, sc.steps, 0, cursor}));
   if (config.run.export_final) {
-    FUSIONRL_RETURN_IF_ERROR(
-        ExportJobPolicy(config, ctx, policy, out + "/hf"));
+    FUSIONRL_RETURN_IF_ERROR(ExportJobPolicy(config, ctx, policy, out + "/hf"));
   }
   summary.final_eval_accuracy = last_eval;
   summary.steps = sc.steps;

@@ -95,9 +95,10 @@ ResponseTokenStats ResponseTokenLogProbs(PolicyModel& model,
           .narrow(1, batch.prompt_len - 1, r_len);
   const int64_t d = hidden.size(2);
   // Real response positions only (padding never reaches the head).
-  const auto index =
-      batch.valid.narrow(1, batch.prompt_len, r_len).reshape(-1).nonzero()
-          .squeeze(-1);
+  const auto index = batch.valid.narrow(1, batch.prompt_len, r_len)
+                         .reshape(-1)
+                         .nonzero()
+                         .squeeze(-1);
   const int64_t n = index.size(0);
   const auto h = hidden.reshape({b * r_len, d}).index_select(0, index);
   const auto targets = batch.response_ids.reshape(-1).index_select(0, index);
@@ -398,8 +399,8 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
         }
         {
           at::NoGradGuard no_grad;
-          ent_sum += MaskedMean(tok.entropy.detach(), mb.response_mask) *
-                     mb_tokens;
+          ent_sum +=
+              MaskedMean(tok.entropy.detach(), mb.response_mask) * mb_tokens;
         }
         if (moe) {
           // Once per micro-batch, weighted by its share of the (global)

@@ -181,8 +181,8 @@ SampledRows SampleRows(const at::Tensor& logits, const at::Tensor& u,
       // a token of zero probability leaves the running sum unchanged, so
       // the first index to reach the target never is one.
       const double target = static_cast<double>(up[r]) * s;
-      int64_t t = std::lower_bound(cdf.begin(), cdf.end(), target) -
-                  cdf.begin();
+      int64_t t =
+          std::lower_bound(cdf.begin(), cdf.end(), target) - cdf.begin();
       t = std::min(t, v - 1);
       tok[r] = t;
       lp[r] = static_cast<float>((row[t] - m) * inv_t - std::log(s));

@@ -726,8 +726,8 @@ absl::StatusOr<RolloutBatch> CardRunner::SampleGroups(
   std::vector<std::vector<int>> prompts;
   for (uint64_t index : groups) {
     batch.problems.push_back(ctx_.task->TrainProblem(index));
-    FUSIONRL_ASSIGN_OR_RETURN(
-        auto ids, EncodeProblemPrompt(ctx_, batch.problems.back()));
+    FUSIONRL_ASSIGN_OR_RETURN(auto ids,
+                              EncodeProblemPrompt(ctx_, batch.problems.back()));
     for (int i = 0; i < rc.group_size; ++i) {
       Sample s;
       s.group_id = index;
@@ -774,9 +774,8 @@ absl::StatusOr<RolloutBatch> CardRunner::SampleGroups(
     s.response_ids = std::move((*completions)[i].tokens);
     s.behaviour_logp = std::move((*completions)[i].logp);
     s.finished = (*completions)[i].finished;
-    const Verdict v =
-        ctx_.reward->Score(batch.problems[i / rc.group_size],
-                           DecodeResponse(ctx_, s.response_ids));
+    const Verdict v = ctx_.reward->Score(batch.problems[i / rc.group_size],
+                                         DecodeResponse(ctx_, s.response_ids));
     s.reward = v.reward;
     s.correct = v.correct;
     batch.reward_sum += v.reward;
