@@ -71,8 +71,9 @@ absl::StatusOr<std::vector<int64_t>> ParseChunks(const std::string& text) {
 // first problems), so every token of the batch is valid.
 absl::StatusOr<CollatedBatch> RlShapedBatch(const JobContext& ctx, int batch,
                                             int response_len) {
-  FUSIONRL_ASSIGN_OR_RETURN(std::vector<int> first,
-                            EncodeProblemPrompt(ctx, ctx.task->TrainProblem(0)));
+  FUSIONRL_ASSIGN_OR_RETURN(
+      std::vector<int> first,
+      EncodeProblemPrompt(ctx, ctx.task->TrainProblem(0)));
   std::vector<std::vector<int>> prompts = {first};
   const uint64_t scan = std::max<uint64_t>(1000, 4 * batch);
   for (uint64_t i = 1; i < scan && static_cast<int>(prompts.size()) < batch;
@@ -118,9 +119,9 @@ absl::StatusOr<StepResult> Step(PolicyModel& policy, const CollatedBatch& batch,
     at::AutoGradMode grad_on(true);
     ScopedAllocationCounter counter(policy.device());
     const absl::Time start = absl::Now();
-    ResponseTokenStats tok = ResponseTokenLogProbs(policy, batch, temperature,
-                                                   chunk_tokens,
-                                                   /*with_entropy=*/true);
+    ResponseTokenStats tok =
+        ResponseTokenLogProbs(policy, batch, temperature, chunk_tokens,
+                              /*with_entropy=*/true);
     const at::Tensor& mask = batch.response_mask;
     const at::Tensor denom = mask.sum();
     at::Tensor loss = -(tok.logp * mask).sum() / denom -
@@ -141,8 +142,9 @@ absl::StatusOr<StepResult> Step(PolicyModel& policy, const CollatedBatch& batch,
     r.backward_seconds = absl::ToDoubleSeconds(absl::Now() - back);
     r.peak_bytes = counter.peak_bytes();
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(
-        "bench-logits: chunk ", chunk_tokens, ": ", e.what_without_backtrace()));
+    return absl::InternalError(absl::StrCat("bench-logits: chunk ",
+                                            chunk_tokens, ": ",
+                                            e.what_without_backtrace()));
   }
   return r;
 }
@@ -238,9 +240,10 @@ int RunBenchLogits(const BenchLogitsArgs& args) {
           Step(policy, *batch, temperature, run.chunk);
       if (!s.ok()) return Fail(s.status());
       s->logp = at::Tensor();
-      spdlog::info("bench-logits: repeat {} chunk {}: peak {:.1f} MiB, {:.3f} s",
-                   r, run.chunk, s->peak_bytes / 1048576.0,
-                   s->forward_seconds + s->backward_seconds);
+      spdlog::info(
+          "bench-logits: repeat {} chunk {}: peak {:.1f} MiB, {:.3f} s", r,
+          run.chunk, s->peak_bytes / 1048576.0,
+          s->forward_seconds + s->backward_seconds);
       run.steps.push_back(*std::move(s));
     }
   }
@@ -292,9 +295,10 @@ int RunBenchLogits(const BenchLogitsArgs& args) {
         std::all_of(helds.begin(), helds.end(),
                     [&](int64_t h) { return h == helds.front(); });
     if (!identical) {
-      spdlog::warn("bench-logits: chunk {}: peak or held bytes differ across "
-                   "repeats",
-                   run.chunk);
+      spdlog::warn(
+          "bench-logits: chunk {}: peak or held bytes differ across "
+          "repeats",
+          run.chunk);
     }
     const double t = Median(step_s);
     nlohmann::ordered_json s = {
