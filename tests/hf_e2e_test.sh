@@ -45,6 +45,9 @@ for f in config.json generation_config.json model.safetensors tokenizer.json tok
   [ -f "$WORK/run/hf/$f" ] || fail "export lacks $f"
 done
 grep -q '"Qwen3ForCausalLM"' "$WORK/run/hf/config.json" || fail "export config.json"
+# The job trained at 160 tokens; the model keeps its own context.
+grep -q '"max_position_embeddings": 512' "$WORK/run/hf/config.json" ||
+  fail "export shrank max_position_embeddings"
 # The resolved config keeps the imported architecture.
 grep -q 'architecture: Qwen3ForCausalLM' "$WORK/run/config.yaml" || fail "config.yaml lacks the architecture"
 
@@ -59,6 +62,8 @@ timeout 120 "$BIN" export "$WORK/run/checkpoints/final" --out "$WORK/exp" --dtyp
   fail "export exited $?"
 [ -f "$WORK/exp/model.safetensors.index.json" ] || fail "no shard index"
 grep -q '"torch_dtype": "bfloat16"' "$WORK/exp/config.json" || fail "export dtype"
+grep -q '"max_position_embeddings": 512' "$WORK/exp/config.json" ||
+  fail "export of the checkpoint shrank max_position_embeddings"
 
 # 4. Bad input: one line, exit 2.
 expect_error() {  # expect_error PATTERN CMD...

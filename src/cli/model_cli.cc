@@ -156,6 +156,7 @@ int RunExport(const ExportArgs& args) {
   export_options.tokenizer_dir = loaded->tokenizer_dir;
   export_options.bos_token_id = loaded->bos_token_id;
   export_options.eos_token_ids = loaded->eos_token_ids;
+  export_options.max_position_embeddings = loaded->max_position_embeddings;
   if (auto s = ExportHfModel(*loaded->policy, args.out, export_options);
       !s.ok()) {
     return Fail(s);

@@ -319,7 +319,8 @@ absl::StatusOr<HfModelInfo> ReadHfModelConfig(const std::string& dir) {
 absl::StatusOr<std::string> HfConfigJson(const ModelConfig& m, int vocab_size,
                                          int bos_token_id,
                                          const std::vector<int>& eos_ids,
-                                         const std::string& torch_dtype) {
+                                         const std::string& torch_dtype,
+                                         int max_position_embeddings) {
   const std::string arch =
       m.architecture.empty() ? "LlamaForCausalLM" : m.architecture;
   const bool qwen2 = arch == "Qwen2ForCausalLM";
@@ -352,7 +353,8 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& m, int vocab_size,
   j["num_key_value_heads"] = m.n_kv_heads > 0 ? m.n_kv_heads : m.n_heads;
   if (!qwen2) j["head_dim"] = head_dim;
   j["hidden_act"] = "silu";
-  j["max_position_embeddings"] = m.max_seq_len;
+  j["max_position_embeddings"] =
+      max_position_embeddings > 0 ? max_position_embeddings : m.max_seq_len;
   j["rms_norm_eps"] = m.norm_eps;
   j["rope_theta"] = m.rope_theta;
   if (m.rope_scaling.type == "none") {

@@ -42,13 +42,16 @@ struct HfModelInfo {
 absl::StatusOr<HfModelInfo> ReadHfModelConfig(const std::string& dir);
 
 // The config.json that ReadHfModelConfig reads back as `model` (pretty
-// JSON text). `model.architecture` "" is written as LlamaForCausalLM;
-// InvalidArgument when the model has features its architecture cannot
-// express (e.g. q/k norm in a Llama).
+// JSON text). max_position_embeddings: the context the model supports (the
+// imported model's); 0 = model.max_seq_len, the context it was trained at.
+// `model.architecture` "" is written as LlamaForCausalLM; InvalidArgument when
+// the model has features its architecture cannot express (e.g. q/k norm in a
+// Llama).
 absl::StatusOr<std::string> HfConfigJson(const ModelConfig& model,
                                          int vocab_size, int bos_token_id,
                                          const std::vector<int>& eos_ids,
-                                         const std::string& torch_dtype);
+                                         const std::string& torch_dtype,
+                                         int max_position_embeddings = 0);
 
 // The names of the [arch] keys, for error messages and docs.
 const std::vector<std::string>& ArchitectureKeys();

@@ -180,7 +180,8 @@ absl::Status ExportHfModel(const PolicyModel& model, const std::string& out_dir,
   FUSIONRL_ASSIGN_OR_RETURN(
       std::string config_json,
       HfConfigJson(model.config(), model.vocab_size(), options.bos_token_id,
-                   options.eos_token_ids, options.dtype));
+                   options.eos_token_ids, options.dtype,
+                   options.max_position_embeddings));
 
   const fs::path final_dir(out_dir);
   const fs::path tmp_dir(out_dir + ".tmp");

@@ -44,6 +44,10 @@ struct HfExportOptions {
   std::string tokenizer_dir;
   int bos_token_id = -1;  // config.json / generation_config.json
   std::vector<int> eos_token_ids;
+  // config.json's max_position_embeddings: the imported model's context
+  // (a job's shorter model.max_seq_len must not shrink it); 0 = the
+  // model's max_seq_len.
+  int max_position_embeddings = 0;
 };
 
 // Writes `model` as a Hugging Face directory at `out_dir`: config.json,

@@ -205,6 +205,7 @@ absl::Status ExportJobPolicy(const JobConfig& config, const JobContext& ctx,
     FUSIONRL_ASSIGN_OR_RETURN(HfModelInfo info,
                               ReadHfModelConfig(config.model.hf_path));
     if (info.bos_token_id >= 0) options.bos_token_id = info.bos_token_id;
+    options.max_position_embeddings = info.max_position_embeddings;
   }
   options.eos_token_ids = ctx.stop_ids;
   auto status = ExportHfModel(policy, out_dir, options);

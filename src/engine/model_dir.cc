@@ -34,6 +34,7 @@ absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir,
     out.hf_path = dir;
     out.bos_token_id = info.bos_token_id;
     out.eos_token_ids = info.eos_token_ids;
+    out.max_position_embeddings = info.max_position_embeddings;
     m.max_seq_len =
         info.max_position_embeddings > 0 ? info.max_position_embeddings : 2048;
   } else {
@@ -47,6 +48,7 @@ absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir,
                                 ReadHfModelConfig(cm.hf_path));
       out.bos_token_id = info.bos_token_id;
       out.eos_token_ids = info.eos_token_ids;
+      out.max_position_embeddings = info.max_position_embeddings;
     }
   }
   // A checkpoint keeps the length it was trained with (its meta.json

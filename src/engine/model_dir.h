@@ -33,6 +33,8 @@ struct LoadedModel {
   std::string hf_path;        // the Hugging Face directory it came from
   int bos_token_id = -1;      // config / generation_config's, else tokenizer
   std::vector<int> eos_token_ids;  // generation stops at any of these
+  // The Hugging Face config's max_position_embeddings, 0 when unknown.
+  int max_position_embeddings = 0;
   // The chat format of the tokenizer's chat_template; InvalidArgument text
   // in chat_error when it has none or an unrecognised one.
   DetectedChatTemplate chat;
