@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <cstdio>
 #include <iostream>
 
 #include "CLI/CLI.hpp"
@@ -25,8 +26,14 @@ ModelCommands AddModelCommands(CLI::App& app, GenerateArgs& g, ExportArgs& e) {
       ->required();
   c.generate->add_option("--prompt,-p", g.prompt, "prompt text")->required();
   c.generate
-      ->add_option("--max-new-tokens,-n", g.max_new_tokens,
-                   "response length cap in tokens")
+      ->add_option_function<int>(
+          "--max-new-tokens,-n",
+          [&g](const int& n) {
+            g.max_new_tokens = n;
+            g.max_new_tokens_set = true;
+          },
+          "response length cap in tokens (default 64, lowered to fit the "
+          "model's context)")
       ->check(CLI::Range(1, 1 << 20));
   c.generate
       ->add_option("--temperature,-t", g.temperature,
@@ -115,12 +122,24 @@ int RunGenerate(const GenerateArgs& args) {
   if (prompt_ids.empty()) {
     return Fail(absl::InvalidArgumentError("--prompt: encodes to no tokens"));
   }
+  // The default length is lowered to fit the model's context; a length
+  // asked for explicitly that does not fit is an error (from Generate).
+  int max_new = args.max_new_tokens;
+  const int room =
+      m.policy->config().max_seq_len - static_cast<int>(prompt_ids.size());
+  if (!args.max_new_tokens_set && max_new > room && room >= 1) {
+    std::fprintf(stderr,
+                 "fusionrl: --max-new-tokens lowered from %d to %d to fit the "
+                 "model's %d-token context\n",
+                 max_new, room, m.policy->config().max_seq_len);
+    max_new = room;
+  }
   RolloutEngine engine(*m.policy, m.tokenizer->pad_id(), stop);
   SamplingParams sampling;
   sampling.temperature = args.temperature;
   sampling.top_k = args.top_k;
   sampling.top_p = args.top_p;
-  sampling.max_new_tokens = args.max_new_tokens;
+  sampling.max_new_tokens = max_new;
   auto completions = engine.Generate({prompt_ids}, sampling, args.seed);
   if (!completions.ok()) return Fail(completions.status());
   const Completion& c = (*completions)[0];

@@ -21,7 +21,8 @@ struct GenerateArgs {
   std::string model;
   std::string prompt;
   int max_new_tokens = 64;
-  double temperature = 0.0;  // 0 = greedy
+  bool max_new_tokens_set = false;  // given on the command line
+  double temperature = 0.0;         // 0 = greedy
   int top_k = 0;
   double top_p = 1.0;
   uint64_t seed = 0;
