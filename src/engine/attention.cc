@@ -1,0 +1,132 @@
+// The attention sub-block of the policy's decoder layers (engine/attention.h):
+// RMSNorm, the attention mask, rotary tables and grouped-query attention.
+#include "engine/attention.h"
+
+#include <cmath>
+#include <limits>
+
+namespace fusionrl {
+namespace {
+
+// Rotary inverse frequencies theta^(-2i/Dh), i < Dh/2, in float64, with
+// Hugging Face's rope_scaling applied (linear: all / factor; llama3: by
+// wavelength, transformers' _compute_llama3_parameters).
+torch::Tensor RotaryInverseFrequencies(const ModelConfig& c) {
+  const int64_t head_dim = c.head_dim > 0 ? c.head_dim : c.d_model / c.n_heads;
+  auto inv_freq = torch::pow(
+      c.rope_theta, -torch::arange(0, head_dim, 2, torch::kDouble) / head_dim);
+  const RopeScalingConfig& r = c.rope_scaling;
+  if (r.type == "linear") return inv_freq / r.factor;
+  if (r.type != "llama3") return inv_freq;
+  const double old_len = r.original_max_position_embeddings;
+  const double low_wavelen = old_len / r.low_freq_factor;
+  const double high_wavelen = old_len / r.high_freq_factor;
+  auto wavelen = 2 * M_PI / inv_freq;
+  auto scaled =
+      torch::where(wavelen > low_wavelen, inv_freq / r.factor, inv_freq);
+  auto smooth = (old_len / wavelen - r.low_freq_factor) /
+                (r.high_freq_factor - r.low_freq_factor);
+  auto smoothed = (1 - smooth) * scaled / r.factor + smooth * scaled;
+  auto medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
+  return torch::where(medium, smoothed, scaled);
+}
+
+// Rotary embedding, half-split convention (x1, x2) -> (x1 c - x2 s,
+// x1 s + x2 c): Hugging Face's rotate_half, not the interleaved pairs.
+torch::Tensor Rotate(const torch::Tensor& x, const torch::Tensor& cos,
+                     const torch::Tensor& sin) {
+  auto halves = x.chunk(2, -1);
+  const auto& x1 = halves[0];
+  const auto& x2 = halves[1];
+  return torch::cat({x1 * cos - x2 * sin, x1 * sin + x2 * cos}, -1)
+      .to(x.scalar_type());
+}
+
+}  // namespace
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({dim}));
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  auto xf = x.to(torch::kFloat);
+  auto normed = xf * torch::rsqrt(xf.pow(2).mean(-1, true) + eps_);
+  return normed.to(x.scalar_type()) * weight;
+}
+
+torch::Tensor AttentionMask(const torch::Tensor& key_valid, int64_t start,
+                            int64_t t) {
+  const int64_t k = key_valid.size(1);
+  auto opts =
+      torch::TensorOptions().dtype(torch::kLong).device(key_valid.device());
+  auto key_idx = torch::arange(k, opts).unsqueeze(0);              // [1, K]
+  auto query_idx = (torch::arange(t, opts) + start).unsqueeze(1);  // [t, 1]
+  auto causal = key_idx <= query_idx;                              // [t, K]
+  auto self = key_idx == query_idx;                                // [t, K]
+  auto allowed = causal.unsqueeze(0) &
+                 (key_valid.unsqueeze(1) | self.unsqueeze(0));  // [B, t, K]
+  return allowed.unsqueeze(1);
+}
+
+std::pair<torch::Tensor, torch::Tensor> RotaryTables(const ModelConfig& c) {
+  auto inv_freq = RotaryInverseFrequencies(c);
+  auto angles =
+      torch::outer(torch::arange(c.max_seq_len, torch::kDouble), inv_freq);
+  return {torch::cos(angles).to(torch::kFloat),
+          torch::sin(angles).to(torch::kFloat)};
+}
+
+AttentionImpl::AttentionImpl(const ModelConfig& c)
+    : n_heads_(c.n_heads), n_kv_heads_(KvHeads(c)), head_dim_(HeadDim(c)) {
+  auto linear = [&](const char* name, int64_t in, int64_t out, bool bias) {
+    return register_module(
+        name, torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias)));
+  };
+  wq = linear("wq", c.d_model, n_heads_ * head_dim_, c.qkv_bias);
+  wk = linear("wk", c.d_model, n_kv_heads_ * head_dim_, c.qkv_bias);
+  wv = linear("wv", c.d_model, n_kv_heads_ * head_dim_, c.qkv_bias);
+  wo = linear("wo", n_heads_ * head_dim_, c.d_model, false);
+  if (c.qk_norm) {
+    q_norm = register_module("q_norm", RMSNorm(head_dim_, c.norm_eps));
+    k_norm = register_module("k_norm", RMSNorm(head_dim_, c.norm_eps));
+  }
+}
+
+torch::Tensor AttentionImpl::forward(
+    const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+    const torch::Tensor& mask, torch::Tensor* cache_k, torch::Tensor* cache_v,
+    int64_t cache_start) {
+  const int64_t b = x.size(0), t = x.size(1);
+  auto split = [&](const torch::Tensor& y, int64_t heads) {
+    return y.view({b, t, heads, head_dim_});
+  };
+  auto q = split(wq(x), n_heads_);
+  auto k = split(wk(x), n_kv_heads_);
+  if (!q_norm.is_empty()) {
+    q = q_norm(q);
+    k = k_norm(k);
+  }
+  q = Rotate(q.transpose(1, 2), cos, sin);
+  k = Rotate(k.transpose(1, 2), cos, sin);
+  auto v = split(wv(x), n_kv_heads_).transpose(1, 2);
+  if (cache_k != nullptr) {
+    cache_k->narrow(2, cache_start, t).copy_(k);
+    cache_v->narrow(2, cache_start, t).copy_(v);
+    k = cache_k->narrow(2, 0, cache_start + t);
+    v = cache_v->narrow(2, 0, cache_start + t);
+  }
+  if (n_kv_heads_ != n_heads_) {
+    const int64_t rep = n_heads_ / n_kv_heads_;
+    k = k.repeat_interleave(rep, 1);
+    v = v.repeat_interleave(rep, 1);
+  }
+  auto scores = torch::matmul(q, k.transpose(-2, -1)) /
+                std::sqrt(static_cast<double>(head_dim_));
+  scores = scores.masked_fill(mask.logical_not(),
+                              -std::numeric_limits<float>::infinity());
+  auto probs = torch::softmax(scores, -1, torch::kFloat).to(v.scalar_type());
+  auto out = torch::matmul(probs, v);
+  return wo(out.transpose(1, 2).reshape({b, t, n_heads_ * head_dim_}));
+}
+
+}  // namespace fusionrl
