@@ -50,6 +50,14 @@ write syntax.yaml $'model:\n  d_model: [1, 2'
 expect_error yaml_syntax 2 "syntax.yaml|invalid YAML" -- run "$TMP/syntax.yaml"
 
 expect_error missing_file 2 "no-such-job.yaml|cannot open" -- run "$TMP/no-such-job.yaml"
+: > "$TMP/empty.yaml"
+expect_error empty_file 2 "empty.yaml|the file is empty (no keys)" -- run "$TMP/empty.yaml"
+write comments.yaml $'# nothing but a comment\n'
+expect_error comments_only_file 2 "comments.yaml|the file is empty (no keys)" -- validate "$TMP/comments.yaml"
+write lag.yaml $'placement:\n  mode: fused\nstalesync:\n  max_policy_lag: 2'
+expect_error lag_without_decoupled 2 "lag.yaml|stalesync.max_policy_lag|algorithm.decoupled_loss: true" -- validate "$TMP/lag.yaml"
+write weight_mode.yaml $'algorithm:\n  behaviour_weight_mode: clip'
+expect_error bad_weight_mode 2 "weight_mode.yaml|algorithm.behaviour_weight_mode|truncate, mask" -- validate "$TMP/weight_mode.yaml"
 expect_error bad_override 2 "--set rollout.temprature=0.7|unknown key" -- validate "$HERE/data/tiny.yaml" --set rollout.temprature=0.7
 expect_error override_syntax 2 "--set nonsense|key.path=value" -- validate "$HERE/data/tiny.yaml" --set nonsense
 expect_error override_range 2 "model.d_model|divisible" -- validate "$HERE/data/tiny.yaml" --set model.d_model=33

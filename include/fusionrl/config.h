@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace fusionrl {
 
@@ -182,6 +183,24 @@ struct RolloutConfig {
   double top_p = 1.0;         // 1 = off
 };
 
+// What decoupled PPO does with a token whose behaviour importance weight
+// pi_prox / pi_behaviour exceeds algorithm.behaviour_weight_cap
+// (docs/stalesync.md "Truncate or mask").
+//   truncate: the weight becomes the cap (min(w, cap); the token still
+//             trains, with weight cap).
+//   mask:     the token is dropped from the policy loss (weight 0), as
+//             AReaL's behav_imp_weight_cap does; it still counts in the
+//             loss's token and sequence denominators, as in AReaL.
+enum class BehaviourWeightMode { kTruncate, kMask };
+
+// "truncate" -> kTruncate, "mask" -> kMask; anything else is an
+// InvalidArgument "must be one of truncate, mask; got '<name>'".
+absl::StatusOr<BehaviourWeightMode> ParseBehaviourWeightMode(
+    absl::string_view name);
+
+// "truncate", "mask" (the YAML spelling; "?" for a value out of range).
+const char* BehaviourWeightModeName(BehaviourWeightMode mode);
+
 // Policy-gradient algorithm: advantage estimator + clipped surrogate loss.
 struct AlgorithmConfig {
   // grpo | rloo | reinforce_pp
@@ -204,11 +223,15 @@ struct AlgorithmConfig {
   // policy than the trainer's): the PPO ratio is taken against the proximal
   // policy (the trainer's weights at the start of the step, recomputed), and
   // each token's loss is weighted by the behaviour importance weight
-  // pi_prox / pi_behaviour, truncated at behaviour_weight_cap, per token or
-  // per sequence (the product over the sequence's tokens).
+  // pi_prox / pi_behaviour, per token or per sequence (the product over the
+  // sequence's tokens); a weight above behaviour_weight_cap is truncated to
+  // the cap or masked out, per behaviour_weight_mode. Required whenever
+  // stalesync.max_policy_lag > 0 (validation refuses a lag without it).
   bool decoupled_loss = false;
   double behaviour_weight_cap = 5.0;             // >= 1
   std::string behaviour_weight_level = "token";  // token | sequence
+  BehaviourWeightMode behaviour_weight_mode =    // truncate | mask
+      BehaviourWeightMode::kTruncate;
 };
 
 // Optimizer and batching.
@@ -285,7 +308,9 @@ struct StaleSyncConfig {
   // s: a sample may be trained on only if trainer version - behaviour
   // version <= s. Rollout of step u starts only once the policy it samples
   // from is at least version u - 1 - s, so no sample can exceed it; 0 is
-  // exactly synchronous on-policy RL.
+  // exactly synchronous on-policy RL. s > 0 requires
+  // algorithm.decoupled_loss: true (the plain PPO ratio against a stale
+  // behaviour policy gives a biased update; validation refuses it).
   int max_policy_lag = 0;
   // A sample over the lag cannot be admitted, but if one ever reaches the
   // trainer it is never used silently: regenerate = its prompt group is
@@ -341,15 +366,19 @@ struct JobConfig {
   ClusterConfig cluster;
 };
 
-// Reads `path`, applies `overrides` ("key.path=value", YAML scalar syntax for
-// the value) in order, and validates. Relative file paths inside the config
+// Reads `path`, applies `overrides` ("key.path=value", YAML scalar syntax
+// for the value) in order, and validates. A file with no keys (zero bytes,
+// or only comments and whitespace) is an InvalidArgument, "<path>: the file
+// is empty (no keys); ...": an empty file is a mistake, not a request for a
+// default job (write `{}` for that). Relative file paths inside the config
 // (init_checkpoint, task.train_path, task.eval_path) are taken as given, i.e.
 // relative to the working directory, as with any command-line tool; a path
 // that does not exist is a NotFound error naming the key.
 absl::StatusOr<JobConfig> LoadJobConfig(
     const std::string& path, const std::vector<std::string>& overrides = {});
 
-// Same, from YAML text; `source_name` is used in error messages.
+// Same, from YAML text (which must hold at least one key, or be `{}`);
+// `source_name` is used in error messages.
 absl::StatusOr<JobConfig> ParseJobConfig(
     const std::string& yaml_text, const std::string& source_name,
     const std::vector<std::string>& overrides = {});

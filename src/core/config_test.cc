@@ -63,21 +63,45 @@ TEST(ConfigTest, DefaultConfigIsValid) {
   EXPECT_TRUE(ValidateJobConfig(JobConfig{}).ok());
 }
 
-TEST(ConfigTest, EmptyTextGivesDefaults) {
-  absl::StatusOr<JobConfig> config = ParseJobConfig("", "job.yaml");
+TEST(ConfigTest, EmptyMapGivesDefaults) {
+  absl::StatusOr<JobConfig> config = ParseJobConfig("{}\n", "job.yaml");
   ASSERT_TRUE(config.ok()) << config.status();
   JobConfig expected;
   expected.source_path = "job.yaml";
   ExpectSameConfig(*config, expected);
 }
 
-TEST(ConfigTest, CommentsOnlyGiveDefaults) {
-  absl::StatusOr<JobConfig> config =
-      ParseJobConfig("# nothing here\n\n   # at all\n", "job.yaml");
-  ASSERT_TRUE(config.ok()) << config.status();
-  JobConfig expected;
-  expected.source_path = "job.yaml";
-  ExpectSameConfig(*config, expected);
+// A file with no keys is a mistake (a wrong or unsaved file), not a request
+// for the default job: one line, whatever the overrides.
+TEST(ConfigTest, RefusesTextWithNoKeys) {
+  for (const char* text :
+       {"", "\n", "  \n\t\n", "# nothing here\n\n   # at all\n", "---\n"}) {
+    SCOPED_TRACE(text);
+    for (const std::vector<std::string>& overrides :
+         {std::vector<std::string>{},
+          std::vector<std::string>{"rollout.top_k=3"}}) {
+      absl::StatusOr<JobConfig> config =
+          ParseJobConfig(text, "job.yaml", overrides);
+      ASSERT_FALSE(config.ok());
+      EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_EQ(std::string(config.status().message()),
+                "job.yaml: the file is empty (no keys); a job needs at least "
+                "one key (write '{}' to run every default)");
+    }
+  }
+}
+
+TEST(ConfigTest, LoadJobConfigRefusesEmptyFile) {
+  for (const char* content : {"", "# only a comment\n\n"}) {
+    SCOPED_TRACE(content);
+    const std::string path = WriteTempFile("empty.yaml", content);
+    absl::StatusOr<JobConfig> config = LoadJobConfig(path);
+    ASSERT_FALSE(config.ok());
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(
+        std::string(config.status().message()),
+        StartsWith(absl::StrCat(path, ": the file is empty (no keys); ")));
+  }
 }
 
 TEST(ConfigTest, EmptySectionsAndNullStringsAreAccepted) {
@@ -153,6 +177,10 @@ algorithm:
   kl_mode: reward
   entropy_coef: 0.001
   ppo_epochs: 3
+  decoupled_loss: true
+  behaviour_weight_cap: 2.5
+  behaviour_weight_level: sequence
+  behaviour_weight_mode: mask
 optim:
   lr: 3e-4
   weight_decay: 0.1
@@ -236,6 +264,10 @@ placement:
   EXPECT_EQ(c.algorithm.kl_mode, "reward");
   EXPECT_EQ(c.algorithm.entropy_coef, 0.001);
   EXPECT_EQ(c.algorithm.ppo_epochs, 3);
+  EXPECT_TRUE(c.algorithm.decoupled_loss);
+  EXPECT_EQ(c.algorithm.behaviour_weight_cap, 2.5);
+  EXPECT_EQ(c.algorithm.behaviour_weight_level, "sequence");
+  EXPECT_EQ(c.algorithm.behaviour_weight_mode, BehaviourWeightMode::kMask);
   EXPECT_EQ(c.optim.lr, 3e-4);
   EXPECT_EQ(c.optim.weight_decay, 0.1);
   EXPECT_EQ(c.optim.beta1, 0.8);
@@ -333,7 +365,7 @@ TEST(ConfigTest, LoadsMemorySection) {
               absl::StatusCode::kInvalidArgument,
               {"job.yaml: memory.card_budget_mb: unknown key (did you mean "
                "'card_budget_mib'?)"});
-  ExpectError("", absl::StatusCode::kInvalidArgument,
+  ExpectError("{}", absl::StatusCode::kInvalidArgument,
               {"--set memory.offload_optimizer=sometimes: must be one of "
                "never, auto; got 'sometimes'"},
               {"memory.offload_optimizer=sometimes"});
@@ -564,6 +596,100 @@ TEST(ConfigTest, RejectsEnumOutsideSet) {
             "reinforce_pp; got 'ppo2'");
 }
 
+TEST(ConfigTest, BehaviourWeightModeIsParsedOnceAsAnEnum) {
+  absl::StatusOr<JobConfig> defaults = ParseJobConfig("{}", "job.yaml");
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->algorithm.behaviour_weight_mode,
+            BehaviourWeightMode::kTruncate);
+  for (BehaviourWeightMode mode :
+       {BehaviourWeightMode::kTruncate, BehaviourWeightMode::kMask}) {
+    const std::string name = BehaviourWeightModeName(mode);
+    absl::StatusOr<BehaviourWeightMode> parsed = ParseBehaviourWeightMode(name);
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, mode);
+    absl::StatusOr<JobConfig> config = ParseJobConfig(
+        absl::StrCat("algorithm:\n  behaviour_weight_mode: ", name, "\n"),
+        "job.yaml");
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_EQ(config->algorithm.behaviour_weight_mode, mode);
+    EXPECT_THAT(JobConfigToYaml(*config),
+                HasSubstr(absl::StrCat("behaviour_weight_mode: ", name, "\n")));
+  }
+  absl::StatusOr<JobConfig> config = ParseJobConfig(
+      "{}", "job.yaml", {"algorithm.behaviour_weight_mode=mask"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->algorithm.behaviour_weight_mode,
+            BehaviourWeightMode::kMask);
+}
+
+TEST(ConfigTest, RejectsUnknownBehaviourWeightMode) {
+  absl::StatusOr<JobConfig> config =
+      ParseJobConfig("algorithm:\n  behaviour_weight_mode: clip\n", "job.yaml");
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(config.status().message()),
+            "job.yaml: algorithm.behaviour_weight_mode: must be one of "
+            "truncate, mask; got 'clip'");
+  ExpectError("{}", absl::StatusCode::kInvalidArgument,
+              {"--set algorithm.behaviour_weight_mode=Mask: must be one of "
+               "truncate, mask; got 'Mask'"},
+              {"algorithm.behaviour_weight_mode=Mask"});
+  ExpectError("algorithm:\n  behaviour_weight_mode: [mask]\n",
+              absl::StatusCode::kInvalidArgument,
+              {"job.yaml: algorithm.behaviour_weight_mode: expected a string, "
+               "got a sequence"});
+  ExpectError("algorithm:\n  behaviour_weight_mode:\n",
+              absl::StatusCode::kInvalidArgument,
+              {"job.yaml: algorithm.behaviour_weight_mode: expected a string, "
+               "got an empty value"});
+  EXPECT_FALSE(ParseBehaviourWeightMode("").ok());
+  EXPECT_STREQ(BehaviourWeightModeName(static_cast<BehaviourWeightMode>(7)),
+               "?");
+  // A value set in code outside the enum is caught by validation.
+  JobConfig c;
+  c.algorithm.behaviour_weight_mode = static_cast<BehaviourWeightMode>(7);
+  const absl::Status status = ValidateJobConfig(c);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("algorithm.behaviour_weight_mode: not a valid value"));
+}
+
+// A policy lag without the decoupled loss trains stale samples with the
+// plain PPO ratio, a biased update: refused, naming both keys.
+TEST(ConfigTest, RefusesPolicyLagWithoutDecoupledLoss) {
+  absl::StatusOr<JobConfig> config = ParseJobConfig(
+      "placement:\n  mode: fused\nstalesync:\n  max_policy_lag: 2\n",
+      "job.yaml");
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(config.status().message()),
+            "job.yaml: stalesync.max_policy_lag: 2 > 0 requires "
+            "algorithm.decoupled_loss: true (samples from an older policy "
+            "trained with the plain PPO ratio give a biased update); set "
+            "algorithm.decoupled_loss: true, or stalesync.max_policy_lag: 0");
+  // The override that set the lag is blamed.
+  ExpectError("placement:\n  mode: fused\n", absl::StatusCode::kInvalidArgument,
+              {"--set stalesync.max_policy_lag=1: 1 > 0 requires "
+               "algorithm.decoupled_loss: true"},
+              {"stalesync.max_policy_lag=1"});
+  // Also for a config built in code.
+  JobConfig c;
+  c.stalesync.max_policy_lag = 1;
+  EXPECT_THAT(std::string(ValidateJobConfig(c).message()),
+              HasSubstr("stalesync.max_policy_lag: 1 > 0 requires "
+                        "algorithm.decoupled_loss: true"));
+  c.algorithm.decoupled_loss = true;
+  EXPECT_TRUE(ValidateJobConfig(c).ok());
+  config = ParseJobConfig(
+      "placement:\n  mode: fused\nstalesync:\n  max_policy_lag: 2\n"
+      "algorithm:\n  decoupled_loss: true\n",
+      "job.yaml");
+  EXPECT_TRUE(config.ok()) << config.status();
+  // Lag 0 (synchronous) needs nothing.
+  config = ParseJobConfig("stalesync:\n  max_policy_lag: 0\n", "job.yaml");
+  EXPECT_TRUE(config.ok()) << config.status();
+}
+
 TEST(ConfigTest, ReportsYamlSyntaxErrorWithLineAndColumn) {
   absl::StatusOr<JobConfig> config = ParseJobConfig(
       "name: a\nmodel:\n  d_model: 64\n    n_layers: 2\n", "job.yaml");
@@ -615,7 +741,7 @@ TEST(ConfigTest, MathTaskRequiresTrainPath) {
 }
 
 TEST(ConfigTest, LoadsChatTemplateAndSystemPrompt) {
-  absl::StatusOr<JobConfig> defaults = ParseJobConfig("", "job.yaml");
+  absl::StatusOr<JobConfig> defaults = ParseJobConfig("{}", "job.yaml");
   ASSERT_TRUE(defaults.ok()) << defaults.status();
   EXPECT_EQ(defaults->task.chat_template, "");  // auto
   EXPECT_EQ(defaults->task.system_prompt, "");
@@ -673,7 +799,7 @@ TEST(ConfigTest, AppliesOverridesInOrder) {
 
 TEST(ConfigTest, OverrideCanReplaceAWholeSection) {
   absl::StatusOr<JobConfig> config =
-      ParseJobConfig("", "job.yaml", {"optim={lr: 0.5, eps: 1e-6}"});
+      ParseJobConfig("{}", "job.yaml", {"optim={lr: 0.5, eps: 1e-6}"});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->optim.lr, 0.5);
   EXPECT_EQ(config->optim.eps, 1e-6);
@@ -681,13 +807,13 @@ TEST(ConfigTest, OverrideCanReplaceAWholeSection) {
 
 TEST(ConfigTest, RejectsOverrideWithUnknownKey) {
   absl::StatusOr<JobConfig> config =
-      ParseJobConfig("", "job.yaml", {"rollout.temprature=0.7"});
+      ParseJobConfig("{}", "job.yaml", {"rollout.temprature=0.7"});
   ASSERT_FALSE(config.ok());
   EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(std::string(config.status().message()),
             "--set rollout.temprature=0.7: unknown key (did you mean "
             "'temperature'?)");
-  ExpectError("", absl::StatusCode::kInvalidArgument,
+  ExpectError("{}", absl::StatusCode::kInvalidArgument,
               {"--set rolout.temperature=0.7: rolout: unknown key (did you "
                "mean 'rollout'?)"},
               {"rolout.temperature=0.7"});
@@ -696,35 +822,35 @@ TEST(ConfigTest, RejectsOverrideWithUnknownKey) {
 TEST(ConfigTest, RejectsOverrideWithBadSyntax) {
   for (const char* o : {"foo", "=1", "a..b=1", "model.=3"}) {
     SCOPED_TRACE(o);
-    absl::StatusOr<JobConfig> config = ParseJobConfig("", "job.yaml", {o});
+    absl::StatusOr<JobConfig> config = ParseJobConfig("{}", "job.yaml", {o});
     ASSERT_FALSE(config.ok());
     EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(std::string(config.status().message()),
               absl::StrCat("--set ", o, ": expected key.path=value"));
   }
-  ExpectError("", absl::StatusCode::kInvalidArgument,
+  ExpectError("{}", absl::StatusCode::kInvalidArgument,
               {"--set name=[a: invalid YAML value"}, {"name=[a"});
 }
 
 TEST(ConfigTest, RejectsOverrideWithWrongType) {
   absl::StatusOr<JobConfig> config =
-      ParseJobConfig("", "job.yaml", {"rollout.temperature=hot"});
+      ParseJobConfig("{}", "job.yaml", {"rollout.temperature=hot"});
   ASSERT_FALSE(config.ok());
   EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(std::string(config.status().message()),
             "--set rollout.temperature=hot: expected a number, got 'hot'");
-  ExpectError("", absl::StatusCode::kInvalidArgument,
+  ExpectError("{}", absl::StatusCode::kInvalidArgument,
               {"--set model=3: expected a map, got '3'"}, {"model=3"});
-  ExpectError("", absl::StatusCode::kInvalidArgument,
+  ExpectError("{}", absl::StatusCode::kInvalidArgument,
               {"--set seed.x=1: seed: expected an integer, got a map"},
               {"seed.x=1"});
 }
 
 TEST(ConfigTest, RangeErrorsBlameTheOverride) {
-  ExpectError("", absl::StatusCode::kInvalidArgument,
+  ExpectError("{}", absl::StatusCode::kInvalidArgument,
               {"--set rollout.top_p=1.5: must be in (0, 1], got 1.5"},
               {"rollout.top_p=1.5"});
-  ExpectError("", absl::StatusCode::kNotFound,
+  ExpectError("{}", absl::StatusCode::kNotFound,
               {"--set init_checkpoint=", ": file not found: '"},
               {absl::StrCat("init_checkpoint=", MissingPath("o.pt"))});
   // A range error in the file that an override does not touch.
@@ -754,6 +880,7 @@ TEST(ConfigTest, RoundTripsThroughYaml) {
   c.algorithm.norm_adv_by_std = false;
   c.algorithm.clip_ratio_high = 0.28;
   c.algorithm.gamma = 0.0;
+  c.algorithm.behaviour_weight_mode = BehaviourWeightMode::kMask;
   c.optim.lr = 3e-4;
   c.optim.eps = 1e-300;
   c.optim.beta2 = 0.999999999999;
@@ -786,6 +913,7 @@ TEST(ConfigTest, RoundTripsThroughYaml) {
   EXPECT_EQ(back->optim.eps, c.optim.eps);
   EXPECT_EQ(back->optim.beta2, c.optim.beta2);
   EXPECT_FALSE(back->algorithm.norm_adv_by_std);
+  EXPECT_EQ(back->algorithm.behaviour_weight_mode, BehaviourWeightMode::kMask);
   EXPECT_EQ(back->placement.mode, "disaggregated");
   EXPECT_EQ(back->placement.rollout_cards_per_super_node, 2);
   EXPECT_TRUE(back->placement.fail_if_unplaceable);
@@ -814,6 +942,8 @@ TEST(ConfigTest, ToYamlIsReadable) {
                               "fused_rollout_threads: 0\n  "
                               "fused_share_idle_threads: true\n  "
                               "fail_if_unplaceable: false\n"));
+  EXPECT_THAT(yaml, HasSubstr("behaviour_weight_level: token\n  "
+                              "behaviour_weight_mode: truncate\n"));
   EXPECT_THAT(yaml, HasSubstr("stalesync:\n  max_policy_lag: 0\n  "
                               "over_stale: regenerate\n  "
                               "max_clock_skew: 0\n"));

@@ -251,7 +251,8 @@ absl::StatusOr<WeightLevel> ParseWeightLevel(std::string_view name) {
 at::Tensor BehaviourWeights(const at::Tensor& prox_logp,
                             const at::Tensor& behaviour_logp,
                             const at::Tensor& mask, WeightLevel level,
-                            double cap, double* truncated) {
+                            double cap, BehaviourWeightMode mode,
+                            double* capped) {
   CheckSameShape2d(prox_logp, "prox_logp", behaviour_logp, "behaviour_logp");
   CheckSameShape2d(prox_logp, "prox_logp", mask, "mask");
   const at::Tensor m = MaskAs(mask, prox_logp).detach();
@@ -264,10 +265,22 @@ at::Tensor BehaviourWeights(const at::Tensor& prox_logp,
     raw = at::exp(at::clamp(d.sum(1, /*keepdim=*/true), -20.0, 20.0))
               .expand_as(d);
   }
-  const at::Tensor w = at::clamp_max(raw, cap) * m;
-  if (truncated != nullptr) {
-    const at::Tensor hit = (raw >= cap).to(m.scalar_type());
-    *truncated = MaskedMean(hit, m).item<double>();
+  // Written as !(raw <= cap) so that a NaN weight counts as over the cap.
+  const at::Tensor over = at::logical_not(raw <= cap);
+  at::Tensor w;
+  switch (mode) {
+    case BehaviourWeightMode::kTruncate:
+      w = at::clamp_max(raw, cap);
+      break;
+    case BehaviourWeightMode::kMask:
+      w = at::where(over, at::zeros_like(raw), raw);
+      break;
+  }
+  TORCH_CHECK(w.defined(), "unknown BehaviourWeightMode ",
+              static_cast<int>(mode));
+  w = MaskedValues(w, m);
+  if (capped != nullptr) {
+    *capped = MaskedMean(over.to(m.scalar_type()), m).item<double>();
   }
   return w;
 }

@@ -12,6 +12,9 @@
 namespace fusionrl::algo {
 namespace {
 
+constexpr BehaviourWeightMode kTruncate = BehaviourWeightMode::kTruncate;
+constexpr BehaviourWeightMode kMask = BehaviourWeightMode::kMask;
+
 constexpr AggMode kAllModes[] = {
     AggMode::kTokenMean, AggMode::kSeqMeanTokenMean, AggMode::kSeqMeanTokenSum,
     AggMode::kSeqMeanTokenSumNorm};
@@ -636,20 +639,98 @@ TEST(AlgorithmsTest, BehaviourWeightsPerTokenAndPerSequenceWithTruncation) {
   double truncated = -1;
   // Token level, cap 2.5: {2, min(3, 2.5)}, {0.5, 0 (pad)}; 1 of 3 capped.
   ExpectTensorNear(BehaviourWeights(prox, behaviour, mask, WeightLevel::kToken,
-                                    2.5, &truncated),
+                                    2.5, kTruncate, &truncated),
                    {2, 2.5, 0.5, 0}, 1e-12);
   EXPECT_NEAR(truncated, 1.0 / 3, 1e-12);
   // Sequence level: row 0 exp(log 2 + log 3) = 6 -> capped at 5 on both
   // tokens; row 1 exp(log 0.5) = 0.5 (the padding's d is ignored).
-  ExpectTensorNear(BehaviourWeights(prox, behaviour, mask,
-                                    WeightLevel::kSequence, 5.0, &truncated),
-                   {5, 5, 0.5, 0}, 1e-12);
+  ExpectTensorNear(
+      BehaviourWeights(prox, behaviour, mask, WeightLevel::kSequence, 5.0,
+                       kTruncate, &truncated),
+      {5, 5, 0.5, 0}, 1e-12);
   EXPECT_NEAR(truncated, 2.0 / 3, 1e-12);
   // No staleness: every valid weight is exactly 1.
-  ExpectTensorNear(
-      BehaviourWeights(behaviour, behaviour, mask, WeightLevel::kSequence, 5.0),
-      {1, 1, 1, 0}, 0.0);
+  ExpectTensorNear(BehaviourWeights(behaviour, behaviour, mask,
+                                    WeightLevel::kSequence, 5.0, kTruncate),
+                   {1, 1, 1, 0}, 0.0);
   EXPECT_FALSE(ParseWeightLevel("tokens").ok());
+}
+
+// The same weights in mask mode (AReaL's behav_imp_weight_cap): a weight
+// over the cap becomes 0 instead of the cap; with sequence level the whole
+// sequence goes. The capped fraction counts the same tokens as truncation.
+TEST(AlgorithmsTest, BehaviourWeightsMaskDropsWeightsOverTheCap) {
+  const at::Tensor behaviour = Make({-2, -1, -3, -4}, {2, 2});
+  const at::Tensor prox = Make(
+      {-2 + std::log(2.0), -1 + std::log(3.0), -3 + std::log(0.5), -9}, {2, 2});
+  const at::Tensor mask = Make({1, 1, 1, 0}, {2, 2});
+  double capped = -1;
+  // Token level, cap 2.5: {2, 3 -> dropped}, {0.5, 0 (pad)}; 1 of 3 capped.
+  ExpectTensorNear(BehaviourWeights(prox, behaviour, mask, WeightLevel::kToken,
+                                    2.5, kMask, &capped),
+                   {2, 0, 0.5, 0}, 1e-12);
+  EXPECT_NEAR(capped, 1.0 / 3, 1e-12);
+  // Sequence level, cap 5: row 0's weight 6 drops both of its tokens.
+  ExpectTensorNear(
+      BehaviourWeights(prox, behaviour, mask, WeightLevel::kSequence, 5.0,
+                       kMask, &capped),
+      {0, 0, 0.5, 0}, 1e-12);
+  EXPECT_NEAR(capped, 2.0 / 3, 1e-12);
+  // A cap above every weight changes nothing in either mode.
+  for (BehaviourWeightMode mode : {kTruncate, kMask}) {
+    ExpectTensorNear(BehaviourWeights(prox, behaviour, mask,
+                                      WeightLevel::kToken, 10.0, mode, &capped),
+                     {2, 3, 0.5, 0}, 1e-12);
+    EXPECT_EQ(capped, 0.0);
+  }
+  // A weight equal to the cap is not over it: with no staleness and cap 1,
+  // nothing is truncated or masked.
+  for (BehaviourWeightMode mode : {kTruncate, kMask}) {
+    ExpectTensorNear(BehaviourWeights(behaviour, behaviour, mask,
+                                      WeightLevel::kToken, 1.0, mode, &capped),
+                     {1, 1, 1, 0}, 0.0);
+    EXPECT_EQ(capped, 0.0);
+  }
+}
+
+// Truncate vs mask through the decoupled loss. Two valid tokens, A = 1,
+// ratio logp / prox = 1.1 on both (inside the clip range); behaviour
+// weights pi_prox / pi_behaviour = {2, 4}, cap 3.
+//   truncate: w = {2, 3}: loss (-1.1 * 2 - 1.1 * 3) / 2 = -2.75,
+//             d loss / d logp = -A * ratio * w / 2 = {-1.1, -1.65};
+//   mask:     w = {2, 0}: loss (-1.1 * 2 + 0) / 2 = -1.1, and the masked
+//             token gets exactly zero gradient. The masked token still
+//             counts in the token-mean denominator (2, not 1), as in AReaL,
+//             which divides by the count of the loss mask.
+TEST(AlgorithmsTest, DecoupledLossTruncatesOrMasksTokensOverTheCap) {
+  const at::Tensor prox = Make({-1, -2}, {1, 2});
+  const at::Tensor behaviour =
+      Make({-1 - std::log(2.0), -2 - std::log(4.0)}, {1, 2});
+  const at::Tensor adv = Make({1, 1}, {1, 2});
+  const at::Tensor mask = Make({1, 1}, {1, 2});
+  struct Case {
+    BehaviourWeightMode mode;
+    double loss;
+    std::vector<double> grad;
+  };
+  for (const Case& c : {Case{kTruncate, -2.75, {-1.1, -1.65}},
+                        Case{kMask, -1.1, {-1.1, 0.0}}}) {
+    SCOPED_TRACE(static_cast<int>(c.mode));
+    const at::Tensor logp =
+        Make({-1 + std::log(1.1), -2 + std::log(1.1)}, {1, 2}).requires_grad_();
+    double capped = -1;
+    const at::Tensor w = BehaviourWeights(
+        prox, behaviour, mask, WeightLevel::kToken, 3.0, c.mode, &capped);
+    EXPECT_NEAR(capped, 0.5, 1e-12);
+    const PolicyLossResult r = PpoClipLoss(logp, prox, adv, mask, 0.2, 0.2, 3.0,
+                                           AggMode::kTokenMean, {}, w);
+    EXPECT_NEAR(Scalar(r.loss), c.loss, 1e-12);
+    const at::Tensor grad = torch::autograd::grad({r.loss}, {logp})[0];
+    ExpectTensorNear(grad, c.grad, 1e-12);
+    if (c.mode == kMask) {
+      EXPECT_EQ(ToVector(grad)[1], 0.0);  // exactly nothing from that token
+    }
+  }
 }
 
 // The decoupled loss by hand: ratio against the proximal log-probs, each

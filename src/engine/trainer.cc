@@ -258,21 +258,25 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
   // Decoupled PPO: the proximal policy is this step's starting weights,
   // recomputed here (the samples may come from an older behaviour policy);
   // the ratio is taken against it and each token is weighted by the
-  // truncated behaviour importance weight. Otherwise the behaviour log-probs
-  // are the proximal ones (synchronous on-policy RL).
+  // behaviour importance weight (truncated or masked at the cap). Otherwise
+  // the behaviour log-probs are the proximal ones (synchronous on-policy RL:
+  // a policy lag > 0 requires the decoupled loss, config validation).
   at::Tensor old_logp = full.behaviour_logp;
   at::Tensor behaviour_weight;
   TrainStats stats;
   const int64_t mini = optim_.mini_batch_size > 0
                            ? std::min<int64_t>(optim_.mini_batch_size, batch)
                            : batch;
+  const bool kl_in_reward = use_kl && algo_.kl_mode == "reward";
   // With one optimizer update per step (one epoch, one mini-batch) the
   // proximal policy is exactly the weights the training forward pass runs
   // with: its log-probs (detached) are the proximal ones, and the separate
-  // no-grad recomputation is skipped.
-  const bool prox_in_forward =
-      algo_.decoupled_loss && algo_.ppo_epochs == 1 && mini == batch;
-  double weight_sum = 0, truncated_sum = 0;
+  // no-grad recomputation is skipped. Not with the KL as a reward penalty:
+  // the rewards (and advantages) need the proximal log-probs before the
+  // first training forward.
+  const bool prox_in_forward = algo_.decoupled_loss && algo_.ppo_epochs == 1 &&
+                               mini == batch && !kl_in_reward;
+  double weight_sum = 0, capped_sum = 0;
   if (algo_.decoupled_loss && !prox_in_forward) {
     at::NoGradGuard no_grad;
     if (compute_hook_) compute_hook_();
@@ -280,12 +284,12 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
     old_logp = ResponseTokenLogProbs(policy_, full, temperature_,
                                      logits_chunk_tokens_, false)
                    .logp;
-    double truncated = 0;
+    double capped = 0;
     behaviour_weight = algo::BehaviourWeights(
         old_logp, full.behaviour_logp, mask, optim_state_->weight_level,
-        algo_.behaviour_weight_cap, &truncated);
+        algo_.behaviour_weight_cap, algo_.behaviour_weight_mode, &capped);
     stats.behaviour_weight_mean = MaskedMean(behaviour_weight, mask);
-    stats.behaviour_weight_truncated = truncated;
+    stats.behaviour_weight_truncated = capped;
   }
 
   // Token-level rewards and advantages (no grad).
@@ -302,12 +306,17 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
     auto last = at::tensor(last_idx).to(device);
     auto token_rewards =
         at::zeros_like(mask).scatter(1, last.unsqueeze(1), scores.unsqueeze(1));
-    if (use_kl && algo_.kl_mode == "reward") {
+    if (kl_in_reward) {
+      // KL of the proximal policy (the trainer's weights at the step's
+      // start, as the loss-mode KL measures the trainer's policy), not of
+      // the behaviour policy: with a policy lag the samples' log-probs are
+      // those of a stale policy. Without the decoupled loss old_logp is the
+      // behaviour log-probs, which are the proximal ones there (no lag).
       token_rewards =
-          token_rewards - algo_.kl_coef *
-                              algo::KlPenalty(full.behaviour_logp, ref_logp,
-                                              optim_state_->kl_estimator) *
-                              mask;
+          token_rewards -
+          algo_.kl_coef *
+              algo::KlPenalty(old_logp, ref_logp, optim_state_->kl_estimator) *
+              mask;
     }
     if (algo_.adv_estimator == "reinforce_pp") {
       advantages =
@@ -349,9 +358,26 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
       norm.num_seqs = totals[1];
       norm.max_len =
           static_cast<double>(std::max<int64_t>(r_len, max_new_tokens_));
+      // A mini-batch without a trained token (every sample excluded, e.g.
+      // over-stale groups dropped) has nothing to learn from and takes no
+      // optimizer step: an AdamW step on zero gradients would still move the
+      // weights (decoupled weight decay, the moments of earlier steps) and
+      // advance AdamW's step count and the warm-up schedule
+      // (optimizer_steps_, LearningRateAt). Skipped, the parameters and the
+      // optimizer state stay bit-identical, the next real step gets the
+      // learning rate this one would have had, and the policy version still
+      // advances once per Step(). `totals` are summed over the ranks, so
+      // every rank of a data-parallel group skips alike. With gradients
+      // exchanged the collective is still joined (with zero gradients; with
+      // StaleSync clock skew `totals` cover only this super node while the
+      // exchange spans the super nodes), and the step is skipped only if
+      // the combined gradient is zero too (peers' updates are applied).
+      const bool trained = totals[0] > 0;
+      const bool exchanges = sync_ != nullptr && sync_->ExchangesGradients();
+      if (!trained && !exchanges) continue;
       adamw.zero_grad();
       double mini_loss = 0;
-      for (int64_t u0 = m0; u0 < m0 + m_n; u0 += micro) {
+      for (int64_t u0 = m0; trained && u0 < m0 + m_n; u0 += micro) {
         const int64_t u_n = std::min(micro, m0 + m_n - u0);
         if (compute_hook_) compute_hook_();
         const CollatedBatch mb = Slice(full, u0, u_n);
@@ -367,14 +393,14 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
         if (prox_in_forward) {
           at::NoGradGuard no_grad;
           old_mb = logp.detach();
-          double truncated = 0;
+          double capped = 0;
           weight_mb = algo::BehaviourWeights(
               old_mb, mb.behaviour_logp, mb.response_mask,
               optim_state_->weight_level, algo_.behaviour_weight_cap,
-              &truncated);
+              algo_.behaviour_weight_mode, &capped);
           const double n = mb.response_mask.sum().item<double>();
           weight_sum += MaskedMean(weight_mb, mb.response_mask) * n;
-          truncated_sum += truncated * n;
+          capped_sum += capped * n;
         }
         auto pg = algo::PpoClipLoss(logp, old_mb, adv, mb.response_mask,
                                     algo_.clip_ratio_low, algo_.clip_ratio_high,
@@ -435,6 +461,14 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
           grads.push_back(p.grad());
         }
         FUSIONRL_RETURN_IF_ERROR(sync_->ReduceGradients(grads));
+        if (!trained) {
+          at::NoGradGuard no_grad;
+          bool any_update = false;
+          for (const at::Tensor& g : grads) {
+            any_update = any_update || g.ne(0).any().item<bool>();
+          }
+          if (!any_update) continue;
+        }
       }
       double grad_norm;
       if (optim_.grad_clip > 0) {
@@ -473,7 +507,7 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
   stats.clip_frac = clip_sum / tw;
   if (prox_in_forward) {
     stats.behaviour_weight_mean = weight_sum / tw;
-    stats.behaviour_weight_truncated = truncated_sum / tw;
+    stats.behaviour_weight_truncated = capped_sum / tw;
   }
   if (moe && moe_seqs > 0) {
     stats.moe_aux_loss = moe_aux_sum / moe_seqs;

@@ -5,7 +5,8 @@
 //   1. collates samples into padded tensors (prompt left-padded, response
 //      right-padded, as the rollout engine lays them out);
 //   2. builds token-level rewards (the outcome reward on the last response
-//      token, minus beta * KL on every token when kl_mode == "reward") and
+//      token, minus beta * KL(proximal || reference) on every token when
+//      kl_mode == "reward") and
 //      advantages (GRPO / Dr.GRPO / RLOO from the per-sequence return,
 //      REINFORCE++ per token);
 //   3. for ppo_epochs passes, splits the batch into mini-batches (one
@@ -16,13 +17,16 @@
 //      PolicyModel::AuxLoss(), weighted by the micro-batch's share of the
 //      mini-batch's trained sequences);
 //   4. clips the global gradient norm, applies the warm-up schedule and takes
-//      an AdamW step; the policy version is incremented once per Step().
+//      an AdamW step; the policy version is incremented once per Step(). A
+//      mini-batch with no trained token (all its samples excluded) takes no
+//      step: weights, optimizer state and schedule are left as they were.
 // The proximal ("old") log-probs of the surrogate are the behaviour log-probs
 // stored on the samples: in synchronous on-policy RL the sampler and the
 // trainer hold the same weights, so they coincide. With
 // algorithm.decoupled_loss (samples from an older policy) they are
 // recomputed with the weights at the start of Step(), and each token's loss
-// is weighted by the truncated behaviour importance weight (decoupled PPO,
+// is weighted by the behaviour importance weight, truncated at the cap or
+// masked above it (algorithm.behaviour_weight_mode; decoupled PPO,
 // algo::BehaviourWeights).
 //
 // Ownership: borrows the policy (and the optional frozen reference), which
@@ -60,8 +64,10 @@ struct TrainStats {
   double lr = 0;                  // learning rate used (last optimizer step)
   double advantage_abs_mean = 0;  // mean |A| over valid tokens
   int64_t tokens = 0;             // response tokens trained on (per epoch)
-  // Decoupled loss only: token-mean behaviour importance weight and the
-  // fraction of tokens whose weight hit the cap (1 and 0 otherwise).
+  // Decoupled loss only: token-mean behaviour importance weight as applied
+  // (masked tokens count 0) and the fraction of tokens whose raw weight
+  // exceeded the cap, i.e. truncated (truncate) or dropped (mask); 1 and 0
+  // otherwise.
   double behaviour_weight_mean = 1;
   double behaviour_weight_truncated = 0;
   int optimizer_steps = 0;

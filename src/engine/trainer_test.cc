@@ -420,6 +420,191 @@ TEST(TrainerTest, MoeAuxLossIsAddedPerMicroBatchBySequenceShare) {
       dense_trainer->Step(FourGroupsOfFour()).value().moe_expert_load.empty());
 }
 
+// A behaviour weight over the cap, truncated or masked (AReaL). Groups 2
+// and 3 were sampled by a policy 4x less likely than the proximal one
+// (w = 4 > cap 2), groups 0 and 1 on-policy (w = 1). With token-mean over
+// all N tokens the on-policy gradient is G01 + G23 (G23 from the stale
+// groups' tokens). Truncate trains them with weight 2: G01 + 2 * G23. Mask
+// drops them but keeps them in the denominator: G01 alone, i.e. the
+// gradient with groups 2 and 3 excluded (normalised by their N01 tokens)
+// times N01 / N.
+TEST(TrainerTest, BehaviourWeightOverTheCapIsTruncatedOrMasked) {
+  JobConfig c = TinyJob();
+  c.algorithm.decoupled_loss = true;
+  c.algorithm.behaviour_weight_cap = 2.0;
+  auto probe = TinyModel(3);
+  std::vector<Sample> on_policy = FourGroupsOfFour();
+  SetBehaviourLogProbs(*probe, on_policy, 0.0f);
+  std::vector<Sample> stale = on_policy, kept = on_policy;
+  for (size_t i = 8; i < on_policy.size(); ++i) {
+    for (float& lp : stale[i].behaviour_logp) lp -= std::log(4.0f);
+    kept[i].excluded = true;
+  }
+  TrainStats plain_stats, kept_stats, trunc_stats, mask_stats;
+  const auto plain = GradsAfterStep(c, on_policy, &plain_stats);
+  const auto g01_alone = GradsAfterStep(c, kept, &kept_stats);
+  const double n = static_cast<double>(plain_stats.tokens);
+  const double n01 = static_cast<double>(kept_stats.tokens);
+  ASSERT_GT(n, n01);
+  c.algorithm.behaviour_weight_mode = BehaviourWeightMode::kTruncate;
+  const auto trunc = GradsAfterStep(c, stale, &trunc_stats);
+  c.algorithm.behaviour_weight_mode = BehaviourWeightMode::kMask;
+  const auto masked = GradsAfterStep(c, stale, &mask_stats);
+  double trunc_vs_mask = 0;
+  for (size_t i = 0; i < plain.size(); ++i) {
+    const at::Tensor g01 = g01_alone[i] * (n01 / n);
+    const at::Tensor g23 = plain[i] - g01;
+    EXPECT_TRUE(torch::allclose(masked[i], g01, 1e-4, 1e-6))
+        << i << " max diff " << (masked[i] - g01).abs().max().item<double>();
+    EXPECT_TRUE(torch::allclose(trunc[i], g01 + 2 * g23, 1e-4, 1e-6))
+        << i << " max diff "
+        << (trunc[i] - g01 - 2 * g23).abs().max().item<double>();
+    trunc_vs_mask += (trunc[i] - masked[i]).abs().sum().item<double>();
+  }
+  EXPECT_GT(trunc_vs_mask, 1e-3);
+  // Both modes count the same capped tokens; the mean weight is as applied.
+  EXPECT_NEAR(trunc_stats.behaviour_weight_truncated, (n - n01) / n, 1e-6);
+  EXPECT_NEAR(mask_stats.behaviour_weight_truncated, (n - n01) / n, 1e-6);
+  EXPECT_NEAR(trunc_stats.behaviour_weight_mean, (n01 + 2 * (n - n01)) / n,
+              1e-5);
+  EXPECT_NEAR(mask_stats.behaviour_weight_mean, n01 / n, 1e-5);
+  EXPECT_EQ(mask_stats.tokens, trunc_stats.tokens);
+}
+
+// The KL penalty of kl_mode reward is taken from the proximal log-probs
+// (the trainer's weights at the step's start), not from the behaviour
+// log-probs the samples carry. The reference is a frozen copy of the
+// policy, so the proximal policy's KL to it is 0: the step must equal one
+// without KL, however unevenly stale the behaviour log-probs are. Taken
+// from the behaviour log-probs, k1 = behaviour - reference = -0.1 * k per
+// token of response k of a group would raise the rewards unevenly and
+// change the advantages.
+TEST(TrainerTest, RewardKlPenaltyFollowsTheProximalPolicy) {
+  JobConfig c = TinyJob();
+  c.algorithm.decoupled_loss = true;
+  c.algorithm.kl_mode = "reward";
+  c.algorithm.kl_estimator = "k1";
+  auto probe = TinyModel(3);
+  std::vector<Sample> samples = FourGroupsOfFour();
+  SetBehaviourLogProbs(*probe, samples, 0.0f);
+  for (size_t i = 0; i < samples.size(); ++i) {
+    for (float& lp : samples[i].behaviour_logp) lp -= 0.1f * (i % 4);
+  }
+  auto run = [&](double kl_coef, TrainStats* stats) {
+    JobConfig cc = c;
+    cc.algorithm.kl_coef = kl_coef;
+    auto model = TinyModel(3);
+    auto reference = model->CloneFrozen();
+    auto trainer =
+        Trainer::Create(*model, kl_coef > 0 ? reference.get() : nullptr, cc,
+                        kPad)
+            .value();
+    *stats = trainer->Step(samples).value();
+    std::vector<at::Tensor> grads;
+    for (const auto& p : model->parameters()) grads.push_back(p.grad().clone());
+    return grads;
+  };
+  TrainStats with_kl, without_kl;
+  const auto a = run(1.0, &with_kl);
+  const auto b = run(0.0, &without_kl);
+  EXPECT_NEAR(with_kl.advantage_abs_mean, without_kl.advantage_abs_mean, 1e-9);
+  EXPECT_NEAR(with_kl.kl, 0.0, 1e-6);
+  EXPECT_GT(with_kl.advantage_abs_mean, 0.1);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(a[i], b[i], 1e-4, 1e-6))
+        << i << " max diff " << (a[i] - b[i]).abs().max().item<double>();
+  }
+}
+
+std::vector<at::Tensor> CloneParameters(PolicyModel& model) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : model.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+bool SameParameters(PolicyModel& model, const std::vector<at::Tensor>& ref) {
+  const auto params = model.parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!torch::equal(params[i], ref[i])) return false;
+  }
+  return true;
+}
+
+// A mini-batch whose samples are all excluded takes no optimizer step: the
+// weights stay bit-identical although weight decay and the Adam moments of
+// earlier steps would move them in a step on zero gradients, and the
+// warm-up schedule does not advance.
+TEST(TrainerTest, MiniBatchWithEverySampleExcludedTakesNoStep) {
+  JobConfig c = TinyJob();
+  c.optim.weight_decay = 0.1;
+  c.optim.warmup_steps = 4;
+  c.optim.mini_batch_size = 8;
+  auto model = TinyModel(3);
+  auto trainer = Trainer::Create(*model, nullptr, c, kPad).value();
+  EXPECT_EQ(trainer->Step(FourGroupsOfFour()).value().optimizer_steps, 2);
+  const auto before = CloneParameters(*model);
+  const std::string optimizer_before = trainer->OptimizerState().value();
+
+  std::vector<Sample> none = FourGroupsOfFour();
+  for (Sample& s : none) s.excluded = true;
+  const TrainStats skipped = trainer->Step(none).value();
+  EXPECT_EQ(skipped.optimizer_steps, 0);
+  EXPECT_EQ(skipped.tokens, 0);
+  EXPECT_EQ(trainer->version(), 2);  // the version still advances
+  EXPECT_TRUE(SameParameters(*model, before));
+  EXPECT_EQ(trainer->OptimizerState().value(), optimizer_before);
+
+  // Groups 0 and 1 excluded: the first mini-batch is skipped, the second
+  // trains with the learning rate of the third optimizer step.
+  std::vector<Sample> half = FourGroupsOfFour();
+  for (size_t i = 0; i < 8; ++i) half[i].excluded = true;
+  const TrainStats one = trainer->Step(half).value();
+  EXPECT_EQ(one.optimizer_steps, 1);
+  EXPECT_DOUBLE_EQ(one.lr, LearningRateAt(c.optim, 2));
+  EXPECT_FALSE(SameParameters(*model, before));
+}
+
+// A GradientSync whose sums stay local, as a super node's under StaleSync
+// clock skew, and whose gradient exchange adds `peer_update` to every
+// gradient (a peer's update arriving), in the spirit of hier_sync.
+class FakeSkewedSync : public GradientSync {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  absl::Status AllReduceSum(std::vector<at::Tensor>&) override {
+    return absl::OkStatus();
+  }
+  bool ExchangesGradients() const override { return true; }
+  absl::Status ReduceGradients(std::vector<at::Tensor>& grads) override {
+    ++exchanges;
+    for (at::Tensor& g : grads) g.add_(peer_update);
+    return absl::OkStatus();
+  }
+  double peer_update = 0;
+  int exchanges = 0;
+};
+
+// With gradients exchanged an all-excluded mini-batch still joins the
+// exchange (the peers' protocol counts on it) and steps only if a peer's
+// update arrived.
+TEST(TrainerTest, ExcludedMiniBatchStillJoinsTheGradientExchange) {
+  JobConfig c = TinyJob();
+  c.optim.weight_decay = 0.1;
+  FakeSkewedSync sync;
+  auto model = TinyModel(3);
+  auto trainer = Trainer::Create(*model, nullptr, c, kPad, &sync).value();
+  std::vector<Sample> none = FourGroupsOfFour();
+  for (Sample& s : none) s.excluded = true;
+  const auto before = CloneParameters(*model);
+  EXPECT_EQ(trainer->Step(none).value().optimizer_steps, 0);
+  EXPECT_EQ(sync.exchanges, 1);
+  EXPECT_TRUE(SameParameters(*model, before));
+  sync.peer_update = 1e-3;
+  EXPECT_EQ(trainer->Step(none).value().optimizer_steps, 1);
+  EXPECT_EQ(sync.exchanges, 2);
+  EXPECT_FALSE(SameParameters(*model, before));
+}
+
 }  // namespace
 }  // namespace fusionrl
 

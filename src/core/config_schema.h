@@ -1,0 +1,313 @@
+// The schema of a job config: every key of JobConfig with its rule, bound
+// once in VisitJob() and walked by the three visitors that read YAML into a
+// JobConfig (config_reader.cc), check it (config_validation.cc) and write it
+// back as YAML (config_emitter.cc); plus the one-line error they share.
+//
+// Private to fusionrl_core (the public API is fusionrl/config.h). No
+// yaml-cpp here: only the reader and the emitter see YAML.
+#ifndef FUSIONRL_CORE_CONFIG_SCHEMA_H_
+#define FUSIONRL_CORE_CONFIG_SCHEMA_H_
+
+#include <limits>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "fusionrl/config.h"
+
+namespace fusionrl::config_internal {
+
+inline constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// ---------------------------------------------------------------------------
+// Field rules. Each field is bound once, with its rule, in VisitJob(); the
+// reader and the emitter ignore the rules, the validator applies them.
+// Enum fields (v.Enum) carry their parse and name functions instead: the
+// reader parses the YAML spelling once, the emitter writes the name back.
+
+// The interval a number must lie in; the bounds are inclusive unless open.
+struct NumRule {
+  double lo = -kInf;
+  double hi = kInf;
+  bool lo_open = false;
+  bool hi_open = false;
+};
+
+inline NumRule AtLeast(double lo) { return {lo, kInf, false, false}; }
+inline NumRule Above(double lo) { return {lo, kInf, true, false}; }
+inline NumRule Closed(double lo, double hi) { return {lo, hi, false, false}; }
+inline NumRule ClosedOpen(double lo, double hi) {
+  return {lo, hi, false, true};
+}
+inline NumRule OpenClosed(double lo, double hi) {
+  return {lo, hi, true, false};
+}
+
+struct StrRule {
+  bool non_empty = false;
+  bool device = false;         // ^(cpu|cuda(:[0-9]+)?|mps)$
+  bool existing_file = false;  // must name an existing path when non-empty
+  absl::Span<const absl::string_view> one_of;  // empty = anything
+};
+
+inline StrRule AnyString() { return {}; }
+inline StrRule NonEmpty() { return {true, false, false, {}}; }
+inline StrRule Device() { return {true, true, false, {}}; }
+inline StrRule ExistingFile() { return {false, false, true, {}}; }
+inline StrRule OneOf(absl::Span<const absl::string_view> values) {
+  return {false, false, false, values};
+}
+
+inline constexpr absl::string_view kAdvEstimators[] = {"grpo", "rloo",
+                                                       "reinforce_pp"};
+inline constexpr absl::string_view kLossAggModes[] = {
+    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+    "seq-mean-token-sum-norm"};
+inline constexpr absl::string_view kKlEstimators[] = {"k1", "k2", "k3"};
+inline constexpr absl::string_view kKlModes[] = {"loss", "reward"};
+inline constexpr absl::string_view kBehaviourWeightLevels[] = {"token",
+                                                               "sequence"};
+inline constexpr absl::string_view kPlacementModes[] = {
+    "colocated-sync", "disaggregated", "fused"};
+inline constexpr absl::string_view kOverStalePolicies[] = {"regenerate",
+                                                           "drop"};
+inline constexpr absl::string_view kOffloadPolicies[] = {"never", "auto"};
+// 2^40 MiB = 1 EiB: any real budget, and its bytes still fit in int64.
+inline constexpr double kMaxCardBudgetMib = 1099511627776.0;
+
+// ---------------------------------------------------------------------------
+// The schema: every key of JobConfig, in file order. `V` is one of Reader
+// (config_reader.cc), Emitter (config_emitter.cc), Validator
+// (config_validation.cc). Sections call v.Section(key, body).
+
+template <class V>
+void VisitActivations(ActivationConfig& a, V& v) {
+  static constexpr absl::string_view kPolicies[] = {"keep", "recompute", "swap",
+                                                    "auto"};
+  v.String("policy", &a.policy, OneOf(kPolicies));
+  // "" or an action; checked with a clear message in CheckCrossField.
+  v.String("attention", &a.attention, AnyString());
+  v.String("mlp", &a.mlp, AnyString());
+  v.String("norm", &a.norm, AnyString());
+  v.String("layers", &a.layers, AnyString());
+  v.Double("budget_mib", &a.budget_mib, AtLeast(0));
+}
+
+template <class V>
+void VisitRopeScaling(RopeScalingConfig& r, V& v) {
+  static constexpr absl::string_view kTypes[] = {"none", "linear", "llama3"};
+  v.String("type", &r.type, OneOf(kTypes));
+  v.Double("factor", &r.factor, Above(0));
+  v.Double("low_freq_factor", &r.low_freq_factor, Above(0));
+  v.Double("high_freq_factor", &r.high_freq_factor, Above(0));
+  v.Int("original_max_position_embeddings", &r.original_max_position_embeddings,
+        AtLeast(1));
+}
+
+template <class V>
+void VisitModel(ModelConfig& m, V& v) {
+  static constexpr absl::string_view kArchitectures[] = {
+      "", "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+      "MistralForCausalLM"};
+  static constexpr absl::string_view kDtypes[] = {"float32", "bfloat16"};
+  v.String("hf_path", &m.hf_path, ExistingFile());
+  v.String("architecture", &m.architecture, OneOf(kArchitectures));
+  v.String("tokenizer", &m.tokenizer, ExistingFile());
+  v.String("dtype", &m.dtype, OneOf(kDtypes));
+  v.Int("vocab_size", &m.vocab_size, AtLeast(0));
+  v.Int("d_model", &m.d_model, AtLeast(8));
+  v.Int("n_layers", &m.n_layers, AtLeast(1));
+  v.Int("n_heads", &m.n_heads, AtLeast(1));
+  v.Int("n_kv_heads", &m.n_kv_heads, AtLeast(0));
+  v.Int("head_dim", &m.head_dim, AtLeast(0));
+  v.Int("d_ff", &m.d_ff, AtLeast(1));
+  v.Int("max_seq_len", &m.max_seq_len, AtLeast(2));
+  v.Double("rope_theta", &m.rope_theta, Above(0));
+  v.Section("rope_scaling", [&] { VisitRopeScaling(m.rope_scaling, v); });
+  v.Double("norm_eps", &m.norm_eps, Above(0));
+  v.Bool("qkv_bias", &m.qkv_bias);
+  v.Bool("qk_norm", &m.qk_norm);
+  v.Bool("tie_embeddings", &m.tie_embeddings);
+  v.Double("init_std", &m.init_std, Above(0));
+  v.Int("moe_experts", &m.moe_experts, Closed(0, 64));
+  v.Int("moe_top_k", &m.moe_top_k, Closed(1, 2));
+  v.Double("moe_capacity_factor", &m.moe_capacity_factor, AtLeast(0));
+  v.Double("moe_aux_loss_coef", &m.moe_aux_loss_coef, AtLeast(0));
+  v.Double("moe_z_loss_coef", &m.moe_z_loss_coef, AtLeast(0));
+  v.Bool("moe_shared_expert", &m.moe_shared_expert);
+  v.Int("moe_d_ff", &m.moe_d_ff, AtLeast(0));
+  v.Section("activations", [&] { VisitActivations(m.activations, v); });
+}
+
+template <class V>
+void VisitTask(TaskConfig& t, V& v) {
+  v.String("name", &t.name, NonEmpty());
+  v.Int64("seed", &t.seed, NumRule());
+  v.Int("eval_size", &t.eval_size, AtLeast(1));
+  v.Int("min_digits", &t.min_digits, Closed(1, 18));
+  v.Int("max_digits", &t.max_digits, Closed(1, 18));
+  v.Int("num_operands", &t.num_operands, Closed(2, 6));
+  v.Int("max_operand", &t.max_operand, Closed(1, 1000));
+  v.Double("long_fraction", &t.long_fraction, Closed(0, 1));
+  v.Int("long_max", &t.long_max, Closed(1, 500));
+  v.String("train_path", &t.train_path, ExistingFile());
+  v.String("eval_path", &t.eval_path, ExistingFile());
+  v.String("reward", &t.reward, AnyString());
+  // "" (auto) or a format; checked with a clear message in CheckCrossField.
+  v.String("chat_template", &t.chat_template, AnyString());
+  v.String("system_prompt", &t.system_prompt, AnyString());
+}
+
+template <class V>
+void VisitRollout(RolloutConfig& r, V& v) {
+  v.Int("prompts_per_step", &r.prompts_per_step, AtLeast(1));
+  v.Int("group_size", &r.group_size, AtLeast(1));
+  v.Int("max_new_tokens", &r.max_new_tokens, AtLeast(1));
+  v.Double("temperature", &r.temperature, AtLeast(0));
+  v.Int("top_k", &r.top_k, AtLeast(0));
+  v.Double("top_p", &r.top_p, OpenClosed(0, 1));
+}
+
+template <class V>
+void VisitAlgorithm(AlgorithmConfig& a, V& v) {
+  v.String("adv_estimator", &a.adv_estimator, OneOf(kAdvEstimators));
+  v.Bool("norm_adv_by_std", &a.norm_adv_by_std);
+  v.Double("gamma", &a.gamma, Closed(0, 1));
+  v.Double("clip_ratio_low", &a.clip_ratio_low, ClosedOpen(0, 1));
+  v.Double("clip_ratio_high", &a.clip_ratio_high, AtLeast(0));
+  v.Double("clip_ratio_c", &a.clip_ratio_c, AtLeast(0));
+  v.String("loss_agg_mode", &a.loss_agg_mode, OneOf(kLossAggModes));
+  v.Double("kl_coef", &a.kl_coef, AtLeast(0));
+  v.String("kl_estimator", &a.kl_estimator, OneOf(kKlEstimators));
+  v.String("kl_mode", &a.kl_mode, OneOf(kKlModes));
+  v.Double("entropy_coef", &a.entropy_coef, AtLeast(0));
+  v.Int("ppo_epochs", &a.ppo_epochs, AtLeast(1));
+  v.Bool("decoupled_loss", &a.decoupled_loss);
+  v.Double("behaviour_weight_cap", &a.behaviour_weight_cap, AtLeast(1));
+  v.String("behaviour_weight_level", &a.behaviour_weight_level,
+           OneOf(kBehaviourWeightLevels));
+  v.Enum("behaviour_weight_mode", &a.behaviour_weight_mode,
+         ParseBehaviourWeightMode, BehaviourWeightModeName);
+}
+
+template <class V>
+void VisitOptim(OptimConfig& o, V& v) {
+  v.Double("lr", &o.lr, Above(0));
+  v.Double("weight_decay", &o.weight_decay, AtLeast(0));
+  v.Double("beta1", &o.beta1, ClosedOpen(0, 1));
+  v.Double("beta2", &o.beta2, ClosedOpen(0, 1));
+  v.Double("eps", &o.eps, Above(0));
+  v.Double("grad_clip", &o.grad_clip, AtLeast(0));
+  v.Int("warmup_steps", &o.warmup_steps, AtLeast(0));
+  v.Int("mini_batch_size", &o.mini_batch_size, AtLeast(0));
+  v.Int("micro_batch_size", &o.micro_batch_size, AtLeast(1));
+  v.Int("logits_chunk_tokens", &o.logits_chunk_tokens, AtLeast(0));
+}
+
+template <class V>
+void VisitRun(RunConfig& r, V& v) {
+  v.Int("total_steps", &r.total_steps, AtLeast(1));
+  v.Int("eval_every", &r.eval_every, AtLeast(0));
+  v.Int("checkpoint_every", &r.checkpoint_every, AtLeast(0));
+  v.Int("log_every", &r.log_every, AtLeast(1));
+  v.Double("collective_timeout_seconds", &r.collective_timeout_seconds,
+           Above(0));
+  static constexpr absl::string_view kExportDtypes[] = {"float32", "bfloat16"};
+  v.Bool("export_final", &r.export_final);
+  v.String("export_dtype", &r.export_dtype, OneOf(kExportDtypes));
+}
+
+template <class V>
+void VisitSft(SftConfig& s, V& v) {
+  v.Int("steps", &s.steps, AtLeast(0));
+  v.Int("batch_size", &s.batch_size, AtLeast(1));
+  v.Double("lr", &s.lr, Above(0));
+  v.Int("warmup_steps", &s.warmup_steps, AtLeast(0));
+  v.Int("eval_every", &s.eval_every, AtLeast(0));
+}
+
+template <class V>
+void VisitPlacement(PlacementConfig& p, V& v) {
+  v.String("mode", &p.mode, OneOf(kPlacementModes));
+  v.Int("super_nodes", &p.super_nodes, Closed(1, 4096));
+  v.Int("cards_per_super_node", &p.cards_per_super_node, Closed(1, 4096));
+  v.Int("rollout_cards_per_super_node", &p.rollout_cards_per_super_node,
+        AtLeast(0));
+  v.Int("fused_train_threads", &p.fused_train_threads, Closed(0, 1024));
+  v.Int("fused_rollout_threads", &p.fused_rollout_threads, Closed(0, 1024));
+  v.Bool("fused_share_idle_threads", &p.fused_share_idle_threads);
+  v.Bool("fail_if_unplaceable", &p.fail_if_unplaceable);
+}
+
+template <class V>
+void VisitStaleSync(StaleSyncConfig& c, V& v) {
+  v.Int("max_policy_lag", &c.max_policy_lag, Closed(0, 1024));
+  v.String("over_stale", &c.over_stale, OneOf(kOverStalePolicies));
+  v.Int("max_clock_skew", &c.max_clock_skew, Closed(0, 1024));
+}
+
+template <class V>
+void VisitMemory(MemoryConfig& m, V& v) {
+  v.Double("card_budget_mib", &m.card_budget_mib, Closed(0, kMaxCardBudgetMib));
+  v.String("offload_optimizer", &m.offload_optimizer, OneOf(kOffloadPolicies));
+}
+
+template <class V>
+void VisitCluster(ClusterConfig& c, V& v) {
+  v.String("auth_token_file", &c.auth_token_file, AnyString());
+  v.String("auth_token_env", &c.auth_token_env, AnyString());
+}
+
+// `source_path` is deliberately not a key.
+template <class V>
+void VisitJob(JobConfig& c, V& v) {
+  v.String("name", &c.name, NonEmpty());
+  v.Int64("seed", &c.seed, AtLeast(0));
+  v.String("device", &c.device, Device());
+  v.Int("num_threads", &c.num_threads, Closed(1, 1024));
+  v.String("output_dir", &c.output_dir, NonEmpty());
+  v.String("init_checkpoint", &c.init_checkpoint, ExistingFile());
+  v.Section("model", [&] { VisitModel(c.model, v); });
+  v.Section("task", [&] { VisitTask(c.task, v); });
+  v.Section("rollout", [&] { VisitRollout(c.rollout, v); });
+  v.Section("algorithm", [&] { VisitAlgorithm(c.algorithm, v); });
+  v.Section("optim", [&] { VisitOptim(c.optim, v); });
+  v.Section("run", [&] { VisitRun(c.run, v); });
+  v.Section("sft", [&] { VisitSft(c.sft, v); });
+  v.Section("placement", [&] { VisitPlacement(c.placement, v); });
+  v.Section("stalesync", [&] { VisitStaleSync(c.stalesync, v); });
+  v.Section("memory", [&] { VisitMemory(c.memory, v); });
+  v.Section("cluster", [&] { VisitCluster(c.cluster, v); });
+}
+
+// ---------------------------------------------------------------------------
+// Errors.
+
+// The first error found; formatted into a one-line status by FormatError.
+struct FieldError {
+  absl::StatusCode code = absl::StatusCode::kInvalidArgument;
+  std::string path;    // "rollout.top_p"; "" = the whole document
+  std::string reason;  // "must be in (0, 1], got 1.5"
+};
+
+inline FieldError Invalid(std::string path, std::string reason) {
+  return {absl::StatusCode::kInvalidArgument, std::move(path),
+          std::move(reason)};
+}
+
+// "<source>: <path>: <reason>", leaving out the empty parts.
+absl::Status FormatError(absl::string_view source, const FieldError& e);
+
+// Shortest text that parses back to exactly `v` (0.2 -> "0.2").
+std::string FormatDouble(double v);
+
+// The per-field rules, then the checks across fields (config_validation.cc);
+// the first error, if any.
+std::optional<FieldError> Validate(const JobConfig& config);
+
+}  // namespace fusionrl::config_internal
+
+#endif  // FUSIONRL_CORE_CONFIG_SCHEMA_H_

@@ -1,0 +1,291 @@
+// ValidateJobConfig: the per-field rules of the schema (config_schema.h),
+// then the checks that involve more than one field.
+#include <algorithm>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "core/config_schema.h"
+#include "fusionrl/config.h"
+
+namespace fusionrl {
+namespace config_internal {
+namespace {
+
+bool IsDevice(absl::string_view s) {
+  if (s == "cpu" || s == "mps" || s == "cuda") return true;
+  if (!absl::ConsumePrefix(&s, "cuda:") || s.empty()) return false;
+  return std::all_of(s.begin(), s.end(), absl::ascii_isdigit);
+}
+
+// Validator: applies the per-field rules, stopping at the first error.
+
+class Validator {
+ public:
+  const std::optional<FieldError>& error() const { return error_; }
+
+  void Int(const char* key, int* v, const NumRule& r) {
+    CheckNumber(key, *v, absl::StrCat(*v), r);
+  }
+  void Int64(const char* key, int64_t* v, const NumRule& r) {
+    CheckNumber(key, static_cast<double>(*v), absl::StrCat(*v), r);
+  }
+  void Double(const char* key, double* v, const NumRule& r) {
+    CheckNumber(key, *v, FormatDouble(*v), r);
+  }
+  void Bool(const char*, bool*) {}
+
+  // The reader only produces valid values; this catches a value out of the
+  // enum's range set in code (static_cast).
+  template <class E, class Parse>
+  void Enum(const char* key, E* v, Parse parse, const char* (*name)(E)) {
+    if (error_) return;
+    if (!parse(name(*v)).ok()) {
+      Fail(key, absl::StrCat("not a valid value (", static_cast<int>(*v), ")"));
+    }
+  }
+
+  void String(const char* key, std::string* v, const StrRule& r) {
+    if (error_) return;
+    if (r.non_empty && v->empty()) {
+      Fail(key, "must not be empty");
+    } else if (r.device && !IsDevice(*v)) {
+      Fail(key, absl::StrCat("must be cpu, cuda, cuda:<index> or mps; got '",
+                             *v, "'"));
+    } else if (!r.one_of.empty() && std::find(r.one_of.begin(), r.one_of.end(),
+                                              *v) == r.one_of.end()) {
+      Fail(key, absl::StrCat("must be one of ", absl::StrJoin(r.one_of, ", "),
+                             "; got '", *v, "'"));
+    } else if (r.existing_file && !v->empty()) {
+      std::error_code ec;
+      if (!std::filesystem::exists(*v, ec)) {
+        Fail(key, absl::StrCat("file not found: '", *v, "'"));
+        error_->code = absl::StatusCode::kNotFound;
+      }
+    }
+  }
+
+  template <class Body>
+  void Section(const char* key, Body body) {
+    const std::string saved = prefix_;
+    prefix_ = absl::StrCat(prefix_, key, ".");
+    body();
+    prefix_ = saved;
+  }
+
+ private:
+  void CheckNumber(const char* key, double v, const std::string& text,
+                   const NumRule& r) {
+    if (error_) return;
+    // Written so that NaN fails.
+    const bool ok = (r.lo_open ? v > r.lo : v >= r.lo) &&
+                    (r.hi_open ? v < r.hi : v <= r.hi);
+    if (ok) return;
+    std::string want;
+    if (r.hi == kInf) {
+      want = absl::StrCat(r.lo_open ? "> " : ">= ", FormatDouble(r.lo));
+    } else {
+      want = absl::StrCat("in ", r.lo_open ? "(" : "[", FormatDouble(r.lo),
+                          ", ", FormatDouble(r.hi), r.hi_open ? ")" : "]");
+    }
+    Fail(key, absl::StrCat("must be ", want, ", got ", text));
+  }
+
+  void Fail(const char* key, std::string reason) {
+    error_ = Invalid(absl::StrCat(prefix_, key), std::move(reason));
+  }
+
+  std::string prefix_;
+  std::optional<FieldError> error_;
+};
+
+// Checks that involve more than one field. Runs after the per-field rules,
+// so single fields are already in range (e.g. n_heads >= 1).
+std::optional<FieldError> CheckCrossField(const JobConfig& c) {
+  const ModelConfig& m = c.model;
+  if (m.head_dim == 0) {
+    if (m.d_model % m.n_heads != 0) {
+      return Invalid("model.d_model",
+                     absl::StrCat("must be divisible by model.n_heads (",
+                                  m.n_heads, "), got ", m.d_model));
+    }
+    if ((m.d_model / m.n_heads) % 2 != 0) {
+      return Invalid(
+          "model.d_model",
+          absl::StrCat("head size model.d_model / model.n_heads must be even "
+                       "for rotary embeddings, got ",
+                       m.d_model, " / ", m.n_heads, " = ",
+                       m.d_model / m.n_heads));
+    }
+  } else if (m.head_dim % 2 != 0) {
+    return Invalid(
+        "model.head_dim",
+        absl::StrCat("must be even for rotary embeddings, got ", m.head_dim));
+  }
+  if (m.n_kv_heads > 0 && m.n_heads % m.n_kv_heads != 0) {
+    return Invalid(
+        "model.n_kv_heads",
+        absl::StrCat("model.n_heads (", m.n_heads,
+                     ") must be a multiple of it, got ", m.n_kv_heads));
+  }
+  if (m.rope_scaling.type == "llama3" &&
+      m.rope_scaling.high_freq_factor <= m.rope_scaling.low_freq_factor) {
+    return Invalid("model.rope_scaling.high_freq_factor",
+                   "must be > model.rope_scaling.low_freq_factor");
+  }
+  {
+    const bool qwen2 = m.architecture == "Qwen2ForCausalLM";
+    const bool qwen3 = m.architecture == "Qwen3ForCausalLM";
+    if (!m.architecture.empty() && m.qkv_bias != qwen2) {
+      return Invalid("model.qkv_bias",
+                     absl::StrCat("must be ", qwen2 ? "true" : "false",
+                                  " for model.architecture ", m.architecture));
+    }
+    if (!m.architecture.empty() && m.qk_norm != qwen3) {
+      return Invalid("model.qk_norm",
+                     absl::StrCat("must be ", qwen3 ? "true" : "false",
+                                  " for model.architecture ", m.architecture));
+    }
+  }
+  if (!m.hf_path.empty() && m.moe_experts > 0) {
+    return Invalid("model.moe_experts",
+                   "must be 0 with model.hf_path (imported models are "
+                   "dense)");
+  }
+  if (m.moe_experts > 0 && m.moe_top_k > m.moe_experts) {
+    return Invalid("model.moe_top_k",
+                   absl::StrCat("must be <= model.moe_experts (", m.moe_experts,
+                                "), got ", m.moe_top_k));
+  }
+  if (m.moe_experts == 1) {
+    return Invalid("model.moe_experts",
+                   "must be 0 (dense) or in [2, 64], got 1");
+  }
+  const ActivationConfig& act = m.activations;
+  if (act.policy == "auto" && act.budget_mib <= 0) {
+    return Invalid("model.activations.budget_mib",
+                   "must be > 0 when model.activations.policy is auto");
+  }
+  for (const auto& [key, value] :
+       {std::pair<const char*, const std::string*>{"attention", &act.attention},
+        {"mlp", &act.mlp},
+        {"norm", &act.norm}}) {
+    if (!value->empty() && *value != "keep" && *value != "recompute" &&
+        *value != "swap") {
+      return Invalid(absl::StrCat("model.activations.", key),
+                     absl::StrCat("must be keep, recompute or swap (empty = "
+                                  "model.activations.policy); got '",
+                                  *value, "'"));
+    }
+  }
+  if (act.policy == "auto" && !(act.attention.empty() && act.mlp.empty() &&
+                                act.norm.empty() && act.layers.empty())) {
+    return Invalid("model.activations",
+                   "under policy auto the planner chooses every sub-block: "
+                   "leave attention, mlp, norm and layers unset");
+  }
+  if (act.policy != "auto") {
+    auto plan = ResolveActivationPlan(act, m.n_layers);
+    if (!plan.ok()) {
+      return Invalid("model.activations.layers",
+                     std::string(plan.status().message()));
+    }
+  }
+  if (c.task.max_digits < c.task.min_digits) {
+    return Invalid(
+        "task.max_digits",
+        absl::StrCat("must be >= task.min_digits (", c.task.min_digits,
+                     "), got ", c.task.max_digits));
+  }
+  if ((c.task.name == "jsonl" || c.task.name == "math") &&
+      c.task.train_path.empty()) {
+    return Invalid("task.train_path",
+                   absl::StrCat("required when task.name is ", c.task.name));
+  }
+  {
+    const std::string& t = c.task.chat_template;
+    if (!t.empty() && t != "chatml" && t != "llama3" && t != "none") {
+      return Invalid("task.chat_template",
+                     absl::StrCat("must be chatml, llama3 or none (empty = "
+                                  "auto, from the model's "
+                                  "tokenizer_config.json); got '",
+                                  t, "'"));
+    }
+  }
+  if (c.algorithm.adv_estimator == "rloo" && c.rollout.group_size < 2) {
+    return Invalid("rollout.group_size",
+                   absl::StrCat("must be >= 2 when algorithm.adv_estimator is "
+                                "rloo, got ",
+                                c.rollout.group_size));
+  }
+  if (c.rollout.max_new_tokens >= m.max_seq_len) {
+    return Invalid("rollout.max_new_tokens",
+                   absl::StrCat("must be < model.max_seq_len (", m.max_seq_len,
+                                "), got ", c.rollout.max_new_tokens));
+  }
+  const PlacementConfig& p = c.placement;
+  if (p.mode == "disaggregated") {
+    if (p.cards_per_super_node < 2) {
+      return Invalid(
+          "placement.cards_per_super_node",
+          absl::StrCat("must be >= 2 when placement.mode is disaggregated "
+                       "(at least one rollout and one train card), got ",
+                       p.cards_per_super_node));
+    }
+    if (p.rollout_cards_per_super_node < 1 ||
+        p.rollout_cards_per_super_node > p.cards_per_super_node - 1) {
+      return Invalid(
+          "placement.rollout_cards_per_super_node",
+          absl::StrCat("disaggregated needs 1..cards_per_super_node-1 "
+                       "rollout cards, got ",
+                       p.rollout_cards_per_super_node));
+    }
+  } else if (p.rollout_cards_per_super_node != 0) {
+    return Invalid("placement.rollout_cards_per_super_node",
+                   absl::StrCat("must be 0 unless placement.mode is "
+                                "disaggregated, got ",
+                                p.rollout_cards_per_super_node));
+  }
+  // A lag lets samples of an older policy reach the trainer; the plain PPO
+  // ratio takes their behaviour log-probs as the proximal policy's, which
+  // biases the update. Only the decoupled loss corrects for it.
+  if (c.stalesync.max_policy_lag > 0 && !c.algorithm.decoupled_loss) {
+    return Invalid(
+        "stalesync.max_policy_lag",
+        absl::StrCat(c.stalesync.max_policy_lag,
+                     " > 0 requires algorithm.decoupled_loss: true (samples "
+                     "from an older policy trained with the plain PPO ratio "
+                     "give a biased update); set algorithm.decoupled_loss: "
+                     "true, or stalesync.max_policy_lag: 0"));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<FieldError> Validate(const JobConfig& config) {
+  JobConfig copy = config;
+  Validator validator;
+  VisitJob(copy, validator);
+  if (validator.error()) return validator.error();
+  return CheckCrossField(config);
+}
+
+}  // namespace config_internal
+
+absl::Status ValidateJobConfig(const JobConfig& config) {
+  if (auto error = config_internal::Validate(config)) {
+    return config_internal::FormatError(config.source_path, *error);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fusionrl
