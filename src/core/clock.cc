@@ -1,5 +1,7 @@
 #include "core/clock.h"
 
+#include <algorithm>
+
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -18,6 +20,14 @@ Clock::~Clock() = default;
 Clock& RealClock() {
   static RealClockImpl* const clock = new RealClockImpl();
   return *clock;
+}
+
+bool WaitOnClock(absl::CondVar& cv, absl::Mutex& mu, const Clock& clock,
+                 absl::Time deadline, absl::Duration poll) {
+  const absl::Duration left = deadline - clock.Now();
+  if (left <= absl::ZeroDuration()) return true;
+  cv.WaitWithTimeout(&mu, std::min(left, poll));
+  return clock.Now() >= deadline;
 }
 
 }  // namespace fusionrl

@@ -3,6 +3,7 @@
 #ifndef FUSIONRL_CORE_CLOCK_H_
 #define FUSIONRL_CORE_CLOCK_H_
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace fusionrl {
@@ -24,6 +25,15 @@ class Clock {
 // The process-wide real clock (absl::Now()). Never destroyed, so it may be
 // used from static destructors and detached threads.
 Clock& RealClock();
+
+// Waits on `cv` (the caller holds `mu`) until it is signalled or `clock`
+// reaches `deadline`; returns true once the deadline has passed. Wakes at
+// least every `poll` of real time to read the clock again, so a FakeClock
+// that a test moves ends the wait too. Callers loop on their condition:
+//   while (!ready && !WaitOnClock(cv, mu, clock, deadline)) {}
+bool WaitOnClock(absl::CondVar& cv, absl::Mutex& mu, const Clock& clock,
+                 absl::Time deadline,
+                 absl::Duration poll = absl::Milliseconds(50));
 
 }  // namespace fusionrl
 

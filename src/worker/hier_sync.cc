@@ -128,7 +128,7 @@ absl::Status HierarchicalSync::AllReduceSum(std::vector<at::Tensor>& tensors) {
   if (local_rank_ == 0) {
     std::string payload(static_cast<const char*>(flat.data_ptr()), bytes);
     absl::StatusOr<std::string> sum = reduce_(
-        round, all_float ? v1::REDUCE_DTYPE_FLOAT32 : v1::REDUCE_DTYPE_FLOAT64,
+        round, all_float ? ReduceDtype::kFloat32 : ReduceDtype::kFloat64,
         std::move(payload));
     if (sum.ok() && sum->size() == bytes) {
       std::memcpy(flat.data_ptr(), sum->data(), bytes);

@@ -18,22 +18,18 @@
 
 #include "absl/status/statusor.h"
 #include "engine/grad_sync.h"
-#include "fusionrl/v1/work.pb.h"
+#include "worker/work_client.h"
 
 namespace fusionrl {
 
 // Sends one round's payload to the controller and returns the sum over the
 // attempt's nodes: (round, dtype, payload) -> sum.
 using CrossNodeReduce = std::function<absl::StatusOr<std::string>(
-    int64_t round, v1::ReduceDtype dtype, std::string payload)>;
+    int64_t round, ReduceDtype dtype, std::string payload)>;
 
 // StaleSync across super nodes: hands this node's update of (step, round)
 // to the controller (WorkService.ExchangeUpdates) and returns the other
 // super nodes' updates received, oldest first per node.
-struct ReceivedUpdate {
-  int64_t step = 0;
-  std::string payload;  // float32 values, as sent
-};
 using CrossNodeExchange =
     std::function<absl::StatusOr<std::vector<ReceivedUpdate>>(
         int64_t step, int64_t round, int64_t due_step, std::string payload)>;

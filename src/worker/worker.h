@@ -2,9 +2,10 @@
 //
 // It registers its cards with the controller, heartbeats on its own thread
 // (reporting each card's role and busy fraction), and runs the jobs the
-// controller assigns: one thread per card, data-parallel inside the node
-// through c10d Gloo, across nodes through the controller's WorkService
-// (proto/fusionrl/v1/work.proto has the message flow of one step). A step
+// controller assigns (node_job.h: one CardRunner thread per card,
+// data-parallel inside the node through c10d Gloo, across nodes through the
+// controller's WorkService; proto/fusionrl/v1/work.proto has the message
+// flow of one step). A step
 // that the controller aborts (a peer node was lost) is rolled back to the
 // state the cards had at its start and run again as the controller replans
 // it.
@@ -22,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "core/clock.h"
 
 namespace fusionrl {
 
@@ -47,6 +49,8 @@ struct WorkerOptions {
   // Fault injection for tests: sleep this long after every trained step
   // (a slow super node).
   absl::Duration debug_step_delay = absl::ZeroDuration();
+  // Time source of the worker's deadlines (borrowed; tests pass a fake).
+  const Clock* clock = &RealClock();
 };
 
 class Worker {

@@ -1,0 +1,647 @@
+#include "worker/card_runner.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/memory_manager.h"
+#include "core/status_macros.h"
+#include "engine/checkpoint.h"
+#include "engine/grad_sync.h"
+#include "engine/job_common.h"
+#include "engine/memory_accounting.h"
+#include "engine/model.h"
+#include "engine/rollout.h"
+#include "engine/trainer.h"
+#include "spdlog/spdlog.h"
+#include "worker/fused_rollout.h"
+#include "worker/group_sampler.h"
+#include "worker/hier_sync.h"
+#include "worker/staleness_filter.h"
+#include "worker/step_snapshot.h"
+
+namespace fusionrl {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+class CardRunner {
+ public:
+  explicit CardRunner(const CardJob& job)
+      : job_(job),
+        clock_(*job.clock),
+        timeout_(absl::Seconds(job.config->run.collective_timeout_seconds)) {}
+  ~CardRunner() {
+    if (fused_ != nullptr) fused_->Stop();
+  }
+
+  absl::Status Run();
+
+ private:
+  const JobConfig& config() const { return *job_.config; }
+  absl::Status Setup();
+  // The colocated rollout of `groups` on this thread.
+  absl::StatusOr<RolloutBatch> SampleHere(const std::vector<uint64_t>& groups,
+                                          const StepPlan& plan);
+  // Before a training step: carries out an optimizer offload the rollout
+  // thread was granted, and brings the state back when it fits.
+  absl::Status PrepareOptimizer();
+  // StaleSync across super nodes, after a sync_weights step: the lead card
+  // publishes its weights and optimizer state, the cards of the other super
+  // nodes adopt them. Returns the bytes this card sent or received.
+  absl::StatusOr<int64_t> SyncWeights(const StepPlan& plan);
+  // One attempt of one step. Fills `report` (lead: metrics).
+  absl::Status TrainStep(const StepPlan& plan, StepReport& report);
+  absl::Status WriteEndCheckpoint(const StepPlan& plan, std::string* dir);
+  absl::StatusOr<bool> Finish(const StepReport& report);
+  void ReportFailure(const absl::Status& status, int64_t step, int attempt);
+  StepReport NewReport(int64_t step, int attempt) const;
+  void PublishToRollout();
+
+  const CardJob& job_;
+  const Clock& clock_;
+  const absl::Duration timeout_;
+  JobContext ctx_;
+  std::unique_ptr<GroupSampler> sampler_;
+  std::unique_ptr<PolicyModel> reference_;
+  std::unique_ptr<HierarchicalSync> sync_;
+  std::unique_ptr<Trainer> trainer_;
+  std::unique_ptr<RolloutEngine> rollout_;
+  std::unique_ptr<FusedRollout> fused_;
+  std::shared_ptr<CardMemoryManager> memory_;          // this card
+  std::shared_ptr<CardMemoryManager> rollout_memory_;  // its rollout card's
+  int per_card_threads_ = 1;
+  int64_t plan_step_ = 0;
+  int plan_attempt_ = 0;
+};
+
+StepReport CardRunner::NewReport(int64_t step, int attempt) const {
+  StepReport report;
+  report.job_id = job_.job_id;
+  report.node_id = job_.node_id;
+  report.step = step;
+  report.attempt = attempt;
+  return report;
+}
+
+absl::StatusOr<bool> CardRunner::Finish(const StepReport& report) {
+  return job_.client->FinishStep(report, timeout_);
+}
+
+void CardRunner::ReportFailure(const absl::Status& status, int64_t step,
+                               int attempt) {
+  if (job_.local_rank != 0) return;
+  StepReport report = NewReport(step, attempt);
+  report.error = status;
+  Finish(report).IgnoreError();
+}
+
+void CardRunner::PublishToRollout() {
+  fused_->Publish(ctx_.policy->parameters(), trainer_->version());
+}
+
+absl::Status CardRunner::Setup() {
+  const JobConfig& cfg = config();
+  FUSIONRL_ASSIGN_OR_RETURN(ctx_, PrepareJob(cfg, std::string()));
+  sampler_ = std::make_unique<GroupSampler>(cfg, ctx_);
+  // Each of the node's cards in the job gets an equal share of the threads.
+  per_card_threads_ = std::max(1, job_.threads / job_.assigned_cards);
+  at::set_num_threads(per_card_threads_);
+  PolicyModel& policy = *ctx_.policy;
+  if (cfg.algorithm.kl_coef > 0) reference_ = policy.CloneFrozen();
+  WorkClient* client = job_.client;
+  sync_ = std::make_unique<HierarchicalSync>(
+      job_.local, job_.local_rank,
+      [this, client](int64_t round, ReduceDtype dtype,
+                     std::string payload) -> absl::StatusOr<std::string> {
+        ReduceCall call;
+        call.job_id = job_.job_id;
+        call.node_id = job_.node_id;
+        call.step = plan_step_;
+        call.attempt = plan_attempt_;
+        call.round = round;
+        call.dtype = dtype;
+        call.payload = std::move(payload);
+        return client->Reduce(std::move(call), timeout_);
+      },
+      [this, client](int64_t step, int64_t round, int64_t due_step,
+                     std::string payload) {
+        UpdateCall call;
+        call.job_id = job_.job_id;
+        call.node_id = job_.node_id;
+        call.step = step;
+        call.round = round;
+        call.due_step = due_step;
+        call.payload = std::move(payload);
+        return client->ExchangeUpdates(std::move(call), timeout_);
+      });
+  FUSIONRL_ASSIGN_OR_RETURN(
+      trainer_, Trainer::Create(policy, reference_.get(), cfg,
+                                ctx_.tokenizer->pad_id(), sync_.get()));
+  rollout_ = std::make_unique<RolloutEngine>(policy, ctx_.tokenizer->pad_id(),
+                                             ctx_.stop_ids);
+  if (job_.local_rank == 0) {
+    spdlog::info(
+        "[{}] {}: policy {} parameters on {} x {} card(s), task {} "
+        "({} eval problems)",
+        cfg.name, job_.node_id, policy.num_parameters(), job_.local_cards,
+        ctx_.device.str(), ctx_.task->name(), ctx_.task->eval_set().size());
+  }
+  if (!job_.resume_checkpoint.empty()) {
+    FUSIONRL_ASSIGN_OR_RETURN(
+        CheckpointMeta meta,
+        ReadCheckpoint(job_.resume_checkpoint, policy, trainer_.get()));
+    trainer_->set_version(meta.policy_version);
+  }
+  FUSIONRL_ASSIGN_OR_RETURN(
+      memory_, CardMemoryManager::Create(job_.local_rank, cfg.memory));
+  memory_->Set(
+      MemoryCategory::kWeights,
+      ParameterBytes(policy) + (reference_ ? ParameterBytes(*reference_) : 0));
+  memory_->Set(MemoryCategory::kOptimizer, OptimizerStateBytes(*trainer_));
+  job_.counters->SetMemory(memory_);
+  rollout_memory_ = memory_;
+  if (job_.rollout_counters != nullptr) {
+    FUSIONRL_ASSIGN_OR_RETURN(
+        rollout_memory_,
+        CardMemoryManager::Create(job_.local_rank, cfg.memory));
+    job_.rollout_counters->SetMemory(rollout_memory_);
+  }
+  const bool fused = cfg.placement.mode == "fused";
+  if (!fused && cfg.placement.mode != "disaggregated") return absl::OkStatus();
+
+  FusedRollout::Options fo;
+  fo.max_policy_lag = cfg.stalesync.max_policy_lag;
+  fo.prompts_per_step = cfg.rollout.prompts_per_step;
+  fo.snapshot_version = trainer_->version();
+  fo.timeout = timeout_;
+  int train_threads = per_card_threads_;
+  std::unique_ptr<PolicyModel> snapshot;
+  if (fused) {
+    // RL Fusion: this thread trains with half the card's threads, the
+    // rollout thread samples with the rest; either borrows the other's
+    // share while the other is idle.
+    train_threads = cfg.placement.fused_train_threads > 0
+                        ? cfg.placement.fused_train_threads
+                        : std::max(1, per_card_threads_ / 2);
+    fo.rollout_threads = cfg.placement.fused_rollout_threads > 0
+                             ? cfg.placement.fused_rollout_threads
+                             : std::max(1, per_card_threads_ - train_threads);
+    snapshot = policy.CloneFrozen();
+  } else {
+    // Disaggregated: this card trains with its whole share; the rollout
+    // thread samples on its rollout card with that card's share (split
+    // between the training cards it serves).
+    const int served = std::max(1, job_.local_cards / job_.rollout_cards);
+    fo.rollout_threads = std::max(1, per_card_threads_ / served);
+    FUSIONRL_ASSIGN_OR_RETURN(c10::Device rollout_device,
+                              ResolveDevice(job_.rollout_device));
+    snapshot = policy.CloneFrozen(rollout_device);
+  }
+  rollout_memory_->Set(MemoryCategory::kSnapshot, ParameterBytes(*snapshot));
+  at::set_num_threads(train_threads);
+  auto engine = std::make_unique<RolloutEngine>(
+      *snapshot, ctx_.tokenizer->pad_id(), ctx_.stop_ids);
+  CardCounters* counters = job_.rollout_counters != nullptr
+                               ? job_.rollout_counters
+                               : job_.counters;
+  CardMemoryManager* rollout_memory = rollout_memory_.get();
+  const bool host_memory = policy.device().is_cpu();
+  fused_ = std::make_unique<FusedRollout>(
+      std::move(snapshot), std::move(engine), fo,
+      [this, rollout_memory, host_memory](
+          RolloutEngine& engine, const std::vector<uint64_t>& groups,
+          int64_t step, int rank, int64_t version) {
+        return sampler_->Sample(
+            engine, groups, step, rank, version, *rollout_memory,
+            [this, rollout_memory, host_memory](const MemoryDecision& kv) {
+              if (host_memory) {
+                // Host and card are the same memory: only the books move.
+                rollout_memory->OptimizerOffloaded(kv.offload_bytes);
+                return absl::OkStatus();
+              }
+              // The trainer moves it before its next step
+              // (PrepareOptimizer).
+              return rollout_memory->WaitOptimizerOffloaded(clock_.Now() +
+                                                            timeout_);
+            });
+      },
+      [counters](double seconds) {
+        counters->busy_us += static_cast<int64_t>(seconds * 1e6);
+      },
+      clock_);
+  if (fused && cfg.placement.fused_share_idle_threads) {
+    FusedRollout* f = fused_.get();
+    const int card_threads = std::max(per_card_threads_, train_threads);
+    trainer_->set_compute_hook([f, train_threads, card_threads] {
+      at::set_num_threads(f->sampling() ? train_threads : card_threads);
+    });
+  }
+  PublishToRollout();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RolloutBatch> CardRunner::SampleHere(
+    const std::vector<uint64_t>& groups, const StepPlan& plan) {
+  return sampler_->Sample(
+      *rollout_, groups, plan.step, plan.rank, trainer_->version(), *memory_,
+      [this](const MemoryDecision&) -> absl::Status {
+        FUSIONRL_RETURN_IF_ERROR(MoveOptimizerState(*trainer_, c10::kCPU));
+        memory_->OptimizerOffloaded(OptimizerStateBytes(*trainer_));
+        return absl::OkStatus();
+      });
+}
+
+absl::Status CardRunner::Run() {
+  FUSIONRL_RETURN_IF_ERROR(Setup());
+  PolicyModel& policy = *ctx_.policy;
+  int64_t next = 0;
+  for (;;) {
+    FUSIONRL_ASSIGN_OR_RETURN(StepPlan plan,
+                              job_.rendezvous->NextPlan(job_.local_rank, next));
+    switch (plan.kind) {
+      case PlanKind::kAbandon:
+        if (job_.local_rank == 0) {
+          spdlog::info("{}: {}", job_.node_id, plan.message);
+        }
+        return absl::OkStatus();
+      case PlanKind::kEnd: {
+        // Only card 0 goes on: it writes the last checkpoint if it is the
+        // job's lead, or waits for the end (it may become the lead if the
+        // lead node is lost first).
+        if (job_.local_rank != 0) return absl::OkStatus();
+        next = plan.step;
+        while (plan.kind == PlanKind::kEnd &&
+               (plan.rank != 0 || plan.checkpoint_name.empty())) {
+          FUSIONRL_ASSIGN_OR_RETURN(plan, job_.rendezvous->GetPlan(0, next));
+        }
+        if (plan.kind != PlanKind::kEnd) return absl::OkStatus();
+        std::string dir;
+        absl::Status s = WriteEndCheckpoint(plan, &dir);
+        StepReport report = NewReport(plan.step, 0);
+        if (!s.ok()) {
+          report.error = s;
+        } else {
+          report.checkpoint_dir = dir;
+        }
+        FUSIONRL_RETURN_IF_ERROR(Finish(report).status());
+        return s;
+      }
+      case PlanKind::kTrain:
+        break;
+      case PlanKind::kWait:
+        return absl::InternalError("the rendezvous handed out a WAIT plan");
+    }
+    plan_step_ = plan.step;
+    plan_attempt_ = plan.attempt;
+    if (plan.exchange_updates) {
+      sync_->BeginSkewedStep(plan.step, plan.updates_due_step, plan.nodes);
+    } else {
+      sync_->BeginAttempt(plan.rank, plan.world_size, plan.nodes);
+    }
+    // Only a synchronous step shared with other nodes can be aborted by a
+    // node loss (a StaleSync job fails instead).
+    std::optional<StepSnapshot> snapshot;
+    if (plan.nodes > 1 && !plan.exchange_updates) {
+      FUSIONRL_ASSIGN_OR_RETURN(snapshot, StepSnapshot::Take(policy, *trainer_));
+    }
+    StepReport report = NewReport(plan.step, plan.attempt);
+    absl::Status step = TrainStep(plan, report);
+    if (step.ok() && job_.debug_step_delay > absl::ZeroDuration()) {
+      std::this_thread::sleep_for(
+          absl::ToChronoMilliseconds(job_.debug_step_delay));  // fault injection
+    }
+    if (plan.exchange_updates && absl::IsAborted(step)) {
+      // The job ended under us (a StaleSync job does not roll back); the
+      // next plan says how.
+      next = plan.step + 1;
+      continue;
+    }
+    bool committed = false;
+    if (step.ok() && job_.local_rank == 0) {
+      absl::StatusOr<bool> done = Finish(report);
+      if (done.ok()) {
+        committed = *done;
+      } else {
+        step = done.status();
+      }
+    }
+    if (job_.local_cards > 1 && (step.ok() || absl::IsAborted(step))) {
+      // Every card learns the node's outcome of the step.
+      std::vector<double> flags = {committed ? 1.0 : 0.0,
+                                   step.ok() ? 0.0 : 1.0};
+      FUSIONRL_RETURN_IF_ERROR(sync_->LocalSum(flags));
+      committed = flags[0] > 0;
+      if (flags[1] > 0 && step.ok()) {
+        step = absl::AbortedError("another card of this node was aborted");
+      }
+    }
+    if (absl::IsAborted(step) || (step.ok() && !committed)) {
+      if (!snapshot) {
+        return absl::InternalError(
+            "a single-node step was aborted; nothing to roll back to");
+      }
+      spdlog::warn("{} card {}: step {} attempt {} aborted ({}); rolling back",
+                   job_.node_id, job_.local_rank, plan.step, plan.attempt,
+                   step.ok() ? std::string("not committed")
+                             : std::string(step.message()));
+      FUSIONRL_RETURN_IF_ERROR(snapshot->Restore(policy, *trainer_));
+      if (fused_ != nullptr) {
+        // Sample the replanned step afresh from the restored weights.
+        PublishToRollout();
+        fused_->Reset();
+      }
+      next = plan.step;
+      continue;
+    }
+    if (!step.ok()) {
+      ReportFailure(step, plan.step, plan.attempt);
+      return step;
+    }
+    if (fused_ != nullptr) PublishToRollout();
+    next = plan.step + 1;
+  }
+}
+
+absl::StatusOr<int64_t> CardRunner::SyncWeights(const StepPlan& plan) {
+  const std::string key = absl::StrCat(job_.job_id, "/sync");
+  if (plan.rank == 0) {
+    FUSIONRL_ASSIGN_OR_RETURN(std::string blob,
+                              SerializeState(*ctx_.policy, *trainer_));
+    FUSIONRL_RETURN_IF_ERROR(job_.client->PublishWeights(
+        key, plan.step, job_.super_node, blob, timeout_));
+    return static_cast<int64_t>(blob.size());
+  }
+  if (plan.rank < job_.local_cards) {
+    return 0;  // the lead's node: identical to the lead card already
+  }
+  // The lead publishes after its own last exchange round, which waited for
+  // ours: poll briefly until it is there.
+  const absl::Time deadline = clock_.Now() + timeout_;
+  for (;;) {
+    absl::StatusOr<std::string> blob =
+        job_.client->FetchWeights(key, plan.step, timeout_);
+    if (blob.ok()) {
+      FUSIONRL_RETURN_IF_ERROR(AdoptState(*blob, *ctx_.policy, *trainer_));
+      return static_cast<int64_t>(blob->size());
+    }
+    if (!absl::IsNotFound(blob.status()) || clock_.Now() >= deadline) {
+      return absl::Status(blob.status().code(),
+                          absl::StrCat("weight sync after step ", plan.step,
+                                       ": ", blob.status().message()));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+absl::Status CardRunner::PrepareOptimizer() {
+  CardMemoryManager& m = *memory_;
+  if (m.offload_in_flight()) {
+    FUSIONRL_RETURN_IF_ERROR(MoveOptimizerState(*trainer_, c10::kCPU));
+    m.OptimizerOffloaded(OptimizerStateBytes(*trainer_));
+  }
+  if (!m.optimizer_offloaded()) return absl::OkStatus();
+  const c10::Device device = ctx_.policy->device();
+  int64_t back = m.OptimizerRestoreNeeded() ? 1 : 0;
+  if (back == 0 && !device.is_cpu()) {
+    // AdamW needs its state next to the parameters: wait for the room.
+    FUSIONRL_ASSIGN_OR_RETURN(back,
+                              m.WaitOptimizerRestore(clock_.Now() + timeout_));
+  }
+  if (back > 0) {
+    FUSIONRL_RETURN_IF_ERROR(MoveOptimizerState(*trainer_, device));
+    m.OptimizerRestored(OptimizerStateBytes(*trainer_));
+  }
+  // On a CPU card a state left "on the host" is the same memory: step on.
+  return absl::OkStatus();
+}
+
+absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
+  const JobConfig& cfg = config();
+  const auto& rc = cfg.rollout;
+  PolicyModel& policy = *ctx_.policy;
+  const bool lead = plan.rank == 0;
+  if (lead && plan.eval_before) {
+    FUSIONRL_ASSIGN_OR_RETURN(EvalResult initial,
+                              EvaluateGreedy(policy, ctx_, rc.max_new_tokens));
+    spdlog::info("[{}] initial eval accuracy {:.3f} ({:.1f}s)", cfg.name,
+                 initial.accuracy, initial.seconds);
+    report.initial_eval_accuracy = initial.accuracy;
+  }
+  const auto t0 = SteadyClock::now();
+  job_.counters->active = true;
+  RolloutBatch batch;
+  double wait_s = 0;
+  if (fused_ != nullptr) {
+    FUSIONRL_ASSIGN_OR_RETURN(batch, fused_->Take(plan));
+    wait_s = SecondsSince(t0);
+  } else {
+    FUSIONRL_ASSIGN_OR_RETURN(batch, SampleHere(plan.groups, plan));
+  }
+  std::vector<Sample>& samples = batch.samples;
+  const int64_t max_lag = cfg.stalesync.max_policy_lag;
+  const StalenessFilter filter(max_lag);
+  FUSIONRL_ASSIGN_OR_RETURN(std::vector<uint64_t> stale_groups,
+                            filter.OverStaleGroups(samples, trainer_->version()));
+  int64_t over_stale = 0;
+  if (!stale_groups.empty()) {
+    over_stale = static_cast<int64_t>(stale_groups.size()) * rc.group_size;
+    spdlog::warn(
+        "{} card {}: step {}: {} prompt group(s) over the policy lag "
+        "{}; {}",
+        job_.node_id, job_.local_rank, plan.step, stale_groups.size(), max_lag,
+        cfg.stalesync.over_stale);
+    if (cfg.stalesync.over_stale == "drop") {
+      StalenessFilter::Drop(samples, stale_groups);
+    } else {
+      FUSIONRL_ASSIGN_OR_RETURN(RolloutBatch fresh,
+                                SampleHere(stale_groups, plan));
+      StalenessFilter::Replace(samples, stale_groups, std::move(fresh.samples));
+      // Recount the batch's totals over what is trained.
+      batch.Recount();
+    }
+  }
+  const double rollout_s = batch.seconds;
+  int64_t step_tokens = batch.tokens;
+  const int64_t max_staleness =
+      StalenessFilter::MaxStaleness(samples, trainer_->version());
+  FUSIONRL_RETURN_IF_ERROR(PrepareOptimizer());
+  const auto t1 = SteadyClock::now();
+  TrainStats ts;
+  {
+    // Activations: the bytes the step allocates and holds at its peak.
+    ScopedAllocationCounter counted(ctx_.policy->device());
+    FUSIONRL_ASSIGN_OR_RETURN(ts, trainer_->Step(samples));
+    memory_->Set(MemoryCategory::kActivations, counted.peak_bytes());
+  }
+  memory_->Set(MemoryCategory::kGradients, GradientBytes(policy));
+  if (!memory_->optimizer_offloaded()) {
+    memory_->Set(MemoryCategory::kOptimizer, OptimizerStateBytes(*trainer_));
+  }
+  const double train_s = SecondsSince(t1);
+  std::vector<double> totals = {batch.reward_sum,
+                                static_cast<double>(batch.correct),
+                                static_cast<double>(batch.finished),
+                                static_cast<double>(step_tokens),
+                                static_cast<double>(samples.size())};
+  // Staleness histogram: samples with staleness 0..s (summed over cards).
+  const int lag = cfg.stalesync.max_policy_lag;
+  const size_t hist_at = totals.size();
+  totals.resize(hist_at + lag + 1, 0.0);
+  for (const Sample& smp : samples) {
+    if (smp.excluded) continue;
+    totals[hist_at + (trainer_->version() - 1 - smp.behaviour_version)] += 1;
+  }
+  totals.push_back(static_cast<double>(over_stale));
+  FUSIONRL_RETURN_IF_ERROR(SumAcrossRanks(sync_.get(), totals));
+  double sync_s = 0;
+  int64_t sync_bytes = 0;
+  if (plan.sync_weights) {
+    const auto ts0 = SteadyClock::now();
+    FUSIONRL_ASSIGN_OR_RETURN(sync_bytes, SyncWeights(plan));
+    sync_s = SecondsSince(ts0);
+  }
+  if (plan.exchange_updates && job_.local_rank == 0) {
+    // Each super node reports its own tokens; the controller adds them up.
+    report.rollout_tokens = static_cast<int64_t>(totals[3]);
+    if (plan.sync_weights) {
+      report.weights_crc32c = WeightsCrc32c(policy);
+      report.has_weights_crc32c = true;
+    }
+  }
+  const double step_s = SecondsSince(t0);
+  job_.counters->busy_us += static_cast<int64_t>(step_s * 1e6);
+  if (!lead) return absl::OkStatus();
+
+  step_tokens = static_cast<int64_t>(totals[3]);
+  const double n = totals[4];
+  const double reward_mean = totals[0] / n;
+  const double tokens_so_far =
+      static_cast<double>(plan.rollout_tokens_before + step_tokens);
+  const double seconds_so_far = plan.loop_seconds_before + step_s;
+  StepMetrics rec = {
+      {"step", static_cast<double>(plan.step)},
+      {"policy_version", static_cast<double>(trainer_->version())},
+      {"reward_mean", reward_mean},
+      {"train_accuracy", totals[1] / n},
+      {"response_len_mean", step_tokens / n},
+      {"finished_frac", totals[2] / n},
+      {"loss", ts.loss},
+      {"pg_loss", ts.pg_loss},
+      {"kl", ts.kl},
+      {"entropy", ts.entropy},
+      {"clip_frac", ts.clip_frac},
+      {"grad_norm", ts.grad_norm},
+      {"lr", ts.lr},
+      {"advantage_abs_mean", ts.advantage_abs_mean},
+      {"behaviour_weight_mean", ts.behaviour_weight_mean},
+      {"behaviour_weight_truncated", ts.behaviour_weight_truncated},
+      {"max_staleness", static_cast<double>(max_staleness)},
+      {"over_stale_samples", totals.back()},
+      {"rollout_tokens", static_cast<double>(step_tokens)},
+      {"rollout_seconds", rollout_s},
+      {"rollout_wait_seconds", wait_s},
+      {"train_seconds", train_s},
+      {"step_seconds", step_s},
+      {"cards", static_cast<double>(plan.world_size)},
+      {"nodes", static_cast<double>(plan.nodes)},
+      {"attempt", static_cast<double>(plan.attempt)},
+      {"cross_node_rounds", static_cast<double>(sync_->rounds())},
+      {"cross_node_seconds", sync_->cross_node_seconds()},
+      {"cross_node_bytes", static_cast<double>(sync_->cross_node_bytes())},
+      {"rollout_gate_wait_seconds", batch.gate_wait_seconds},
+      {"updates_received", static_cast<double>(sync_->updates_received())},
+      {"max_update_lag", static_cast<double>(sync_->max_update_lag())},
+      {"weight_sync_seconds", sync_s},
+      {"weight_sync_bytes", static_cast<double>(sync_bytes)},
+      {"tokens_per_second",
+       seconds_so_far > 0 ? tokens_so_far / seconds_so_far : 0}};
+  double last_eval = report.initial_eval_accuracy >= 0
+                         ? report.initial_eval_accuracy
+                         : plan.last_eval_accuracy;
+  for (int i = 0; i <= lag; ++i) {
+    rec.push_back({absl::StrCat("staleness_", i), totals[hist_at + i]});
+  }
+  if (cfg.model.moe_experts > 0) {
+    // The lead card's own router statistics (like the other trainer stats).
+    rec.push_back({"moe_aux_loss", ts.moe_aux_loss});
+    rec.push_back({"moe_z_loss", ts.moe_z_loss});
+    rec.push_back({"moe_dropped_frac", ts.moe_dropped_frac});
+    for (size_t i = 0; i < ts.moe_expert_load.size(); ++i) {
+      rec.push_back({absl::StrCat("moe_load_", i), ts.moe_expert_load[i]});
+    }
+  }
+  if (plan.eval_after) {
+    FUSIONRL_ASSIGN_OR_RETURN(EvalResult ev,
+                              EvaluateGreedy(policy, ctx_, rc.max_new_tokens));
+    last_eval = ev.accuracy;
+    report.eval_accuracy = ev.accuracy;
+    rec.push_back({"eval_accuracy", ev.accuracy});
+    rec.push_back({"eval_seconds", ev.seconds});
+  }
+  if (!plan.checkpoint_name.empty()) {
+    const double initial = report.initial_eval_accuracy >= 0
+                               ? report.initial_eval_accuracy
+                               : plan.initial_eval_accuracy;
+    CheckpointMeta meta{"rl",
+                        cfg.name,
+                        plan.step,
+                        trainer_->version(),
+                        plan.data_cursor_after,
+                        initial,
+                        last_eval,
+                        plan.rollout_tokens_before + step_tokens,
+                        seconds_so_far};
+    const std::string dir =
+        cfg.output_dir + "/checkpoints/" + plan.checkpoint_name;
+    FUSIONRL_RETURN_IF_ERROR(
+        WriteCheckpoint(dir, policy, trainer_.get(), meta));
+    report.checkpoint_dir = dir;
+  }
+  report.metrics = std::move(rec);
+  report.rollout_tokens = step_tokens;
+  report.loop_seconds = step_s;
+  report.reward_mean = reward_mean;
+  report.train_accuracy = totals[1] / n;
+  report.policy_version = trainer_->version();
+  return absl::OkStatus();
+}
+
+absl::Status CardRunner::WriteEndCheckpoint(const StepPlan& plan,
+                                            std::string* dir) {
+  const JobConfig& cfg = config();
+  CheckpointMeta meta{"rl",
+                      cfg.name,
+                      plan.step - 1,
+                      trainer_->version(),
+                      plan.data_cursor_after,
+                      plan.initial_eval_accuracy,
+                      plan.last_eval_accuracy,
+                      plan.rollout_tokens_before,
+                      plan.loop_seconds_before};
+  *dir = cfg.output_dir + "/checkpoints/" + plan.checkpoint_name;
+  FUSIONRL_RETURN_IF_ERROR(
+      WriteCheckpoint(*dir, *ctx_.policy, trainer_.get(), meta));
+  // A job that ran to its end (not one stopped early) is exported.
+  if (cfg.run.export_final && plan.checkpoint_name == "final") {
+    FUSIONRL_RETURN_IF_ERROR(
+        ExportJobPolicy(cfg, ctx_, *ctx_.policy, cfg.output_dir + "/hf"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunCard(const CardJob& job) {
+  CardRunner runner(job);
+  return runner.Run();
+}
+
+}  // namespace fusionrl

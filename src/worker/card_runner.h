@@ -1,0 +1,69 @@
+// CardRunner: one card's part of one job, the step's orchestration.
+//
+// For every step the node's PlanRendezvous hands out, the card
+//   1. gets its prompt groups' rollout: sampled now by GroupSampler
+//      (colocated), or taken from its FusedRollout thread (fused,
+//      disaggregated);
+//   2. checks the samples' staleness (StalenessFilter);
+//   3. trains one step (engine/trainer.h), its gradients summed over the
+//      node's cards and the attempt's nodes (HierarchicalSync) or, in a
+//      StaleSync job with clock skew, exchanged with the other super nodes;
+//   4. sums the step's totals over the cards, syncs weights when the plan
+//      says so, evaluates and checkpoints (lead card), and reports the step
+//      (StepReport) to the controller through its WorkClient.
+// An attempt another node can abort is bracketed by a StepSnapshot; an
+// aborted or uncommitted attempt is rolled back and the replanned one run.
+//
+// Thread safety: one CardRunner per card thread; the node's cards share
+// the WorkClient, the rendezvous and the c10d group.
+#ifndef FUSIONRL_WORKER_CARD_RUNNER_H_
+#define FUSIONRL_WORKER_CARD_RUNNER_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "core/clock.h"
+#include "fusionrl/config.h"
+#include "worker/card_counters.h"
+#include "worker/plan_rendezvous.h"
+#include "worker/work_client.h"
+
+namespace fusionrl {
+
+class GradientSync;
+
+// Everything one card thread needs for one job (all pointers borrowed).
+struct CardJob {
+  WorkClient* client = nullptr;
+  PlanRendezvous* rendezvous = nullptr;
+  const Clock* clock = &RealClock();
+  std::string node_id;
+  std::string super_node;
+  std::string job_id;
+  const JobConfig* config = nullptr;
+  std::string resume_checkpoint;
+  int local_rank = 0;
+  int local_cards = 1;            // cards that train (the local ranks)
+  int assigned_cards = 1;         // all the node's cards in the job
+  int rollout_cards = 0;          // disaggregated: cards that only sample
+  int threads = 1;                // intra-op threads the node's cards share
+  GradientSync* local = nullptr;  // node's c10d group; null for one card
+  CardCounters* counters = nullptr;
+  // disaggregated: the rollout card serving this one, and its device.
+  CardCounters* rollout_counters = nullptr;
+  std::string rollout_device;
+  // Fault injection for tests: sleep this long after every trained step.
+  absl::Duration debug_step_delay = absl::ZeroDuration();
+};
+
+// Runs the card's part of the job until the plan ends it. OK when the job
+// ended (or this node was released from it); the error otherwise, already
+// reported to the controller by the lead card.
+absl::Status RunCard(const CardJob& job);
+
+}  // namespace fusionrl
+
+#endif  // FUSIONRL_WORKER_CARD_RUNNER_H_

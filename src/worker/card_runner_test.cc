@@ -1,0 +1,348 @@
+// The card loop against a scripted controller (FakeWorkClient): commits,
+// a rolled-back attempt, an injected collective error, the fused rollout
+// thread's policy-lag admission.
+#include "worker/card_runner.h"
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/rollout.h"
+#include "engine/test_util.h"
+#include "gtest/gtest.h"
+#include "worker/fake_work_client.h"
+#include "worker/fused_rollout.h"
+#include "worker/plan_rendezvous.h"
+#include "worker/staleness_filter.h"
+
+namespace fusionrl {
+namespace {
+
+JobConfig TinyJob(const std::string& out, int steps) {
+  JobConfig c;
+  c.name = "card-test";
+  c.num_threads = 1;  // bitwise-reproducible reductions
+  c.output_dir = ::testing::TempDir() + "/card_runner_test/" + out;
+  c.model = testing_util::TinyModelConfig();
+  c.model.init_std = 0.02;
+  c.task.name = "reverse";
+  c.task.min_digits = 1;
+  c.task.max_digits = 3;
+  c.task.eval_size = 8;
+  c.rollout.prompts_per_step = 4;
+  c.rollout.group_size = 4;
+  c.rollout.max_new_tokens = 5;
+  c.optim.lr = 1e-3;
+  c.run.total_steps = steps;
+  c.run.collective_timeout_seconds = 60;
+  return c;
+}
+
+struct CardRun {
+  absl::Status status;
+  std::vector<StepReport> reports;
+  std::vector<std::pair<int64_t, int>> committed;
+};
+
+CardRun RunOneCard(const JobConfig& config, FakeWorkClient& fake) {
+  std::filesystem::remove_all(config.output_dir);
+  CardCounters counters;
+  PlanRendezvous::Options ro;
+  ro.job_id = "job-1";
+  ro.node_id = "node-1";
+  ro.timeout = absl::Seconds(60);
+  PlanRendezvous rendezvous(fake, ro, nullptr, RealClock());
+  CardJob job;
+  job.client = &fake;
+  job.rendezvous = &rendezvous;
+  job.node_id = "node-1";
+  job.super_node = "sn-0";
+  job.job_id = "job-1";
+  job.config = &config;
+  job.threads = 1;
+  job.counters = &counters;
+  CardRun run;
+  run.status = RunCard(job);
+  run.reports = fake.reports();
+  run.committed = fake.committed();
+  return run;
+}
+
+double Metric(const StepReport& r, const std::string& key) {
+  for (const auto& [k, v] : r.metrics) {
+    if (k == key) return v;
+  }
+  ADD_FAILURE() << "no metric " << key << " in the report of step " << r.step;
+  return -1;
+}
+
+std::string FileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(CardRunnerTest, CommitsEveryStepThenWritesTheFinalCheckpoint) {
+  const JobConfig config = TinyJob("clean", 3);
+  FakeWorkClient fake(3, config.rollout.prompts_per_step);
+  fake.WaitPlansFirst(2);  // the card asks again until the step is planned
+  const CardRun run = RunOneCard(config, fake);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  const std::vector<std::pair<int64_t, int>> want = {{1, 1}, {2, 1}, {3, 1}};
+  EXPECT_EQ(run.committed, want);
+  ASSERT_EQ(run.reports.size(), 4u);  // three steps and the end
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(Metric(run.reports[i], "step"), i + 1);
+    EXPECT_EQ(Metric(run.reports[i], "policy_version"), i + 1);
+    EXPECT_EQ(run.reports[i].policy_version, i + 1);
+    EXPECT_EQ(run.reports[i].rollout_tokens,
+              static_cast<int64_t>(Metric(run.reports[i], "rollout_tokens")));
+  }
+  EXPECT_EQ(run.reports.back().checkpoint_dir,
+            config.output_dir + "/checkpoints/final");
+  EXPECT_TRUE(std::filesystem::exists(config.output_dir +
+                                      "/checkpoints/final/model.pt"));
+}
+
+class AbortedAttemptTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(AbortedAttemptTest, IsRolledBackAndRunAgain) {
+  const bool at_first_round = GetParam();
+  const JobConfig clean_config = TinyJob("no-abort", 3);
+  FakeWorkClient clean(3, clean_config.rollout.prompts_per_step);
+  const CardRun a = RunOneCard(clean_config, clean);
+  ASSERT_TRUE(a.status.ok()) << a.status;
+
+  const JobConfig config = TinyJob("abort", 3);
+  FakeWorkClient fake(3, config.rollout.prompts_per_step);
+  fake.AbortFirstAttemptOf(2, at_first_round);
+  const CardRun b = RunOneCard(config, fake);
+  ASSERT_TRUE(b.status.ok()) << b.status;
+  const std::vector<std::pair<int64_t, int>> want = {{1, 1}, {2, 2}, {3, 1}};
+  EXPECT_EQ(b.committed, want);
+  EXPECT_GT(fake.reduce_calls(), 0);
+  // Attempt 1 of step 2 (trained to its end unless aborted at its first
+  // round) left nothing behind: the weights are those of the run that never
+  // saw it, bit for bit.
+  const std::string wa =
+      FileBytes(clean_config.output_dir + "/checkpoints/final/model.pt");
+  const std::string wb =
+      FileBytes(config.output_dir + "/checkpoints/final/model.pt");
+  ASSERT_FALSE(wa.empty());
+  EXPECT_TRUE(wa == wb) << "final weights differ after the rollback";
+  const StepReport& step2 = b.reports[at_first_round ? 1 : 2];
+  EXPECT_EQ(step2.step, 2);
+  EXPECT_EQ(Metric(step2, "attempt"), 2);
+  EXPECT_EQ(step2.policy_version, 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(CardRunnerTest, AbortedAttemptTest,
+                         ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "AtFirstReduceRound"
+                                             : "AfterTraining";
+                         });
+
+TEST(CardRunnerTest, AnInjectedReduceErrorBecomesTheJobsError) {
+  const JobConfig config = TinyJob("reduce-error", 3);
+  FakeWorkClient fake(3, config.rollout.prompts_per_step);
+  fake.FailReduceAt(2, absl::InternalError("injected reduce failure"));
+  const CardRun run = RunOneCard(config, fake);
+  ASSERT_FALSE(run.status.ok());
+  EXPECT_TRUE(absl::StrContains(run.status.message(), "injected reduce"))
+      << run.status;
+  const std::vector<std::pair<int64_t, int>> want = {{1, 1}};
+  EXPECT_EQ(run.committed, want);
+  // The failure is reported to the controller, naming the step.
+  ASSERT_EQ(run.reports.size(), 2u);
+  EXPECT_EQ(run.reports[1].step, 2);
+  EXPECT_TRUE(absl::StrContains(run.reports[1].error.message(),
+                                "injected reduce"))
+      << run.reports[1].error;
+}
+
+TEST(CardRunnerTest, FusedRunTrainsWithinThePolicyLag) {
+  JobConfig config = TinyJob("fused", 5);
+  config.placement.mode = "fused";
+  config.num_threads = 2;
+  config.stalesync.max_policy_lag = 1;
+  config.algorithm.decoupled_loss = true;
+  FakeWorkClient fake(5, config.rollout.prompts_per_step);
+  const CardRun run = RunOneCard(config, fake);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  ASSERT_EQ(run.committed.size(), 5u);
+  double histogram = 0;
+  for (int i = 0; i < 5; ++i) {
+    const StepReport& r = run.reports[i];
+    EXPECT_LE(Metric(r, "max_staleness"), 1) << "step " << r.step;
+    EXPECT_EQ(Metric(r, "over_stale_samples"), 0) << "step " << r.step;
+    histogram = Metric(r, "staleness_0") + Metric(r, "staleness_1");
+    EXPECT_EQ(histogram, config.rollout.prompts_per_step *
+                             config.rollout.group_size);
+  }
+}
+
+// --- FusedRollout alone: admission by PolicyLagGate ------------------------
+
+class RecordingSampler {
+ public:
+  FusedRollout::SampleFn Fn() {
+    return [this](RolloutEngine&, const std::vector<uint64_t>& groups,
+                  int64_t step, int, int64_t version)
+               -> absl::StatusOr<RolloutBatch> {
+      absl::MutexLock l(&mu_);
+      sampled_.push_back({step, version});
+      RolloutBatch b;
+      b.groups = groups;
+      for (uint64_t g : groups) {
+        Sample s;
+        s.group_id = g;
+        s.behaviour_version = version;
+        b.samples.push_back(s);
+      }
+      return b;
+    };
+  }
+  // Waits until `n` batches were sampled (or 10 s).
+  std::vector<std::pair<int64_t, int64_t>> WaitFor(size_t n) {
+    absl::MutexLock l(&mu_);
+    auto enough = [this, n] { return sampled_.size() >= n; };
+    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
+    return sampled_;
+  }
+  std::vector<std::pair<int64_t, int64_t>> Sampled() {
+    absl::MutexLock l(&mu_);
+    return sampled_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::pair<int64_t, int64_t>> sampled_ ABSL_GUARDED_BY(mu_);
+};
+
+StepPlan TrainPlan(int64_t step, int per_step) {
+  StepPlan p;
+  p.kind = PlanKind::kTrain;
+  p.step = step;
+  for (int i = 0; i < per_step; ++i) {
+    p.groups.push_back(static_cast<uint64_t>((step - 1) * per_step + i));
+  }
+  return p;
+}
+
+TEST(FusedRolloutTest, AdmitsStepsOnlyWithinThePolicyLag) {
+  auto policy = testing_util::TinyModel();
+  auto snapshot = policy->CloneFrozen();
+  auto engine = std::make_unique<RolloutEngine>(*snapshot, 0,
+                                                std::vector<int>{1});
+  RecordingSampler sampler;
+  FusedRollout::Options o;
+  o.max_policy_lag = 1;
+  o.prompts_per_step = 2;
+  o.timeout = absl::Seconds(10);
+  FusedRollout fused(std::move(snapshot), std::move(engine), o, sampler.Fn(),
+                     nullptr, RealClock());
+  fused.Publish(policy->parameters(), 0);
+  // Step 1 (version 0 trains it): the thread may run one step ahead.
+  absl::StatusOr<RolloutBatch> b1 = fused.Take(TrainPlan(1, 2));
+  ASSERT_TRUE(b1.ok()) << b1.status();
+  EXPECT_EQ(b1->groups, (std::vector<uint64_t>{0, 1}));
+  auto seen = sampler.WaitFor(2);
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[1], std::make_pair(int64_t{2}, int64_t{0}));
+  // Step 3 needs version >= 1: nothing more is sampled until it comes.
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_EQ(sampler.Sampled().size(), 2u);
+  fused.Publish(policy->parameters(), 1);
+  seen = sampler.WaitFor(3);
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen[2], std::make_pair(int64_t{3}, int64_t{1}));
+  absl::StatusOr<RolloutBatch> b2 = fused.Take(TrainPlan(2, 2));
+  ASSERT_TRUE(b2.ok()) << b2.status();
+  EXPECT_EQ(b2->groups, (std::vector<uint64_t>{2, 3}));
+  EXPECT_EQ(b2->samples.front().behaviour_version, 0);  // staleness 1 at v1
+  // A replanned step (other groups) drops the prediction and samples anew.
+  StepPlan replanned = TrainPlan(3, 2);
+  replanned.groups = {40, 41};
+  fused.Publish(policy->parameters(), 2);
+  absl::StatusOr<RolloutBatch> b3 = fused.Take(replanned);
+  ASSERT_TRUE(b3.ok()) << b3.status();
+  EXPECT_EQ(b3->groups, (std::vector<uint64_t>{40, 41}));
+  EXPECT_EQ(b3->samples.front().behaviour_version, 2);
+  fused.Stop();
+}
+
+TEST(FusedRolloutTest, TakeTimesOutNamingTheStep) {
+  auto policy = testing_util::TinyModel();
+  auto snapshot = policy->CloneFrozen();
+  auto engine = std::make_unique<RolloutEngine>(*snapshot, 0,
+                                                std::vector<int>{1});
+  FusedRollout::Options o;
+  o.max_policy_lag = 0;
+  o.prompts_per_step = 1;
+  o.timeout = absl::Milliseconds(300);
+  FusedRollout fused(
+      std::move(snapshot), std::move(engine), o,
+      [](RolloutEngine&, const std::vector<uint64_t>&, int64_t, int,
+         int64_t) -> absl::StatusOr<RolloutBatch> { return RolloutBatch{}; },
+      nullptr, RealClock());
+  fused.Publish(policy->parameters(), 0);
+  ASSERT_TRUE(fused.Take(TrainPlan(1, 1)).ok());
+  // Step 2 needs version 1 at lag 0, which never comes.
+  absl::StatusOr<RolloutBatch> b = fused.Take(TrainPlan(2, 1));
+  ASSERT_FALSE(b.ok());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(b.status())) << b.status();
+  EXPECT_TRUE(absl::StrContains(b.status().message(), "step 2"));
+}
+
+// --- StalenessFilter --------------------------------------------------------
+
+std::vector<Sample> Samples(std::vector<std::pair<uint64_t, int64_t>> gv) {
+  std::vector<Sample> out;
+  for (auto [g, v] : gv) {
+    Sample s;
+    s.group_id = g;
+    s.behaviour_version = v;
+    out.push_back(s);
+  }
+  return out;
+}
+
+TEST(StalenessFilterTest, FindsOverStaleGroupsAndDropsOrReplacesThem) {
+  const StalenessFilter filter(1);
+  std::vector<Sample> s = Samples({{7, 5}, {7, 5}, {8, 3}, {8, 4}, {9, 4}});
+  absl::StatusOr<std::vector<uint64_t>> stale = filter.OverStaleGroups(s, 5);
+  ASSERT_TRUE(stale.ok()) << stale.status();
+  EXPECT_EQ(*stale, std::vector<uint64_t>{8});  // staleness 2 > 1
+  std::vector<Sample> dropped = s;
+  StalenessFilter::Drop(dropped, *stale);
+  EXPECT_FALSE(dropped[0].excluded);
+  EXPECT_TRUE(dropped[2].excluded && dropped[3].excluded);
+  EXPECT_FALSE(dropped[4].excluded);
+  EXPECT_EQ(StalenessFilter::MaxStaleness(dropped, 5), 1);
+  std::vector<Sample> replaced = s;
+  StalenessFilter::Replace(replaced, *stale, Samples({{8, 5}, {8, 5}}));
+  EXPECT_EQ(replaced[2].behaviour_version, 5);
+  EXPECT_EQ(replaced[3].behaviour_version, 5);
+  EXPECT_EQ(StalenessFilter::MaxStaleness(replaced, 5), 1);
+  EXPECT_TRUE(filter.OverStaleGroups(replaced, 5)->empty());
+}
+
+TEST(StalenessFilterTest, RejectsASampleNewerThanTheTrainer) {
+  const StalenessFilter filter(2);
+  const absl::StatusOr<std::vector<uint64_t>> r =
+      filter.OverStaleGroups(Samples({{1, 3}, {2, 6}}), 5);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "prompt group 2"))
+      << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "negative staleness"));
+}
+
+}  // namespace
+}  // namespace fusionrl

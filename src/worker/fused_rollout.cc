@@ -1,0 +1,179 @@
+#include "worker/fused_rollout.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/job_common.h"
+#include "engine/model.h"
+#include "engine/rollout.h"
+
+namespace fusionrl {
+
+FusedRollout::FusedRollout(std::unique_ptr<PolicyModel> snapshot,
+                           std::unique_ptr<RolloutEngine> engine,
+                           Options options, SampleFn sample,
+                           std::function<void(double)> on_sampled,
+                           const Clock& clock)
+    : options_(options),
+      sample_(std::move(sample)),
+      on_sampled_(std::move(on_sampled)),
+      clock_(clock),
+      snapshot_(std::move(snapshot)),
+      engine_(std::move(engine)) {
+  absl::MutexLock lock(&mu_);
+  snapshot_version_ = options_.snapshot_version;
+}
+
+FusedRollout::~FusedRollout() { Stop(); }
+
+int64_t FusedRollout::snapshot_version() const {
+  absl::MutexLock lock(&mu_);
+  return snapshot_version_;
+}
+
+void FusedRollout::Publish(const std::vector<at::Tensor>& weights,
+                           int64_t version) {
+  std::vector<at::Tensor> copy;
+  copy.reserve(weights.size());
+  for (const at::Tensor& p : weights) copy.push_back(p.detach().clone());
+  absl::MutexLock lock(&mu_);
+  published_ = std::move(copy);
+  published_version_ = version;
+  if (gate_ != nullptr) gate_->OnVersion(version);
+  changed_.SignalAll();
+  if (!thread_.joinable() && !stop_) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+}
+
+void FusedRollout::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    ++generation_;
+    if (gate_ != nullptr) gate_->Close();
+    changed_.SignalAll();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void FusedRollout::ResetLocked(int64_t base_step) {
+  next_step_ = base_step;
+  ready_.clear();
+  ++generation_;
+  // Admission restarts at the trainer's current version: the i-th step
+  // from here may start once the published version is >= v0 + i - s.
+  gate_ = std::make_unique<PolicyLagGate>(
+      options_.max_policy_lag,
+      std::max<int>(1, static_cast<int>(base_groups_.size())),
+      std::max<int64_t>(0, published_version_));
+  changed_.SignalAll();
+}
+
+void FusedRollout::Reset() {
+  absl::MutexLock lock(&mu_);
+  base_groups_.clear();
+  ready_.clear();
+  gate_.reset();
+  ++generation_;
+  changed_.SignalAll();
+}
+
+void FusedRollout::Loop() {
+  at::set_num_threads(options_.rollout_threads);
+  absl::MutexLock lock(&mu_);
+  double gate_wait = 0;
+  while (!stop_) {
+    const int64_t u = next_step_;
+    const int wanted = static_cast<int>(base_groups_.size());
+    if (wanted == 0 || gate_ == nullptr || gate_->Admissible() < wanted) {
+      const auto w0 = std::chrono::steady_clock::now();
+      changed_.Wait(&mu_);
+      if (!base_groups_.empty()) gate_wait += SecondsSince(w0);
+      continue;
+    }
+    for (int i = 0; i < wanted; ++i) gate_->TryAdmit();
+    if (snapshot_version_ != published_version_) {
+      at::NoGradGuard no_grad;
+      std::vector<at::Tensor> params = snapshot_->parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        params[i].copy_(published_[i]);
+      }
+      snapshot_version_ = published_version_;
+    }
+    std::vector<uint64_t> groups = base_groups_;
+    for (uint64_t& g : groups) {
+      g += static_cast<uint64_t>(u - base_step_) * options_.prompts_per_step;
+    }
+    const uint64_t generation = generation_;
+    const int rank = rank_;
+    const int64_t version = snapshot_version_;
+    sampling_ = true;
+    mu_.Unlock();
+    absl::StatusOr<RolloutBatch> batch;
+    try {
+      batch = sample_(*engine_, groups, u, rank, version);
+    } catch (const std::exception& e) {
+      batch = absl::InternalError(absl::StrCat("rollout thread: ", e.what()));
+    }
+    if (on_sampled_ && batch.ok()) on_sampled_(batch->seconds);
+    mu_.Lock();
+    sampling_ = false;
+    if (generation != generation_) continue;  // reset meanwhile: drop it
+    if (!batch.ok()) {
+      error_ = batch.status();
+      changed_.SignalAll();
+      return;
+    }
+    batch->gate_wait_seconds = gate_wait;
+    gate_wait = 0;
+    ready_[u] = *std::move(batch);
+    next_step_ = u + 1;
+    changed_.SignalAll();
+  }
+}
+
+absl::StatusOr<RolloutBatch> FusedRollout::Take(const StepPlan& plan) {
+  const uint64_t per_step = options_.prompts_per_step;
+  absl::MutexLock lock(&mu_);
+  bool predicted = !base_groups_.empty() && rank_ == plan.rank &&
+                   plan.step >= base_step_ &&
+                   plan.groups.size() == base_groups_.size();
+  for (size_t i = 0; predicted && i < plan.groups.size(); ++i) {
+    predicted = plan.groups[i] ==
+                base_groups_[i] +
+                    static_cast<uint64_t>(plan.step - base_step_) * per_step;
+  }
+  if (!predicted) {
+    // First step, or the controller replanned: sample what the plan says.
+    base_groups_ = plan.groups;
+    base_step_ = plan.step;
+    rank_ = plan.rank;
+    ResetLocked(plan.step);
+  }
+  // Steps before this one will not be trained any more.
+  ready_.erase(ready_.begin(), ready_.lower_bound(plan.step));
+  const absl::Time deadline = clock_.Now() + options_.timeout;
+  while (ready_.count(plan.step) == 0 && error_.ok() &&
+         !WaitOnClock(changed_, mu_, clock_, deadline)) {
+  }
+  if (!error_.ok()) return error_;
+  auto it = ready_.find(plan.step);
+  if (it == ready_.end()) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "fused rollout: no batch for step ", plan.step, " within ",
+        absl::FormatDuration(options_.timeout),
+        " (run.collective_timeout_seconds)"));
+  }
+  RolloutBatch batch = std::move(it->second);
+  ready_.erase(it);
+  return batch;
+}
+
+}  // namespace fusionrl

@@ -1,0 +1,137 @@
+// FusedRollout: the rollout thread of a card (RL Fusion, placement.mode
+// fused; also the rollout card of placement.mode disaggregated).
+//
+// The thread samples the coming steps' prompt groups from a read-only
+// snapshot of the policy while the card's main thread trains the live
+// weights. After every committed step the trainer publishes its weights
+// (one copy); the thread takes them into its snapshot before its next
+// sampling round (one more copy), only when they are newer.
+//
+// Admission is StaleSync's policy-lag rule, PolicyLagGate (core/stalesync.h),
+// at the granularity of the card's prompt groups: the groups of the i-th
+// step after a reset start only while the gate admits them all, i.e. once
+// the published version is at least v0 + i - s (v0: the trainer's version
+// at the reset), so every sample is trained with staleness <= s. The
+// trainer checks it again (StalenessFilter).
+//
+// Predictions: the thread samples base_groups advanced by prompts_per_step
+// per step (the controller's plan when nothing fails). A plan that differs
+// (the first step, a replanned attempt, a rollback) resets the thread: what
+// it sampled is dropped and it starts over from the plan.
+//
+// Thread safety: Publish/Take/Reset/Stop are called by the card's main
+// thread; the rollout thread is internal. Every shared field is guarded by
+// one mutex.
+#ifndef FUSIONRL_WORKER_FUSED_ROLLOUT_H_
+#define FUSIONRL_WORKER_FUSED_ROLLOUT_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "core/clock.h"
+#include "core/stalesync.h"
+#include "worker/group_sampler.h"
+#include "worker/work_client.h"
+
+namespace fusionrl {
+
+class PolicyModel;
+class RolloutEngine;
+
+class FusedRollout {
+ public:
+  // Samples `groups` of `step` for card `rank` with `engine`, whose weights
+  // are `version`.
+  using SampleFn = std::function<absl::StatusOr<RolloutBatch>(
+      RolloutEngine& engine, const std::vector<uint64_t>& groups, int64_t step,
+      int rank, int64_t version)>;
+
+  struct Options {
+    int64_t max_policy_lag = 0;  // s
+    int prompts_per_step = 1;    // the job's, to advance predicted groups
+    int rollout_threads = 1;     // intra-op threads of the rollout thread
+    int64_t snapshot_version = 0;  // the policy version `snapshot` holds
+    // How long Take() waits for a batch.
+    absl::Duration timeout = absl::Seconds(300);
+  };
+
+  // `snapshot` is the rollout's copy of the policy and `engine` samples
+  // from it. `on_sampled(seconds)` is called after every sampling round
+  // (busy-time counters). `clock` borrowed.
+  FusedRollout(std::unique_ptr<PolicyModel> snapshot,
+               std::unique_ptr<RolloutEngine> engine, Options options,
+               SampleFn sample, std::function<void(double)> on_sampled,
+               const Clock& clock);
+  ~FusedRollout();  // Stop()
+
+  FusedRollout(const FusedRollout&) = delete;
+  FusedRollout& operator=(const FusedRollout&) = delete;
+
+  // Publishes `weights` (copied) as policy version `version` and, the first
+  // time, starts the thread.
+  void Publish(const std::vector<at::Tensor>& weights, int64_t version);
+
+  // The batch of `plan` (its step and groups), waiting for the thread;
+  // resets the predictions when the plan is not what they said.
+  // DeadlineExceeded after `timeout`; the thread's error if it failed.
+  absl::StatusOr<RolloutBatch> Take(const StepPlan& plan);
+
+  // Forgets every prediction and sampled batch (after a rollback); the
+  // next Take() starts over.
+  void Reset();
+
+  // Stops and joins the thread (idempotent).
+  void Stop();
+
+  // Whether the thread is sampling right now (thread-budget sharing).
+  bool sampling() const { return sampling_.load(); }
+  // The snapshot's policy version (tests).
+  int64_t snapshot_version() const;
+
+ private:
+  void Loop();
+  void ResetLocked(int64_t base_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Options options_;
+  const SampleFn sample_;
+  const std::function<void(double)> on_sampled_;
+  const Clock& clock_;
+  std::atomic<bool> sampling_{false};
+
+  mutable absl::Mutex mu_;
+  absl::CondVar changed_;
+  // The rollout thread reads these without the lock while it samples; the
+  // main thread never touches them after construction.
+  std::unique_ptr<PolicyModel> snapshot_;
+  std::unique_ptr<RolloutEngine> engine_;
+  int64_t snapshot_version_ ABSL_GUARDED_BY(mu_) = -1;
+  std::vector<at::Tensor> published_ ABSL_GUARDED_BY(mu_);
+  int64_t published_version_ ABSL_GUARDED_BY(mu_) = -1;
+  // What to sample: base_groups_ at base_step_, each group index advancing
+  // by prompts_per_step per step.
+  std::vector<uint64_t> base_groups_ ABSL_GUARDED_BY(mu_);
+  int64_t base_step_ ABSL_GUARDED_BY(mu_) = 0;
+  int rank_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // bumped on every reset
+  int64_t next_step_ ABSL_GUARDED_BY(mu_) = 0;
+  std::unique_ptr<PolicyLagGate> gate_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, RolloutBatch> ready_ ABSL_GUARDED_BY(mu_);
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // main thread only
+};
+
+}  // namespace fusionrl
+
+#endif  // FUSIONRL_WORKER_FUSED_ROLLOUT_H_

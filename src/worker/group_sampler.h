@@ -1,0 +1,74 @@
+// GroupSampler: the engine-level half of a step's rollout. Prompt groups in,
+// scored completions out: each group's problem is encoded (chat format
+// included), sampled group_size times by a RolloutEngine, and every
+// completion is decoded and scored by the task's reward.
+//
+// The KV cache of the round is booked on the card's memory manager first;
+// when the books grant it only after moving the optimizer state to host
+// memory, `on_offload` carries that move out (CardRunner decides how, by
+// thread and device).
+//
+// Thread safety: Sample() is const and may run on the rollout thread while
+// the trainer runs; the engine, memory books and callback must be safe for
+// that use.
+#ifndef FUSIONRL_WORKER_GROUP_SAMPLER_H_
+#define FUSIONRL_WORKER_GROUP_SAMPLER_H_
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/memory_manager.h"
+#include "engine/sample.h"
+#include "fusionrl/config.h"
+#include "fusionrl/task.h"
+
+namespace fusionrl {
+
+struct JobContext;
+class RolloutEngine;
+
+// One step's sampled and scored prompt groups of one card.
+struct RolloutBatch {
+  std::vector<uint64_t> groups;
+  std::vector<Sample> samples;  // group_size per group, in group order
+  std::vector<Problem> problems;
+  int64_t tokens = 0, correct = 0, finished = 0;
+  double reward_sum = 0;
+  double seconds = 0;
+  // Fused: how long the rollout thread waited for the policy version that
+  // StaleSync admission needed before sampling this batch.
+  double gate_wait_seconds = 0;
+
+  // Recounts tokens, correct, finished and reward_sum over the samples.
+  void Recount();
+};
+
+class GroupSampler {
+ public:
+  using OffloadFn = std::function<absl::Status(const MemoryDecision&)>;
+
+  // Both borrowed; they must outlive the sampler.
+  GroupSampler(const JobConfig& config, const JobContext& ctx)
+      : config_(config), ctx_(ctx) {}
+
+  // Samples `groups` for `step` (card `rank`) with `engine`, whose weights
+  // are policy version `version`. The sampling seed depends only on the
+  // job's seed, the step and the rank, so a replanned attempt draws the
+  // same completions from the same weights.
+  absl::StatusOr<RolloutBatch> Sample(RolloutEngine& engine,
+                                      const std::vector<uint64_t>& groups,
+                                      int64_t step, int rank, int64_t version,
+                                      CardMemoryManager& memory,
+                                      const OffloadFn& on_offload) const;
+
+ private:
+  const JobConfig& config_;
+  const JobContext& ctx_;
+};
+
+}  // namespace fusionrl
+
+#endif  // FUSIONRL_WORKER_GROUP_SAMPLER_H_

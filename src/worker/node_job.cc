@@ -1,0 +1,151 @@
+#include "worker/node_job.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <exception>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/grad_sync.h"
+#include "fusionrl/config.h"
+#include "spdlog/spdlog.h"
+#include "worker/card_runner.h"
+#include "worker/plan_rendezvous.h"
+
+namespace fusionrl {
+
+absl::Status RunNodeJob(const NodeContext& node, const Assignment& assignment) {
+  absl::StatusOr<JobConfig> config = ParseJobConfig(
+      assignment.config_yaml, assignment.source_name, assignment.overrides);
+  auto report_setup_failure = [&](const absl::Status& status) {
+    StepReport report;
+    report.job_id = assignment.job_id;
+    report.node_id = node.node_id;
+    report.error = status;
+    node.client->FinishStep(report, absl::ZeroDuration()).IgnoreError();
+    return status;
+  };
+  if (!config.ok()) return report_setup_failure(config.status());
+  std::vector<std::unique_ptr<CardCounters>>& cards_of_node = *node.cards;
+  const int assigned = static_cast<int>(assignment.card_indices.size());
+  const int rollout_cards = assignment.rollout_cards;
+  if (assigned < 1 || assigned > static_cast<int>(cards_of_node.size()) ||
+      rollout_cards < 0 || rollout_cards >= assigned) {
+    return report_setup_failure(absl::InvalidArgumentError(absl::StrCat(
+        "assignment uses ", assigned, " card(s), ", rollout_cards,
+        " of them for rollout only; this node has ", cards_of_node.size())));
+  }
+  const absl::Duration timeout =
+      absl::Seconds(config->run.collective_timeout_seconds);
+  // The cards that train are the local ranks; disaggregated rollout cards
+  // are served by a rollout thread of each training card they feed.
+  const int cards = assigned - rollout_cards;
+  std::vector<std::unique_ptr<GradientSync>> local;
+  if (cards > 1) {
+    auto group = MakeLocalGlooGroup(cards, timeout);
+    if (!group.ok()) return report_setup_failure(group.status());
+    local = *std::move(group);
+  }
+  auto counters_of = [&cards_of_node](int index) {
+    return cards_of_node[std::min<size_t>(index, cards_of_node.size() - 1)]
+        .get();
+  };
+  auto device_of = [&node, &config](int index) {
+    // A node of several GPUs: card i runs on cuda:<its index>.
+    return node.device == "cuda" && config->device == "cuda"
+               ? absl::StrCat("cuda:", index)
+               : config->device;
+  };
+  const std::string& mode = config->placement.mode;
+  for (int r = 0; r < assigned; ++r) {
+    counters_of(assignment.card_indices[r])->role =
+        r < rollout_cards   ? CardRole::kRollout
+        : rollout_cards > 0 ? CardRole::kTrain
+        : mode == "fused"   ? CardRole::kFused
+                            : CardRole::kColocated;
+  }
+  spdlog::info("{}: running {} on {} card(s){}", node.node_id,
+               assignment.job_id, assigned,
+               rollout_cards > 0 ? absl::StrCat(" (", rollout_cards,
+                                                " rollout, ", cards, " train)")
+                                 : std::string());
+  PlanRendezvous::Options ro;
+  ro.job_id = assignment.job_id;
+  ro.node_id = node.node_id;
+  ro.local_cards = cards;
+  ro.timeout = timeout;
+  PlanRendezvous rendezvous(*node.client, ro, node.stopping, *node.clock);
+  std::vector<absl::Status> status(cards);
+  std::vector<JobConfig> card_configs(cards);
+  std::vector<CardJob> jobs(cards);
+  for (int r = 0; r < cards; ++r) {
+    const int index = assignment.card_indices[rollout_cards + r];
+    CardJob& job = jobs[r];
+    job.client = node.client;
+    job.rendezvous = &rendezvous;
+    job.clock = node.clock;
+    job.node_id = node.node_id;
+    job.super_node = node.super_node;
+    job.job_id = assignment.job_id;
+    card_configs[r] = *config;
+    card_configs[r].device = device_of(index);
+    job.config = &card_configs[r];
+    job.resume_checkpoint = assignment.resume_checkpoint;
+    job.local_rank = r;
+    job.local_cards = cards;
+    job.assigned_cards = assigned;
+    job.rollout_cards = rollout_cards;
+    job.threads = node.threads > 0 ? node.threads : config->num_threads;
+    job.debug_step_delay = node.debug_step_delay;
+    if (rollout_cards > 0) {
+      const int rollout_index = assignment.card_indices[r % rollout_cards];
+      job.rollout_counters = counters_of(rollout_index);
+      job.rollout_device = device_of(rollout_index);
+      job.rollout_counters->active = true;
+    }
+    job.local = cards > 1 ? local[r].get() : nullptr;
+    job.counters = counters_of(index);
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < cards; ++r) {
+    threads.emplace_back([&status, &rendezvous, &jobs, r] {
+      const CardJob& job = jobs[r];
+      try {
+        status[r] = RunCard(job);
+      } catch (const c10::Error& e) {
+        status[r] = absl::InternalError(
+            absl::StrCat("card ", r, ": ", e.what_without_backtrace()));
+      } catch (const std::exception& e) {
+        status[r] =
+            absl::InternalError(absl::StrCat("card ", r, ": ", e.what()));
+      }
+      // Card 0 hands out the plans: release the cards waiting for one.
+      if (r == 0 && !status[r].ok()) rendezvous.Fail(status[r]);
+      job.counters->active = false;
+      job.counters->SetMemory(nullptr);
+      if (job.rollout_counters != nullptr) {
+        job.rollout_counters->active = false;
+        job.rollout_counters->SetMemory(nullptr);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < cards; ++r) {
+    if (!status[r].ok()) {
+      // The job fails with the card's error (a repeat report is ignored by
+      // the controller once the job has failed).
+      if (!absl::IsCancelled(status[r])) {
+        report_setup_failure(status[r]).IgnoreError();
+      }
+      return absl::Status(status[r].code(),
+                          absl::StrCat(assignment.job_id, " card ", r, ": ",
+                                       status[r].message()));
+    }
+  }
+  spdlog::info("{}: {} done", node.node_id, assignment.job_id);
+  return absl::OkStatus();
+}
+
+}  // namespace fusionrl
