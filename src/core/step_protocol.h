@@ -1,0 +1,125 @@
+// The step protocol between the controller and a worker's cards, as plain
+// structs (no Protobuf, no LibTorch): what the controller plans, what a card
+// reports. The gRPC adapters (worker/grpc_work_client.*, the controller's
+// services) convert them to and from proto/fusionrl/v1/work.proto; in-process
+// callers pass them as they are.
+//
+// The data path of one step:
+//   StepPlan (controller -> card: which prompt groups, which attempt)
+//   -> RolloutBatch (worker/group_sampler.h: completions and rewards)
+//   -> TrainStats (engine/trainer.h) -> StepReport (card -> controller).
+#ifndef FUSIONRL_CORE_STEP_PROTOCOL_H_
+#define FUSIONRL_CORE_STEP_PROTOCOL_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace fusionrl {
+
+// A job the controller placed on this node.
+struct Assignment {
+  std::string job_id;  // empty: nothing to run yet
+  std::string config_yaml;
+  std::string source_name;
+  std::vector<std::string> overrides;
+  std::vector<int> card_indices;  // rollout-only cards first
+  std::string resume_checkpoint;
+  int rollout_cards = 0;
+};
+
+enum class PlanKind {
+  kWait,     // ask again (the step is not planned yet)
+  kTrain,    // run `step`, attempt `attempt`
+  kEnd,      // the job ends: the lead writes the last checkpoint
+  kAbandon,  // this node leaves the job (message says why)
+};
+
+// One card's part of one attempt of one step.
+struct StepPlan {
+  PlanKind kind = PlanKind::kWait;
+  int64_t step = 0;
+  int attempt = 0;
+  int rank = 0;        // global rank of the card in the attempt
+  int world_size = 1;  // cards in the attempt
+  int nodes = 1;       // super nodes in the attempt
+  std::vector<uint64_t> groups;  // prompt groups this card samples and trains
+  bool eval_before = false;
+  bool eval_after = false;
+  std::string checkpoint_name;  // "" = none after this step
+  // Run totals before this step (checkpoint metadata, tokens/s).
+  int64_t rollout_tokens_before = 0;
+  double loop_seconds_before = 0;
+  double initial_eval_accuracy = -1;
+  double last_eval_accuracy = -1;
+  std::string message;             // kAbandon: why
+  uint64_t data_cursor_after = 0;  // the next unseen prompt group
+  // StaleSync across super nodes (max_clock_skew): exchange this step's
+  // update instead of a synchronous all-reduce; updates of other nodes are
+  // due before step `updates_due_step`.
+  bool exchange_updates = false;
+  int64_t updates_due_step = 0;
+  bool sync_weights = false;  // weights converge after this step
+};
+
+// The card's typed metrics of one step (formatted to JSON once, where the
+// record is written).
+using StepMetrics = std::vector<std::pair<std::string, double>>;
+
+// Card -> controller at the end of an attempt (the lead card reports the
+// metrics; the first card of every other node reports its outcome).
+struct StepReport {
+  std::string job_id;
+  std::string node_id;
+  int64_t step = 0;
+  int attempt = 0;
+  StepMetrics metrics;  // empty unless the lead card
+  int64_t rollout_tokens = 0;
+  double loop_seconds = 0;
+  double initial_eval_accuracy = -1;  // >= 0 when evaluated before the step
+  double eval_accuracy = -1;          // >= 0 when evaluated after the step
+  std::string checkpoint_dir;
+  double reward_mean = 0;
+  double train_accuracy = 0;
+  int64_t policy_version = 0;
+  absl::Status error;  // non-OK: the node failed the step (the job fails)
+  bool has_weights_crc32c = false;
+  uint32_t weights_crc32c = 0;
+};
+
+enum class ReduceDtype { kFloat32, kFloat64 };
+
+// One cross-node collective round of an attempt (node-level sum).
+struct ReduceCall {
+  std::string job_id;
+  std::string node_id;
+  int64_t step = 0;
+  int attempt = 0;
+  int64_t round = 0;
+  ReduceDtype dtype = ReduceDtype::kFloat32;
+  std::string payload;  // little-endian values of `dtype`
+};
+
+// StaleSync: this node's update of (step, round), due at the other nodes
+// before `due_step`.
+struct UpdateCall {
+  std::string job_id;
+  std::string node_id;
+  int64_t step = 0;
+  int64_t round = 0;
+  int64_t due_step = 0;
+  std::string payload;  // float32 values
+};
+
+// Another super node's update, checked end to end (CRC-32C) by the client.
+struct ReceivedUpdate {
+  int64_t step = 0;
+  std::string payload;  // float32 values, as sent
+};
+
+}  // namespace fusionrl
+
+#endif  // FUSIONRL_CORE_STEP_PROTOCOL_H_
