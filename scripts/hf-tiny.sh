@@ -29,6 +29,6 @@ print(f"hf-tiny: eval accuracy {s['initial_eval_accuracy']:.3f} -> "
       f"{s['final_eval_accuracy']:.3f} after {s['steps']} RL steps, "
       f"{s['tokens_per_second']:.0f} tokens/s, {s['wall_seconds']:.0f}s", file=sys.stderr)
 PY
-echo "hf-tiny: exported to $OUT/hf; greedy answer to '12+7=':" >&2
-"$FUSIONRL" generate --model "$OUT/hf" --prompt "12+7=" --chat --max-new-tokens 5 >&2
+echo "hf-tiny: exported to $OUT/hf; greedy answer to 'sort:31942=':" >&2
+"$FUSIONRL" generate --model "$OUT/hf" --prompt "sort:31942=" --chat --max-new-tokens 7 >&2
 echo "$summary"
