@@ -1,5 +1,5 @@
 // StaleSync: the two staleness bounds of near-asynchronous RL training
-// (DESIGN.md section 2), as small thread-safe gates with no LibTorch and no
+// (docs/stalesync.md), as small thread-safe gates with no LibTorch and no
 // gRPC in them.
 //
 //  * PolicyLagGate paces rollout admission so that no sample is trained more

@@ -194,7 +194,7 @@ TEST(RlJobTest, TwoSuperNodesMatchTwoCardsOfOneNode) {
 }
 
 // RL Fusion with s = 0 samples every step from exactly the weights the
-// synchronous loop samples from (the rollout of step u waits for version
+// colocated-sync run samples from (the rollout of step u waits for version
 // u - 1), with the same seeds: the same run, bit for bit.
 TEST(RlJobTest, FusedWithoutLagIsTheSynchronousRun) {
   JobConfig sync = TinyRlJob("sync-reference", 6);
@@ -202,7 +202,7 @@ TEST(RlJobTest, FusedWithoutLagIsTheSynchronousRun) {
   auto a = RunRlJob(sync);
   ASSERT_TRUE(a.ok()) << a.status();
   JobConfig fused = TinyRlJob("fused-lag0", 6);
-  fused.placement.mode = "fused";
+  fused.placement.mode = PlacementMode::kFused;
   std::filesystem::remove_all(fused.output_dir);
   auto b = RunRlJob(fused);
   ASSERT_TRUE(b.ok()) << b.status();
@@ -215,7 +215,7 @@ TEST(RlJobTest, FusedWithoutLagIsTheSynchronousRun) {
 TEST(RlJobTest, FusedStaleSyncNeverTrainsAboveTheLag) {
   for (int super_nodes : {1, 2}) {
     JobConfig c = TinyRlJob(absl::StrCat("fused-lag2-", super_nodes), 24);
-    c.placement.mode = "fused";
+    c.placement.mode = PlacementMode::kFused;
     c.placement.super_nodes = super_nodes;
     c.stalesync.max_policy_lag = 2;
     c.algorithm.decoupled_loss = true;
@@ -296,7 +296,7 @@ TEST(RlJobTest, ClockSkewAcrossSuperNodesIsBoundedAndEndsInOneWeightSet) {
 }
 
 // Disaggregated: one card samples, the other trains. With s = 0 the rollout
-// card samples each step from the weights the synchronous loop would, with
+// card samples each step from the weights colocated-sync would, with
 // the same seeds: the colocated run bit for bit. With s = 1 it runs ahead,
 // never more than one version.
 TEST(RlJobTest, DisaggregatedCardsSampleForTheTrainingCard) {
@@ -305,7 +305,7 @@ TEST(RlJobTest, DisaggregatedCardsSampleForTheTrainingCard) {
   auto a = RunRlJob(sync);
   ASSERT_TRUE(a.ok()) << a.status();
   JobConfig d = TinyRlJob("disaggregated-lag0", 6);
-  d.placement.mode = "disaggregated";
+  d.placement.mode = PlacementMode::kDisaggregated;
   d.placement.cards_per_super_node = 2;
   d.placement.rollout_cards_per_super_node = 1;
   std::filesystem::remove_all(d.output_dir);
@@ -315,7 +315,7 @@ TEST(RlJobTest, DisaggregatedCardsSampleForTheTrainingCard) {
   ExpectSameWeights(a->checkpoint_dir, b->checkpoint_dir);
 
   d = TinyRlJob("disaggregated-lag1", 12);
-  d.placement.mode = "disaggregated";
+  d.placement.mode = PlacementMode::kDisaggregated;
   d.placement.cards_per_super_node = 3;  // 1 rollout card for 2 trainers
   d.placement.rollout_cards_per_super_node = 1;
   d.stalesync.max_policy_lag = 1;
@@ -355,7 +355,7 @@ TEST(RlJobTest, UnevenPlacementsAreRefusedClearly) {
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(st.message().find("rollout.prompts_per_step"), std::string::npos);
   c = TinyRlJob("uneven-train-cards", 2);
-  c.placement.mode = "disaggregated";
+  c.placement.mode = PlacementMode::kDisaggregated;
   c.placement.cards_per_super_node = 4;  // 3 training cards
   c.placement.rollout_cards_per_super_node = 1;
   st = RunRlJob(c).status();
