@@ -25,7 +25,7 @@ namespace {
 
 struct Mode {
   std::string name;  // as given
-  std::string placement;
+  PlacementMode placement = PlacementMode::kColocatedSync;
   int lag = 0;
 };
 
@@ -33,15 +33,16 @@ absl::StatusOr<Mode> ParseMode(const std::string& text) {
   Mode m;
   m.name = text;
   if (text == "colocated-sync" || text == "fused") {
-    m.placement = text;
+    m.placement =
+        text == "fused" ? PlacementMode::kFused : PlacementMode::kColocatedSync;
     return m;
   }
   // <prefix>[:s]: fused+stalesync (s = 2 by default), disaggregated (s = 0:
   // OpenRLHF-style synchronous; s > 0: AReaL-style asynchronous).
   for (const auto& [prefix, placement, lag] :
-       {std::tuple<std::string, std::string, int>{"fused+stalesync", "fused",
-                                                  2},
-        {"disaggregated", "disaggregated", 0}}) {
+       {std::tuple<std::string, PlacementMode, int>{"fused+stalesync",
+                                                    PlacementMode::kFused, 2},
+        {"disaggregated", PlacementMode::kDisaggregated, 0}}) {
     if (text.rfind(prefix, 0) != 0) continue;
     m.placement = placement;
     m.lag = lag;
@@ -137,7 +138,7 @@ int RunBench(const BenchArgs& args) {
       JobConfig c = *base;
       c.init_checkpoint = init;
       c.placement.mode = modes[i].placement;
-      if (modes[i].placement == "disaggregated") {
+      if (modes[i].placement == PlacementMode::kDisaggregated) {
         // One rollout card next to each training card, sharing the same
         // threads: the same compute, split by role instead of fused.
         c.placement.rollout_cards_per_super_node =
@@ -187,7 +188,7 @@ int RunBench(const BenchArgs& args) {
   for (size_t i = 0; i < modes.size(); ++i) {
     const Acc& a = acc[i];
     nlohmann::ordered_json m = {
-        {"placement", modes[i].placement},
+        {"placement", PlacementModeName(modes[i].placement)},
         {"max_policy_lag", modes[i].lag},
         {"median_tokens_per_second", Median(a.tps)},
         {"median_final_eval_accuracy", Median(a.acc)},

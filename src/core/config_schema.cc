@@ -4,6 +4,7 @@
 #include "core/config_schema.h"
 
 #include <charconv>
+#include <cstddef>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -13,22 +14,123 @@
 
 namespace fusionrl {
 
-absl::StatusOr<BehaviourWeightMode> ParseBehaviourWeightMode(
-    absl::string_view name) {
-  if (name == "truncate") return BehaviourWeightMode::kTruncate;
-  if (name == "mask") return BehaviourWeightMode::kMask;
-  return absl::InvalidArgumentError(
-      absl::StrCat("must be one of truncate, mask; got '", name, "'"));
+namespace {
+
+// One enumerator and its YAML spelling.
+template <class E>
+struct Spelling {
+  E value;
+  const char* name;
+};
+
+// The enumerator spelled `name` in `table`; the error lists the spellings in
+// table order.
+template <class E, size_t N>
+absl::StatusOr<E> ParseName(absl::string_view name,
+                            const Spelling<E> (&table)[N]) {
+  for (const Spelling<E>& s : table) {
+    if (name == s.name) return s.value;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "must be one of ",
+      absl::StrJoin(
+          table, ", ",
+          [](std::string* out, const Spelling<E>& s) { out->append(s.name); }),
+      "; got '", name, "'"));
 }
 
-const char* BehaviourWeightModeName(BehaviourWeightMode mode) {
-  switch (mode) {
-    case BehaviourWeightMode::kTruncate:
-      return "truncate";
-    case BehaviourWeightMode::kMask:
-      return "mask";
+template <class E, size_t N>
+const char* NameOf(E value, const Spelling<E> (&table)[N]) {
+  for (const Spelling<E>& s : table) {
+    if (s.value == value) return s.name;
   }
   return "?";
+}
+
+constexpr Spelling<AdvEstimator> kAdvEstimators[] = {
+    {AdvEstimator::kGrpo, "grpo"},
+    {AdvEstimator::kRloo, "rloo"},
+    {AdvEstimator::kReinforcePp, "reinforce_pp"}};
+constexpr Spelling<LossAggMode> kLossAggModes[] = {
+    {LossAggMode::kTokenMean, "token-mean"},
+    {LossAggMode::kSeqMeanTokenMean, "seq-mean-token-mean"},
+    {LossAggMode::kSeqMeanTokenSum, "seq-mean-token-sum"},
+    {LossAggMode::kSeqMeanTokenSumNorm, "seq-mean-token-sum-norm"}};
+constexpr Spelling<KlEstimator> kKlEstimators[] = {{KlEstimator::kK1, "k1"},
+                                                   {KlEstimator::kK2, "k2"},
+                                                   {KlEstimator::kK3, "k3"}};
+constexpr Spelling<KlMode> kKlModes[] = {{KlMode::kLoss, "loss"},
+                                         {KlMode::kReward, "reward"}};
+constexpr Spelling<BehaviourWeightLevel> kBehaviourWeightLevels[] = {
+    {BehaviourWeightLevel::kToken, "token"},
+    {BehaviourWeightLevel::kSequence, "sequence"}};
+constexpr Spelling<BehaviourWeightMode> kBehaviourWeightModes[] = {
+    {BehaviourWeightMode::kTruncate, "truncate"},
+    {BehaviourWeightMode::kMask, "mask"}};
+constexpr Spelling<PlacementMode> kPlacementModes[] = {
+    {PlacementMode::kColocatedSync, "colocated-sync"},
+    {PlacementMode::kDisaggregated, "disaggregated"},
+    {PlacementMode::kFused, "fused"}};
+constexpr Spelling<OverStalePolicy> kOverStalePolicies[] = {
+    {OverStalePolicy::kRegenerate, "regenerate"},
+    {OverStalePolicy::kDrop, "drop"}};
+
+}  // namespace
+
+absl::StatusOr<AdvEstimator> ParseAdvEstimator(absl::string_view name) {
+  return ParseName<AdvEstimator>(name, kAdvEstimators);
+}
+const char* AdvEstimatorName(AdvEstimator estimator) {
+  return NameOf(estimator, kAdvEstimators);
+}
+
+absl::StatusOr<LossAggMode> ParseLossAggMode(absl::string_view name) {
+  return ParseName<LossAggMode>(name, kLossAggModes);
+}
+const char* LossAggModeName(LossAggMode mode) {
+  return NameOf(mode, kLossAggModes);
+}
+
+absl::StatusOr<KlEstimator> ParseKlEstimator(absl::string_view name) {
+  return ParseName<KlEstimator>(name, kKlEstimators);
+}
+const char* KlEstimatorName(KlEstimator estimator) {
+  return NameOf(estimator, kKlEstimators);
+}
+
+absl::StatusOr<KlMode> ParseKlMode(absl::string_view name) {
+  return ParseName<KlMode>(name, kKlModes);
+}
+const char* KlModeName(KlMode mode) { return NameOf(mode, kKlModes); }
+
+absl::StatusOr<BehaviourWeightLevel> ParseBehaviourWeightLevel(
+    absl::string_view name) {
+  return ParseName<BehaviourWeightLevel>(name, kBehaviourWeightLevels);
+}
+const char* BehaviourWeightLevelName(BehaviourWeightLevel level) {
+  return NameOf(level, kBehaviourWeightLevels);
+}
+
+absl::StatusOr<BehaviourWeightMode> ParseBehaviourWeightMode(
+    absl::string_view name) {
+  return ParseName<BehaviourWeightMode>(name, kBehaviourWeightModes);
+}
+const char* BehaviourWeightModeName(BehaviourWeightMode mode) {
+  return NameOf(mode, kBehaviourWeightModes);
+}
+
+absl::StatusOr<PlacementMode> ParsePlacementMode(absl::string_view name) {
+  return ParseName<PlacementMode>(name, kPlacementModes);
+}
+const char* PlacementModeName(PlacementMode mode) {
+  return NameOf(mode, kPlacementModes);
+}
+
+absl::StatusOr<OverStalePolicy> ParseOverStalePolicy(absl::string_view name) {
+  return ParseName<OverStalePolicy>(name, kOverStalePolicies);
+}
+const char* OverStalePolicyName(OverStalePolicy policy) {
+  return NameOf(policy, kOverStalePolicies);
 }
 
 namespace config_internal {

@@ -61,19 +61,6 @@ inline StrRule OneOf(absl::Span<const absl::string_view> values) {
   return {false, false, false, values};
 }
 
-inline constexpr absl::string_view kAdvEstimators[] = {"grpo", "rloo",
-                                                       "reinforce_pp"};
-inline constexpr absl::string_view kLossAggModes[] = {
-    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-    "seq-mean-token-sum-norm"};
-inline constexpr absl::string_view kKlEstimators[] = {"k1", "k2", "k3"};
-inline constexpr absl::string_view kKlModes[] = {"loss", "reward"};
-inline constexpr absl::string_view kBehaviourWeightLevels[] = {"token",
-                                                               "sequence"};
-inline constexpr absl::string_view kPlacementModes[] = {
-    "colocated-sync", "disaggregated", "fused"};
-inline constexpr absl::string_view kOverStalePolicies[] = {"regenerate",
-                                                           "drop"};
 inline constexpr absl::string_view kOffloadPolicies[] = {"never", "auto"};
 // 2^40 MiB = 1 EiB: any real budget, and its bytes still fit in int64.
 inline constexpr double kMaxCardBudgetMib = 1099511627776.0;
@@ -173,22 +160,23 @@ void VisitRollout(RolloutConfig& r, V& v) {
 
 template <class V>
 void VisitAlgorithm(AlgorithmConfig& a, V& v) {
-  v.String("adv_estimator", &a.adv_estimator, OneOf(kAdvEstimators));
+  v.Enum("adv_estimator", &a.adv_estimator, ParseAdvEstimator,
+         AdvEstimatorName);
   v.Bool("norm_adv_by_std", &a.norm_adv_by_std);
   v.Double("gamma", &a.gamma, Closed(0, 1));
   v.Double("clip_ratio_low", &a.clip_ratio_low, ClosedOpen(0, 1));
   v.Double("clip_ratio_high", &a.clip_ratio_high, AtLeast(0));
   v.Double("clip_ratio_c", &a.clip_ratio_c, AtLeast(0));
-  v.String("loss_agg_mode", &a.loss_agg_mode, OneOf(kLossAggModes));
+  v.Enum("loss_agg_mode", &a.loss_agg_mode, ParseLossAggMode, LossAggModeName);
   v.Double("kl_coef", &a.kl_coef, AtLeast(0));
-  v.String("kl_estimator", &a.kl_estimator, OneOf(kKlEstimators));
-  v.String("kl_mode", &a.kl_mode, OneOf(kKlModes));
+  v.Enum("kl_estimator", &a.kl_estimator, ParseKlEstimator, KlEstimatorName);
+  v.Enum("kl_mode", &a.kl_mode, ParseKlMode, KlModeName);
   v.Double("entropy_coef", &a.entropy_coef, AtLeast(0));
   v.Int("ppo_epochs", &a.ppo_epochs, AtLeast(1));
   v.Bool("decoupled_loss", &a.decoupled_loss);
   v.Double("behaviour_weight_cap", &a.behaviour_weight_cap, AtLeast(1));
-  v.String("behaviour_weight_level", &a.behaviour_weight_level,
-           OneOf(kBehaviourWeightLevels));
+  v.Enum("behaviour_weight_level", &a.behaviour_weight_level,
+         ParseBehaviourWeightLevel, BehaviourWeightLevelName);
   v.Enum("behaviour_weight_mode", &a.behaviour_weight_mode,
          ParseBehaviourWeightMode, BehaviourWeightModeName);
 }
@@ -231,7 +219,7 @@ void VisitSft(SftConfig& s, V& v) {
 
 template <class V>
 void VisitPlacement(PlacementConfig& p, V& v) {
-  v.String("mode", &p.mode, OneOf(kPlacementModes));
+  v.Enum("mode", &p.mode, ParsePlacementMode, PlacementModeName);
   v.Int("super_nodes", &p.super_nodes, Closed(1, 4096));
   v.Int("cards_per_super_node", &p.cards_per_super_node, Closed(1, 4096));
   v.Int("rollout_cards_per_super_node", &p.rollout_cards_per_super_node,
@@ -245,7 +233,8 @@ void VisitPlacement(PlacementConfig& p, V& v) {
 template <class V>
 void VisitStaleSync(StaleSyncConfig& c, V& v) {
   v.Int("max_policy_lag", &c.max_policy_lag, Closed(0, 1024));
-  v.String("over_stale", &c.over_stale, OneOf(kOverStalePolicies));
+  v.Enum("over_stale", &c.over_stale, ParseOverStalePolicy,
+         OverStalePolicyName);
   v.Int("max_clock_skew", &c.max_clock_skew, Closed(0, 1024));
 }
 

@@ -252,21 +252,22 @@ placement:
   EXPECT_EQ(c.rollout.temperature, 0.7);
   EXPECT_EQ(c.rollout.top_k, 50);
   EXPECT_EQ(c.rollout.top_p, 0.95);
-  EXPECT_EQ(c.algorithm.adv_estimator, "rloo");
+  EXPECT_EQ(c.algorithm.adv_estimator, AdvEstimator::kRloo);
   EXPECT_FALSE(c.algorithm.norm_adv_by_std);
   EXPECT_EQ(c.algorithm.gamma, 0.99);
   EXPECT_EQ(c.algorithm.clip_ratio_low, 0.1);
   EXPECT_EQ(c.algorithm.clip_ratio_high, 0.28);
   EXPECT_EQ(c.algorithm.clip_ratio_c, 10.0);
-  EXPECT_EQ(c.algorithm.loss_agg_mode, "seq-mean-token-sum-norm");
+  EXPECT_EQ(c.algorithm.loss_agg_mode, LossAggMode::kSeqMeanTokenSumNorm);
   EXPECT_EQ(c.algorithm.kl_coef, 0.05);
-  EXPECT_EQ(c.algorithm.kl_estimator, "k2");
-  EXPECT_EQ(c.algorithm.kl_mode, "reward");
+  EXPECT_EQ(c.algorithm.kl_estimator, KlEstimator::kK2);
+  EXPECT_EQ(c.algorithm.kl_mode, KlMode::kReward);
   EXPECT_EQ(c.algorithm.entropy_coef, 0.001);
   EXPECT_EQ(c.algorithm.ppo_epochs, 3);
   EXPECT_TRUE(c.algorithm.decoupled_loss);
   EXPECT_EQ(c.algorithm.behaviour_weight_cap, 2.5);
-  EXPECT_EQ(c.algorithm.behaviour_weight_level, "sequence");
+  EXPECT_EQ(c.algorithm.behaviour_weight_level,
+            BehaviourWeightLevel::kSequence);
   EXPECT_EQ(c.algorithm.behaviour_weight_mode, BehaviourWeightMode::kMask);
   EXPECT_EQ(c.optim.lr, 3e-4);
   EXPECT_EQ(c.optim.weight_decay, 0.1);
@@ -286,7 +287,7 @@ placement:
   EXPECT_EQ(c.sft.lr, 5e-4);
   EXPECT_EQ(c.sft.warmup_steps, 7);
   EXPECT_EQ(c.sft.eval_every, 200);
-  EXPECT_EQ(c.placement.mode, "disaggregated");
+  EXPECT_EQ(c.placement.mode, PlacementMode::kDisaggregated);
   EXPECT_EQ(c.placement.super_nodes, 4);
   EXPECT_EQ(c.placement.cards_per_super_node, 8);
   EXPECT_EQ(c.placement.rollout_cards_per_super_node, 6);
@@ -296,7 +297,7 @@ placement:
 TEST(ConfigTest, PlacementDefaultsToOneColocatedCard) {
   absl::StatusOr<JobConfig> config = ParseJobConfig("placement:\n", "job.yaml");
   ASSERT_TRUE(config.ok()) << config.status();
-  EXPECT_EQ(config->placement.mode, "colocated-sync");
+  EXPECT_EQ(config->placement.mode, PlacementMode::kColocatedSync);
   EXPECT_EQ(config->placement.super_nodes, 1);
   EXPECT_EQ(config->placement.cards_per_super_node, 1);
   EXPECT_EQ(config->placement.rollout_cards_per_super_node, 0);
@@ -309,7 +310,7 @@ TEST(ConfigTest, LoadsPlacementModesAndOverrides) {
       "  cards_per_super_node: 16\n",
       "job.yaml", {"placement.super_nodes=4096"});
   ASSERT_TRUE(config.ok()) << config.status();
-  EXPECT_EQ(config->placement.mode, "fused");
+  EXPECT_EQ(config->placement.mode, PlacementMode::kFused);
   EXPECT_EQ(config->placement.super_nodes, 4096);
   EXPECT_EQ(config->placement.cards_per_super_node, 16);
 
@@ -654,6 +655,119 @@ TEST(ConfigTest, RejectsUnknownBehaviourWeightMode) {
               HasSubstr("algorithm.behaviour_weight_mode: not a valid value"));
 }
 
+// Every mode, estimator and over-stale policy is an enum parsed once by the
+// reader: each YAML spelling parses to its enumerator and is emitted back
+// unchanged, and a bad spelling keeps the message of the old string keys.
+TEST(ConfigTest, ModesAndEstimatorsAreParsedOnceAsEnums) {
+  struct Case {
+    std::string key;                 // "algorithm.adv_estimator"
+    std::vector<std::string> names;  // every spelling, in enum order
+    std::function<std::string(const JobConfig&)> name_of;  // via XName()
+    std::string bad;      // a spelling that is not one
+    std::string message;  // its error, after "job.yaml: <key>: "
+  };
+  const std::vector<Case> cases = {
+      {"algorithm.adv_estimator",
+       {"grpo", "rloo", "reinforce_pp"},
+       [](const JobConfig& c) {
+         return AdvEstimatorName(c.algorithm.adv_estimator);
+       },
+       "ppo2",
+       "must be one of grpo, rloo, reinforce_pp; got 'ppo2'"},
+      {"algorithm.loss_agg_mode",
+       {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+        "seq-mean-token-sum-norm"},
+       [](const JobConfig& c) {
+         return LossAggModeName(c.algorithm.loss_agg_mode);
+       },
+       "mean",
+       "must be one of token-mean, seq-mean-token-mean, seq-mean-token-sum, "
+       "seq-mean-token-sum-norm; got 'mean'"},
+      {"algorithm.kl_estimator",
+       {"k1", "k2", "k3"},
+       [](const JobConfig& c) {
+         return KlEstimatorName(c.algorithm.kl_estimator);
+       },
+       "k4",
+       "must be one of k1, k2, k3; got 'k4'"},
+      {"algorithm.kl_mode",
+       {"loss", "reward"},
+       [](const JobConfig& c) { return KlModeName(c.algorithm.kl_mode); },
+       "both",
+       "must be one of loss, reward; got 'both'"},
+      {"algorithm.behaviour_weight_level",
+       {"token", "sequence"},
+       [](const JobConfig& c) {
+         return BehaviourWeightLevelName(c.algorithm.behaviour_weight_level);
+       },
+       "tokens",
+       "must be one of token, sequence; got 'tokens'"},
+      {"placement.mode",
+       {"colocated-sync", "disaggregated", "fused"},
+       [](const JobConfig& c) { return PlacementModeName(c.placement.mode); },
+       "colocated",
+       "must be one of colocated-sync, disaggregated, fused; got 'colocated'"},
+      {"stalesync.over_stale",
+       {"regenerate", "drop"},
+       [](const JobConfig& c) {
+         return OverStalePolicyName(c.stalesync.over_stale);
+       },
+       "resample",
+       "must be one of regenerate, drop; got 'resample'"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.key);
+    const size_t dot = c.key.find('.');
+    const std::string section = c.key.substr(0, dot);
+    const std::string field = c.key.substr(dot + 1);
+    for (const std::string& name : c.names) {
+      SCOPED_TRACE(name);
+      std::string yaml =
+          absl::StrCat(section, ":\n  ", field, ": ", name, "\n");
+      if (name == "disaggregated") {
+        absl::StrAppend(&yaml, "  cards_per_super_node: 2\n",
+                        "  rollout_cards_per_super_node: 1\n");
+      }
+      absl::StatusOr<JobConfig> config = ParseJobConfig(yaml, "job.yaml");
+      ASSERT_TRUE(config.ok()) << config.status();
+      EXPECT_EQ(c.name_of(*config), name);
+      const std::string emitted = JobConfigToYaml(*config);
+      EXPECT_THAT(emitted, HasSubstr(absl::StrCat(field, ": ", name, "\n")));
+      absl::StatusOr<JobConfig> back = ParseJobConfig(emitted, "job.yaml");
+      ASSERT_TRUE(back.ok()) << back.status();
+      ExpectSameConfig(*back, *config);
+    }
+    // A bad spelling in the file, quoted empty, or given as an override.
+    ExpectError(absl::StrCat(section, ":\n  ", field, ": ", c.bad, "\n"),
+                absl::StatusCode::kInvalidArgument,
+                {absl::StrCat("job.yaml: ", c.key, ": ", c.message)});
+    const std::string empty_message =
+        absl::StrCat(c.message.substr(0, c.message.rfind("got '")), "got ''");
+    ExpectError(absl::StrCat(section, ":\n  ", field, ": \"\"\n"),
+                absl::StatusCode::kInvalidArgument,
+                {absl::StrCat("job.yaml: ", c.key, ": ", empty_message)});
+    ExpectError("{}", absl::StatusCode::kInvalidArgument,
+                {absl::StrCat("--set ", c.key, "=", c.bad, ": ", c.message)},
+                {absl::StrCat(c.key, "=", c.bad)});
+  }
+  EXPECT_STREQ(AdvEstimatorName(static_cast<AdvEstimator>(7)), "?");
+  EXPECT_STREQ(LossAggModeName(static_cast<LossAggMode>(7)), "?");
+  EXPECT_STREQ(KlEstimatorName(static_cast<KlEstimator>(7)), "?");
+  EXPECT_STREQ(KlModeName(static_cast<KlMode>(7)), "?");
+  EXPECT_STREQ(BehaviourWeightLevelName(static_cast<BehaviourWeightLevel>(7)),
+               "?");
+  EXPECT_STREQ(PlacementModeName(static_cast<PlacementMode>(7)), "?");
+  EXPECT_STREQ(OverStalePolicyName(static_cast<OverStalePolicy>(7)), "?");
+  // Case matters, and nothing is a prefix match (these were the engine's
+  // own parsers' tests before the config layer parsed the names).
+  EXPECT_FALSE(ParsePlacementMode("Fused").ok());
+  EXPECT_FALSE(ParseLossAggMode("Token-Mean").ok());
+  EXPECT_FALSE(ParseLossAggMode("token-sum").ok());
+  EXPECT_FALSE(ParseLossAggMode("").ok());
+  EXPECT_FALSE(ParseKlEstimator("low_var_kl").ok());
+  EXPECT_FALSE(ParseBehaviourWeightLevel("tokens").ok());
+}
+
 // A policy lag without the decoupled loss trains stale samples with the
 // plain PPO ratio, a biased update: refused, naming both keys.
 TEST(ConfigTest, RefusesPolicyLagWithoutDecoupledLoss) {
@@ -887,7 +1001,7 @@ TEST(ConfigTest, RoundTripsThroughYaml) {
   c.run.eval_every = 0;
   c.sft.steps = 0;
   c.sft.lr = 2.5e-3;
-  c.placement.mode = "disaggregated";
+  c.placement.mode = PlacementMode::kDisaggregated;
   c.placement.super_nodes = 3;
   c.placement.cards_per_super_node = 5;
   c.placement.rollout_cards_per_super_node = 2;
@@ -914,7 +1028,7 @@ TEST(ConfigTest, RoundTripsThroughYaml) {
   EXPECT_EQ(back->optim.beta2, c.optim.beta2);
   EXPECT_FALSE(back->algorithm.norm_adv_by_std);
   EXPECT_EQ(back->algorithm.behaviour_weight_mode, BehaviourWeightMode::kMask);
-  EXPECT_EQ(back->placement.mode, "disaggregated");
+  EXPECT_EQ(back->placement.mode, PlacementMode::kDisaggregated);
   EXPECT_EQ(back->placement.rollout_cards_per_super_node, 2);
   EXPECT_TRUE(back->placement.fail_if_unplaceable);
   EXPECT_EQ(back->memory.card_budget_mib, 1536.25);
@@ -1087,30 +1201,33 @@ TEST(ConfigTest, ValidateChecksRanges) {
       {[](JobConfig& c) { c.rollout.top_p = 0; },
        "rollout.top_p: must be in (0, 1], got 0"},
       {[](JobConfig& c) {
-         c.algorithm.adv_estimator = "rloo";
+         c.algorithm.adv_estimator = AdvEstimator::kRloo;
          c.rollout.group_size = 1;
        },
        "rollout.group_size: must be >= 2 when algorithm.adv_estimator is "
        "rloo, got 1"},
-      {[](JobConfig& c) { c.algorithm.adv_estimator = ""; },
-       "algorithm.adv_estimator: must be one of grpo, rloo, reinforce_pp; "
-       "got ''"},
+      {[](JobConfig& c) {
+         c.algorithm.adv_estimator = static_cast<AdvEstimator>(7);
+       },
+       "algorithm.adv_estimator: not a valid value (7)"},
       {[](JobConfig& c) { c.algorithm.gamma = 1.5; },
        "algorithm.gamma: must be in [0, 1], got 1.5"},
       {[](JobConfig& c) { c.algorithm.clip_ratio_low = 1; },
        "algorithm.clip_ratio_low: must be in [0, 1), got 1"},
       {[](JobConfig& c) { c.algorithm.clip_ratio_c = -1; },
        "algorithm.clip_ratio_c: must be >= 0, got -1"},
-      {[](JobConfig& c) { c.algorithm.loss_agg_mode = "mean"; },
-       "algorithm.loss_agg_mode: must be one of token-mean, "
-       "seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm; "
-       "got 'mean'"},
+      {[](JobConfig& c) {
+         c.algorithm.loss_agg_mode = static_cast<LossAggMode>(7);
+       },
+       "algorithm.loss_agg_mode: not a valid value (7)"},
       {[](JobConfig& c) { c.algorithm.kl_coef = -0.1; },
        "algorithm.kl_coef: must be >= 0, got -0.1"},
-      {[](JobConfig& c) { c.algorithm.kl_estimator = "k4"; },
-       "algorithm.kl_estimator: must be one of k1, k2, k3; got 'k4'"},
-      {[](JobConfig& c) { c.algorithm.kl_mode = "both"; },
-       "algorithm.kl_mode: must be one of loss, reward; got 'both'"},
+      {[](JobConfig& c) {
+         c.algorithm.kl_estimator = static_cast<KlEstimator>(7);
+       },
+       "algorithm.kl_estimator: not a valid value (7)"},
+      {[](JobConfig& c) { c.algorithm.kl_mode = static_cast<KlMode>(7); },
+       "algorithm.kl_mode: not a valid value (7)"},
       {[](JobConfig& c) { c.algorithm.ppo_epochs = 0; },
        "algorithm.ppo_epochs: must be >= 1, got 0"},
       {[](JobConfig& c) { c.optim.lr = 0; }, "optim.lr: must be > 0, got 0"},
@@ -1136,12 +1253,12 @@ TEST(ConfigTest, ValidateChecksRanges) {
        "rollout.max_new_tokens: must be < model.max_seq_len (64), got 80"},
       {[](JobConfig& c) { c.rollout.max_new_tokens = 64; },
        "rollout.max_new_tokens: must be < model.max_seq_len (64), got 64"},
-      {[](JobConfig& c) { c.placement.mode = "colocated"; },
-       "placement.mode: must be one of colocated-sync, disaggregated, fused; "
-       "got 'colocated'"},
-      {[](JobConfig& c) { c.placement.mode = ""; },
-       "placement.mode: must be one of colocated-sync, disaggregated, fused; "
-       "got ''"},
+      {[](JobConfig& c) { c.placement.mode = static_cast<PlacementMode>(7); },
+       "placement.mode: not a valid value (7)"},
+      {[](JobConfig& c) {
+         c.stalesync.over_stale = static_cast<OverStalePolicy>(7);
+       },
+       "stalesync.over_stale: not a valid value (7)"},
       {[](JobConfig& c) { c.placement.super_nodes = 0; },
        "placement.super_nodes: must be in [1, 4096], got 0"},
       {[](JobConfig& c) { c.placement.super_nodes = 4097; },
@@ -1153,26 +1270,26 @@ TEST(ConfigTest, ValidateChecksRanges) {
       {[](JobConfig& c) { c.placement.rollout_cards_per_super_node = -1; },
        "placement.rollout_cards_per_super_node: must be >= 0, got -1"},
       {[](JobConfig& c) {
-         c.placement.mode = "disaggregated";
+         c.placement.mode = PlacementMode::kDisaggregated;
          c.placement.cards_per_super_node = 4;
        },
        "placement.rollout_cards_per_super_node: disaggregated needs "
        "1..cards_per_super_node-1 rollout cards, got 0"},
       {[](JobConfig& c) {
-         c.placement.mode = "disaggregated";
+         c.placement.mode = PlacementMode::kDisaggregated;
          c.placement.cards_per_super_node = 4;
          c.placement.rollout_cards_per_super_node = 4;
        },
        "placement.rollout_cards_per_super_node: disaggregated needs "
        "1..cards_per_super_node-1 rollout cards, got 4"},
       {[](JobConfig& c) {
-         c.placement.mode = "disaggregated";
+         c.placement.mode = PlacementMode::kDisaggregated;
          c.placement.rollout_cards_per_super_node = 1;
        },
        "placement.cards_per_super_node: must be >= 2 when placement.mode is "
        "disaggregated (at least one rollout and one train card), got 1"},
       {[](JobConfig& c) {
-         c.placement.mode = "fused";
+         c.placement.mode = PlacementMode::kFused;
          c.placement.cards_per_super_node = 4;
          c.placement.rollout_cards_per_super_node = 2;
        },
@@ -1212,7 +1329,7 @@ TEST(ConfigTest, ValidateChecksRanges) {
 TEST(ConfigTest, ValidateAcceptsEdgeValues) {
   JobConfig c;
   c.device = "cuda:12";
-  c.algorithm.adv_estimator = "rloo";
+  c.algorithm.adv_estimator = AdvEstimator::kRloo;
   c.rollout.group_size = 2;
   c.algorithm.clip_ratio_c = 0.5;  // <= 1: dual clip off
   c.rollout.temperature = 0;
@@ -1236,7 +1353,7 @@ TEST(ConfigTest, ValidateAcceptsEdgeValues) {
   EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
   c.device = "mps";
   EXPECT_TRUE(ValidateJobConfig(c).ok());
-  c.placement.mode = "disaggregated";
+  c.placement.mode = PlacementMode::kDisaggregated;
   c.placement.super_nodes = 4096;
   c.placement.cards_per_super_node = 2;
   c.placement.rollout_cards_per_super_node = 1;
@@ -1244,7 +1361,7 @@ TEST(ConfigTest, ValidateAcceptsEdgeValues) {
   c.placement.cards_per_super_node = 4096;
   c.placement.rollout_cards_per_super_node = 4095;
   EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
-  c.placement.mode = "fused";
+  c.placement.mode = PlacementMode::kFused;
   c.placement.rollout_cards_per_super_node = 0;
   EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
   c.memory.card_budget_mib = 1099511627776.0;

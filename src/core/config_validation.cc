@@ -220,7 +220,8 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                                   t, "'"));
     }
   }
-  if (c.algorithm.adv_estimator == "rloo" && c.rollout.group_size < 2) {
+  if (c.algorithm.adv_estimator == AdvEstimator::kRloo &&
+      c.rollout.group_size < 2) {
     return Invalid("rollout.group_size",
                    absl::StrCat("must be >= 2 when algorithm.adv_estimator is "
                                 "rloo, got ",
@@ -232,7 +233,7 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                                 "), got ", c.rollout.max_new_tokens));
   }
   const PlacementConfig& p = c.placement;
-  if (p.mode == "disaggregated") {
+  if (p.mode == PlacementMode::kDisaggregated) {
     if (p.cards_per_super_node < 2) {
       return Invalid(
           "placement.cards_per_super_node",

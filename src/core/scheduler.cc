@@ -30,13 +30,11 @@ struct Group {
 // Mirrors the placement rules of ValidateJobConfig(), for requests that did
 // not come from a validated JobConfig.
 absl::Status CheckRequest(const PlacementConfig& r) {
-  const bool disaggregated = r.mode == "disaggregated";
-  if (!disaggregated && r.mode != "colocated-sync" && r.mode != "fused") {
+  if (!ParsePlacementMode(PlacementModeName(r.mode)).ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "placement.mode: must be one of colocated-sync, disaggregated, "
-        "fused; got '",
-        r.mode, "'"));
+        "placement.mode: not a valid value (", static_cast<int>(r.mode), ")"));
   }
+  const bool disaggregated = r.mode == PlacementMode::kDisaggregated;
   if (r.super_nodes < 1 || r.super_nodes > kMaxCount) {
     return absl::InvalidArgumentError(
         absl::StrCat("placement.super_nodes: must be in [1, ", kMaxCount,
@@ -116,10 +114,14 @@ std::string UnplaceableReason(const PlacementConfig& r,
 }
 
 CardRole RoleOf(const PlacementConfig& r, int position) {
-  if (r.mode == "fused") return CardRole::kFused;
-  if (r.mode == "disaggregated") {
-    return position < r.rollout_cards_per_super_node ? CardRole::kRollout
-                                                     : CardRole::kTrain;
+  switch (r.mode) {
+    case PlacementMode::kFused:
+      return CardRole::kFused;
+    case PlacementMode::kDisaggregated:
+      return position < r.rollout_cards_per_super_node ? CardRole::kRollout
+                                                       : CardRole::kTrain;
+    case PlacementMode::kColocatedSync:
+      break;
   }
   return CardRole::kColocated;
 }

@@ -60,7 +60,8 @@ using BusyCards = absl::flat_hash_set<CardKey>;
 //
 // Errors:
 //   InvalidArgument: `request` breaks the rules ValidateJobConfig() applies
-//     to the placement section (unknown mode, counts out of range).
+//     to the placement section (a mode outside PlacementMode, counts out
+//     of range).
 //   FailedPrecondition: not enough capacity now; the message says what is
 //     needed and what exists, e.g. "placement needs 2 super node(s) with 2
 //     card(s) each; alive: sn-a (3 cards on node-1), sn-b (1 free of 2

@@ -32,7 +32,11 @@ NodeView Node(const std::string& id, const std::string& super_node,
   return view;
 }
 
-PlacementConfig Request(const std::string& mode, int super_nodes,
+constexpr PlacementMode kColocatedSync = PlacementMode::kColocatedSync;
+constexpr PlacementMode kDisaggregated = PlacementMode::kDisaggregated;
+constexpr PlacementMode kFused = PlacementMode::kFused;
+
+PlacementConfig Request(PlacementMode mode, int super_nodes,
                         int cards_per_super_node, int rollout_cards = 0) {
   PlacementConfig request;
   request.mode = mode;
@@ -61,7 +65,7 @@ TEST(SchedulerTest, CardRoleNames) {
 TEST(SchedulerTest, ColocatedSyncGivesEveryCardTheColocatedRole) {
   const std::vector<NodeView> nodes = {Node("node-1", "sn-a", 4)};
   absl::StatusOr<Placement> placement =
-      Place(Request("colocated-sync", 1, 3), nodes);
+      Place(Request(kColocatedSync, 1, 3), nodes);
   ASSERT_TRUE(placement.ok()) << placement.status();
   ASSERT_EQ(placement->super_nodes.size(), 1u);
   const SuperNodeAssignment& sn = placement->super_nodes[0];
@@ -80,19 +84,19 @@ TEST(SchedulerTest, DefaultRequestTakesOneCard) {
 }
 
 TEST(SchedulerTest, FusedGivesEveryCardTheFusedRole) {
-  EXPECT_EQ(PlaceToString(Request("fused", 1, 2), {Node("node-1", "sn-a", 2)}),
+  EXPECT_EQ(PlaceToString(Request(kFused, 1, 2), {Node("node-1", "sn-a", 2)}),
             "sn-a: node-1/0 fused, node-1/1 fused");
 }
 
 TEST(SchedulerTest, DisaggregatedSplitsRolloutAndTrainInEachSuperNode) {
   const std::vector<NodeView> nodes = {Node("node-1", "sn-a", 4),
                                        Node("node-2", "sn-b", 4)};
-  EXPECT_EQ(PlaceToString(Request("disaggregated", 2, 4, 3), nodes),
+  EXPECT_EQ(PlaceToString(Request(kDisaggregated, 2, 4, 3), nodes),
             "sn-a: node-1/0 rollout, node-1/1 rollout, node-1/2 rollout, "
             "node-1/3 train; "
             "sn-b: node-2/0 rollout, node-2/1 rollout, node-2/2 rollout, "
             "node-2/3 train");
-  EXPECT_EQ(PlaceToString(Request("disaggregated", 1, 2, 1), nodes),
+  EXPECT_EQ(PlaceToString(Request(kDisaggregated, 1, 2, 1), nodes),
             "sn-a: node-1/0 rollout, node-1/1 train");
 }
 
@@ -102,7 +106,7 @@ TEST(SchedulerTest, CardsAreTakenInNodeIdThenCardIndexOrder) {
   NodeView odd = Node("node-9", "sn-a", 0);
   odd.spec.cards = {{5, "cuda:5", 0}, {2, "cuda:2", 0}};
   const std::vector<NodeView> nodes = {Node("node-10", "sn-a", 2), odd};
-  EXPECT_EQ(PlaceToString(Request("disaggregated", 1, 3, 1), nodes),
+  EXPECT_EQ(PlaceToString(Request(kDisaggregated, 1, 3, 1), nodes),
             "sn-a: node-9/2 rollout, node-9/5 train, node-10/0 train");
 }
 
@@ -113,7 +117,7 @@ TEST(SchedulerTest, PrefersSuperNodesWithMoreFreeCardsThenName) {
       Node("node-5", "sn-b", 2),  // sn-b: 4 cards over two nodes
       Node("node-6", "sn-e", 1),  // too small
   };
-  absl::StatusOr<Placement> placement = Place(Request("fused", 3, 2), nodes);
+  absl::StatusOr<Placement> placement = Place(Request(kFused, 3, 2), nodes);
   ASSERT_TRUE(placement.ok()) << placement.status();
   std::vector<std::string> names;
   for (const auto& sn : placement->super_nodes) names.push_back(sn.super_node);
@@ -132,7 +136,7 @@ TEST(SchedulerTest, PlacementIsDeterministicInAnyInputOrder) {
     nodes.push_back(
         Node(absl::StrCat("node-", i), absl::StrCat("sn-", i % 4), 1 + i % 3));
   }
-  const PlacementConfig request = Request("disaggregated", 3, 3, 1);
+  const PlacementConfig request = Request(kDisaggregated, 3, 3, 1);
   const std::string expected = PlaceToString(request, nodes);
   EXPECT_THAT(expected, Not(HasSubstr("FAILED_PRECONDITION")));
   for (int round = 0; round < 20; ++round) {
@@ -148,9 +152,9 @@ TEST(SchedulerTest, LostNodesAreIgnored) {
       Node("node-2", "sn-a", 1),
       Node("node-3", "sn-b", 2),
   };
-  EXPECT_EQ(PlaceToString(Request("fused", 1, 2), nodes),
+  EXPECT_EQ(PlaceToString(Request(kFused, 1, 2), nodes),
             "sn-b: node-3/0 fused, node-3/1 fused");
-  absl::StatusOr<Placement> placement = Place(Request("fused", 2, 2), nodes);
+  absl::StatusOr<Placement> placement = Place(Request(kFused, 2, 2), nodes);
   ASSERT_FALSE(placement.ok());
   EXPECT_EQ(placement.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(std::string(placement.status().message()),
@@ -164,13 +168,13 @@ TEST(SchedulerTest, BusyCardsAreExcluded) {
                                        Node("node-2", "sn-b", 3)};
   const BusyCards busy = {{"node-1", 0}, {"node-1", 2}, {"node-9", 0}};
   // sn-a has 2 free cards left, so sn-b (3 free) is preferred now.
-  EXPECT_EQ(PlaceToString(Request("fused", 1, 2), nodes, busy),
+  EXPECT_EQ(PlaceToString(Request(kFused, 1, 2), nodes, busy),
             "sn-b: node-2/0 fused, node-2/1 fused");
-  EXPECT_EQ(PlaceToString(Request("fused", 2, 2), nodes, busy),
+  EXPECT_EQ(PlaceToString(Request(kFused, 2, 2), nodes, busy),
             "sn-b: node-2/0 fused, node-2/1 fused; "
             "sn-a: node-1/1 fused, node-1/3 fused");
   absl::StatusOr<Placement> placement =
-      Place(Request("fused", 2, 3), nodes, busy);
+      Place(Request(kFused, 2, 3), nodes, busy);
   ASSERT_FALSE(placement.ok());
   EXPECT_EQ(placement.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(placement.status().message()),
@@ -181,7 +185,7 @@ TEST(SchedulerTest, UnplaceableReasonSaysWhatIsNeededAndWhatExists) {
   const std::vector<NodeView> nodes = {Node("node-1", "sn-a", 3),
                                        Node("node-2", "sn-b", 1)};
   absl::StatusOr<Placement> placement =
-      Place(Request("colocated-sync", 2, 2), nodes);
+      Place(Request(kColocatedSync, 2, 2), nodes);
   ASSERT_FALSE(placement.ok());
   EXPECT_EQ(placement.status().code(), absl::StatusCode::kFailedPrecondition);
   const std::string message(placement.status().message());
@@ -205,7 +209,7 @@ TEST(SchedulerTest, UnplaceableReasonStaysShortOnBigClusters) {
     nodes.push_back(
         Node(absl::StrCat("node-", i), absl::StrCat("sn-", 100 + i % 20), 1));
   }
-  absl::StatusOr<Placement> placement = Place(Request("fused", 30, 8), nodes);
+  absl::StatusOr<Placement> placement = Place(Request(kFused, 30, 8), nodes);
   ASSERT_FALSE(placement.ok());
   const std::string message(placement.status().message());
   EXPECT_THAT(message, HasSubstr("placement needs 30 super node(s) with 8 "
@@ -222,9 +226,9 @@ TEST(SchedulerTest, CardsNeededInEachSuperNodeNotInTotal) {
   // 4 free cards in total, but no super node has 3.
   const std::vector<NodeView> nodes = {Node("node-1", "sn-a", 2),
                                        Node("node-2", "sn-b", 2)};
-  EXPECT_FALSE(Place(Request("fused", 1, 3), nodes).ok());
-  EXPECT_TRUE(Place(Request("fused", 2, 2), nodes).ok());
-  EXPECT_FALSE(Place(Request("fused", 3, 1), nodes).ok());
+  EXPECT_FALSE(Place(Request(kFused, 1, 3), nodes).ok());
+  EXPECT_TRUE(Place(Request(kFused, 2, 2), nodes).ok());
+  EXPECT_FALSE(Place(Request(kFused, 3, 1), nodes).ok());
 }
 
 TEST(SchedulerTest, RejectsInvalidRequests) {
@@ -234,20 +238,19 @@ TEST(SchedulerTest, RejectsInvalidRequests) {
     std::string message;
   };
   const std::vector<Case> cases = {
-      {Request("hybrid", 1, 1),
-       "placement.mode: must be one of colocated-sync, disaggregated, fused; "
-       "got 'hybrid'"},
-      {Request("fused", 0, 1),
+      {Request(static_cast<PlacementMode>(7), 1, 1),
+       "placement.mode: not a valid value (7)"},
+      {Request(kFused, 0, 1),
        "placement.super_nodes: must be in [1, 4096], got 0"},
-      {Request("fused", 1, 4097),
+      {Request(kFused, 1, 4097),
        "placement.cards_per_super_node: must be in [1, 4096], got 4097"},
-      {Request("disaggregated", 1, 4, 0),
+      {Request(kDisaggregated, 1, 4, 0),
        "placement.rollout_cards_per_super_node: disaggregated needs "
        "1..cards_per_super_node-1 rollout cards, got 0"},
-      {Request("disaggregated", 1, 4, 4),
+      {Request(kDisaggregated, 1, 4, 4),
        "placement.rollout_cards_per_super_node: disaggregated needs "
        "1..cards_per_super_node-1 rollout cards, got 4"},
-      {Request("fused", 1, 4, 1),
+      {Request(kFused, 1, 4, 1),
        "placement.rollout_cards_per_super_node: must be 0 unless "
        "placement.mode is disaggregated, got 1"},
   };
@@ -273,7 +276,7 @@ TEST(SchedulerTest, PlacesFromRegistryList) {
   spec.super_node = "sn-a";
   spec.cards = {{0, "cpu", 0}, {1, "cpu", 0}};
   ASSERT_TRUE(registry.Register(spec).ok());
-  EXPECT_EQ(PlaceToString(Request("disaggregated", 1, 2, 1), registry.List()),
+  EXPECT_EQ(PlaceToString(Request(kDisaggregated, 1, 2, 1), registry.List()),
             "sn-a: node-1/0 rollout, node-1/1 train");
 }
 

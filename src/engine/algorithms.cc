@@ -3,20 +3,10 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <string>
 #include <vector>
-
-#include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/string_view.h"
 
 namespace fusionrl::algo {
 namespace {
-
-// Debian's Abseil is built without ABSL_USES_STD_STRING_VIEW.
-absl::string_view AbslView(std::string_view s) {
-  return absl::string_view(s.data(), s.size());
-}
 
 // `values` where mask != 0 (times the mask), exactly 0 elsewhere, so that
 // non-finite garbage on padding (inf log-probs, NaN) cannot leak into sums
@@ -63,25 +53,6 @@ void CheckSameShape2d(const at::Tensor& a, const char* a_name,
 }
 
 }  // namespace
-
-absl::StatusOr<AggMode> ParseAggMode(std::string_view name) {
-  if (name == "token-mean") return AggMode::kTokenMean;
-  if (name == "seq-mean-token-mean") return AggMode::kSeqMeanTokenMean;
-  if (name == "seq-mean-token-sum") return AggMode::kSeqMeanTokenSum;
-  if (name == "seq-mean-token-sum-norm") return AggMode::kSeqMeanTokenSumNorm;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown loss aggregation mode \"", AbslView(name),
-      "\"; valid: token-mean, seq-mean-token-mean, seq-mean-token-sum, "
-      "seq-mean-token-sum-norm"));
-}
-
-absl::StatusOr<KlEstimator> ParseKlEstimator(std::string_view name) {
-  if (name == "k1") return KlEstimator::kK1;
-  if (name == "k2") return KlEstimator::kK2;
-  if (name == "k3") return KlEstimator::kK3;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown KL estimator \"", AbslView(name), "\"; valid: k1, k2, k3"));
-}
 
 at::Tensor AggLoss(const at::Tensor& loss_mat, const at::Tensor& mask,
                    AggMode mode, const AggNorm& norm) {
@@ -238,14 +209,6 @@ PolicyLossResult PpoClipLoss(const at::Tensor& logp, const at::Tensor& old_logp,
   }
   result.approx_kl = MaskedMean(-log_ratio.detach(), md);
   return result;
-}
-
-absl::StatusOr<WeightLevel> ParseWeightLevel(std::string_view name) {
-  if (name == "token") return WeightLevel::kToken;
-  if (name == "sequence") return WeightLevel::kSequence;
-  return absl::InvalidArgumentError(
-      absl::StrCat("behaviour_weight_level: unknown level '", std::string(name),
-                   "' (token | sequence)"));
 }
 
 at::Tensor BehaviourWeights(const at::Tensor& prox_logp,

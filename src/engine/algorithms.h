@@ -11,23 +11,20 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <string_view>
-
-#include "absl/status/statusor.h"
 #include "fusionrl/config.h"
 
 namespace fusionrl::algo {
 
-enum class AggMode {
-  kTokenMean,            // sum(loss * mask) / num_tokens
-  kSeqMeanTokenMean,     // mean over seqs of (per-seq token mean)
-  kSeqMeanTokenSum,      // mean over seqs of (per-seq token sum)
-  kSeqMeanTokenSumNorm,  // sum(loss * mask) / (num_seqs * max_len) (Dr.GRPO)
-};
-absl::StatusOr<AggMode> ParseAggMode(std::string_view name);
-
-enum class KlEstimator { kK1, kK2, kK3 };
-absl::StatusOr<KlEstimator> ParseKlEstimator(std::string_view name);
+// The loss aggregation mode, KL estimator and behaviour-weight level are
+// the config's enums (fusionrl/config.h), parsed once by the config reader.
+//   AggMode::kTokenMean:            sum(loss * mask) / num_tokens
+//   AggMode::kSeqMeanTokenMean:     mean over seqs of (per-seq token mean)
+//   AggMode::kSeqMeanTokenSum:      mean over seqs of (per-seq token sum)
+//   AggMode::kSeqMeanTokenSumNorm:  sum(loss * mask) / (num_seqs * max_len)
+//                                   (Dr.GRPO)
+using AggMode = ::fusionrl::LossAggMode;
+using KlEstimator = ::fusionrl::KlEstimator;
+using WeightLevel = ::fusionrl::BehaviourWeightLevel;
 
 // Denominators for AggLoss. When a batch is split into micro-batches, pass the
 // whole batch's values so that the micro-batch losses add up to exactly the
@@ -129,8 +126,6 @@ PolicyLossResult PpoClipLoss(const at::Tensor& logp, const at::Tensor& old_logp,
 // exceeded the cap (truncated or masked, by mode; a NaN weight counts as
 // over the cap and is masked in kMask). With behaviour == proximal
 // (staleness 0) every weight is 1.
-enum class WeightLevel { kToken, kSequence };
-absl::StatusOr<WeightLevel> ParseWeightLevel(std::string_view name);
 at::Tensor BehaviourWeights(const at::Tensor& prox_logp,
                             const at::Tensor& behaviour_logp,
                             const at::Tensor& mask, WeightLevel level,

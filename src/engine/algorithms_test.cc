@@ -55,42 +55,6 @@ void ExpectAllFinite(const at::Tensor& t) {
   for (double v : ToVector(t)) EXPECT_TRUE(std::isfinite(v)) << v;
 }
 
-// ---------------------------------------------------------------- parsing
-
-TEST(AlgorithmsTest, ParseAggModeAcceptsKnownNames) {
-  EXPECT_EQ(ParseAggMode("token-mean").value(), AggMode::kTokenMean);
-  EXPECT_EQ(ParseAggMode("seq-mean-token-mean").value(),
-            AggMode::kSeqMeanTokenMean);
-  EXPECT_EQ(ParseAggMode("seq-mean-token-sum").value(),
-            AggMode::kSeqMeanTokenSum);
-  EXPECT_EQ(ParseAggMode("seq-mean-token-sum-norm").value(),
-            AggMode::kSeqMeanTokenSumNorm);
-}
-
-TEST(AlgorithmsTest, ParseAggModeRejectsUnknownNameWithValidList) {
-  const absl::StatusOr<AggMode> mode = ParseAggMode("token-sum");
-  ASSERT_FALSE(mode.ok());
-  EXPECT_EQ(mode.status().code(), absl::StatusCode::kInvalidArgument);
-  const std::string message(mode.status().message());
-  EXPECT_NE(message.find("token-sum"), std::string::npos) << message;
-  EXPECT_NE(message.find("seq-mean-token-sum-norm"), std::string::npos)
-      << message;
-  EXPECT_FALSE(ParseAggMode("").ok());
-  EXPECT_FALSE(ParseAggMode("Token-Mean").ok());
-}
-
-TEST(AlgorithmsTest, ParseKlEstimatorAcceptsK1K2K3AndRejectsOthers) {
-  EXPECT_EQ(ParseKlEstimator("k1").value(), KlEstimator::kK1);
-  EXPECT_EQ(ParseKlEstimator("k2").value(), KlEstimator::kK2);
-  EXPECT_EQ(ParseKlEstimator("k3").value(), KlEstimator::kK3);
-  const absl::StatusOr<KlEstimator> bad = ParseKlEstimator("low_var_kl");
-  ASSERT_FALSE(bad.ok());
-  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  const std::string message(bad.status().message());
-  EXPECT_NE(message.find("low_var_kl"), std::string::npos) << message;
-  EXPECT_NE(message.find("k3"), std::string::npos) << message;
-}
-
 // ---------------------------------------------------------------- AggLoss
 
 // loss = [[1,2,3],[4,5,6],[7,8,9]], mask = [[1,1,1],[1,0,0],[0,0,0]]:
@@ -653,7 +617,6 @@ TEST(AlgorithmsTest, BehaviourWeightsPerTokenAndPerSequenceWithTruncation) {
   ExpectTensorNear(BehaviourWeights(behaviour, behaviour, mask,
                                     WeightLevel::kSequence, 5.0, kTruncate),
                    {1, 1, 1, 0}, 0.0);
-  EXPECT_FALSE(ParseWeightLevel("tokens").ok());
 }
 
 // The same weights in mask mode (AReaL's behav_imp_weight_cap): a weight

@@ -152,9 +152,6 @@ double LearningRateAt(const OptimConfig& optim, int64_t step) {
 
 struct Trainer::Optim {
   std::unique_ptr<torch::optim::AdamW> adamw;
-  algo::AggMode agg;
-  algo::KlEstimator kl_estimator;
-  algo::WeightLevel weight_level = algo::WeightLevel::kToken;
 };
 
 Trainer::Trainer(PolicyModel& policy, PolicyModel* reference,
@@ -181,14 +178,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
         "algorithm.kl_coef > 0 needs a reference policy");
   }
   auto optim = std::make_unique<Optim>();
-  FUSIONRL_ASSIGN_OR_RETURN(optim->agg,
-                            algo::ParseAggMode(config.algorithm.loss_agg_mode));
-  FUSIONRL_ASSIGN_OR_RETURN(
-      optim->kl_estimator,
-      algo::ParseKlEstimator(config.algorithm.kl_estimator));
-  FUSIONRL_ASSIGN_OR_RETURN(
-      optim->weight_level,
-      algo::ParseWeightLevel(config.algorithm.behaviour_weight_level));
   const auto& o = config.optim;
   optim->adamw = std::make_unique<torch::optim::AdamW>(
       policy.parameters(), torch::optim::AdamWOptions(o.lr)
@@ -267,7 +256,7 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
   const int64_t mini = optim_.mini_batch_size > 0
                            ? std::min<int64_t>(optim_.mini_batch_size, batch)
                            : batch;
-  const bool kl_in_reward = use_kl && algo_.kl_mode == "reward";
+  const bool kl_in_reward = use_kl && algo_.kl_mode == KlMode::kReward;
   // With one optimizer update per step (one epoch, one mini-batch) the
   // proximal policy is exactly the weights the training forward pass runs
   // with: its log-probs (detached) are the proximal ones, and the separate
@@ -286,7 +275,7 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
                    .logp;
     double capped = 0;
     behaviour_weight = algo::BehaviourWeights(
-        old_logp, full.behaviour_logp, mask, optim_state_->weight_level,
+        old_logp, full.behaviour_logp, mask, algo_.behaviour_weight_level,
         algo_.behaviour_weight_cap, algo_.behaviour_weight_mode, &capped);
     stats.behaviour_weight_mean = MaskedMean(behaviour_weight, mask);
     stats.behaviour_weight_truncated = capped;
@@ -315,15 +304,14 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
       token_rewards =
           token_rewards -
           algo_.kl_coef *
-              algo::KlPenalty(old_logp, ref_logp, optim_state_->kl_estimator) *
-              mask;
+              algo::KlPenalty(old_logp, ref_logp, algo_.kl_estimator) * mask;
     }
-    if (algo_.adv_estimator == "reinforce_pp") {
+    if (algo_.adv_estimator == AdvEstimator::kReinforcePp) {
       advantages =
           algo::ReinforcePlusPlusAdvantages(token_rewards, mask, algo_.gamma);
     } else {
       auto returns = (token_rewards * mask).sum(1);
-      auto seq_adv = algo_.adv_estimator == "rloo"
+      auto seq_adv = algo_.adv_estimator == AdvEstimator::kRloo
                          ? algo::RlooAdvantages(returns, group_size_)
                          : algo::GrpoAdvantages(returns, group_size_,
                                                 algo_.norm_adv_by_std);
@@ -396,7 +384,7 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
           double capped = 0;
           weight_mb = algo::BehaviourWeights(
               old_mb, mb.behaviour_logp, mb.response_mask,
-              optim_state_->weight_level, algo_.behaviour_weight_cap,
+              algo_.behaviour_weight_level, algo_.behaviour_weight_cap,
               algo_.behaviour_weight_mode, &capped);
           const double n = mb.response_mask.sum().item<double>();
           weight_sum += MaskedMean(weight_mb, mb.response_mask) * n;
@@ -404,24 +392,24 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
         }
         auto pg = algo::PpoClipLoss(logp, old_mb, adv, mb.response_mask,
                                     algo_.clip_ratio_low, algo_.clip_ratio_high,
-                                    algo_.clip_ratio_c, optim_state_->agg, norm,
-                                    weight_mb);
+                                    algo_.clip_ratio_c, algo_.loss_agg_mode,
+                                    norm, weight_mb);
         auto loss = pg.loss;
         const double mb_tokens = mb.response_mask.sum().item<double>();
         if (use_kl) {
           auto kl_tok = algo::KlPenalty(logp, ref_logp.narrow(0, u0, u_n),
-                                        optim_state_->kl_estimator);
-          if (algo_.kl_mode == "loss") {
+                                        algo_.kl_estimator);
+          if (algo_.kl_mode == KlMode::kLoss) {
             loss =
                 loss + algo_.kl_coef * algo::AggLoss(kl_tok, mb.response_mask,
-                                                     optim_state_->agg, norm);
+                                                     algo_.loss_agg_mode, norm);
           }
           kl_sum += MaskedMean(kl_tok.detach(), mb.response_mask) * mb_tokens;
         }
         if (entropy_grad) {
           loss = loss - algo_.entropy_coef *
                             algo::AggLoss(tok.entropy, mb.response_mask,
-                                          optim_state_->agg, norm);
+                                          algo_.loss_agg_mode, norm);
         }
         {
           at::NoGradGuard no_grad;

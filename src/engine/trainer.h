@@ -6,13 +6,13 @@
 //      right-padded, as the rollout engine lays them out);
 //   2. builds token-level rewards (the outcome reward on the last response
 //      token, minus beta * KL(proximal || reference) on every token when
-//      kl_mode == "reward") and
+//      algorithm.kl_mode is reward) and
 //      advantages (GRPO / Dr.GRPO / RLOO from the per-sequence return,
 //      REINFORCE++ per token);
 //   3. for ppo_epochs passes, splits the batch into mini-batches (one
 //      optimizer step each) and micro-batches (gradient accumulation; losses
 //      are normalised by the mini-batch's totals so accumulation is exact);
-//      loss = clipped surrogate (+ kl_coef * KL when kl_mode == "loss")
+//      loss = clipped surrogate (+ kl_coef * KL when kl_mode is loss)
 //      - entropy_coef * entropy (+ a MoE policy's router auxiliary loss,
 //      PolicyModel::AuxLoss(), weighted by the micro-batch's share of the
 //      mini-batch's trained sequences);

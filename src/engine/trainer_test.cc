@@ -88,8 +88,9 @@ std::vector<Sample> FourGroupsOfFour() {
 // weights: Adam's g / sqrt(v) turns float noise in near-zero gradients into
 // full-size steps of either sign.)
 TEST(TrainerTest, MicroBatchAccumulationMatchesFullBatch) {
-  for (const char* mode : {"token-mean", "seq-mean-token-mean",
-                           "seq-mean-token-sum", "seq-mean-token-sum-norm"}) {
+  for (LossAggMode mode :
+       {LossAggMode::kTokenMean, LossAggMode::kSeqMeanTokenMean,
+        LossAggMode::kSeqMeanTokenSum, LossAggMode::kSeqMeanTokenSumNorm}) {
     JobConfig c = TinyJob();
     c.algorithm.loss_agg_mode = mode;
     c.optim.micro_batch_size = 16;
@@ -105,9 +106,10 @@ TEST(TrainerTest, MicroBatchAccumulationMatchesFullBatch) {
     auto pf = full_model->parameters(), pm = micro_model->parameters();
     for (size_t i = 0; i < pf.size(); ++i) {
       ASSERT_TRUE(pf[i].grad().defined());
-      EXPECT_GT(pf[i].grad().abs().sum().item<double>(), 0) << mode << " " << i;
+      EXPECT_GT(pf[i].grad().abs().sum().item<double>(), 0)
+          << LossAggModeName(mode) << " " << i;
       EXPECT_TRUE(torch::allclose(pf[i].grad(), pm[i].grad(), 1e-4, 1e-7))
-          << mode << " param " << i << " max diff "
+          << LossAggModeName(mode) << " param " << i << " max diff "
           << (pf[i].grad() - pm[i].grad()).abs().max().item<double>();
     }
   }
@@ -184,8 +186,9 @@ TEST(TrainerTest, DecoupledLossOnPolicyIsPlainPpoAndWeighsStaleSamples) {
 // normaliser: the step's gradient is that of the other groups alone, for
 // every aggregation mode.
 TEST(TrainerTest, ExcludedGroupsContributeNothing) {
-  for (const char* mode : {"token-mean", "seq-mean-token-mean",
-                           "seq-mean-token-sum", "seq-mean-token-sum-norm"}) {
+  for (LossAggMode mode :
+       {LossAggMode::kTokenMean, LossAggMode::kSeqMeanTokenMean,
+        LossAggMode::kSeqMeanTokenSum, LossAggMode::kSeqMeanTokenSumNorm}) {
     JobConfig c = TinyJob();
     c.algorithm.loss_agg_mode = mode;
     std::vector<Sample> all = FourGroupsOfFour();
@@ -194,10 +197,10 @@ TEST(TrainerTest, ExcludedGroupsContributeNothing) {
     TrainStats with_excluded, alone;
     const auto a = GradsAfterStep(c, all, &with_excluded);
     const auto b = GradsAfterStep(c, kept, &alone);
-    EXPECT_EQ(with_excluded.tokens, alone.tokens) << mode;
+    EXPECT_EQ(with_excluded.tokens, alone.tokens) << LossAggModeName(mode);
     for (size_t i = 0; i < a.size(); ++i) {
       EXPECT_TRUE(torch::allclose(a[i], b[i], 1e-5, 1e-7))
-          << mode << " parameter " << i << " max diff "
+          << LossAggModeName(mode) << " parameter " << i << " max diff "
           << (a[i] - b[i]).abs().max().item<double>();
     }
   }
@@ -245,7 +248,8 @@ TEST(TrainerTest, KlToReferenceStartsAtZeroAndGrows) {
 // A short RL run on a toy reward: 1 if the response's first token is the
 // target id. The policy starts at ~1/98 and must learn it.
 TEST(TrainerTest, RlRaisesRewardOnToyTask) {
-  for (const char* estimator : {"grpo", "rloo", "reinforce_pp"}) {
+  for (AdvEstimator estimator :
+       {AdvEstimator::kGrpo, AdvEstimator::kRloo, AdvEstimator::kReinforcePp}) {
     JobConfig c = TinyJob();
     c.algorithm.adv_estimator = estimator;
     c.rollout.group_size = 8;
@@ -284,8 +288,9 @@ TEST(TrainerTest, RlRaisesRewardOnToyTask) {
     for (int s = 0; s < 40; ++s) mean_reward(100 + s, true);
     double after = 0;
     for (int s = 0; s < 4; ++s) after += mean_reward(500 + s, false) / 4;
-    EXPECT_LT(before, 0.1) << estimator;
-    EXPECT_GT(after, 0.5) << estimator << " before " << before;
+    EXPECT_LT(before, 0.1) << AdvEstimatorName(estimator);
+    EXPECT_GT(after, 0.5) << AdvEstimatorName(estimator) << " before "
+                          << before;
   }
 }
 
@@ -482,8 +487,8 @@ TEST(TrainerTest, BehaviourWeightOverTheCapIsTruncatedOrMasked) {
 TEST(TrainerTest, RewardKlPenaltyFollowsTheProximalPolicy) {
   JobConfig c = TinyJob();
   c.algorithm.decoupled_loss = true;
-  c.algorithm.kl_mode = "reward";
-  c.algorithm.kl_estimator = "k1";
+  c.algorithm.kl_mode = KlMode::kReward;
+  c.algorithm.kl_estimator = KlEstimator::kK1;
   auto probe = TinyModel(3);
   std::vector<Sample> samples = FourGroupsOfFour();
   SetBehaviourLogProbs(*probe, samples, 0.0f);
@@ -616,7 +621,7 @@ namespace {
 // a single trainer computes on the whole batch.
 TEST(TrainerDataParallelTest, RanksMatchOneTrainerOnTheWholeBatch) {
   JobConfig c = TinyJob();
-  c.algorithm.loss_agg_mode = "seq-mean-token-sum-norm";
+  c.algorithm.loss_agg_mode = LossAggMode::kSeqMeanTokenSumNorm;
   c.optim.grad_clip = 1.0;
   const std::vector<Sample> all = FourGroupsOfFour();
   const std::vector<Sample> shard0(all.begin(), all.begin() + 8);

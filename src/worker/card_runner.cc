@@ -174,8 +174,10 @@ absl::Status CardRunner::Setup() {
         CardMemoryManager::Create(job_.local_rank, cfg.memory));
     job_.rollout_counters->SetMemory(rollout_memory_);
   }
-  const bool fused = cfg.placement.mode == "fused";
-  if (!fused && cfg.placement.mode != "disaggregated") return absl::OkStatus();
+  const bool fused = cfg.placement.mode == PlacementMode::kFused;
+  if (!fused && cfg.placement.mode != PlacementMode::kDisaggregated) {
+    return absl::OkStatus();
+  }
 
   FusedRollout::Options fo;
   fo.max_policy_lag = cfg.stalesync.max_policy_lag;
@@ -457,8 +459,8 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
         "{} card {}: step {}: {} prompt group(s) over the policy lag "
         "{}; {}",
         job_.node_id, job_.local_rank, plan.step, stale_groups.size(), max_lag,
-        cfg.stalesync.over_stale);
-    if (cfg.stalesync.over_stale == "drop") {
+        OverStalePolicyName(cfg.stalesync.over_stale));
+    if (cfg.stalesync.over_stale == OverStalePolicy::kDrop) {
       StalenessFilter::Drop(samples, stale_groups);
     } else {
       FUSIONRL_ASSIGN_OR_RETURN(RolloutBatch fresh,

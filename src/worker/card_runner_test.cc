@@ -169,7 +169,7 @@ TEST(CardRunnerTest, AnInjectedReduceErrorBecomesTheJobsError) {
 
 TEST(CardRunnerTest, FusedRunTrainsWithinThePolicyLag) {
   JobConfig config = TinyJob("fused", 5);
-  config.placement.mode = "fused";
+  config.placement.mode = PlacementMode::kFused;
   config.num_threads = 2;
   config.stalesync.max_policy_lag = 1;
   config.algorithm.decoupled_loss = true;

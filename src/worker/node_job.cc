@@ -58,12 +58,12 @@ absl::Status RunNodeJob(const NodeContext& node, const Assignment& assignment) {
                ? absl::StrCat("cuda:", index)
                : config->device;
   };
-  const std::string& mode = config->placement.mode;
+  const bool fused = config->placement.mode == PlacementMode::kFused;
   for (int r = 0; r < assigned; ++r) {
     counters_of(assignment.card_indices[r])->role =
         r < rollout_cards   ? CardRole::kRollout
         : rollout_cards > 0 ? CardRole::kTrain
-        : mode == "fused"   ? CardRole::kFused
+        : fused             ? CardRole::kFused
                             : CardRole::kColocated;
   }
   spdlog::info("{}: running {} on {} card(s){}", node.node_id,

@@ -33,7 +33,7 @@ class StalenessFilter {
   // over_stale: drop. Marks every sample of `groups` excluded.
   static void Drop(std::vector<Sample>& samples,
                    const std::vector<uint64_t>& groups);
-  // over_stale: resample. Replaces the samples of `groups`, in order, by
+  // over_stale: regenerate. Replaces the samples of `groups`, in order, by
   // `fresh` (sampled for exactly those groups).
   static void Replace(std::vector<Sample>& samples,
                       const std::vector<uint64_t>& groups,
