@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "controller/clock_wait.h"
 #include "controller/services.h"
 #include "core/clock.h"
 #include "core/metrics.h"
@@ -111,6 +112,8 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(
 
 Controller::~Controller() { Shutdown(); }
 
+WeightStore& Controller::weights() { return *services_->weight_store; }
+
 std::shared_ptr<grpc::Channel> Controller::InProcessChannel() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options_.max_message_bytes);
@@ -137,15 +140,16 @@ void Controller::SweepLoop() {
 
 void Controller::Drain(absl::Duration grace) {
   jobs_->StopAll("controller shutting down");
-  if (!jobs_->WaitIdle(absl::Now() + grace)) {
+  const Clock& clock = jobs_->clock();
+  if (!jobs_->WaitIdle(clock.Now() + grace)) {
     spdlog::warn("controller: jobs still running after {}; stopping anyway",
                  absl::FormatDuration(grace));
   }
   workers_shutdown_ = true;
   // Workers hear it on their next heartbeat and deregister.
-  const absl::Time deadline = absl::Now() + 3 * options_.heartbeat_interval;
-  while (registry_->alive_count() > 0 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(50));
+  const absl::Time deadline = clock.Now() + 3 * options_.heartbeat_interval;
+  while (registry_->alive_count() > 0 && clock.Now() < deadline) {
+    SleepOnClock(clock, absl::Milliseconds(50));
   }
 }
 

@@ -30,6 +30,8 @@ class Server;
 
 namespace fusionrl {
 
+class WeightStore;
+
 struct ControllerOptions {
   // "host:port" to listen on (port 0 picks a free one, see port()); "" serves
   // only InProcessChannel().
@@ -64,6 +66,9 @@ class Controller {
   std::shared_ptr<grpc::Channel> InProcessChannel();
   JobManager& jobs() { return *jobs_; }
   NodeRegistry& registry() { return *registry_; }
+  // The versioned weights the WeightService serves (in-process callers
+  // publish and fetch here directly).
+  WeightStore& weights();
 
   // Graceful stop: every running job ends after its current step with a
   // checkpoint (CANCELLED, resumable); waits up to `grace` for that, then

@@ -5,15 +5,26 @@
 // ledger, the current step attempt with its collective rounds, run totals,
 // events. All of it is guarded by one mutex; calls that wait (long polls,
 // collective rounds, the end-of-step barrier) wait on one condition variable
-// with a deadline, so every wait ends: with the answer, with ABORTED (the
-// attempt was abandoned because a node was lost), or with DEADLINE_EXCEEDED
-// naming what it waited for.
+// with a deadline on the injected Clock, so every wait ends: with the
+// answer, with ABORTED (the attempt was abandoned because a node was lost),
+// or with DEADLINE_EXCEEDED naming what it waited for.
 //
 // Jobs: PENDING -> (WAITING_FOR_CAPACITY ->) RUNNING -> SUCCEEDED | FAILED |
 // CANCELLED. A job is placed (Scheduler::Place) on free nodes of the
 // registry, one worker node per participant; a node runs one job at a time.
 // The job writes <output_dir>/{config.yaml,metrics.jsonl,summary.json}; the
 // lead card writes the checkpoints into <output_dir>/checkpoints.
+//
+// Outputs and the lock: no file is touched under mu_. The state changes
+// queue their writes (JobOutputs, in order), and every call that may have
+// queued some flushes the queue after releasing mu_ and before it returns
+// (FlushOnExit), so a caller finds its writes done when the call returns.
+// A job that ends is over for the protocol at once (its nodes are released,
+// its plans say ABANDON), but its terminal phase is published (Status,
+// Idle, WaitForUpdate) only once its Close has been written: whoever sees a
+// job SUCCEEDED, CANCELLED or FAILED finds every metrics line and
+// summary.json on disk. A failure to write summary.json turns the end into
+// FAILED ("writing summary: ..."), as before.
 //
 // Liveness: NodesLost() (from the controller's sweeper) removes a node from
 // its job; the current attempt is aborted and replanned over the live nodes
@@ -22,22 +33,57 @@
 // node is left or the step's groups cannot be split evenly over the cards
 // that are left.
 //
+// Rooms. JobManager is a facade in the shape of LevelDB's DBImpl: one class
+// that owns the mutex and the jobs, its methods implemented across files
+// that each hold one part of the protocol, in the order a step runs:
+//   job_queue.cc       submission, the queue, placement, start, the end of
+//                      a job (Submit, Schedule, TryPlace, Start, Cancel)
+//   sync_step.cc       the synchronous step: attempt planning, the step
+//                      plan, the end-of-step barrier, commit
+//   skewed_step.cc     StaleSync across super nodes: steps planned as nodes
+//                      reach them behind the clock-skew gate, committed in
+//                      order
+//   reduce_round.cc    a cross-node reduce round (the arithmetic is the pure
+//                      SumPayloads of reduce_sum.h)
+//   update_exchange.cc StaleSync's update exchange
+//   job_outputs.h      config.yaml / metrics.jsonl / summary.json, written
+//                      by a queue outside this class's lock
+//   status_view.cc     the JobStatus view
+//   work_proto.cc      the WorkService's wire types <-> the plain structs
+//   job_manager.cc     lookups, events, assignments, lost nodes
+// One class rather than helper classes taking `Job&`: every part needs the
+// same lock, condition variable, clock, FailLocked() and EventLocked(), and
+// the parts call each other (a commit plans the next step, a lost node
+// replans the attempt); passing those around would hide the one lock that
+// makes the protocol sequential. Pure parts (the sum, the file writer, the
+// record formatting) are free functions or classes of their own and are
+// tested alone. The job and attempt structs are in job_state.h.
+//
+// Entry points: the typed ones (core/step_protocol.h) are for in-process
+// callers (worker/in_process_work_client.h); the v1:: ones are thin
+// conversions for the gRPC services (services.cc). Both run the same code.
+//
 // Thread safety: all methods may be called from any thread.
 #ifndef FUSIONRL_CONTROLLER_JOB_MANAGER_H_
 #define FUSIONRL_CONTROLLER_JOB_MANAGER_H_
 
 #include <atomic>
+#include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "controller/job_outputs.h"
 #include "core/clock.h"
 #include "core/node_registry.h"
+#include "core/step_protocol.h"
 #include "fusionrl/v1/common.pb.h"
 #include "fusionrl/v1/job.pb.h"
 #include "fusionrl/v1/work.pb.h"
@@ -46,80 +92,154 @@ namespace fusionrl {
 
 class JobManager {
  public:
+  // Borrows both; they must outlive the manager. Every deadline and time
+  // stamp is on `clock`.
   JobManager(NodeRegistry& registry, const Clock& clock);
   ~JobManager();
 
   JobManager(const JobManager&) = delete;
   JobManager& operator=(const JobManager&) = delete;
 
+  const Clock& clock() const { return clock_; }
+
   // --- JobService ---------------------------------------------------------
   // Parses and validates the job (InvalidArgument / NotFound with the key,
   // as `fusionrl validate`), checks what this version can run
   // (FailedPrecondition) and queues it. Returns the job id ("job-<n>").
-  absl::StatusOr<std::string> Submit(const v1::SubmitJobRequest& request);
-  absl::StatusOr<v1::JobStatus> Status(const std::string& job_id) const;
-  std::vector<v1::JobStatus> List() const;
+  absl::StatusOr<std::string> Submit(const v1::SubmitJobRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<v1::JobStatus> Status(const std::string& job_id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<v1::JobStatus> List() const ABSL_LOCKS_EXCLUDED(mu_);
   // Stops the job gracefully: after the current step the lead writes a
   // checkpoint ("step_<n>") and the job ends CANCELLED (resumable).
   absl::StatusOr<v1::JobStatus> Cancel(const std::string& job_id,
-                                       const std::string& reason);
+                                       const std::string& reason)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // In-process callers (the embedded `fusionrl run`): `flag` (borrowed, must
   // outlive the job) is read at every step commit; once true, the job stops
   // as with Cancel(). Exact to the step, unlike a CancelJob call racing it.
   absl::Status SetStopFlag(const std::string& job_id,
-                           const std::atomic<bool>* flag);
-  // Waits until the job changed after `seen_update` (or `deadline`);
-  // returns its status and sets `*update` to the current change counter.
+                           const std::atomic<bool>* flag)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits until the job changed after `seen_update` (or `deadline`, on the
+  // manager's clock); returns its status and sets `*update` to the current
+  // change counter.
   absl::StatusOr<v1::JobStatus> WaitForUpdate(const std::string& job_id,
                                               uint64_t seen_update,
                                               absl::Time deadline,
-                                              uint64_t* update) const;
+                                              uint64_t* update) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
-  // --- WorkService --------------------------------------------------------
+  // --- the step protocol, typed (in-process callers) -----------------------
+  // `wait` / `timeout`: how long the call may wait, at most 60 s for the
+  // long polls (InvalidArgument otherwise); the job's collective timeout
+  // applies as well to Reduce, FinishStep and ExchangeUpdates.
+  //
+  // The next job for `node_id` (empty job_id: none within `wait`).
+  absl::StatusOr<Assignment> GetAssignment(const std::string& node_id,
+                                           absl::Duration wait)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Card `local_rank` of `node_id`: its plan of `step` (0: the job's first),
+  // kWait when it is not planned within `wait`.
+  absl::StatusOr<StepPlan> GetStepPlan(const std::string& job_id,
+                                       const std::string& node_id,
+                                       int local_rank, int64_t step,
+                                       absl::Duration wait)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The sum of the attempt's nodes' payloads of `call.round`, in node order.
+  absl::StatusOr<std::string> Reduce(ReduceCall call, absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The end of an attempt on one node; true when the step committed. The
+  // lead's typed metrics are formatted to JSON once, here.
+  absl::StatusOr<bool> FinishStep(const StepReport& report,
+                                  absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // StaleSync across super nodes: hands in the node's update and returns the
+  // other nodes' updates that are due, oldest first per node.
+  absl::StatusOr<std::vector<ReceivedUpdate>> ExchangeUpdates(
+      UpdateCall call, absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // --- WorkService (wire types; conversions in work_proto.cc) --------------
   absl::StatusOr<v1::GetAssignmentResponse> GetAssignment(
-      const v1::GetAssignmentRequest& request);
-  absl::StatusOr<v1::StepPlan> GetStepPlan(const v1::GetStepPlanRequest& r);
-  // `deadline`: the caller's own deadline (the job's collective timeout
-  // applies as well).
+      const v1::GetAssignmentRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<v1::StepPlan> GetStepPlan(const v1::GetStepPlanRequest& r)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // `deadline`: the caller's own deadline, on the manager's clock (the
+  // job's collective timeout applies as well).
   absl::StatusOr<std::string> Reduce(const v1::ReduceRequest& request,
-                                     absl::Time deadline);
+                                     absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Accepts the lead's metrics as metrics_json (a JSON object).
   absl::StatusOr<v1::FinishStepResponse> FinishStep(
-      const v1::FinishStepRequest& request, absl::Time deadline);
-
-  // StaleSync across super nodes: see proto/fusionrl/v1/work.proto. `deadline`:
-  // the caller's own (the job's collective timeout applies as well).
+      const v1::FinishStepRequest& request, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // StaleSync across super nodes: see proto/fusionrl/v1/work.proto. The
+  // update's CRC-32C is checked (DataLoss).
   absl::StatusOr<v1::ExchangeUpdatesResponse> ExchangeUpdates(
-      const v1::ExchangeUpdatesRequest& request, absl::Time deadline);
+      const v1::ExchangeUpdatesRequest& request, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // --- cluster events -----------------------------------------------------
   // Nodes the registry declared lost (or that left).
   void NodesLost(const std::vector<std::string>& node_ids,
-                 const std::string& why);
+                 const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
   // Places waiting jobs on free nodes; call after registrations and
   // periodically.
-  void Schedule();
+  void Schedule() ABSL_LOCKS_EXCLUDED(mu_);
   // Stops every running job gracefully and cancels queued ones.
-  void StopAll(const std::string& reason);
-  // True when no job is pending or running.
-  bool Idle() const;
-  // Waits until Idle() or `deadline`; returns Idle().
-  bool WaitIdle(absl::Time deadline) const;
+  void StopAll(const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
+  // True when no job is pending or running (every job's end is published,
+  // its outputs written).
+  bool Idle() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits until Idle() or `deadline` (on the manager's clock); returns
+  // Idle().
+  bool WaitIdle(absl::Time deadline) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Cards' last reported states, for status (from heartbeats).
   void RecordCardStates(const std::string& node_id,
-                        const std::vector<v1::CardState>& cards);
+                        const std::vector<v1::CardState>& cards)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Job;
   struct Attempt;
+  struct ReportedStep;
+  struct HandedUpdate;
+  class FlushOnExit;
 
+  // --- job_manager.cc ---
   Job* FindLocked(const std::string& id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Job*> JobForNodeLocked(const std::string& job_id,
                                         const std::string& node_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EventLocked(Job& job, const std::string& text)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job is over for the protocol (its terminal phase may still wait
+  // for its outputs to be written before it is published).
+  static bool Terminal(const Job& job);
+  // Its terminal phase is published (Status shows it).
+  static bool Settled(const Job& job);
+  // Writes the queued outputs and applies their results; called after the
+  // lock is released, by every call that may have queued some.
+  void FlushOutputs() ABSL_LOCKS_EXCLUDED(mu_);
+  void ApplyOutputResultLocked(const JobOutputs::Result& result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // --- job_queue.cc ---
   void TryPlaceLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status StartLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishJobLocked(Job& job, v1::JobPhase phase, const std::string& message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Publishes the end decided by FinishJobLocked, once the job's outputs
+  // are written (`closed`: the Close result; null when it had none).
+  void PublishEndLocked(Job& job, const JobOutputs::Result* closed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailLocked(Job& job, const std::string& message, int code)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // --- sync_step.cc ---
   // Plans attempt 1 (new step) or the next attempt of the current step.
   void PlanStepLocked(Job& job, int64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -128,31 +248,58 @@ class JobManager {
   std::unique_ptr<Attempt> MakeAttemptLocked(Job& job, int64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Node `k` of attempt `a`, card `local_rank`: its TRAIN plan.
-  void FillTrainPlanLocked(const Job& job, const Attempt& a, int k,
-                           int local_rank, v1::StepPlan* plan) const
+  StepPlan TrainPlanLocked(const Job& job, const Attempt& a, int k,
+                           int local_rank) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The END plan for card `local_rank` of part `index` (rank 0: it writes
+  // the last checkpoint).
+  StepPlan EndPlanLocked(const Job& job, int index, int local_rank) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A synchronous job's TRAIN plan of step `want` for part `index`, or
+  // nullopt to wait.
+  absl::StatusOr<std::optional<StepPlan>> SyncPlanLocked(const Job& job,
+                                                         int index,
+                                                         int local_rank,
+                                                         int64_t want) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<bool> FinishStepImpl(ReportedStep r, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void CommitLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Run totals, the metrics record and the progress line of a committed
+  // attempt's lead report.
+  void RecordStepLocked(Job& job, const Attempt& a)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void BeginEndLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // --- skewed_step.cc ---
   // Skewed jobs: the attempt of step `want` for part `index` (planned now if
   // the clock-skew gate lets the node start it), or null to wait.
   absl::StatusOr<const Attempt*> SkewedAttemptLocked(Job& job, int index,
                                                      int64_t want)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<v1::FinishStepResponse> FinishSkewedStepLocked(
-      Job& job, const v1::FinishStepRequest& r)
+  absl::StatusOr<bool> FinishSkewedStepLocked(Job& job, ReportedStep& r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CommitLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void BeginEndLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishJobLocked(Job& job, v1::JobPhase phase, const std::string& message)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FailLocked(Job& job, const std::string& message, int code)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EventLocked(Job& job, const std::string& text)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // --- reduce_round.cc ---
+  absl::StatusOr<std::string> ReduceImpl(ReduceCall call, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // --- update_exchange.cc ---
+  // `sent_crc32c`: the CRC-32C the sender computed (wire callers), checked
+  // against the payload.
+  absl::StatusOr<std::vector<HandedUpdate>> ExchangeUpdatesImpl(
+      UpdateCall call, std::optional<uint32_t> sent_crc32c, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // --- status_view.cc ---
   v1::JobStatus StatusLocked(const Job& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static bool Terminal(const Job& job);
 
   NodeRegistry& registry_;
   const Clock& clock_;
+  // The file writer (internally synchronised; see job_outputs.h for the
+  // lock order: its writer lock, then mu_, then its queue lock).
+  JobOutputs outputs_;
   mutable absl::Mutex mu_;
   mutable absl::CondVar changed_;
   std::map<uint64_t, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);

@@ -4,6 +4,7 @@
 // group is trained exactly once.
 #include "controller/job_manager.h"
 
+#include <cstring>
 #include <filesystem>
 #include <set>
 #include <string>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/crc32c.h"
 #include "core/fake_clock.h"
+#include "core/metrics.h"
 #include "core/node_registry.h"
 #include "core/status_macros.h"
 #include "gmock/gmock.h"
@@ -31,6 +33,10 @@ placement: {super_nodes: 2, cards_per_super_node: 1}
 run: {eval_every: 0, total_steps: )",
                       steps, "}\noutput_dir: \"", out, "\"\n");
 }
+
+// The deadline of the test's calls, on the manager's (fake) clock: longer
+// than the tests move the clock while a call waits (11 s to lose a node).
+constexpr absl::Duration kCallWait = absl::Minutes(1);
 
 class JobManagerTest : public ::testing::Test {
  protected:
@@ -73,7 +79,7 @@ class JobManagerTest : public ::testing::Test {
     r.set_round(round);
     r.set_dtype(v1::REDUCE_DTYPE_FLOAT32);
     r.set_payload(std::string(reinterpret_cast<const char*>(&value), 4));
-    return jobs_.Reduce(r, absl::Now() + absl::Seconds(10));
+    return jobs_.Reduce(r, clock_.Now() + kCallWait);
   }
 
   absl::StatusOr<v1::FinishStepResponse> Finish(const std::string& job,
@@ -87,7 +93,7 @@ class JobManagerTest : public ::testing::Test {
     r.set_initial_eval_accuracy(-1);
     r.set_eval_accuracy(-1);
     r.set_metrics_json(absl::StrCat("{\"step\": ", plan.step(), "}"));
-    return jobs_.FinishStep(r, absl::Now() + absl::Seconds(10));
+    return jobs_.FinishStep(r, clock_.Now() + kCallWait);
   }
 
   std::string Submit(int steps) {
@@ -129,7 +135,7 @@ class JobManagerTest : public ::testing::Test {
     u->set_crc32c(Crc32c(u->payload()));
     FUSIONRL_ASSIGN_OR_RETURN(
         v1::ExchangeUpdatesResponse got,
-        jobs_.ExchangeUpdates(r, absl::Now() + absl::Seconds(10)));
+        jobs_.ExchangeUpdates(r, clock_.Now() + kCallWait));
     std::vector<std::string> out;
     for (const v1::GradientUpdate& g : got.updates()) {
       float f = 0;
@@ -385,7 +391,7 @@ TEST_F(JobManagerTest, ClockSkewGatesPlansAndUpdatesArriveOnce) {
     r.set_eval_accuracy(-1);
     r.set_weights_crc32c(0xabcd);
     r.set_has_weights_crc32c(true);
-    ASSERT_TRUE(jobs_.FinishStep(r, absl::Now() + absl::Seconds(5)).ok());
+    ASSERT_TRUE(jobs_.FinishStep(r, clock_.Now() + absl::Seconds(5)).ok());
   }
   const v1::StepPlan end = Plan(job, a, 4);
   ASSERT_EQ(end.kind(), v1::PLAN_KIND_END);
@@ -419,11 +425,11 @@ TEST_F(JobManagerTest, UpdateExchangeRefusesBadInput) {
   r.mutable_update()->set_payload(std::string(4, '\0'));
   r.mutable_update()->set_crc32c(1);  // wrong
   EXPECT_EQ(
-      jobs_.ExchangeUpdates(r, absl::Now() + absl::Seconds(1)).status().code(),
+      jobs_.ExchangeUpdates(r, clock_.Now() + absl::Seconds(1)).status().code(),
       absl::StatusCode::kDataLoss);
   r.mutable_update()->set_payload("abc");  // not float32
   EXPECT_EQ(
-      jobs_.ExchangeUpdates(r, absl::Now() + absl::Seconds(1)).status().code(),
+      jobs_.ExchangeUpdates(r, clock_.Now() + absl::Seconds(1)).status().code(),
       absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(Exchange(job, c, 1, 0, 1.0f).ok());
   auto again = Exchange(job, c, 1, 0, 1.0f);  // (step, round) must grow
@@ -436,6 +442,131 @@ TEST_F(JobManagerTest, UpdateExchangeRefusesBadInput) {
   EXPECT_THAT(st->message(), HasSubstr("max_clock_skew"));
   EXPECT_EQ(Exchange(job, c, 2, 1, 1.0f).status().code(),
             absl::StatusCode::kAborted);
+}
+
+// The typed entry points (what the in-process work client calls) run the
+// same protocol as the wire ones: plans, a float64 round, typed metrics
+// formatted to metrics.jsonl once, the end.
+TEST_F(JobManagerTest, TypedCallsRunAStepAsTheWireOnesDo) {
+  const std::string a = AddNode("a"), b = AddNode("b");
+  const std::string job = Submit(1);
+  auto assigned = jobs_.GetAssignment(a, absl::ZeroDuration());
+  ASSERT_TRUE(assigned.ok()) << assigned.status();
+  EXPECT_EQ(assigned->job_id, job);
+  EXPECT_THAT(assigned->card_indices, ::testing::ElementsAre(0));
+  EXPECT_EQ(jobs_.GetAssignment(a, absl::Seconds(61)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto pa = jobs_.GetStepPlan(job, a, 0, 0, absl::ZeroDuration());
+  auto pb = jobs_.GetStepPlan(job, b, 0, 0, absl::ZeroDuration());
+  ASSERT_TRUE(pa.ok() && pb.ok());
+  ASSERT_EQ(pa->kind, PlanKind::kTrain);
+  EXPECT_EQ(pb->rank, 1);
+  EXPECT_THAT(pa->groups, ::testing::ElementsAre(0, 1));
+  EXPECT_THAT(pb->groups, ::testing::ElementsAre(2, 3));
+
+  auto call = [&](const std::string& node, double value) {
+    ReduceCall c;
+    c.job_id = job;
+    c.node_id = node;
+    c.step = pa->step;
+    c.attempt = pa->attempt;
+    c.dtype = ReduceDtype::kFloat64;
+    c.payload = std::string(reinterpret_cast<const char*>(&value), 8);
+    return c;
+  };
+  absl::StatusOr<std::string> sum_b;
+  std::thread tb([&] { sum_b = jobs_.Reduce(call(b, 2.25), kCallWait); });
+  auto sum_a = jobs_.Reduce(call(a, 1.5), kCallWait);
+  tb.join();
+  ASSERT_TRUE(sum_a.ok() && sum_b.ok()) << sum_a.status() << sum_b.status();
+  double got = 0;
+  std::memcpy(&got, sum_a->data(), 8);
+  EXPECT_EQ(got, 3.75);
+  EXPECT_EQ(*sum_a, *sum_b);
+
+  auto report = [&](const std::string& node, int64_t step, int attempt) {
+    StepReport r;
+    r.job_id = job;
+    r.node_id = node;
+    r.step = step;
+    r.attempt = attempt;
+    return r;
+  };
+  StepReport lead = report(a, pa->step, pa->attempt);
+  lead.metrics = {{"step", 1}, {"kl", 0.5}};
+  lead.rollout_tokens = 10;
+  absl::StatusOr<bool> done_b;
+  std::thread fb([&] {
+    done_b = jobs_.FinishStep(report(b, pb->step, pb->attempt), kCallWait);
+  });
+  auto done_a = jobs_.FinishStep(lead, kCallWait);
+  fb.join();
+  ASSERT_TRUE(done_a.ok() && done_b.ok());
+  EXPECT_TRUE(*done_a);
+  EXPECT_TRUE(*done_b);
+  auto status = jobs_.Status(job);
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->last_metrics_json(), "{\"step\":1,\"kl\":0.5}");
+  EXPECT_EQ(ReadTextFile(out_ + "/metrics.jsonl", "metrics").value_or(""),
+            "{\"step\":1,\"kl\":0.5}\n");
+
+  auto end = jobs_.GetStepPlan(job, a, 0, 2, absl::ZeroDuration());
+  ASSERT_TRUE(end.ok());
+  ASSERT_EQ(end->kind, PlanKind::kEnd);
+  EXPECT_EQ(end->checkpoint_name, "final");
+  ASSERT_TRUE(jobs_.FinishStep(report(a, end->step, 0), kCallWait).ok());
+  status = jobs_.Status(job);
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->phase(), v1::JOB_PHASE_SUCCEEDED);
+  EXPECT_EQ(status->rollout_tokens(), 10);
+  EXPECT_TRUE(std::filesystem::exists(out_ + "/summary.json"));
+  EXPECT_EQ(jobs_.GetStepPlan(job, a, 0, 2, absl::ZeroDuration())->kind,
+            PlanKind::kAbandon);
+}
+
+TEST_F(JobManagerTest, ATypedErrorReportFailsTheJobWithItsCode) {
+  const std::string a = AddNode("a"), b = AddNode("b");
+  const std::string job = Submit(2);
+  auto pa = jobs_.GetStepPlan(job, a, 0, 0, absl::ZeroDuration());
+  ASSERT_TRUE(pa.ok());
+  StepReport r;
+  r.job_id = job;
+  r.node_id = a;
+  r.step = pa->step;
+  r.attempt = pa->attempt;
+  r.error = absl::ResourceExhaustedError("out of memory");
+  auto done = jobs_.FinishStep(r, kCallWait);
+  ASSERT_TRUE(done.ok());
+  EXPECT_FALSE(*done);
+  auto status = jobs_.Status(job);
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->phase(), v1::JOB_PHASE_FAILED);
+  EXPECT_THAT(status->message(), HasSubstr("out of memory"));
+  EXPECT_EQ(status->error_code(),
+            static_cast<int>(absl::StatusCode::kResourceExhausted));
+}
+
+// The outputs are created after the manager's lock is released; a job whose
+// output_dir cannot be created fails with the reason before Submit returns.
+TEST_F(JobManagerTest, AnOutputDirThatCannotBeCreatedFailsTheJob) {
+  const std::string a = AddNode("a"), b = AddNode("b");
+  const std::string file = ::testing::TempDir() + "/job-manager-not-a-dir";
+  std::filesystem::remove_all(file);
+  ASSERT_TRUE(WriteFileAtomic(file, "x").ok());
+  v1::SubmitJobRequest r;
+  r.set_config_yaml(JobYaml(file + "/out", 1));
+  auto job = jobs_.Submit(r);
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto status = jobs_.Status(*job);
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->phase(), v1::JOB_PHASE_FAILED);
+  EXPECT_THAT(status->message(), HasSubstr("output_dir"));
+  EXPECT_EQ(status->error_code(),
+            static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_TRUE(jobs_.Idle());
+  // Its nodes are free again: the next job is placed and runs.
+  const std::string next = Submit(1);
+  EXPECT_EQ(Plan(next, a, 0).kind(), v1::PLAN_KIND_TRAIN);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "controller/clock_wait.h"
 #include "rpc/auth.h"
 #include "rpc/status_convert.h"
 
@@ -82,7 +83,8 @@ grpc::Status JobServiceImpl::WatchJob(
     uint64_t update = 0;
     absl::StatusOr<v1::JobStatus> status = jobs_.WaitForUpdate(
         request->job_id(), seen,
-        std::min(CallDeadline(*context), absl::Now() + kRefresh), &update);
+        std::min(CallDeadline(*context), jobs_.clock().Now() + kRefresh),
+        &update);
     if (!status.ok()) return ToGrpcStatus(status.status());
     seen = update;
     if (!writer->Write(*status)) {
@@ -93,7 +95,9 @@ grpc::Status JobServiceImpl::WatchJob(
         phase == v1::JOB_PHASE_CANCELLED) {
       return grpc::Status::OK;
     }
-    if (min_interval > absl::ZeroDuration()) absl::SleepFor(min_interval);
+    if (min_interval > absl::ZeroDuration()) {
+      SleepOnClock(jobs_.clock(), min_interval);
+    }
   }
 }
 

@@ -1,0 +1,208 @@
+#include "controller/job_outputs.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/job_summary.h"
+#include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
+
+namespace fusionrl {
+namespace {
+
+// Keeps the metrics records of steps <= `last_step` (a resumed job rewrites
+// the steps after its checkpoint).
+absl::Status TruncateMetrics(const std::string& path, int64_t last_step) {
+  std::ifstream in(path);
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+        j["step"].get<int64_t>() <= last_step) {
+      kept += line + "\n";
+    }
+  }
+  return WriteFileAtomic(path, kept);
+}
+
+// The last value named `name` (a later duplicate wins, as in the JSON
+// object), 0 when absent or not finite.
+double Find(const StepMetrics& metrics, const std::string& name) {
+  for (auto it = metrics.rbegin(); it != metrics.rend(); ++it) {
+    if (it->first == name) return std::isfinite(it->second) ? it->second : 0.0;
+  }
+  return 0;
+}
+
+double Find(const nlohmann::ordered_json& rec, const std::string& name) {
+  auto it = rec.find(name);
+  return it != rec.end() && it->is_number() ? it->get<double>() : 0.0;
+}
+
+}  // namespace
+
+JobOutputs::~JobOutputs() = default;
+
+void JobOutputs::Queue(Op op) {
+  absl::MutexLock lock(&queue_mu_);
+  queue_.push_back(std::move(op));
+  ++queued_;
+}
+
+void JobOutputs::Open(const std::string& job_id, OpenSpec spec) {
+  Op op;
+  op.kind = Op::Kind::kOpen;
+  op.job_id = job_id;
+  op.open = std::move(spec);
+  Queue(std::move(op));
+}
+
+void JobOutputs::Append(const std::string& job_id, std::string json_line) {
+  Op op;
+  op.kind = Op::Kind::kAppend;
+  op.job_id = job_id;
+  op.line = std::move(json_line);
+  Queue(std::move(op));
+}
+
+void JobOutputs::Close(const std::string& job_id,
+                       std::optional<JobSummary> summary) {
+  Op op;
+  op.kind = Op::Kind::kClose;
+  op.job_id = job_id;
+  op.summary = std::move(summary);
+  Queue(std::move(op));
+}
+
+int64_t JobOutputs::pending() const {
+  absl::MutexLock lock(&queue_mu_);
+  return queued_ - performed_;
+}
+
+void JobOutputs::Flush(absl::FunctionRef<void(const Result&)> on_result) {
+  {
+    absl::MutexLock lock(&queue_mu_);
+    if (performed_ == queued_) return;  // nothing queued, nothing in flight
+  }
+  // Whoever writes now may hold ops queued before this call: wait for it,
+  // then write what is left.
+  absl::MutexLock writer(&write_mu_);
+  for (;;) {
+    std::deque<Op> batch;
+    {
+      absl::MutexLock lock(&queue_mu_);
+      if (queue_.empty()) return;
+      batch.swap(queue_);
+    }
+    for (Op& op : batch) {
+      std::optional<Result> result = Perform(op);
+      if (result) on_result(*result);
+      // Counted once its result is handed over, so a Flush that returns
+      // early never returns before a Close it raced with is published.
+      absl::MutexLock lock(&queue_mu_);
+      ++performed_;
+    }
+  }
+}
+
+std::optional<JobOutputs::Result> JobOutputs::Perform(Op& op) {
+  switch (op.kind) {
+    case Op::Kind::kOpen: {
+      Result r;
+      r.job_id = op.job_id;
+      r.kind = Result::Kind::kOpened;
+      const std::string& out = op.open.output_dir;
+      std::error_code ec;
+      std::filesystem::create_directories(out + "/checkpoints", ec);
+      if (ec) {
+        r.status = absl::UnavailableError(absl::StrCat(
+            "output_dir: cannot create '", out, "': ", ec.message()));
+        return r;
+      }
+      r.status = WriteFileAtomic(out + "/config.yaml", op.open.config_yaml);
+      if (!r.status.ok()) return r;
+      const std::string path = out + "/metrics.jsonl";
+      if (op.open.resume_after_step.has_value()) {
+        r.status = TruncateMetrics(path, *op.open.resume_after_step);
+        if (!r.status.ok()) return r;
+      }
+      absl::StatusOr<std::unique_ptr<MetricsLog>> log = MetricsLog::Open(
+          path, /*truncate=*/!op.open.resume_after_step.has_value());
+      if (!log.ok()) {
+        r.status = log.status();
+        return r;
+      }
+      logs_[op.job_id] = *std::move(log);
+      return r;
+    }
+    case Op::Kind::kAppend: {
+      auto it = logs_.find(op.job_id);
+      if (it == logs_.end()) return std::nullopt;  // its Open failed
+      absl::Status s = it->second->AppendLine(op.line);
+      if (!s.ok()) {
+        spdlog::warn("[{}] metrics: {}", op.job_id, std::string(s.message()));
+      }
+      return std::nullopt;
+    }
+    case Op::Kind::kClose: {
+      Result r;
+      r.job_id = op.job_id;
+      r.kind = Result::Kind::kClosed;
+      auto it = logs_.find(op.job_id);
+      const bool opened = it != logs_.end();
+      if (opened) logs_.erase(it);
+      if (op.summary.has_value()) {
+        if (!opened) {
+          r.status = absl::FailedPreconditionError(
+              absl::StrCat("the outputs of ", op.job_id, " were never opened"));
+        } else {
+          r.status = WriteSummary(*op.summary);
+          if (r.status.ok()) {
+            r.wrote_summary = true;
+            // Kept for status replies (read once, not on every call).
+            r.summary_json =
+                ReadTextFile(op.summary->summary_path, "summary").value_or("");
+          }
+        }
+      }
+      return r;
+    }
+  }
+  return std::nullopt;
+}
+
+StepRecordLine FormatStepRecord(const StepMetrics& metrics,
+                                const std::string& metrics_json,
+                                const std::optional<SkewFields>& skew) {
+  StepRecordLine out;
+  if (!metrics.empty()) {
+    MetricRecord rec = metrics;
+    if (skew.has_value()) {
+      rec.emplace_back("clock_skew", static_cast<double>(skew->clock_skew));
+      rec.emplace_back("max_clock_skew_seen",
+                       static_cast<double>(skew->max_clock_skew_seen));
+    }
+    out.json = MetricRecordToJson(rec);
+    out.response_len_mean = Find(metrics, "response_len_mean");
+    out.kl = Find(metrics, "kl");
+    return out;
+  }
+  if (metrics_json.empty()) return out;
+  auto rec = nlohmann::ordered_json::parse(metrics_json, nullptr,
+                                           /*allow_exceptions=*/false);
+  if (!rec.is_object()) return out;
+  if (skew.has_value()) {
+    rec["clock_skew"] = skew->clock_skew;
+    rec["max_clock_skew_seen"] = skew->max_clock_skew_seen;
+  }
+  out.json = rec.dump();
+  out.response_len_mean = Find(rec, "response_len_mean");
+  out.kl = Find(rec, "kl");
+  return out;
+}
+
+}  // namespace fusionrl

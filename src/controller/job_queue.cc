@@ -1,0 +1,369 @@
+// The job queue and placement: submission, the queue in submission order,
+// placement on free nodes, the start of a job and its end (the phase, the
+// nodes released, the next queued job let in).
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "controller/job_manager.h"
+#include "controller/job_state.h"
+#include "core/checkpoint_meta.h"
+#include "core/metrics.h"
+#include "core/scheduler.h"
+#include "core/status_macros.h"
+#include "spdlog/spdlog.h"
+
+namespace fusionrl {
+
+absl::StatusOr<std::string> JobManager::Submit(
+    const v1::SubmitJobRequest& request) {
+  if (request.config_yaml().empty()) {
+    return absl::InvalidArgumentError("config_yaml: empty job description");
+  }
+  if (request.config_yaml().size() > (4 << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config_yaml: ", request.config_yaml().size(),
+                     " bytes; a job description is at most 4 MiB"));
+  }
+  const std::string source =
+      request.source_name().empty() ? "<submitted>" : request.source_name();
+  std::vector<std::string> overrides(request.overrides().begin(),
+                                     request.overrides().end());
+  FUSIONRL_ASSIGN_OR_RETURN(
+      JobConfig config,
+      ParseJobConfig(request.config_yaml(), source, overrides));
+  const PlacementConfig& p = config.placement;
+  // Cards that train (disaggregated: the others only sample).
+  const int cards =
+      p.super_nodes * (p.cards_per_super_node - p.rollout_cards_per_super_node);
+  if (config.rollout.prompts_per_step % cards != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        source, ": rollout.prompts_per_step: must be a multiple of the job's ",
+        cards,
+        " training cards (placement.super_nodes x (cards_per_super_node - "
+        "rollout_cards_per_super_node)) so every card trains on the same "
+        "number of prompt groups, got ",
+        config.rollout.prompts_per_step));
+  }
+  std::optional<CheckpointMeta> resume_meta;
+  std::string resume_dir;
+  if (request.resume()) {
+    FUSIONRL_ASSIGN_OR_RETURN(
+        resume_dir, FindLatestCheckpoint(config.output_dir + "/checkpoints"));
+    FUSIONRL_ASSIGN_OR_RETURN(CheckpointMeta meta,
+                              ReadCheckpointMeta(resume_dir));
+    if (meta.kind != "rl") {
+      return absl::FailedPreconditionError(
+          absl::StrCat("resume: '", resume_dir, "' is a ", meta.kind,
+                       " checkpoint, not an RL one"));
+    }
+    resume_meta = meta;
+  }
+  FlushOnExit flush(*this);
+  absl::MutexLock lock(&mu_);
+  const uint64_t n = next_job_++;
+  auto job = std::make_unique<Job>();
+  job->id = absl::StrCat("job-", n);
+  job->config = std::move(config);
+  job->request = request;
+  job->submitted = job->updated = clock_.Now();
+  job->summary.kind = "rl";
+  job->summary.summary_path = job->config.output_dir + "/summary.json";
+  if (resume_meta) {
+    job->resume_dir = resume_dir;
+    job->first_step = resume_meta->step + 1;
+    job->base_cursor = resume_meta->data_cursor;
+    job->summary.resumed_from_step = resume_meta->step;
+    job->summary.initial_eval_accuracy = resume_meta->initial_eval_accuracy;
+    job->summary.rollout_tokens = resume_meta->rollout_tokens;
+    job->last_eval = resume_meta->last_eval_accuracy;
+    job->loop_seconds = resume_meta->loop_seconds;
+    job->policy_version = resume_meta->policy_version;
+    job->last_committed = resume_meta->step;
+  }
+  const int64_t steps =
+      std::max<int64_t>(0, job->config.run.total_steps - job->first_step + 1);
+  job->ledger = std::make_unique<GroupLedger>(
+      static_cast<uint64_t>(steps) * job->config.rollout.prompts_per_step);
+  Job& j = *job;
+  jobs_[n] = std::move(job);
+  EventLocked(
+      j, absl::StrCat("submitted (", j.config.run.total_steps, " steps x ",
+                      j.config.rollout.prompts_per_step, " prompt groups",
+                      resume_meta ? ", resuming from " + resume_dir : "", ")"));
+  TryPlaceLocked(j);
+  return j.id;
+}
+
+void JobManager::Schedule() {
+  FlushOnExit flush(*this);
+  absl::MutexLock lock(&mu_);
+  for (auto& [n, job] : jobs_) {
+    if (job->phase == v1::JOB_PHASE_PENDING ||
+        job->phase == v1::JOB_PHASE_WAITING_FOR_CAPACITY) {
+      TryPlaceLocked(*job);
+    }
+  }
+}
+
+void JobManager::TryPlaceLocked(Job& job) {
+  // Jobs run in submission order: a later job waits while an earlier one
+  // is still waiting (no starvation of big jobs by small ones).
+  for (auto& [n, other] : jobs_) {
+    if (other.get() == &job) break;
+    if (other->phase == v1::JOB_PHASE_PENDING ||
+        other->phase == v1::JOB_PHASE_WAITING_FOR_CAPACITY) {
+      if (job.message.empty()) {
+        job.phase = v1::JOB_PHASE_PENDING;
+        job.message = absl::StrCat("queued behind ", other->id);
+        ++job.update;
+      }
+      return;
+    }
+  }
+  // A node runs one job: every card of a busy node is busy.
+  BusyCards busy;
+  const std::vector<NodeView> nodes = registry_.List();
+  for (const NodeView& node : nodes) {
+    if (node_job_.count(node.id) == 0) continue;
+    for (const CardSpec& c : node.spec.cards) busy.insert({node.id, c.index});
+  }
+  absl::StatusOr<Placement> placement =
+      Place(job.config.placement, nodes, busy);
+  if (!placement.ok()) {
+    const std::string reason(placement.status().message());
+    if (job.config.placement.fail_if_unplaceable) {
+      FailLocked(job, absl::StrCat("cannot be placed: ", reason),
+                 static_cast<int>(absl::StatusCode::kFailedPrecondition));
+      return;
+    }
+    if (job.phase != v1::JOB_PHASE_WAITING_FOR_CAPACITY ||
+        job.message != reason) {
+      job.phase = v1::JOB_PHASE_WAITING_FOR_CAPACITY;
+      job.message = reason;
+      EventLocked(job, absl::StrCat("waiting for capacity: ", reason));
+    }
+    return;
+  }
+  job.parts.clear();
+  for (const SuperNodeAssignment& sn : placement->super_nodes) {
+    for (const CardAssignment& card : sn.cards) {
+      if (job.parts.empty() || job.parts.back().node_id != card.node_id) {
+        Job::Part part;
+        part.node_id = card.node_id;
+        part.super_node = sn.super_node;
+        job.parts.push_back(part);
+      }
+      job.parts.back().cards.push_back(card.card_index);
+      if (card.role == CardRole::kRollout) ++job.parts.back().rollout_cards;
+    }
+  }
+  for (const Job::Part& part : job.parts) {
+    if (part.rollout_cards > 0 && part.train_cards() == 0) {
+      // A super node spread over several workers: the rollout cards must
+      // share a worker with the training cards they serve.
+      FailLocked(job,
+                 absl::StrCat("cannot be placed: disaggregated needs each "
+                              "super node's cards on one worker; ",
+                              part.node_id, " got only rollout cards"),
+                 static_cast<int>(absl::StatusCode::kFailedPrecondition));
+      return;
+    }
+  }
+  for (const Job::Part& part : job.parts) node_job_[part.node_id] = job.id;
+  EventLocked(job, absl::StrCat("placed: ", PlacementDebugString(*placement)));
+  absl::Status started = StartLocked(job);
+  if (!started.ok()) {
+    FailLocked(job, std::string(started.message()),
+               static_cast<int>(started.code()));
+  }
+}
+
+absl::Status JobManager::StartLocked(Job& job) {
+  job.phase = v1::JOB_PHASE_RUNNING;
+  job.message.clear();
+  job.started = clock_.Now();
+  // The output files are written by the queue, after the lock is released
+  // and before this call returns; a failure there fails the job
+  // (ApplyOutputResultLocked).
+  JobOutputs::OpenSpec outputs;
+  outputs.output_dir = job.config.output_dir;
+  outputs.config_yaml = JobConfigToYaml(job.config);
+  if (!job.resume_dir.empty()) outputs.resume_after_step = job.first_step - 1;
+  outputs_.Open(job.id, std::move(outputs));
+  job.has_outputs = true;
+  const int64_t k = job.config.stalesync.max_clock_skew;
+  if (k > 0 && job.parts.size() > 1) {
+    job.skewed = true;
+    std::vector<std::string> names;
+    for (Job::Part& part : job.parts) {
+      names.push_back(part.node_id);
+      part.clock = job.first_step - 1;
+    }
+    FUSIONRL_ASSIGN_OR_RETURN(
+        job.skew_gate, ClockSkewGate::Create(k, names, job.first_step - 1));
+    const size_t n = job.parts.size();
+    const Job::Key none{job.first_step - 1, -1};
+    job.outbox.assign(n, {});
+    job.handed_in.assign(n, none);
+    job.delivered.assign(n, std::vector<Job::Key>(n, none));
+    EventLocked(job, absl::StrCat("StaleSync across ", n,
+                                  " super nodes: max_clock_skew ", k));
+  }
+  if (job.first_step > job.config.run.total_steps) {
+    BeginEndLocked(job);
+  } else {
+    PlanStepLocked(job, job.first_step);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::SetStopFlag(const std::string& job_id,
+                                     const std::atomic<bool>* flag) {
+  absl::MutexLock lock(&mu_);
+  Job* job = FindLocked(job_id);
+  if (job == nullptr) {
+    return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
+  }
+  job->stop_flag = flag;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::JobStatus> JobManager::Cancel(const std::string& job_id,
+                                                 const std::string& reason) {
+  FlushOnExit flush(*this);
+  absl::MutexLock lock(&mu_);
+  Job* job = FindLocked(job_id);
+  if (job == nullptr) {
+    return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
+  }
+  if (Terminal(*job)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        job_id, " already ended (", v1::JobPhase_Name(job->end_phase), ")"));
+  }
+  const std::string why = reason.empty() ? "cancelled" : reason;
+  if (job->phase != v1::JOB_PHASE_RUNNING) {
+    // Not started: no outputs, so the end is published at once.
+    FinishJobLocked(*job, v1::JOB_PHASE_CANCELLED, why);
+  } else if (!job->stop_requested) {
+    job->stop_requested = true;
+    job->stop_reason = why;
+    EventLocked(*job, absl::StrCat("stop requested: ", why));
+  }
+  return StatusLocked(*job);
+}
+
+void JobManager::StopAll(const std::string& reason) {
+  std::vector<std::string> ids;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [n, job] : jobs_) {
+      if (!Terminal(*job)) ids.push_back(job->id);
+    }
+  }
+  for (const std::string& id : ids) Cancel(id, reason).IgnoreError();
+}
+
+bool JobManager::Idle() const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [n, job] : jobs_) {
+    if (!Settled(*job)) return false;
+  }
+  return true;
+}
+
+bool JobManager::WaitIdle(absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  auto idle = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& [n, job] : jobs_) {
+      if (!Settled(*job)) return false;
+    }
+    return true;
+  };
+  while (!idle() && clock_.Now() < deadline) {
+    WaitOnClock(changed_, mu_, clock_, deadline);
+  }
+  return idle();
+}
+
+void JobManager::FinishJobLocked(Job& job, v1::JobPhase phase,
+                                 const std::string& message) {
+  job.over = true;
+  job.end_phase = phase;
+  job.end_message = message;
+  for (const Job::Part& part : job.parts) {
+    auto it = node_job_.find(part.node_id);
+    if (it != node_job_.end() && it->second == job.id) node_job_.erase(it);
+  }
+  job.ahead.clear();
+  job.outbox.clear();
+  if (job.has_outputs) {
+    std::optional<JobSummary> summary;
+    if (phase == v1::JOB_PHASE_SUCCEEDED || phase == v1::JOB_PHASE_CANCELLED) {
+      JobSummary& s = job.summary;
+      s.final_eval_accuracy = job.last_eval;
+      s.steps = job.last_committed;
+      s.policy_version = job.policy_version;
+      s.final_train_reward = job.reward_mean;
+      s.checkpoint_dir = job.checkpoint_dir;
+      s.interrupted = phase == v1::JOB_PHASE_CANCELLED;
+      s.tokens_per_second =
+          job.loop_seconds > 0 ? s.rollout_tokens / job.loop_seconds : 0;
+      s.wall_seconds = absl::ToDoubleSeconds(clock_.Now() - job.started);
+      if (job.skewed) {
+        s.max_clock_skew_seen = job.skew_gate->MaxSkewSeen();
+        s.final_weights_crc32c = job.weights_crc;
+      }
+      summary = s;
+    }
+    // Published when the Close has been performed: after every metrics line
+    // queued before it, and summary.json, are on disk.
+    outputs_.Close(job.id, std::move(summary));
+  } else {
+    PublishEndLocked(job, nullptr);
+  }
+  // Let the next queued job in.
+  for (auto& [n, other] : jobs_) {
+    if (other->phase == v1::JOB_PHASE_PENDING ||
+        other->phase == v1::JOB_PHASE_WAITING_FOR_CAPACITY) {
+      other->message.clear();
+      TryPlaceLocked(*other);
+      break;
+    }
+  }
+}
+
+void JobManager::PublishEndLocked(Job& job, const JobOutputs::Result* closed) {
+  if (Settled(job)) return;
+  const std::string message = job.end_message;
+  job.phase = job.end_phase;
+  job.message = job.end_message;
+  if (closed != nullptr && job.end_phase != v1::JOB_PHASE_FAILED) {
+    if (closed->wrote_summary) {
+      job.summary_json = closed->summary_json;
+      const JobSummary& s = job.summary;
+      spdlog::info("[{}] done: eval accuracy {:.3f} -> {:.3f} in {} ({} tok/s)",
+                   job.config.name, s.initial_eval_accuracy,
+                   s.final_eval_accuracy, FormatDuration(s.wall_seconds),
+                   FormatCount(s.tokens_per_second));
+    } else if (!closed->status.ok()) {
+      job.phase = v1::JOB_PHASE_FAILED;
+      job.message = absl::StrCat("writing summary: ", closed->status.message());
+      job.end_phase = job.phase;
+      job.end_message = job.message;
+    }
+  }
+  EventLocked(job, absl::StrCat(v1::JobPhase_Name(job.phase),
+                                message.empty() ? "" : ": ", message));
+}
+
+void JobManager::FailLocked(Job& job, const std::string& message, int code) {
+  if (Terminal(job)) return;
+  job.error_code = code;
+  if (job.current) job.current->aborted = true;
+  spdlog::error("[{}] {} failed: {}", job.config.name, job.id, message);
+  FinishJobLocked(job, v1::JOB_PHASE_FAILED, message);
+}
+
+}  // namespace fusionrl

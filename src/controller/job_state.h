@@ -1,0 +1,201 @@
+// The state JobManager keeps per job and per step attempt. Internal to the
+// controller: only the JobManager files include it.
+//
+// Thread safety: none of its own. Every field of every struct here is
+// guarded by JobManager::mu_ (they are reachable only through
+// JobManager::jobs_, which is ABSL_GUARDED_BY(mu_)); an Attempt pointer stays
+// valid while the lock is held or while the attempt is its job's `current`,
+// so code that waits re-finds it after every wait.
+#ifndef FUSIONRL_CONTROLLER_JOB_STATE_H_
+#define FUSIONRL_CONTROLLER_JOB_STATE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "controller/job_manager.h"
+#include "core/group_ledger.h"
+#include "core/stalesync.h"
+#include "core/step_protocol.h"
+#include "fusionrl/config.h"
+#include "fusionrl/job.h"
+
+namespace fusionrl {
+
+// One collective round of an attempt: each participant's payload, summed in
+// participant order (SumPayloads) once all are in.
+struct ReduceRound {
+  std::vector<std::optional<std::string>> parts;  // per member
+  int received = 0;
+  int fetched = 0;
+  ReduceDtype dtype = ReduceDtype::kFloat32;
+  bool done = false;
+  std::string sum;
+};
+
+// A FinishStep as its attempt keeps it.
+struct JobManager::ReportedStep {
+  StepReport report;
+  // A report that came over the wire carries the lead's record as JSON
+  // (v1::FinishStepRequest.metrics_json) and no typed metrics; an in-process
+  // one has typed metrics and this empty. Formatted once, at commit.
+  std::string metrics_json;
+};
+
+// An update handed out by the exchange (the wire adds node and round).
+struct JobManager::HandedUpdate {
+  std::string node_id;
+  int64_t step = 0;
+  int64_t round = 0;
+  std::string payload;
+  uint32_t crc32c = 0;
+};
+
+struct JobManager::Attempt {
+  int64_t step = 0;
+  int attempt = 0;
+  bool aborted = false;
+  bool committed = false;
+  // Participants (indices into Job::parts), in rank order.
+  std::vector<int> members;
+  std::vector<int> first_rank;                // per member
+  std::vector<std::vector<uint64_t>> groups;  // per member, ledger indices
+  int world = 0;
+  std::vector<bool> finished;  // per member
+  std::map<int64_t, ReduceRound> rounds;
+  // From the lead's FinishStep.
+  ReportedStep lead_report;
+  bool have_lead_report = false;
+  // Skewed jobs: every member's FinishStep (tokens are per super node).
+  std::vector<ReportedStep> reports;
+
+  // Position of part `part` in `members`, or -1.
+  int Member(int part) const {
+    for (size_t i = 0; i < members.size(); ++i) {
+      if (members[i] == part) return static_cast<int>(i);
+    }
+    return -1;
+  }
+};
+
+struct JobManager::Job {
+  std::string id;
+  JobConfig config;
+  v1::SubmitJobRequest request;
+  // The published phase and message (what Status shows). A job that ended
+  // is `over` at once; its terminal phase (end_phase) is published once its
+  // outputs are written (job_outputs.h).
+  v1::JobPhase phase = v1::JOB_PHASE_PENDING;
+  std::string message;
+  bool over = false;
+  v1::JobPhase end_phase = v1::JOB_PHASE_UNSPECIFIED;
+  std::string end_message;
+  absl::Time submitted, started, updated;
+  uint64_t update = 0;
+  std::vector<v1::JobEvent> events;
+
+  struct Part {
+    std::string node_id;
+    std::string super_node;
+    std::vector<int> cards;  // card indices on that node
+    bool lost = false;
+    bool assigned = false;  // GetAssignment delivered
+    int64_t clock = 0;      // skewed jobs: the last step it finished
+    int rollout_cards = 0;  // disaggregated: the first cards only sample
+    int train_cards() const {
+      return static_cast<int>(cards.size()) - rollout_cards;
+    }
+  };
+  std::vector<Part> parts;
+
+  // Index of `node_id` in `parts`, or -1.
+  int PartIndex(const std::string& node_id) const {
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (parts[i].node_id == node_id) return static_cast<int>(i);
+    }
+    return -1;
+  }
+
+  // Steps first_step..total_steps; ledger index i is data index
+  // base_cursor + i; step s owns ledger indices [(s-first)*P, (s-first+1)*P).
+  int64_t first_step = 1;
+  uint64_t base_cursor = 0;
+  std::string resume_dir;
+  std::unique_ptr<GroupLedger> ledger;
+  std::unique_ptr<Attempt> current;
+  int64_t last_committed = 0;
+
+  // Ending: the lead writes the last checkpoint, then the job is over.
+  bool stop_requested = false;
+  std::string stop_reason;
+  const std::atomic<bool>* stop_flag = nullptr;
+  bool ending = false;
+  std::string end_checkpoint;  // "final" | "step_<n>"
+
+  // Outputs: true once its Open is queued (it then gets a Close).
+  bool has_outputs = false;
+
+  // Totals.
+  JobSummary summary;
+  double last_eval = 0;
+  double reward_mean = 0, train_accuracy = 0;
+  int64_t policy_version = 0;
+  double loop_seconds = 0;
+  std::string checkpoint_dir;
+  std::string summary_json;       // summary.json's text once written
+  std::string last_metrics_json;  // the last committed step's record
+  int error_code = 0;             // FAILED: absl/gRPC canonical code
+
+  // StaleSync across super nodes (stalesync.max_clock_skew > 0 and several
+  // nodes): each node runs ahead of the slowest by at most k steps (the
+  // gate), steps are planned as nodes reach them (`ahead`: planned steps
+  // after `current`, which stays the oldest uncommitted one), and gradient
+  // updates travel through ExchangeUpdates.
+  bool skewed = false;
+  std::unique_ptr<ClockSkewGate> skew_gate;
+  std::map<int64_t, std::unique_ptr<Attempt>> ahead;
+  using Key = std::pair<int64_t, int64_t>;  // (step, round)
+  struct Update {
+    Key key;
+    std::string payload;
+    uint32_t crc32c = 0;
+  };
+  std::vector<std::deque<Update>> outbox;       // per part, increasing keys
+  std::vector<Key> handed_in;                   // per part: its last key
+  std::vector<std::vector<Key>> delivered;      // [receiver][sender]: last key
+  std::map<std::string, uint32_t> weights_crc;  // super node -> last sync
+};
+
+// Flushes the manager's output queue when it goes out of scope. Declare it
+// BEFORE the MutexLock of a call, so that it runs after the lock is
+// released:
+//   FlushOnExit flush(*this);
+//   absl::MutexLock lock(&mu_);
+class JobManager::FlushOnExit {
+ public:
+  explicit FlushOnExit(JobManager& m) : m_(m) {}
+  FlushOnExit(const FlushOnExit&) = delete;
+  FlushOnExit& operator=(const FlushOnExit&) = delete;
+  ~FlushOnExit() { m_.FlushOutputs(); }
+
+ private:
+  JobManager& m_;
+};
+
+// The longest a long poll (GetAssignment, GetStepPlan) may wait.
+inline constexpr absl::Duration kMaxPollWait = absl::Seconds(60);
+
+// InvalidArgument unless 0 <= wait <= kMaxPollWait.
+absl::Status CheckPollWait(absl::Duration wait);
+
+}  // namespace fusionrl
+
+#endif  // FUSIONRL_CONTROLLER_JOB_STATE_H_
