@@ -1,6 +1,8 @@
 // The embedded default: `fusionrl run` (RunRlJob) starts a controller and
 // one worker per super node in this process and drives the job through the
-// same services a cluster uses, on an in-process channel.
+// same JobManager a cluster uses: jobs, registration and heartbeats over an
+// in-process channel, the cards' step protocol through an
+// InProcessWorkClient (plain structs, no serialisation).
 #include <grpcpp/client_context.h>
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include "fusionrl/v1/job.grpc.pb.h"
 #include "rpc/status_convert.h"
 #include "spdlog/spdlog.h"
+#include "worker/in_process_work_client.h"
 #include "worker/worker.h"
 
 namespace fusionrl {
@@ -41,6 +44,10 @@ absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config,
   FUSIONRL_ASSIGN_OR_RETURN(std::unique_ptr<Controller> controller,
                             Controller::Start(copts));
   std::shared_ptr<grpc::Channel> channel = controller->InProcessChannel();
+  // The cards' step protocol goes straight to the manager (no
+  // serialisation); registration and heartbeats use the channel, as a
+  // cluster's workers do.
+  InProcessWorkClient work(controller->jobs(), controller->weights());
   auto jobs = v1::JobService::NewStub(channel);
 
   std::atomic<bool> stop_workers{false};
@@ -54,6 +61,7 @@ absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config,
     wopts.cards = config.placement.cards_per_super_node;
     wopts.device = config.device.rfind("cuda", 0) == 0 ? "cuda" : "cpu";
     wopts.poll_interval = absl::Milliseconds(200);
+    wopts.work_client = &work;
     // The in-process workers share the job's threads.
     wopts.threads =
         std::max(1, config.num_threads / config.placement.super_nodes);

@@ -49,7 +49,8 @@ struct Worker::State {
   std::shared_ptr<grpc::Channel> channel;
   WorkerOptions options;
   std::unique_ptr<v1::NodeService::Stub> node_stub;
-  std::unique_ptr<GrpcWorkClient> work;
+  std::unique_ptr<GrpcWorkClient> grpc_work;  // when none was given
+  WorkClient* work = nullptr;
   std::string node_id;
   absl::Duration heartbeat_interval = absl::Seconds(1);
 
@@ -79,8 +80,13 @@ Worker::Worker(std::shared_ptr<grpc::Channel> channel, WorkerOptions options)
   state_->options = std::move(options);
   if (state_->options.host.empty()) state_->options.host = HostName();
   state_->node_stub = v1::NodeService::NewStub(state_->channel);
-  state_->work = std::make_unique<GrpcWorkClient>(
-      state_->channel, state_->options.auth_token, state_->options.rpc_timeout);
+  state_->work = state_->options.work_client;
+  if (state_->work == nullptr) {
+    state_->grpc_work = std::make_unique<GrpcWorkClient>(
+        state_->channel, state_->options.auth_token,
+        state_->options.rpc_timeout);
+    state_->work = state_->grpc_work.get();
+  }
   for (int i = 0; i < std::max(1, state_->options.cards); ++i) {
     state_->cards.push_back(std::make_unique<CardCounters>());
   }
@@ -177,7 +183,7 @@ absl::Status Worker::Run(const std::atomic<bool>* stop) {
 
   // 3. Jobs.
   NodeContext node;
-  node.client = s.work.get();
+  node.client = s.work;
   node.node_id = s.node_id;
   node.super_node = s.options.super_node;
   node.device = s.options.device;

@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "core/clock.h"
+#include "worker/work_client.h"
 
 namespace fusionrl {
 
@@ -51,6 +52,10 @@ struct WorkerOptions {
   absl::Duration debug_step_delay = absl::ZeroDuration();
   // Time source of the worker's deadlines (borrowed; tests pass a fake).
   const Clock* clock = &RealClock();
+  // What the cards ask of the controller (borrowed; must outlive the
+  // worker). Null: the WorkService and WeightService over `channel`.
+  // `fusionrl run` passes an InProcessWorkClient (no serialisation).
+  WorkClient* work_client = nullptr;
 };
 
 class Worker {
