@@ -57,10 +57,20 @@ absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
                      "': no meta.json (not a FusionRL checkpoint "
                      "directory)"));
   }
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const nlohmann::json::exception& e) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint '", dir, "': meta.json: ", e.what()));
+  }
+  return CheckpointMetaFromJson(j, dir);
+}
+
+absl::StatusOr<CheckpointMeta> CheckpointMetaFromJson(const nlohmann::json& j,
+                                                      const std::string& dir) {
   CheckpointMeta meta;
   try {
-    nlohmann::json j;
-    in >> j;
     meta.kind = j.value("kind", "");
     meta.job_name = j.value("job_name", "");
     meta.step = j.value("step", int64_t{0});

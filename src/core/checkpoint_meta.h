@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "nlohmann/json_fwd.hpp"
 
 namespace fusionrl {
 
@@ -34,6 +35,12 @@ absl::StatusOr<std::string> FindLatestCheckpoint(
 // The fields above from <dir>/meta.json. NotFound when there is no
 // meta.json, DataLoss when it does not parse.
 absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir);
+
+// The fields above from an already parsed meta.json of checkpoint `dir`
+// (named in errors): missing keys are zero, a key of the wrong type is
+// DataLoss.
+absl::StatusOr<CheckpointMeta> CheckpointMetaFromJson(const nlohmann::json& j,
+                                                      const std::string& dir);
 
 }  // namespace fusionrl
 

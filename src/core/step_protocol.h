@@ -43,9 +43,9 @@ struct StepPlan {
   PlanKind kind = PlanKind::kWait;
   int64_t step = 0;
   int attempt = 0;
-  int rank = 0;        // global rank of the card in the attempt
-  int world_size = 1;  // cards in the attempt
-  int nodes = 1;       // super nodes in the attempt
+  int rank = 0;                  // global rank of the card in the attempt
+  int world_size = 1;            // cards in the attempt
+  int nodes = 1;                 // super nodes in the attempt
   std::vector<uint64_t> groups;  // prompt groups this card samples and trains
   bool eval_before = false;
   bool eval_after = false;

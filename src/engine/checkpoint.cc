@@ -124,29 +124,6 @@ absl::Status ModelFromJson(const nlohmann::json& j, const std::string& where,
   return absl::OkStatus();
 }
 
-// The CheckpointMeta fields of a parsed meta.json, as ReadCheckpointMeta
-// (core/checkpoint_meta.h) reads them from the file: missing keys are zero,
-// a key of the wrong type is DataLoss.
-absl::StatusOr<CheckpointMeta> CheckpointMetaFromJson(const nlohmann::json& j,
-                                                      const std::string& dir) {
-  CheckpointMeta meta;
-  try {
-    meta.kind = j.value("kind", "");
-    meta.job_name = j.value("job_name", "");
-    meta.step = j.value("step", int64_t{0});
-    meta.policy_version = j.value("policy_version", int64_t{0});
-    meta.data_cursor = j.value("data_cursor", uint64_t{0});
-    meta.initial_eval_accuracy = j.value("initial_eval_accuracy", 0.0);
-    meta.last_eval_accuracy = j.value("last_eval_accuracy", 0.0);
-    meta.rollout_tokens = j.value("rollout_tokens", int64_t{0});
-    meta.loop_seconds = j.value("loop_seconds", 0.0);
-  } catch (const nlohmann::json::exception& e) {
-    return absl::DataLossError(
-        absl::StrCat("checkpoint '", dir, "': meta.json: ", e.what()));
-  }
-  return meta;
-}
-
 }  // namespace
 
 absl::StatusOr<CheckpointModel> ReadCheckpointModel(const std::string& dir) {

@@ -17,8 +17,8 @@ namespace fusionrl {
 enum class CardRole { kIdle, kColocated, kFused, kRollout, kTrain };
 
 struct CardCounters {
-  std::atomic<bool> active{false};               // in a job
-  std::atomic<CardRole> role{CardRole::kIdle};   // while active
+  std::atomic<bool> active{false};              // in a job
+  std::atomic<CardRole> role{CardRole::kIdle};  // while active
   std::atomic<int64_t> busy_us{0};  // microseconds in rollout + train
 
   // The card's memory books while it runs a job (heartbeats report them).

@@ -211,9 +211,8 @@ absl::Status CardRunner::Setup() {
   at::set_num_threads(train_threads);
   auto engine = std::make_unique<RolloutEngine>(
       *snapshot, ctx_.tokenizer->pad_id(), ctx_.stop_ids);
-  CardCounters* counters = job_.rollout_counters != nullptr
-                               ? job_.rollout_counters
-                               : job_.counters;
+  CardCounters* counters =
+      job_.rollout_counters != nullptr ? job_.rollout_counters : job_.counters;
   CardMemoryManager* rollout_memory = rollout_memory_.get();
   const bool host_memory = policy.device().is_cpu();
   fused_ = std::make_unique<FusedRollout>(
@@ -312,13 +311,14 @@ absl::Status CardRunner::Run() {
     // node loss (a StaleSync job fails instead).
     std::optional<StepSnapshot> snapshot;
     if (plan.nodes > 1 && !plan.exchange_updates) {
-      FUSIONRL_ASSIGN_OR_RETURN(snapshot, StepSnapshot::Take(policy, *trainer_));
+      FUSIONRL_ASSIGN_OR_RETURN(snapshot,
+                                StepSnapshot::Take(policy, *trainer_));
     }
     StepReport report = NewReport(plan.step, plan.attempt);
     absl::Status step = TrainStep(plan, report);
     if (step.ok() && job_.debug_step_delay > absl::ZeroDuration()) {
-      std::this_thread::sleep_for(
-          absl::ToChronoMilliseconds(job_.debug_step_delay));  // fault injection
+      std::this_thread::sleep_for(absl::ToChronoMilliseconds(
+          job_.debug_step_delay));  // fault injection
     }
     if (plan.exchange_updates && absl::IsAborted(step)) {
       // The job ended under us (a StaleSync job does not roll back); the
@@ -450,8 +450,9 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   std::vector<Sample>& samples = batch.samples;
   const int64_t max_lag = cfg.stalesync.max_policy_lag;
   const StalenessFilter filter(max_lag);
-  FUSIONRL_ASSIGN_OR_RETURN(std::vector<uint64_t> stale_groups,
-                            filter.OverStaleGroups(samples, trainer_->version()));
+  FUSIONRL_ASSIGN_OR_RETURN(
+      std::vector<uint64_t> stale_groups,
+      filter.OverStaleGroups(samples, trainer_->version()));
   int64_t over_stale = 0;
   if (!stale_groups.empty()) {
     over_stale = static_cast<int64_t>(stale_groups.size()) * rc.group_size;
@@ -488,11 +489,10 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
     memory_->Set(MemoryCategory::kOptimizer, OptimizerStateBytes(*trainer_));
   }
   const double train_s = SecondsSince(t1);
-  std::vector<double> totals = {batch.reward_sum,
-                                static_cast<double>(batch.correct),
-                                static_cast<double>(batch.finished),
-                                static_cast<double>(step_tokens),
-                                static_cast<double>(samples.size())};
+  std::vector<double> totals = {
+      batch.reward_sum, static_cast<double>(batch.correct),
+      static_cast<double>(batch.finished), static_cast<double>(step_tokens),
+      static_cast<double>(samples.size())};
   // Staleness histogram: samples with staleness 0..s (summed over cards).
   const int lag = cfg.stalesync.max_policy_lag;
   const size_t hist_at = totals.size();

@@ -162,8 +162,8 @@ TEST(CardRunnerTest, AnInjectedReduceErrorBecomesTheJobsError) {
   // The failure is reported to the controller, naming the step.
   ASSERT_EQ(run.reports.size(), 2u);
   EXPECT_EQ(run.reports[1].step, 2);
-  EXPECT_TRUE(absl::StrContains(run.reports[1].error.message(),
-                                "injected reduce"))
+  EXPECT_TRUE(
+      absl::StrContains(run.reports[1].error.message(), "injected reduce"))
       << run.reports[1].error;
 }
 
@@ -183,8 +183,8 @@ TEST(CardRunnerTest, FusedRunTrainsWithinThePolicyLag) {
     EXPECT_LE(Metric(r, "max_staleness"), 1) << "step " << r.step;
     EXPECT_EQ(Metric(r, "over_stale_samples"), 0) << "step " << r.step;
     histogram = Metric(r, "staleness_0") + Metric(r, "staleness_1");
-    EXPECT_EQ(histogram, config.rollout.prompts_per_step *
-                             config.rollout.group_size);
+    EXPECT_EQ(histogram,
+              config.rollout.prompts_per_step * config.rollout.group_size);
   }
 }
 
@@ -194,8 +194,8 @@ class RecordingSampler {
  public:
   FusedRollout::SampleFn Fn() {
     return [this](RolloutEngine&, const std::vector<uint64_t>& groups,
-                  int64_t step, int, int64_t version)
-               -> absl::StatusOr<RolloutBatch> {
+                  int64_t step, int,
+                  int64_t version) -> absl::StatusOr<RolloutBatch> {
       absl::MutexLock l(&mu_);
       sampled_.push_back({step, version});
       RolloutBatch b;
@@ -239,8 +239,8 @@ StepPlan TrainPlan(int64_t step, int per_step) {
 TEST(FusedRolloutTest, AdmitsStepsOnlyWithinThePolicyLag) {
   auto policy = testing_util::TinyModel();
   auto snapshot = policy->CloneFrozen();
-  auto engine = std::make_unique<RolloutEngine>(*snapshot, 0,
-                                                std::vector<int>{1});
+  auto engine =
+      std::make_unique<RolloutEngine>(*snapshot, 0, std::vector<int>{1});
   RecordingSampler sampler;
   FusedRollout::Options o;
   o.max_policy_lag = 1;
@@ -281,8 +281,8 @@ TEST(FusedRolloutTest, AdmitsStepsOnlyWithinThePolicyLag) {
 TEST(FusedRolloutTest, TakeTimesOutNamingTheStep) {
   auto policy = testing_util::TinyModel();
   auto snapshot = policy->CloneFrozen();
-  auto engine = std::make_unique<RolloutEngine>(*snapshot, 0,
-                                                std::vector<int>{1});
+  auto engine =
+      std::make_unique<RolloutEngine>(*snapshot, 0, std::vector<int>{1});
   FusedRollout::Options o;
   o.max_policy_lag = 0;
   o.prompts_per_step = 1;

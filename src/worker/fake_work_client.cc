@@ -58,8 +58,8 @@ absl::StatusOr<StepPlan> FakeWorkClient::GetStepPlan(const std::string&,
   const bool twin = TwinLocked();
   plan.nodes = twin ? 2 : 1;
   plan.world_size = twin ? 2 : 1;
-  const uint64_t first =
-      static_cast<uint64_t>(step_ - 1) * static_cast<uint64_t>(prompts_per_step_);
+  const uint64_t first = static_cast<uint64_t>(step_ - 1) *
+                         static_cast<uint64_t>(prompts_per_step_);
   for (int i = 0; i < prompts_per_step_; ++i) plan.groups.push_back(first + i);
   plan.data_cursor_after = first + prompts_per_step_;
   return plan;
@@ -120,8 +120,9 @@ absl::Status FakeWorkClient::PublishWeights(const std::string& key,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> FakeWorkClient::FetchWeights(
-    const std::string& key, int64_t step, absl::Duration) {
+absl::StatusOr<std::string> FakeWorkClient::FetchWeights(const std::string& key,
+                                                         int64_t step,
+                                                         absl::Duration) {
   absl::MutexLock l(&mu_);
   auto it = weights_.find(absl::StrCat(key, "@", step));
   if (it == weights_.end()) return absl::NotFoundError("no such version");

@@ -84,8 +84,7 @@ class FakeWorkClient final : public WorkClient {
                               const std::string& super_node,
                               const std::string& blob,
                               absl::Duration timeout) override;
-  absl::StatusOr<std::string> FetchWeights(const std::string& key,
-                                           int64_t step,
+  absl::StatusOr<std::string> FetchWeights(const std::string& key, int64_t step,
                                            absl::Duration timeout) override;
 
  private:

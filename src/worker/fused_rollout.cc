@@ -32,11 +32,6 @@ FusedRollout::FusedRollout(std::unique_ptr<PolicyModel> snapshot,
 
 FusedRollout::~FusedRollout() { Stop(); }
 
-int64_t FusedRollout::snapshot_version() const {
-  absl::MutexLock lock(&mu_);
-  return snapshot_version_;
-}
-
 void FusedRollout::Publish(const std::vector<at::Tensor>& weights,
                            int64_t version) {
   std::vector<at::Tensor> copy;
@@ -166,10 +161,10 @@ absl::StatusOr<RolloutBatch> FusedRollout::Take(const StepPlan& plan) {
   if (!error_.ok()) return error_;
   auto it = ready_.find(plan.step);
   if (it == ready_.end()) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "fused rollout: no batch for step ", plan.step, " within ",
-        absl::FormatDuration(options_.timeout),
-        " (run.collective_timeout_seconds)"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("fused rollout: no batch for step ", plan.step, " within ",
+                     absl::FormatDuration(options_.timeout),
+                     " (run.collective_timeout_seconds)"));
   }
   RolloutBatch batch = std::move(it->second);
   ready_.erase(it);

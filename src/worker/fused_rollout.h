@@ -58,9 +58,9 @@ class FusedRollout {
       int rank, int64_t version)>;
 
   struct Options {
-    int64_t max_policy_lag = 0;  // s
-    int prompts_per_step = 1;    // the job's, to advance predicted groups
-    int rollout_threads = 1;     // intra-op threads of the rollout thread
+    int64_t max_policy_lag = 0;    // s
+    int prompts_per_step = 1;      // the job's, to advance predicted groups
+    int rollout_threads = 1;       // intra-op threads of the rollout thread
     int64_t snapshot_version = 0;  // the policy version `snapshot` holds
     // How long Take() waits for a batch.
     absl::Duration timeout = absl::Seconds(300);
@@ -96,8 +96,6 @@ class FusedRollout {
 
   // Whether the thread is sampling right now (thread-budget sharing).
   bool sampling() const { return sampling_.load(); }
-  // The snapshot's policy version (tests).
-  int64_t snapshot_version() const;
 
  private:
   void Loop();

@@ -42,13 +42,8 @@ class GrpcWorkClient final : public WorkClient {
                               const std::string& super_node,
                               const std::string& blob,
                               absl::Duration timeout) override;
-  absl::StatusOr<std::string> FetchWeights(const std::string& key,
-                                           int64_t step,
+  absl::StatusOr<std::string> FetchWeights(const std::string& key, int64_t step,
                                            absl::Duration timeout) override;
-
-  // Wire conversions, exposed for tests.
-  static StepPlan FromProto(const v1::StepPlan& plan);
-  static v1::FinishStepRequest ToProto(const StepReport& report);
 
  private:
   std::unique_ptr<v1::WorkService::Stub> work_;

@@ -16,8 +16,7 @@ PlanRendezvous::PlanRendezvous(WorkClient& client, Options options,
       clock_(clock),
       seen_(std::max(1, options_.local_cards), 0) {}
 
-absl::StatusOr<StepPlan> PlanRendezvous::GetPlan(int local_rank,
-                                                 int64_t step) {
+absl::StatusOr<StepPlan> PlanRendezvous::GetPlan(int local_rank, int64_t step) {
   return client_.GetStepPlan(options_.job_id, options_.node_id, local_rank,
                              step, options_.plan_wait);
 }
@@ -30,7 +29,9 @@ void PlanRendezvous::Publish(absl::Status status, std::vector<StepPlan> plans) {
   published_.SignalAll();
 }
 
-void PlanRendezvous::Fail(absl::Status status) { Publish(std::move(status), {}); }
+void PlanRendezvous::Fail(absl::Status status) {
+  Publish(std::move(status), {});
+}
 
 absl::StatusOr<StepPlan> PlanRendezvous::NextPlan(int local_rank,
                                                   int64_t step) {

@@ -23,7 +23,8 @@ absl::StatusOr<StepSnapshot> StepSnapshot::Take(PolicyModel& policy,
   return s;
 }
 
-absl::Status StepSnapshot::Restore(PolicyModel& policy, Trainer& trainer) const {
+absl::Status StepSnapshot::Restore(PolicyModel& policy,
+                                   Trainer& trainer) const {
   const StepSnapshot& s = *this;
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> params = policy.parameters();

@@ -108,7 +108,8 @@ absl::Status Worker::Run(const std::atomic<bool>* stop) {
     card->set_device(s.options.device == "cuda" ? absl::StrCat("cuda:", i)
                                                 : s.options.device);
   }
-  const absl::Time connect_deadline = s.options.clock->Now() + s.options.connect_timeout;
+  const absl::Time connect_deadline =
+      s.options.clock->Now() + s.options.connect_timeout;
   v1::RegisterNodeResponse registered;
   for (;;) {
     grpc::ClientContext ctx;

@@ -1,0 +1,161 @@
+#include "rpc/step_protocol_proto.h"
+
+#include <string>
+
+#include "core/metrics.h"
+
+namespace fusionrl::rpc {
+namespace {
+
+v1::PlanKind KindToProto(PlanKind kind) {
+  switch (kind) {
+    case PlanKind::kWait:
+      return v1::PLAN_KIND_WAIT;
+    case PlanKind::kTrain:
+      return v1::PLAN_KIND_TRAIN;
+    case PlanKind::kEnd:
+      return v1::PLAN_KIND_END;
+    case PlanKind::kAbandon:
+      return v1::PLAN_KIND_ABANDON;
+  }
+  return v1::PLAN_KIND_UNSPECIFIED;
+}
+
+PlanKind KindFromProto(v1::PlanKind kind) {
+  switch (kind) {
+    case v1::PLAN_KIND_TRAIN:
+      return PlanKind::kTrain;
+    case v1::PLAN_KIND_END:
+      return PlanKind::kEnd;
+    case v1::PLAN_KIND_ABANDON:
+      return PlanKind::kAbandon;
+    default:
+      return PlanKind::kWait;
+  }
+}
+
+}  // namespace
+
+v1::StepPlan StepPlanToProto(const StepPlan& p) {
+  v1::StepPlan out;
+  out.set_kind(KindToProto(p.kind));
+  out.set_step(p.step);
+  out.set_attempt(p.attempt);
+  out.set_rank(p.rank);
+  out.set_world_size(p.world_size);
+  out.set_nodes(p.nodes);
+  for (uint64_t g : p.groups) out.add_groups(g);
+  out.set_eval_before(p.eval_before);
+  out.set_eval_after(p.eval_after);
+  out.set_checkpoint_name(p.checkpoint_name);
+  out.set_rollout_tokens_before(p.rollout_tokens_before);
+  out.set_loop_seconds_before(p.loop_seconds_before);
+  out.set_initial_eval_accuracy(p.initial_eval_accuracy);
+  out.set_last_eval_accuracy(p.last_eval_accuracy);
+  out.set_message(p.message);
+  out.set_data_cursor_after(p.data_cursor_after);
+  out.set_exchange_updates(p.exchange_updates);
+  out.set_updates_due_step(p.updates_due_step);
+  out.set_sync_weights(p.sync_weights);
+  return out;
+}
+
+StepPlan StepPlanFromProto(const v1::StepPlan& p) {
+  StepPlan plan;
+  plan.kind = KindFromProto(p.kind());
+  plan.step = p.step();
+  plan.attempt = p.attempt();
+  plan.rank = p.rank();
+  plan.world_size = p.world_size();
+  plan.nodes = p.nodes();
+  plan.groups.assign(p.groups().begin(), p.groups().end());
+  plan.eval_before = p.eval_before();
+  plan.eval_after = p.eval_after();
+  plan.checkpoint_name = p.checkpoint_name();
+  plan.rollout_tokens_before = p.rollout_tokens_before();
+  plan.loop_seconds_before = p.loop_seconds_before();
+  plan.initial_eval_accuracy = p.initial_eval_accuracy();
+  plan.last_eval_accuracy = p.last_eval_accuracy();
+  plan.message = p.message();
+  plan.data_cursor_after = p.data_cursor_after();
+  plan.exchange_updates = p.exchange_updates();
+  plan.updates_due_step = p.updates_due_step();
+  plan.sync_weights = p.sync_weights();
+  return plan;
+}
+
+v1::GetAssignmentResponse AssignmentToProto(const Assignment& a) {
+  v1::GetAssignmentResponse out;
+  out.set_job_id(a.job_id);
+  out.set_config_yaml(a.config_yaml);
+  out.set_source_name(a.source_name);
+  for (const std::string& o : a.overrides) out.add_overrides(o);
+  for (int c : a.card_indices) out.add_card_indices(c);
+  out.set_resume_checkpoint(a.resume_checkpoint);
+  out.set_rollout_cards(a.rollout_cards);
+  return out;
+}
+
+Assignment AssignmentFromProto(const v1::GetAssignmentResponse& response) {
+  Assignment a;
+  a.job_id = response.job_id();
+  a.config_yaml = response.config_yaml();
+  a.source_name = response.source_name();
+  a.overrides.assign(response.overrides().begin(), response.overrides().end());
+  a.card_indices.assign(response.card_indices().begin(),
+                        response.card_indices().end());
+  a.resume_checkpoint = response.resume_checkpoint();
+  a.rollout_cards = response.rollout_cards();
+  return a;
+}
+
+v1::FinishStepRequest StepReportToProto(const StepReport& r) {
+  v1::FinishStepRequest out;
+  out.set_job_id(r.job_id);
+  out.set_node_id(r.node_id);
+  out.set_step(r.step);
+  out.set_attempt(r.attempt);
+  if (!r.metrics.empty()) out.set_metrics_json(MetricRecordToJson(r.metrics));
+  out.set_rollout_tokens(r.rollout_tokens);
+  out.set_loop_seconds(r.loop_seconds);
+  out.set_initial_eval_accuracy(r.initial_eval_accuracy);
+  out.set_eval_accuracy(r.eval_accuracy);
+  out.set_checkpoint_dir(r.checkpoint_dir);
+  out.set_reward_mean(r.reward_mean);
+  out.set_train_accuracy(r.train_accuracy);
+  out.set_policy_version(r.policy_version);
+  if (!r.error.ok()) {
+    out.set_error(std::string(r.error.message()));
+    out.set_error_code(static_cast<int>(r.error.code()));
+  }
+  out.set_has_weights_crc32c(r.has_weights_crc32c);
+  out.set_weights_crc32c(r.weights_crc32c);
+  return out;
+}
+
+StepReport StepReportFromProto(const v1::FinishStepRequest& r) {
+  StepReport out;
+  out.job_id = r.job_id();
+  out.node_id = r.node_id();
+  out.step = r.step();
+  out.attempt = r.attempt();
+  out.rollout_tokens = r.rollout_tokens();
+  out.loop_seconds = r.loop_seconds();
+  out.initial_eval_accuracy = r.initial_eval_accuracy();
+  out.eval_accuracy = r.eval_accuracy();
+  out.checkpoint_dir = r.checkpoint_dir();
+  out.reward_mean = r.reward_mean();
+  out.train_accuracy = r.train_accuracy();
+  out.policy_version = r.policy_version();
+  if (!r.error().empty()) {
+    out.error = absl::Status(r.error_code() != 0
+                                 ? static_cast<absl::StatusCode>(r.error_code())
+                                 : absl::StatusCode::kUnknown,
+                             r.error());
+  }
+  out.has_weights_crc32c = r.has_weights_crc32c();
+  out.weights_crc32c = r.weights_crc32c();
+  return out;
+}
+
+}  // namespace fusionrl::rpc
