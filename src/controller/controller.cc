@@ -8,7 +8,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "controller/clock_wait.h"
 #include "controller/services.h"
 #include "core/clock.h"
 #include "core/metrics.h"
@@ -121,9 +120,19 @@ std::shared_ptr<grpc::Channel> Controller::InProcessChannel() {
   return server_->InProcessChannel(args);
 }
 
+bool Controller::WaitSweepTick(absl::Duration period) {
+  const Clock& clock = jobs_->clock();
+  absl::MutexLock lock(&sweeper_mu_);
+  const absl::Time next = clock.Now() + period;
+  while (!stop_sweeper_ &&
+         !WaitOnClock(sweeper_cv_, sweeper_mu_, clock, next)) {
+  }
+  return !stop_sweeper_;
+}
+
 void Controller::SweepLoop() {
   const absl::Duration period = options_.heartbeat_interval / 2;
-  while (!stop_sweeper_.WaitForNotificationWithTimeout(period)) {
+  while (WaitSweepTick(period)) {
     std::vector<std::string> lost = registry_->SweepLost();
     if (!lost.empty()) {
       for (const std::string& id : lost) {
@@ -155,7 +164,11 @@ void Controller::Drain(absl::Duration grace) {
 
 void Controller::Shutdown() {
   if (shut_down_.exchange(true)) return;
-  if (!stop_sweeper_.HasBeenNotified()) stop_sweeper_.Notify();
+  {
+    absl::MutexLock lock(&sweeper_mu_);
+    stop_sweeper_ = true;
+    sweeper_cv_.SignalAll();
+  }
   if (sweeper_.joinable()) sweeper_.join();
   // Waiting calls end within their deadlines; give them a short one.
   if (server_)

@@ -19,8 +19,9 @@
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/notification.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "controller/job_manager.h"
 
@@ -81,6 +82,8 @@ class Controller {
  private:
   explicit Controller(const ControllerOptions& options);
   void SweepLoop();
+  // Waits one sweep period on the jobs' clock; false once Shutdown() began.
+  bool WaitSweepTick(absl::Duration period) ABSL_LOCKS_EXCLUDED(sweeper_mu_);
 
   ControllerOptions options_;
   std::unique_ptr<NodeRegistry> registry_;
@@ -90,7 +93,9 @@ class Controller {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::atomic<bool> workers_shutdown_{false};
-  absl::Notification stop_sweeper_;
+  absl::Mutex sweeper_mu_;
+  absl::CondVar sweeper_cv_;
+  bool stop_sweeper_ ABSL_GUARDED_BY(sweeper_mu_) = false;
   std::thread sweeper_;
   std::atomic<bool> shut_down_{false};
 };

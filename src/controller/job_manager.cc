@@ -2,6 +2,7 @@
 // assignments and lost nodes. The other rooms are listed in job_manager.h.
 #include "controller/job_manager.h"
 
+#include <memory>
 #include <optional>
 #include <utility>
 
@@ -141,10 +142,7 @@ absl::StatusOr<Assignment> JobManager::GetAssignment(const std::string& node_id,
         part.assigned = true;
         Assignment a;
         a.job_id = job->id;
-        a.config_yaml = job->request.config_yaml();
-        a.source_name = job->request.source_name();
-        a.overrides.assign(job->request.overrides().begin(),
-                           job->request.overrides().end());
+        a.config = std::make_shared<const JobConfig>(job->config);
         a.card_indices = part.cards;
         a.rollout_cards = part.rollout_cards;
         a.resume_checkpoint = job->resume_dir;

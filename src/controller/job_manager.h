@@ -270,6 +270,9 @@ class JobManager {
   void RecordStepLocked(Job& job, const Attempt& a)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BeginEndLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The totals written next to a checkpoint of `job` (run.json).
+  RunTotals RunTotalsLocked(const Job& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- skewed_step.cc ---
   // Skewed jobs: the attempt of step `want` for part `index` (planned now if

@@ -203,7 +203,9 @@ TEST_F(JobManagerTest, TwoNodesSumInNodeOrderAndCommitTogether) {
   ASSERT_TRUE(status.ok());
   EXPECT_EQ(status->phase(), v1::JOB_PHASE_SUCCEEDED);
   EXPECT_EQ(status->groups_trained(), 4);
-  EXPECT_EQ(status->last_metrics_json(), "{\"step\":1}");
+  // The lead's record, then the controller's run-level fields.
+  EXPECT_EQ(status->last_metrics_json(),
+            "{\"step\":1,\"tokens_per_second\":0}");
   EXPECT_TRUE(std::filesystem::exists(out_ + "/summary.json"));
 }
 
@@ -495,6 +497,7 @@ TEST_F(JobManagerTest, TypedCallsRunAStepAsTheWireOnesDo) {
   StepReport lead = report(a, pa->step, pa->attempt);
   lead.metrics = {{"step", 1}, {"kl", 0.5}};
   lead.rollout_tokens = 10;
+  lead.loop_seconds = 4;
   absl::StatusOr<bool> done_b;
   std::thread fb([&] {
     done_b = jobs_.FinishStep(report(b, pb->step, pb->attempt), kCallWait);
@@ -506,9 +509,11 @@ TEST_F(JobManagerTest, TypedCallsRunAStepAsTheWireOnesDo) {
   EXPECT_TRUE(*done_b);
   auto status = jobs_.Status(job);
   ASSERT_TRUE(status.ok());
-  EXPECT_EQ(status->last_metrics_json(), "{\"step\":1,\"kl\":0.5}");
+  // tokens_per_second is the controller's: the run's 10 tokens in 4 s.
+  EXPECT_EQ(status->last_metrics_json(),
+            "{\"step\":1,\"kl\":0.5,\"tokens_per_second\":2.5}");
   EXPECT_EQ(ReadTextFile(out_ + "/metrics.jsonl", "metrics").value_or(""),
-            "{\"step\":1,\"kl\":0.5}\n");
+            "{\"step\":1,\"kl\":0.5,\"tokens_per_second\":2.5}\n");
 
   auto end = jobs_.GetStepPlan(job, a, 0, 2, absl::ZeroDuration());
   ASSERT_TRUE(end.ok());

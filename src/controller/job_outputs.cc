@@ -69,6 +69,16 @@ void JobOutputs::Append(const std::string& job_id, std::string json_line) {
   Queue(std::move(op));
 }
 
+void JobOutputs::SaveRunTotals(const std::string& job_id,
+                               std::string checkpoint_dir, RunTotals totals) {
+  Op op;
+  op.kind = Op::Kind::kRunTotals;
+  op.job_id = job_id;
+  op.line = std::move(checkpoint_dir);
+  op.totals = totals;
+  Queue(std::move(op));
+}
+
 void JobOutputs::Close(const std::string& job_id,
                        std::optional<JobSummary> summary) {
   Op op;
@@ -148,6 +158,15 @@ std::optional<JobOutputs::Result> JobOutputs::Perform(Op& op) {
       }
       return std::nullopt;
     }
+    case Op::Kind::kRunTotals: {
+      absl::Status s = WriteFileAtomic(op.line + "/" + kRunTotalsFile,
+                                       RunTotalsToJson(op.totals));
+      if (!s.ok()) {
+        spdlog::warn("[{}] run totals: {}", op.job_id,
+                     std::string(s.message()));
+      }
+      return std::nullopt;
+    }
     case Op::Kind::kClose: {
       Result r;
       r.job_id = op.job_id;
@@ -177,15 +196,11 @@ std::optional<JobOutputs::Result> JobOutputs::Perform(Op& op) {
 
 StepRecordLine FormatStepRecord(const StepMetrics& metrics,
                                 const std::string& metrics_json,
-                                const std::optional<SkewFields>& skew) {
+                                const StepMetrics& job_fields) {
   StepRecordLine out;
   if (!metrics.empty()) {
     MetricRecord rec = metrics;
-    if (skew.has_value()) {
-      rec.emplace_back("clock_skew", static_cast<double>(skew->clock_skew));
-      rec.emplace_back("max_clock_skew_seen",
-                       static_cast<double>(skew->max_clock_skew_seen));
-    }
+    rec.insert(rec.end(), job_fields.begin(), job_fields.end());
     out.json = MetricRecordToJson(rec);
     out.response_len_mean = Find(metrics, "response_len_mean");
     out.kl = Find(metrics, "kl");
@@ -195,9 +210,10 @@ StepRecordLine FormatStepRecord(const StepMetrics& metrics,
   auto rec = nlohmann::ordered_json::parse(metrics_json, nullptr,
                                            /*allow_exceptions=*/false);
   if (!rec.is_object()) return out;
-  if (skew.has_value()) {
-    rec["clock_skew"] = skew->clock_skew;
-    rec["max_clock_skew_seen"] = skew->max_clock_skew_seen;
+  // Formatted by the typed form's rule, then merged as the typed form
+  // merges them (a key already there keeps its place, new ones go last).
+  if (!job_fields.empty()) {
+    rec.update(nlohmann::ordered_json::parse(MetricRecordToJson(job_fields)));
   }
   out.json = rec.dump();
   out.response_len_mean = Find(rec, "response_len_mean");

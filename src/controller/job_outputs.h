@@ -1,7 +1,7 @@
 // Job outputs: every job's <output_dir>/{config.yaml, metrics.jsonl,
-// summary.json}, written by a queue that the JobManager fills under its lock
-// and flushes after releasing it, so no file I/O happens under the manager's
-// lock.
+// summary.json} and the run totals next to its checkpoints (run.json), written
+// by a queue that the JobManager fills under its lock and flushes after
+// releasing it, so no file I/O happens under the manager's lock.
 //
 // The manager queues what to write (cheap: the text is prepared, nothing is
 // opened) in the order its state changed: a job's Open when it starts, one
@@ -44,6 +44,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "core/checkpoint_meta.h"
 #include "core/metrics.h"
 #include "core/step_protocol.h"
 #include "fusionrl/job.h"
@@ -86,6 +87,11 @@ class JobOutputs {
   // Open failed are dropped; a failed write is logged, as before.
   void Append(const std::string& job_id, std::string json_line)
       ABSL_LOCKS_EXCLUDED(queue_mu_);
+  // Writes `totals` to <checkpoint_dir>/run.json (core/checkpoint_meta.h); a
+  // failed write is logged (a resume from that checkpoint then starts its
+  // totals afresh).
+  void SaveRunTotals(const std::string& job_id, std::string checkpoint_dir,
+                     RunTotals totals) ABSL_LOCKS_EXCLUDED(queue_mu_);
   // Closes metrics.jsonl; with `summary`, writes summary.json first
   // (summary->summary_path).
   void Close(const std::string& job_id, std::optional<JobSummary> summary)
@@ -103,11 +109,12 @@ class JobOutputs {
 
  private:
   struct Op {
-    enum class Kind { kOpen, kAppend, kClose };
+    enum class Kind { kOpen, kAppend, kRunTotals, kClose };
     Kind kind = Kind::kAppend;
     std::string job_id;
     OpenSpec open;                      // kOpen
-    std::string line;                   // kAppend
+    std::string line;                   // kAppend; kRunTotals: the directory
+    RunTotals totals;                   // kRunTotals
     std::optional<JobSummary> summary;  // kClose
   };
 
@@ -127,12 +134,6 @@ class JobOutputs {
   int64_t performed_ ABSL_GUARDED_BY(queue_mu_) = 0;  // ops ever performed
 };
 
-// The StaleSync fields of a skewed job's records.
-struct SkewFields {
-  int64_t clock_skew = 0;           // slowest to fastest live node, now
-  int64_t max_clock_skew_seen = 0;  // over the job so far
-};
-
 // A committed step's metrics.jsonl line, formatted once (the only place a
 // step's record becomes JSON), with the two values of the progress line.
 struct StepRecordLine {
@@ -142,13 +143,15 @@ struct StepRecordLine {
 };
 
 // The record of a step from the lead's typed `metrics`, or, when those are
-// empty, from `metrics_json` (a report that came over the wire), plus the
-// StaleSync fields when `skew` is set. Both forms give the same line for the
-// same values (integral values without a fraction, non-finite ones as
-// null). A `metrics_json` that is not a JSON object gives no line.
+// empty, from `metrics_json` (a report that came over the wire), followed by
+// the controller's own fields of the step (`job_fields`: run-level figures
+// such as tokens_per_second, and the StaleSync clock skew). Both forms give
+// the same line for the same values (integral values without a fraction,
+// non-finite ones as null). No line when there are no metrics, or when
+// `metrics_json` is not a JSON object.
 StepRecordLine FormatStepRecord(const StepMetrics& metrics,
                                 const std::string& metrics_json,
-                                const std::optional<SkewFields>& skew);
+                                const StepMetrics& job_fields);
 
 }  // namespace fusionrl
 

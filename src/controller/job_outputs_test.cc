@@ -178,13 +178,58 @@ TEST(JobOutputsTest, AnOpenThatFailsIsReportedAndItsJobWritesNothing) {
   EXPECT_FALSE(results[1].status.ok());
 }
 
+TEST(JobOutputsTest, RunTotalsGoNextToTheCheckpointAndReadBack) {
+  const std::string dir = Dir("totals");
+  const std::string ckpt = dir + "/checkpoints/step_4";
+  JobOutputs out;
+  out.Open("job-1", Spec(dir));
+  out.Flush([](const Result&) {});
+  std::filesystem::create_directories(ckpt);
+  // Not written yet: nothing to read.
+  EXPECT_EQ(ReadRunTotals(ckpt).status().code(), absl::StatusCode::kNotFound);
+  RunTotals totals;
+  totals.initial_eval_accuracy = 0.25;
+  totals.last_eval_accuracy = 0.5;
+  totals.rollout_tokens = 12345;
+  totals.loop_seconds = 6.75;
+  out.SaveRunTotals("job-1", ckpt, totals);
+  EXPECT_EQ(out.pending(), 1);  // queued, not written
+  out.Flush([](const Result&) {});
+  absl::StatusOr<RunTotals> read = ReadRunTotals(ckpt);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->initial_eval_accuracy, 0.25);
+  EXPECT_EQ(read->last_eval_accuracy, 0.5);
+  EXPECT_EQ(read->rollout_tokens, 12345);
+  EXPECT_EQ(read->loop_seconds, 6.75);
+  // A torn run.json is an error, not zeros.
+  std::ofstream(ckpt + "/run.json") << "{\"rollout_tokens\": ";
+  EXPECT_EQ(ReadRunTotals(ckpt).status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(JobOutputsTest, RunTotalsOfAnOlderCheckpointComeFromItsMeta) {
+  const std::string ckpt = Dir("legacy");
+  std::filesystem::create_directories(ckpt);
+  std::ofstream(ckpt + "/meta.json")
+      << "{\"kind\":\"rl\",\"step\":3,\"rollout_tokens\":99,"
+         "\"loop_seconds\":1.5,\"initial_eval_accuracy\":0.1,"
+         "\"last_eval_accuracy\":0.2}";
+  absl::StatusOr<RunTotals> read = ReadRunTotals(ckpt);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->rollout_tokens, 99);
+  EXPECT_EQ(read->loop_seconds, 1.5);
+  EXPECT_EQ(read->last_eval_accuracy, 0.2);
+  // A meta.json of today (no totals) has none to give.
+  std::ofstream(ckpt + "/meta.json") << "{\"kind\":\"rl\",\"step\":3}";
+  EXPECT_EQ(ReadRunTotals(ckpt).status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST(FormatStepRecordTest, TypedMetricsAndTheirJsonGiveTheSameLine) {
   const StepMetrics metrics = {{"step", 3},
                                {"reward_mean", 0.25},
                                {"kl", 0.125},
                                {"response_len_mean", 4.5},
                                {"nan", std::nan("")}};
-  const StepRecordLine typed = FormatStepRecord(metrics, "", std::nullopt);
+  const StepRecordLine typed = FormatStepRecord(metrics, "", {});
   EXPECT_EQ(typed.json,
             "{\"step\":3,\"reward_mean\":0.25,\"kl\":0.125,"
             "\"response_len_mean\":4.5,\"nan\":null}");
@@ -192,24 +237,27 @@ TEST(FormatStepRecordTest, TypedMetricsAndTheirJsonGiveTheSameLine) {
   EXPECT_EQ(typed.response_len_mean, 4.5);
   // The wire form (the worker's MetricRecordToJson) gives the same line.
   const StepRecordLine wire =
-      FormatStepRecord({}, MetricRecordToJson(metrics), std::nullopt);
+      FormatStepRecord({}, MetricRecordToJson(metrics), {});
   EXPECT_EQ(wire.json, typed.json);
   EXPECT_EQ(wire.kl, typed.kl);
-  // StaleSync adds its two fields at the end, the same either way.
-  const SkewFields skew{1, 2};
-  const std::string skewed = FormatStepRecord(metrics, "", skew).json;
-  EXPECT_THAT(skewed,
-              HasSubstr(",\"clock_skew\":1,\"max_clock_skew_seen\":2}"));
-  EXPECT_EQ(FormatStepRecord({}, MetricRecordToJson(metrics), skew).json,
-            skewed);
+  // The controller's fields go last, the same either way; one the record
+  // already has keeps its place and takes the controller's value.
+  const StepMetrics job_fields = {
+      {"tokens_per_second", 12.5}, {"clock_skew", 1}, {"kl", 0.5}};
+  const std::string merged = FormatStepRecord(metrics, "", job_fields).json;
+  EXPECT_EQ(merged,
+            "{\"step\":3,\"reward_mean\":0.25,\"kl\":0.5,"
+            "\"response_len_mean\":4.5,\"nan\":null,"
+            "\"tokens_per_second\":12.5,\"clock_skew\":1}");
+  EXPECT_EQ(FormatStepRecord({}, MetricRecordToJson(metrics), job_fields).json,
+            merged);
 }
 
 TEST(FormatStepRecordTest, NoRecordWithoutMetricsOrFromAJsonThatIsNoObject) {
-  EXPECT_EQ(FormatStepRecord({}, "", std::nullopt).json, "");
-  EXPECT_EQ(FormatStepRecord({}, "[1, 2]", std::nullopt).json, "");
-  EXPECT_EQ(FormatStepRecord({}, "not json", std::nullopt).json, "");
-  EXPECT_EQ(FormatStepRecord({}, "{\"step\": 1}", std::nullopt).json,
-            "{\"step\":1}");
+  EXPECT_EQ(FormatStepRecord({}, "", {{"clock_skew", 1}}).json, "");
+  EXPECT_EQ(FormatStepRecord({}, "[1, 2]", {}).json, "");
+  EXPECT_EQ(FormatStepRecord({}, "not json", {}).json, "");
+  EXPECT_EQ(FormatStepRecord({}, "{\"step\": 1}", {}).json, "{\"step\":1}");
 }
 
 }  // namespace

@@ -47,6 +47,7 @@ absl::StatusOr<std::string> JobManager::Submit(
         config.rollout.prompts_per_step));
   }
   std::optional<CheckpointMeta> resume_meta;
+  absl::StatusOr<RunTotals> resume_totals = RunTotals();
   std::string resume_dir;
   if (request.resume()) {
     FUSIONRL_ASSIGN_OR_RETURN(
@@ -59,6 +60,10 @@ absl::StatusOr<std::string> JobManager::Submit(
                        " checkpoint, not an RL one"));
     }
     resume_meta = meta;
+    resume_totals = ReadRunTotals(resume_dir);
+    if (!resume_totals.ok() && !absl::IsNotFound(resume_totals.status())) {
+      return resume_totals.status();
+    }
   }
   FlushOnExit flush(*this);
   absl::MutexLock lock(&mu_);
@@ -75,10 +80,13 @@ absl::StatusOr<std::string> JobManager::Submit(
     job->first_step = resume_meta->step + 1;
     job->base_cursor = resume_meta->data_cursor;
     job->summary.resumed_from_step = resume_meta->step;
-    job->summary.initial_eval_accuracy = resume_meta->initial_eval_accuracy;
-    job->summary.rollout_tokens = resume_meta->rollout_tokens;
-    job->last_eval = resume_meta->last_eval_accuracy;
-    job->loop_seconds = resume_meta->loop_seconds;
+    if (resume_totals.ok()) {
+      job->summary.initial_eval_accuracy =
+          std::max(0.0, resume_totals->initial_eval_accuracy);
+      job->summary.rollout_tokens = resume_totals->rollout_tokens;
+      job->last_eval = std::max(0.0, resume_totals->last_eval_accuracy);
+      job->loop_seconds = resume_totals->loop_seconds;
+    }
     job->policy_version = resume_meta->policy_version;
     job->last_committed = resume_meta->step;
   }
@@ -92,6 +100,12 @@ absl::StatusOr<std::string> JobManager::Submit(
       j, absl::StrCat("submitted (", j.config.run.total_steps, " steps x ",
                       j.config.rollout.prompts_per_step, " prompt groups",
                       resume_meta ? ", resuming from " + resume_dir : "", ")"));
+  if (resume_meta && !resume_totals.ok()) {
+    // The controller stopped between the card's checkpoint and its commit.
+    EventLocked(j, absl::StrCat(resume_totals.status().message(),
+                                ": the run totals (tokens, time, eval) "
+                                "restart from this resume"));
+  }
   TryPlaceLocked(j);
   return j.id;
 }

@@ -2,7 +2,7 @@
 
 #include <chrono>
 
-#include "controller/clock_wait.h"
+#include "core/clock.h"
 #include "rpc/auth.h"
 #include "rpc/status_convert.h"
 

@@ -115,10 +115,6 @@ StepPlan JobManager::TrainPlanLocked(const Job& job, const Attempt& a, int k,
     plan.updates_due_step =
         sync ? a.step : a.step - job.config.stalesync.max_clock_skew;
   }
-  plan.rollout_tokens_before = job.summary.rollout_tokens;
-  plan.loop_seconds_before = job.loop_seconds;
-  plan.initial_eval_accuracy = job.summary.initial_eval_accuracy;
-  plan.last_eval_accuracy = job.last_eval;
   plan.data_cursor_after =
       job.base_cursor + static_cast<uint64_t>(a.step - job.first_step + 1) *
                             job.config.rollout.prompts_per_step;
@@ -141,10 +137,6 @@ StepPlan JobManager::EndPlanLocked(const Job& job, int index,
   } else {
     plan.rank = 1;
   }
-  plan.rollout_tokens_before = job.summary.rollout_tokens;
-  plan.loop_seconds_before = job.loop_seconds;
-  plan.initial_eval_accuracy = job.summary.initial_eval_accuracy;
-  plan.last_eval_accuracy = job.last_eval;
   plan.data_cursor_after =
       job.base_cursor +
       static_cast<uint64_t>(job.last_committed - job.first_step + 1) *
@@ -261,6 +253,8 @@ absl::StatusOr<bool> JobManager::FinishStepImpl(ReportedStep r,
     }
     if (!r.report.checkpoint_dir.empty()) {
       job->checkpoint_dir = r.report.checkpoint_dir;
+      outputs_.SaveRunTotals(job->id, r.report.checkpoint_dir,
+                             RunTotalsLocked(*job));
     }
     FinishJobLocked(
         *job,
@@ -366,9 +360,15 @@ void JobManager::RecordStepLocked(Job& job, const Attempt& a) {
   job.reward_mean = r.reward_mean;
   job.train_accuracy = r.train_accuracy;
   job.policy_version = r.policy_version;
-  if (!r.checkpoint_dir.empty()) job.checkpoint_dir = r.checkpoint_dir;
+  if (!r.checkpoint_dir.empty()) {
+    job.checkpoint_dir = r.checkpoint_dir;
+    outputs_.SaveRunTotals(job.id, r.checkpoint_dir, RunTotalsLocked(job));
+  }
   if (r.metrics.empty() && a.lead_report.metrics_json.empty()) return;
-  std::optional<SkewFields> skew;
+  const double tps =
+      job.loop_seconds > 0 ? job.summary.rollout_tokens / job.loop_seconds : 0;
+  // The run-level fields of the record come from the controller's totals.
+  StepMetrics job_fields = {{"tokens_per_second", tps}};
   if (job.skewed) {
     int64_t lo = INT64_MAX, hi = INT64_MIN;
     for (const Job::Part& part : job.parts) {
@@ -376,12 +376,14 @@ void JobManager::RecordStepLocked(Job& job, const Attempt& a) {
       lo = std::min(lo, part.clock);
       hi = std::max(hi, part.clock);
     }
-    skew = SkewFields{hi - lo, job.skew_gate->MaxSkewSeen()};
+    job_fields.emplace_back("clock_skew", static_cast<double>(hi - lo));
+    job_fields.emplace_back("max_clock_skew_seen",
+                            static_cast<double>(job.skew_gate->MaxSkewSeen()));
   }
   // Formatted here, under the lock (no I/O); appended by the output queue
   // after the lock is released, in commit order.
   StepRecordLine line =
-      FormatStepRecord(r.metrics, a.lead_report.metrics_json, skew);
+      FormatStepRecord(r.metrics, a.lead_report.metrics_json, job_fields);
   if (!line.json.empty()) {
     job.last_metrics_json = line.json;
     outputs_.Append(job.id, std::move(line.json));
@@ -391,9 +393,6 @@ void JobManager::RecordStepLocked(Job& job, const Attempt& a) {
       r.eval_accuracy >= 0) {
     const double per_step =
         job.loop_seconds / std::max<int64_t>(1, a.step - job.first_step + 1);
-    const double tps = job.loop_seconds > 0
-                           ? job.summary.rollout_tokens / job.loop_seconds
-                           : 0;
     spdlog::info(
         "[{}] step {}/{} | reward {:.3f} | acc {:.3f} | eval {:.3f} | "
         "len {:.1f} | kl {:.4f} | {} tok/s | ETA {}",
@@ -401,6 +400,15 @@ void JobManager::RecordStepLocked(Job& job, const Attempt& a) {
         job.last_eval, line.response_len_mean, line.kl, FormatCount(tps),
         FormatDuration(per_step * (total - a.step)));
   }
+}
+
+RunTotals JobManager::RunTotalsLocked(const Job& job) const {
+  RunTotals t;
+  t.initial_eval_accuracy = job.summary.initial_eval_accuracy;
+  t.last_eval_accuracy = job.last_eval;
+  t.rollout_tokens = job.summary.rollout_tokens;
+  t.loop_seconds = job.loop_seconds;
+  return t;
 }
 
 void JobManager::BeginEndLocked(Job& job) {

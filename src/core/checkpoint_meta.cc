@@ -76,15 +76,53 @@ absl::StatusOr<CheckpointMeta> CheckpointMetaFromJson(const nlohmann::json& j,
     meta.step = j.value("step", int64_t{0});
     meta.policy_version = j.value("policy_version", int64_t{0});
     meta.data_cursor = j.value("data_cursor", uint64_t{0});
-    meta.initial_eval_accuracy = j.value("initial_eval_accuracy", 0.0);
-    meta.last_eval_accuracy = j.value("last_eval_accuracy", 0.0);
-    meta.rollout_tokens = j.value("rollout_tokens", int64_t{0});
-    meta.loop_seconds = j.value("loop_seconds", 0.0);
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(
         absl::StrCat("checkpoint '", dir, "': meta.json: ", e.what()));
   }
   return meta;
+}
+
+std::string RunTotalsToJson(const RunTotals& totals) {
+  nlohmann::ordered_json j = {
+      {"initial_eval_accuracy", totals.initial_eval_accuracy},
+      {"last_eval_accuracy", totals.last_eval_accuracy},
+      {"rollout_tokens", totals.rollout_tokens},
+      {"loop_seconds", totals.loop_seconds}};
+  return j.dump(2) + "\n";
+}
+
+absl::StatusOr<RunTotals> ReadRunTotals(const std::string& dir) {
+  const fs::path run_path = fs::path(dir) / kRunTotalsFile;
+  const bool has_run = fs::exists(run_path);
+  std::ifstream in(has_run ? run_path : fs::path(dir) / "meta.json");
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("checkpoint '", dir, "': no ", kRunTotalsFile));
+  }
+  nlohmann::json j =
+      nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint '", dir, "': ", has_run ? kRunTotalsFile : "meta.json",
+        ": not a JSON object"));
+  }
+  if (!has_run && !j.contains("rollout_tokens")) {
+    return absl::NotFoundError(
+        absl::StrCat("checkpoint '", dir, "': no ", kRunTotalsFile));
+  }
+  RunTotals totals;
+  try {
+    totals.initial_eval_accuracy = j.value("initial_eval_accuracy", -1.0);
+    totals.last_eval_accuracy = j.value("last_eval_accuracy", -1.0);
+    totals.rollout_tokens = j.value("rollout_tokens", int64_t{0});
+    totals.loop_seconds = j.value("loop_seconds", 0.0);
+  } catch (const nlohmann::json::exception& e) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint '", dir, "': ", has_run ? kRunTotalsFile : "meta.json",
+        ": ", e.what()));
+  }
+  return totals;
 }
 
 }  // namespace fusionrl

@@ -19,13 +19,29 @@ struct CheckpointMeta {
   int64_t step = 0;  // steps completed
   int64_t policy_version = 0;
   uint64_t data_cursor = 0;  // next Task::TrainProblem index
-  // Run totals carried across a resume, so the final summary covers the
-  // whole run.
-  double initial_eval_accuracy = 0;
-  double last_eval_accuracy = 0;
+};
+
+// The run totals at a checkpoint, carried across a resume so that the final
+// summary covers the whole run. The controller keeps them (the cards never
+// see them) and writes them next to the checkpoint, as <dir>/run.json, when
+// it commits the step that wrote it.
+struct RunTotals {
+  double initial_eval_accuracy = -1;  // -1: not evaluated
+  double last_eval_accuracy = -1;
   int64_t rollout_tokens = 0;
   double loop_seconds = 0;  // time in rollout + train so far
 };
+
+// The file name of the run totals inside a checkpoint directory.
+inline constexpr char kRunTotalsFile[] = "run.json";
+
+std::string RunTotalsToJson(const RunTotals& totals);
+
+// The run totals of checkpoint `dir`: its run.json, or, for a checkpoint
+// written before run.json existed, the same keys in its meta.json. NotFound
+// when neither has them (the controller stopped before it committed the
+// step); DataLoss when run.json does not parse.
+absl::StatusOr<RunTotals> ReadRunTotals(const std::string& dir);
 
 // The newest checkpoint directory under `checkpoints_dir` (the one with the
 // highest meta.json step; "final" included). NotFound if there is none.

@@ -30,4 +30,13 @@ bool WaitOnClock(absl::CondVar& cv, absl::Mutex& mu, const Clock& clock,
   return clock.Now() >= deadline;
 }
 
+void SleepOnClock(const Clock& clock, absl::Duration d, absl::Duration poll) {
+  absl::Mutex mu;
+  absl::CondVar cv;  // never signalled: WaitOnClock reads the clock again
+  absl::MutexLock lock(&mu);
+  const absl::Time until = clock.Now() + d;
+  while (!WaitOnClock(cv, mu, clock, until, poll)) {
+  }
+}
+
 }  // namespace fusionrl

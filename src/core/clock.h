@@ -35,6 +35,12 @@ bool WaitOnClock(absl::CondVar& cv, absl::Mutex& mu, const Clock& clock,
                  absl::Time deadline,
                  absl::Duration poll = absl::Milliseconds(50));
 
+// Returns once `clock` has moved `d` past the time of the call: the pause of
+// a polling loop or a retry in controller and worker logic (no wall-clock
+// sleeps there), which a FakeClock that a test moves ends as well.
+void SleepOnClock(const Clock& clock, absl::Duration d,
+                  absl::Duration poll = absl::Milliseconds(50));
+
 }  // namespace fusionrl
 
 #endif  // FUSIONRL_CORE_CLOCK_H_

@@ -12,6 +12,7 @@
 #define FUSIONRL_CORE_STEP_PROTOCOL_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,12 +21,17 @@
 
 namespace fusionrl {
 
+struct JobConfig;  // fusionrl/config.h
+
 // A job the controller placed on this node.
 struct Assignment {
   std::string job_id;  // empty: nothing to run yet
-  std::string config_yaml;
-  std::string source_name;
-  std::vector<std::string> overrides;
+  // The job's resolved config, as the controller holds it. In-process it is
+  // shared as it is; the gRPC adapters send it as YAML and parse it again
+  // on the worker, where a config that does not parse leaves `config` null
+  // and says why in `config_error` (the node then fails the job).
+  std::shared_ptr<const JobConfig> config;
+  absl::Status config_error;
   std::vector<int> card_indices;  // rollout-only cards first
   std::string resume_checkpoint;
   int rollout_cards = 0;
@@ -49,12 +55,9 @@ struct StepPlan {
   std::vector<uint64_t> groups;  // prompt groups this card samples and trains
   bool eval_before = false;
   bool eval_after = false;
-  std::string checkpoint_name;  // "" = none after this step
-  // Run totals before this step (checkpoint metadata, tokens/s).
-  int64_t rollout_tokens_before = 0;
-  double loop_seconds_before = 0;
-  double initial_eval_accuracy = -1;
-  double last_eval_accuracy = -1;
+  // "" = none after this step. The checkpoint holds the policy; the
+  // controller adds the run totals (run.json) when it commits the step.
+  std::string checkpoint_name;
   std::string message;             // kAbandon: why
   uint64_t data_cursor_after = 0;  // the next unseen prompt group
   // StaleSync across super nodes (max_clock_skew): exchange this step's

@@ -165,10 +165,6 @@ absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,
       {"step", meta.step},
       {"policy_version", meta.policy_version},
       {"data_cursor", meta.data_cursor},
-      {"initial_eval_accuracy", meta.initial_eval_accuracy},
-      {"last_eval_accuracy", meta.last_eval_accuracy},
-      {"rollout_tokens", meta.rollout_tokens},
-      {"loop_seconds", meta.loop_seconds},
       {"model", ModelJson(model.config(), model.vocab_size())}};
   // Where the model and tokenizer came from (not compared on load): what
   // `fusionrl export` copies the tokenizer files from.

@@ -1,8 +1,12 @@
 #include "rpc/step_protocol_proto.h"
 
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/metrics.h"
+#include "fusionrl/config.h"
 
 namespace fusionrl::rpc {
 namespace {
@@ -48,10 +52,6 @@ v1::StepPlan StepPlanToProto(const StepPlan& p) {
   out.set_eval_before(p.eval_before);
   out.set_eval_after(p.eval_after);
   out.set_checkpoint_name(p.checkpoint_name);
-  out.set_rollout_tokens_before(p.rollout_tokens_before);
-  out.set_loop_seconds_before(p.loop_seconds_before);
-  out.set_initial_eval_accuracy(p.initial_eval_accuracy);
-  out.set_last_eval_accuracy(p.last_eval_accuracy);
   out.set_message(p.message);
   out.set_data_cursor_after(p.data_cursor_after);
   out.set_exchange_updates(p.exchange_updates);
@@ -72,10 +72,6 @@ StepPlan StepPlanFromProto(const v1::StepPlan& p) {
   plan.eval_before = p.eval_before();
   plan.eval_after = p.eval_after();
   plan.checkpoint_name = p.checkpoint_name();
-  plan.rollout_tokens_before = p.rollout_tokens_before();
-  plan.loop_seconds_before = p.loop_seconds_before();
-  plan.initial_eval_accuracy = p.initial_eval_accuracy();
-  plan.last_eval_accuracy = p.last_eval_accuracy();
   plan.message = p.message();
   plan.data_cursor_after = p.data_cursor_after();
   plan.exchange_updates = p.exchange_updates();
@@ -87,9 +83,12 @@ StepPlan StepPlanFromProto(const v1::StepPlan& p) {
 v1::GetAssignmentResponse AssignmentToProto(const Assignment& a) {
   v1::GetAssignmentResponse out;
   out.set_job_id(a.job_id);
-  out.set_config_yaml(a.config_yaml);
-  out.set_source_name(a.source_name);
-  for (const std::string& o : a.overrides) out.add_overrides(o);
+  if (a.config != nullptr) {
+    // The resolved config: the worker applies no overrides of its own.
+    out.set_config_yaml(JobConfigToYaml(*a.config));
+    out.set_source_name(a.config->source_path.empty() ? a.config->name
+                                                      : a.config->source_path);
+  }
   for (int c : a.card_indices) out.add_card_indices(c);
   out.set_resume_checkpoint(a.resume_checkpoint);
   out.set_rollout_cards(a.rollout_cards);
@@ -99,9 +98,17 @@ v1::GetAssignmentResponse AssignmentToProto(const Assignment& a) {
 Assignment AssignmentFromProto(const v1::GetAssignmentResponse& response) {
   Assignment a;
   a.job_id = response.job_id();
-  a.config_yaml = response.config_yaml();
-  a.source_name = response.source_name();
-  a.overrides.assign(response.overrides().begin(), response.overrides().end());
+  if (!a.job_id.empty()) {
+    absl::StatusOr<JobConfig> config =
+        ParseJobConfig(response.config_yaml(), response.source_name(),
+                       std::vector<std::string>(response.overrides().begin(),
+                                                response.overrides().end()));
+    if (config.ok()) {
+      a.config = std::make_shared<const JobConfig>(*std::move(config));
+    } else {
+      a.config_error = config.status();
+    }
+  }
   a.card_indices.assign(response.card_indices().begin(),
                         response.card_indices().end());
   a.resume_checkpoint = response.resume_checkpoint();

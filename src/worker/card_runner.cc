@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -317,8 +316,7 @@ absl::Status CardRunner::Run() {
     StepReport report = NewReport(plan.step, plan.attempt);
     absl::Status step = TrainStep(plan, report);
     if (step.ok() && job_.debug_step_delay > absl::ZeroDuration()) {
-      std::this_thread::sleep_for(absl::ToChronoMilliseconds(
-          job_.debug_step_delay));  // fault injection
+      SleepOnClock(clock_, job_.debug_step_delay);  // fault injection
     }
     if (plan.exchange_updates && absl::IsAborted(step)) {
       // The job ended under us (a StaleSync job does not roll back); the
@@ -399,7 +397,7 @@ absl::StatusOr<int64_t> CardRunner::SyncWeights(const StepPlan& plan) {
                           absl::StrCat("weight sync after step ", plan.step,
                                        ": ", blob.status().message()));
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    SleepOnClock(clock_, absl::Milliseconds(20), absl::Milliseconds(20));
   }
 }
 
@@ -525,9 +523,6 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   step_tokens = static_cast<int64_t>(totals[3]);
   const double n = totals[4];
   const double reward_mean = totals[0] / n;
-  const double tokens_so_far =
-      static_cast<double>(plan.rollout_tokens_before + step_tokens);
-  const double seconds_so_far = plan.loop_seconds_before + step_s;
   StepMetrics rec = {
       {"step", static_cast<double>(plan.step)},
       {"policy_version", static_cast<double>(trainer_->version())},
@@ -562,12 +557,7 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
       {"updates_received", static_cast<double>(sync_->updates_received())},
       {"max_update_lag", static_cast<double>(sync_->max_update_lag())},
       {"weight_sync_seconds", sync_s},
-      {"weight_sync_bytes", static_cast<double>(sync_bytes)},
-      {"tokens_per_second",
-       seconds_so_far > 0 ? tokens_so_far / seconds_so_far : 0}};
-  double last_eval = report.initial_eval_accuracy >= 0
-                         ? report.initial_eval_accuracy
-                         : plan.last_eval_accuracy;
+      {"weight_sync_bytes", static_cast<double>(sync_bytes)}};
   for (int i = 0; i <= lag; ++i) {
     rec.push_back({absl::StrCat("staleness_", i), totals[hist_at + i]});
   }
@@ -583,24 +573,13 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   if (plan.eval_after) {
     FUSIONRL_ASSIGN_OR_RETURN(EvalResult ev,
                               EvaluateGreedy(policy, ctx_, rc.max_new_tokens));
-    last_eval = ev.accuracy;
     report.eval_accuracy = ev.accuracy;
     rec.push_back({"eval_accuracy", ev.accuracy});
     rec.push_back({"eval_seconds", ev.seconds});
   }
   if (!plan.checkpoint_name.empty()) {
-    const double initial = report.initial_eval_accuracy >= 0
-                               ? report.initial_eval_accuracy
-                               : plan.initial_eval_accuracy;
-    CheckpointMeta meta{"rl",
-                        cfg.name,
-                        plan.step,
-                        trainer_->version(),
-                        plan.data_cursor_after,
-                        initial,
-                        last_eval,
-                        plan.rollout_tokens_before + step_tokens,
-                        seconds_so_far};
+    CheckpointMeta meta{"rl", cfg.name, plan.step, trainer_->version(),
+                        plan.data_cursor_after};
     const std::string dir =
         cfg.output_dir + "/checkpoints/" + plan.checkpoint_name;
     FUSIONRL_RETURN_IF_ERROR(
@@ -619,15 +598,8 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
 absl::Status CardRunner::WriteEndCheckpoint(const StepPlan& plan,
                                             std::string* dir) {
   const JobConfig& cfg = config();
-  CheckpointMeta meta{"rl",
-                      cfg.name,
-                      plan.step - 1,
-                      trainer_->version(),
-                      plan.data_cursor_after,
-                      plan.initial_eval_accuracy,
-                      plan.last_eval_accuracy,
-                      plan.rollout_tokens_before,
-                      plan.loop_seconds_before};
+  CheckpointMeta meta{"rl", cfg.name, plan.step - 1, trainer_->version(),
+                      plan.data_cursor_after};
   *dir = cfg.output_dir + "/checkpoints/" + plan.checkpoint_name;
   FUSIONRL_RETURN_IF_ERROR(
       WriteCheckpoint(*dir, *ctx_.policy, trainer_.get(), meta));

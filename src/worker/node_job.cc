@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <memory>
 #include <thread>
 #include <utility>
 
@@ -17,8 +18,7 @@
 namespace fusionrl {
 
 absl::Status RunNodeJob(const NodeContext& node, const Assignment& assignment) {
-  absl::StatusOr<JobConfig> config = ParseJobConfig(
-      assignment.config_yaml, assignment.source_name, assignment.overrides);
+  const std::shared_ptr<const JobConfig>& config = assignment.config;
   auto report_setup_failure = [&](const absl::Status& status) {
     StepReport report;
     report.job_id = assignment.job_id;
@@ -27,7 +27,12 @@ absl::Status RunNodeJob(const NodeContext& node, const Assignment& assignment) {
     node.client->FinishStep(report, absl::ZeroDuration()).IgnoreError();
     return status;
   };
-  if (!config.ok()) return report_setup_failure(config.status());
+  if (config == nullptr) {
+    return report_setup_failure(
+        !assignment.config_error.ok()
+            ? assignment.config_error
+            : absl::InvalidArgumentError("assignment without a job config"));
+  }
   std::vector<std::unique_ptr<CardCounters>>& cards_of_node = *node.cards;
   const int assigned = static_cast<int>(assignment.card_indices.size());
   const int rollout_cards = assignment.rollout_cards;

@@ -127,7 +127,7 @@ absl::Status Worker::Run(const std::atomic<bool>* stop) {
                        absl::FormatDuration(s.options.connect_timeout), ": ",
                        st.error_message()));
     }
-    absl::SleepFor(absl::Milliseconds(500));
+    SleepOnClock(*s.options.clock, absl::Milliseconds(500));
   }
   s.node_id = registered.node_id();
   s.heartbeat_interval =
@@ -139,10 +139,10 @@ absl::Status Worker::Run(const std::atomic<bool>* stop) {
   absl::Notification done;
   std::thread heartbeat([&s, &done] {
     std::vector<int64_t> last_busy(s.cards.size(), 0);
-    auto last = std::chrono::steady_clock::now();
+    absl::Time last = s.options.clock->Now();
     while (!done.WaitForNotificationWithTimeout(s.heartbeat_interval)) {
-      const auto now = std::chrono::steady_clock::now();
-      const double window = std::chrono::duration<double>(now - last).count();
+      const absl::Time now = s.options.clock->Now();
+      const double window = absl::ToDoubleSeconds(now - last);
       last = now;
       v1::HeartbeatRequest request;
       request.set_node_id(s.node_id);
@@ -206,7 +206,7 @@ absl::Status Worker::Run(const std::atomic<bool>* stop) {
       }
       spdlog::warn("worker {}: {}", s.node_id,
                    std::string(assignment.status().message()));
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      SleepOnClock(*s.options.clock, absl::Milliseconds(500));
       continue;
     }
     if (assignment->job_id.empty()) continue;
