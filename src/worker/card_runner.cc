@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -183,6 +184,8 @@ absl::Status CardRunner::Setup() {
   fo.prompts_per_step = cfg.rollout.prompts_per_step;
   fo.snapshot_version = trainer_->version();
   fo.timeout = timeout_;
+  fo.freeze_snapshot_before_step =
+      job_.debug_freeze_rollout_snapshot_before_step;
   int train_threads = per_card_threads_;
   std::unique_ptr<PolicyModel> snapshot;
   if (fused) {
@@ -439,9 +442,11 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   job_.counters->active = true;
   RolloutBatch batch;
   double wait_s = 0;
+  int64_t thread_samples = 0;  // sampled by the rollout thread
   if (fused_ != nullptr) {
     FUSIONRL_ASSIGN_OR_RETURN(batch, fused_->Take(plan));
     wait_s = SecondsSince(t0);
+    thread_samples = static_cast<int64_t>(batch.samples.size());
   } else {
     FUSIONRL_ASSIGN_OR_RETURN(batch, SampleHere(plan.groups, plan));
   }
@@ -459,6 +464,7 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
         "{}; {}",
         job_.node_id, job_.local_rank, plan.step, stale_groups.size(), max_lag,
         OverStalePolicyName(cfg.stalesync.over_stale));
+    if (fused_ != nullptr) thread_samples -= over_stale;
     if (cfg.stalesync.over_stale == OverStalePolicy::kDrop) {
       StalenessFilter::Drop(samples, stale_groups);
     } else {
@@ -491,6 +497,24 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
       batch.reward_sum, static_cast<double>(batch.correct),
       static_cast<double>(batch.finished), static_cast<double>(step_tokens),
       static_cast<double>(samples.size())};
+  // What this card trained, seen from the card (the controller's ledger
+  // says what it planned): the prompt groups with a trained sample, as
+  // count, sum and sum of squares of their ids, so a test can check over a
+  // run that every group was trained exactly once; and the samples the
+  // rollout thread sampled (0 unless fused or disaggregated).
+  std::set<uint64_t> trained_groups;
+  for (const Sample& smp : samples) {
+    if (!smp.excluded) trained_groups.insert(smp.group_id);
+  }
+  const size_t groups_at = totals.size();
+  totals.resize(groups_at + 4, 0.0);
+  for (uint64_t g : trained_groups) {
+    totals[groups_at] += 1;
+    totals[groups_at + 1] += static_cast<double>(g);
+    totals[groups_at + 2] += static_cast<double>(g) * static_cast<double>(g);
+  }
+  totals[groups_at + 3] =
+      fused_ != nullptr ? static_cast<double>(thread_samples) : 0.0;
   // Staleness histogram: samples with staleness 0..s (summed over cards).
   const int lag = cfg.stalesync.max_policy_lag;
   const size_t hist_at = totals.size();
@@ -557,7 +581,14 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
       {"updates_received", static_cast<double>(sync_->updates_received())},
       {"max_update_lag", static_cast<double>(sync_->max_update_lag())},
       {"weight_sync_seconds", sync_s},
-      {"weight_sync_bytes", static_cast<double>(sync_bytes)}};
+      {"weight_sync_bytes", static_cast<double>(sync_bytes)},
+      {"trained_groups", totals[groups_at]},
+      {"trained_group_id_sum", totals[groups_at + 1]},
+      {"trained_group_id_sq_sum", totals[groups_at + 2]},
+      {"rollout_thread_samples", totals[groups_at + 3]},
+      {"rollout_snapshot_updates",
+       fused_ != nullptr ? static_cast<double>(fused_->snapshot_updates())
+                         : 0.0}};
   for (int i = 0; i <= lag; ++i) {
     rec.push_back({absl::StrCat("staleness_", i), totals[hist_at + i]});
   }

@@ -57,6 +57,11 @@ struct CardJob {
   std::string rollout_device;
   // Fault injection for tests: sleep this long after every trained step.
   absl::Duration debug_step_delay = absl::ZeroDuration();
+  // Fault injection for tests (fused, disaggregated): the rollout thread
+  // samples the steps before this one without taking published weights
+  // into its snapshot, as if they never arrived, so samples come over the
+  // policy lag (FusedRollout::Options::freeze_snapshot_before_step).
+  int64_t debug_freeze_rollout_snapshot_before_step = 0;
 };
 
 // Runs the card's part of the job until the plan ends it. OK when the job

@@ -51,7 +51,8 @@ struct CardRun {
   std::vector<std::pair<int64_t, int>> committed;
 };
 
-CardRun RunOneCard(const JobConfig& config, FakeWorkClient& fake) {
+CardRun RunOneCard(const JobConfig& config, FakeWorkClient& fake,
+                   int64_t freeze_rollout_snapshot_before_step = 0) {
   std::filesystem::remove_all(config.output_dir);
   CardCounters counters;
   PlanRendezvous::Options ro;
@@ -68,6 +69,8 @@ CardRun RunOneCard(const JobConfig& config, FakeWorkClient& fake) {
   job.config = &config;
   job.threads = 1;
   job.counters = &counters;
+  job.debug_freeze_rollout_snapshot_before_step =
+      freeze_rollout_snapshot_before_step;
   CardRun run;
   run.status = RunCard(job);
   run.reports = fake.reports();
@@ -187,6 +190,64 @@ TEST(CardRunnerTest, FusedRunTrainsWithinThePolicyLag) {
               config.rollout.prompts_per_step * config.rollout.group_size);
   }
 }
+
+// A sample over the policy lag reaches the trainer (forced: the rollout
+// thread's snapshot misses version 1, so step 2 is sampled by version 0
+// while the trainer is at 1, staleness 1 > s = 0). The card must notice it
+// and, per stalesync.over_stale, sample the groups again from the live
+// policy or drop them (and, with every group dropped, take no optimizer
+// step). Steps 1 and 3 are not affected.
+class OverStaleRolloutTest : public ::testing::TestWithParam<OverStalePolicy> {
+};
+
+TEST_P(OverStaleRolloutTest, IsRegeneratedOrDropped) {
+  const bool drop = GetParam() == OverStalePolicy::kDrop;
+  JobConfig config = TinyJob(drop ? "over-stale-drop" : "over-stale-regen", 3);
+  config.placement.mode = PlacementMode::kFused;
+  config.num_threads = 2;
+  config.stalesync.max_policy_lag = 0;
+  config.stalesync.over_stale = GetParam();
+  FakeWorkClient fake(3, config.rollout.prompts_per_step);
+  const CardRun run = RunOneCard(config, fake, /*freeze before step*/ 3);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  ASSERT_EQ(run.committed.size(), 3u);
+  const double per_step =
+      config.rollout.prompts_per_step * config.rollout.group_size;
+  const StepReport& s1 = run.reports[0];
+  const StepReport& s2 = run.reports[1];
+  const StepReport& s3 = run.reports[2];
+  for (const StepReport* r : {&s1, &s3}) {
+    EXPECT_EQ(Metric(*r, "over_stale_samples"), 0) << "step " << r->step;
+    EXPECT_EQ(Metric(*r, "rollout_thread_samples"), per_step);
+    EXPECT_EQ(Metric(*r, "trained_groups"), config.rollout.prompts_per_step);
+  }
+  // Step 2: every sample came over the lag, with its groups' ids.
+  const double ids_of_step2 = 4 + 5 + 6 + 7;
+  EXPECT_EQ(Metric(s2, "trained_group_id_sum"), drop ? 0 : ids_of_step2);
+  EXPECT_EQ(Metric(s2, "over_stale_samples"), per_step);
+  EXPECT_EQ(Metric(s2, "max_staleness"), 0);  // nothing over it is trained
+  EXPECT_EQ(Metric(s2, "rollout_thread_samples"), 0);
+  if (drop) {
+    // Nothing trained (the trainer then takes no optimizer step; its
+    // version still advances once per step: trainer_test).
+    EXPECT_EQ(Metric(s2, "trained_groups"), 0);
+    EXPECT_EQ(Metric(s2, "staleness_0"), 0);
+  } else {
+    // Sampled again here: the same groups, trained at staleness 0.
+    EXPECT_EQ(Metric(s2, "trained_groups"), config.rollout.prompts_per_step);
+    EXPECT_EQ(Metric(s2, "staleness_0"), per_step);
+  }
+  EXPECT_EQ(s2.policy_version, 2);
+  EXPECT_EQ(s3.policy_version, 3);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Policies, OverStaleRolloutTest,
+    ::testing::Values(OverStalePolicy::kRegenerate, OverStalePolicy::kDrop),
+    [](const ::testing::TestParamInfo<OverStalePolicy>& info) {
+      return std::string(info.param == OverStalePolicy::kDrop ? "Drop"
+                                                              : "Regenerate");
+    });
 
 // --- FusedRollout alone: admission by PolicyLagGate ------------------------
 

@@ -80,57 +80,75 @@ void FusedRollout::Reset() {
   changed_.SignalAll();
 }
 
-void FusedRollout::Loop() {
-  at::set_num_threads(options_.rollout_threads);
+std::optional<FusedRollout::Round> FusedRollout::NextRound() {
   absl::MutexLock lock(&mu_);
-  double gate_wait = 0;
   while (!stop_) {
-    const int64_t u = next_step_;
     const int wanted = static_cast<int>(base_groups_.size());
     if (wanted == 0 || gate_ == nullptr || gate_->Admissible() < wanted) {
       const auto w0 = std::chrono::steady_clock::now();
       changed_.Wait(&mu_);
-      if (!base_groups_.empty()) gate_wait += SecondsSince(w0);
+      if (!base_groups_.empty()) gate_wait_seconds_ += SecondsSince(w0);
       continue;
     }
     for (int i = 0; i < wanted; ++i) gate_->TryAdmit();
-    if (snapshot_version_ != published_version_) {
+    if (snapshot_version_ != published_version_ &&
+        next_step_ >= options_.freeze_snapshot_before_step) {
       at::NoGradGuard no_grad;
       std::vector<at::Tensor> params = snapshot_->parameters();
       for (size_t i = 0; i < params.size(); ++i) {
         params[i].copy_(published_[i]);
       }
       snapshot_version_ = published_version_;
+      snapshot_updates_.fetch_add(1);
     }
-    std::vector<uint64_t> groups = base_groups_;
-    for (uint64_t& g : groups) {
-      g += static_cast<uint64_t>(u - base_step_) * options_.prompts_per_step;
+    Round round;
+    round.step = next_step_;
+    round.groups = base_groups_;
+    for (uint64_t& g : round.groups) {
+      g += static_cast<uint64_t>(round.step - base_step_) *
+           options_.prompts_per_step;
     }
-    const uint64_t generation = generation_;
-    const int rank = rank_;
-    const int64_t version = snapshot_version_;
+    round.generation = generation_;
+    round.rank = rank_;
+    round.version = snapshot_version_;
     sampling_ = true;
-    mu_.Unlock();
+    return round;
+  }
+  return std::nullopt;
+}
+
+bool FusedRollout::Deliver(const Round& round,
+                           absl::StatusOr<RolloutBatch> batch) {
+  absl::MutexLock lock(&mu_);
+  sampling_ = false;
+  if (round.generation != generation_) return true;  // reset meanwhile: drop
+  if (!batch.ok()) {
+    error_ = batch.status();
+    changed_.SignalAll();
+    return false;
+  }
+  batch->gate_wait_seconds = gate_wait_seconds_;
+  gate_wait_seconds_ = 0;
+  ready_[round.step] = *std::move(batch);
+  next_step_ = round.step + 1;
+  changed_.SignalAll();
+  return true;
+}
+
+void FusedRollout::Loop() {
+  at::set_num_threads(options_.rollout_threads);
+  // Sampling runs without the lock: the snapshot and the engine are the
+  // thread's own while it samples (NextRound updates them under the lock).
+  while (std::optional<Round> round = NextRound()) {
     absl::StatusOr<RolloutBatch> batch;
     try {
-      batch = sample_(*engine_, groups, u, rank, version);
+      batch = sample_(*engine_, round->groups, round->step, round->rank,
+                      round->version);
     } catch (const std::exception& e) {
       batch = absl::InternalError(absl::StrCat("rollout thread: ", e.what()));
     }
     if (on_sampled_ && batch.ok()) on_sampled_(batch->seconds);
-    mu_.Lock();
-    sampling_ = false;
-    if (generation != generation_) continue;  // reset meanwhile: drop it
-    if (!batch.ok()) {
-      error_ = batch.status();
-      changed_.SignalAll();
-      return;
-    }
-    batch->gate_wait_seconds = gate_wait;
-    gate_wait = 0;
-    ready_[u] = *std::move(batch);
-    next_step_ = u + 1;
-    changed_.SignalAll();
+    if (!Deliver(*round, std::move(batch))) return;
   }
 }
 

@@ -32,6 +32,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -64,6 +65,12 @@ class FusedRollout {
     int64_t snapshot_version = 0;  // the policy version `snapshot` holds
     // How long Take() waits for a batch.
     absl::Duration timeout = absl::Seconds(300);
+    // Fault injection (tests): steps before this one are sampled without
+    // taking published weights into the snapshot. Admission still follows
+    // the published version, so with lag s the (s+1)-th step after a
+    // reset is sampled over the lag: the trainer's StalenessFilter must
+    // regenerate or drop it. 0: off.
+    int64_t freeze_snapshot_before_step = 0;
   };
 
   // `snapshot` is the rollout's copy of the policy and `engine` samples
@@ -96,9 +103,30 @@ class FusedRollout {
 
   // Whether the thread is sampling right now (thread-budget sharing).
   bool sampling() const { return sampling_.load(); }
+  // How many times the thread took published weights into its snapshot
+  // (the proof, in a step's record, that the rollout ran on the thread).
+  int64_t snapshot_updates() const { return snapshot_updates_.load(); }
 
  private:
+  // One sampling round of the thread: what NextRound() hands out under the
+  // lock and Deliver() takes back.
+  struct Round {
+    int64_t step = 0;
+    std::vector<uint64_t> groups;
+    uint64_t generation = 0;
+    int rank = 0;
+    int64_t version = 0;
+  };
+
   void Loop();
+  // Waits until the gate admits the next step's groups, refreshes the
+  // snapshot if a newer version was published, and says what to sample;
+  // nullopt once stopping.
+  std::optional<Round> NextRound() ABSL_LOCKS_EXCLUDED(mu_);
+  // Hands a sampled batch over (dropped if a reset came meanwhile); false
+  // when the thread must end (the sampling failed).
+  bool Deliver(const Round& round, absl::StatusOr<RolloutBatch> batch)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void ResetLocked(int64_t base_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
@@ -106,6 +134,7 @@ class FusedRollout {
   const std::function<void(double)> on_sampled_;
   const Clock& clock_;
   std::atomic<bool> sampling_{false};
+  std::atomic<int64_t> snapshot_updates_{0};
 
   mutable absl::Mutex mu_;
   absl::CondVar changed_;
@@ -126,6 +155,8 @@ class FusedRollout {
   std::unique_ptr<PolicyLagGate> gate_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, RolloutBatch> ready_ ABSL_GUARDED_BY(mu_);
   absl::Status error_ ABSL_GUARDED_BY(mu_);
+  // Time the thread waited on the gate since its last delivered batch.
+  double gate_wait_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;  // main thread only
 };
