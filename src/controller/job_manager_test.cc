@@ -4,15 +4,19 @@
 // group is trained exactly once.
 #include "controller/job_manager.h"
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/crc32c.h"
 #include "core/fake_clock.h"
+#include "core/wait_watch.h"
 #include "core/metrics.h"
 #include "core/node_registry.h"
 #include "core/status_macros.h"
@@ -37,6 +41,27 @@ run: {eval_every: 0, total_steps: )",
 // The deadline of the test's calls, on the manager's (fake) clock: longer
 // than the tests move the clock while a call waits (11 s to lose a node).
 constexpr absl::Duration kCallWait = absl::Minutes(1);
+
+// Real time a test gives a thread it started to block inside a call
+// (CondVarWaitWatch); the calls cannot end meanwhile, as the fake clock
+// does not move.
+constexpr absl::Duration kBlockWithin = absl::Seconds(30);
+
+// How often each prompt group index appears in the plans' groups.
+std::map<uint64_t, int> GroupCounts(const std::vector<v1::StepPlan>& plans) {
+  std::map<uint64_t, int> counts;
+  for (const v1::StepPlan& p : plans) {
+    for (uint64_t g : p.groups()) ++counts[g];
+  }
+  return counts;
+}
+
+// Every index in [0, n) exactly once.
+std::map<uint64_t, int> EachOnce(int64_t n) {
+  std::map<uint64_t, int> counts;
+  for (int64_t g = 0; g < n; ++g) counts[static_cast<uint64_t>(g)] = 1;
+  return counts;
+}
 
 class JobManagerTest : public ::testing::Test {
  protected:
@@ -209,22 +234,41 @@ TEST_F(JobManagerTest, TwoNodesSumInNodeOrderAndCommitTogether) {
   EXPECT_TRUE(std::filesystem::exists(out_ + "/summary.json"));
 }
 
+// a has handed in its part of round 0 and waits in the round for b when b
+// is lost: a's Reduce ends ABORTED, the attempt is not committed, and a
+// alone trains step 1 again and then step 2. The committed steps train
+// every submitted group exactly once, the lost node's two included.
 TEST_F(JobManagerTest, ALostNodeAbortsTheStepAndItsGroupsAreTrainedOnce) {
   const std::string a = AddNode("a"), b = AddNode("b");
   const std::string job = Submit(2);
   const v1::StepPlan pa = Plan(job, a, 0), pb = Plan(job, b, 0);
+  EXPECT_THAT(pa.groups(), ::testing::ElementsAre(0, 1));
+  EXPECT_THAT(pb.groups(), ::testing::ElementsAre(2, 3));
   // a waits in a round that b never joins: b is lost.
+  CondVarWaitWatch watch(jobs_);
   absl::StatusOr<std::string> stuck;
-  std::thread ta([&] { stuck = Reduce(job, a, pa, 0, 1.0f); });
-  absl::SleepFor(absl::Milliseconds(50));
+  std::atomic<bool> returned{false};
+  std::thread ta([&] {
+    stuck = Reduce(job, a, pa, 0, 1.0f);
+    returned.store(true);
+  });
+  // a's part is in and a waits in the round (the clock has not moved, b
+  // sent nothing: it cannot return yet).
+  const bool blocked = watch.AwaitWaits(1, kBlockWithin);
+  EXPECT_TRUE(blocked) << "a's Reduce never waited in the round";
+  EXPECT_FALSE(returned.load());
   clock_.Advance(absl::Seconds(6));
-  ASSERT_TRUE(registry_.Heartbeat(a).ok());
+  EXPECT_TRUE(registry_.Heartbeat(a).ok());
   clock_.Advance(absl::Seconds(5));
   const std::vector<std::string> lost = registry_.SweepLost();
-  ASSERT_EQ(lost, std::vector<std::string>{b});
-  jobs_.NodesLost(lost, "no heartbeat");
+  EXPECT_EQ(lost, std::vector<std::string>{b});
+  EXPECT_FALSE(returned.load());  // 11 s < the round's deadline
+  jobs_.NodesLost({b}, "no heartbeat");
   ta.join();
-  EXPECT_TRUE(absl::IsAborted(stuck.status())) << stuck.status();
+  ASSERT_TRUE(blocked);
+  ASSERT_TRUE(absl::IsAborted(stuck.status())) << stuck.status();
+  // Aborted while it waited in the round, not refused at the door.
+  EXPECT_THAT(std::string(stuck.status().message()), HasSubstr("was aborted"));
   // a's end-of-step report of the aborted attempt is not committed.
   auto late = Finish(job, a, pa);
   ASSERT_TRUE(late.ok());
@@ -241,6 +285,37 @@ TEST_F(JobManagerTest, ALostNodeAbortsTheStepAndItsGroupsAreTrainedOnce) {
     event |= e.text().find("lost") != std::string::npos;
   }
   EXPECT_TRUE(event);
+
+  // a runs the job to its end alone; keep every plan it is given and the
+  // ones whose step committed.
+  std::vector<v1::StepPlan> given = {pa};
+  std::vector<v1::StepPlan> committed;
+  for (int64_t step = 1; step <= 2; ++step) {
+    SCOPED_TRACE(step);
+    const v1::StepPlan p = Plan(job, a, step);
+    ASSERT_EQ(p.kind(), v1::PLAN_KIND_TRAIN);
+    ASSERT_EQ(p.step(), step);
+    EXPECT_EQ(p.world_size(), 1);
+    given.push_back(p);
+    auto done = Finish(job, a, p);
+    ASSERT_TRUE(done.ok()) << done.status();
+    ASSERT_TRUE(done->committed());
+    committed.push_back(p);
+  }
+  EXPECT_EQ(given[1].attempt(), pa.attempt() + 1);  // step 1, replanned
+  const v1::StepPlan end = Plan(job, a, 3);
+  ASSERT_EQ(end.kind(), v1::PLAN_KIND_END);
+  EXPECT_TRUE(end.groups().empty());
+  ASSERT_TRUE(Finish(job, a, end).ok());
+  status = jobs_.Status(job);
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->phase(), v1::JOB_PHASE_SUCCEEDED);
+  // The committed steps cover every submitted group, none twice, none
+  // missing; b's groups went to a in the replanned attempt.
+  EXPECT_EQ(status->groups_submitted(), 8);
+  EXPECT_EQ(GroupCounts(committed), EachOnce(status->groups_submitted()));
+  EXPECT_THAT(given[1].groups(), ::testing::IsSupersetOf({2u, 3u}));
+  EXPECT_EQ(status->groups_trained(), 8);
 }
 
 TEST_F(JobManagerTest, ReplannedAttemptGivesTheSurvivorEveryGroupOnce) {
@@ -263,11 +338,15 @@ TEST_F(JobManagerTest, ReplannedAttemptGivesTheSurvivorEveryGroupOnce) {
   r.set_step(1);
   EXPECT_EQ(jobs_.GetStepPlan(r).status().code(),
             absl::StatusCode::kFailedPrecondition);
-  // a runs both steps alone.
-  ASSERT_TRUE(Finish(job, a, again).ok());
+  // a runs both steps alone; both commit.
+  auto done = Finish(job, a, again);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_TRUE(done->committed());
   const v1::StepPlan two = Plan(job, a, 2);
   EXPECT_THAT(two.groups(), ::testing::ElementsAre(4, 5, 6, 7));
-  ASSERT_TRUE(Finish(job, a, two).ok());
+  done = Finish(job, a, two);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_TRUE(done->committed());
   const v1::StepPlan end = Plan(job, a, 3);
   ASSERT_EQ(end.kind(), v1::PLAN_KIND_END);
   ASSERT_TRUE(Finish(job, a, end).ok());
@@ -275,6 +354,8 @@ TEST_F(JobManagerTest, ReplannedAttemptGivesTheSurvivorEveryGroupOnce) {
   ASSERT_TRUE(status.ok());
   EXPECT_EQ(status->phase(), v1::JOB_PHASE_SUCCEEDED);
   EXPECT_EQ(status->groups_submitted(), 8);
+  // The two committed steps train each submitted group once.
+  EXPECT_EQ(GroupCounts({again, two}), EachOnce(status->groups_submitted()));
   EXPECT_EQ(status->groups_trained(), 8);
   EXPECT_EQ(status->groups_requeued(), 2);
 }
@@ -341,12 +422,22 @@ TEST_F(JobManagerTest, ClockSkewGatesPlansAndUpdatesArriveOnce) {
   ASSERT_EQ(a2.kind(), v1::PLAN_KIND_TRAIN);
   EXPECT_EQ(a2.updates_due_step(), 1);
   EXPECT_THAT(a2.groups(), ::testing::ElementsAre(4, 5));  // step 2's
-  // ...but its exchange waits for b's update of step 1.
+  // ...but its exchange waits for b's update of step 1: a has handed in its
+  // update of step 2 and waits when b exchanges, so b's answer shows that
+  // an update ahead of b's own step is held back.
+  CondVarWaitWatch watch(jobs_);
   absl::StatusOr<std::vector<std::string>> got_a;
-  std::thread ta([&] { got_a = Exchange(job, a, 2, 1, 3.0f); });
-  absl::SleepFor(absl::Milliseconds(50));
+  std::atomic<bool> a_returned{false};
+  std::thread ta([&] {
+    got_a = Exchange(job, a, 2, 1, 3.0f);
+    a_returned.store(true);
+  });
+  const bool a_waits = watch.AwaitWaits(1, kBlockWithin);
+  EXPECT_TRUE(a_waits) << "a's exchange never waited for b";
+  EXPECT_FALSE(a_returned.load());
   auto got_b = Exchange(job, b, 1, b1.updates_due_step(), 2.0f);
   ta.join();
+  ASSERT_TRUE(a_waits);
   ASSERT_TRUE(got_b.ok()) << got_b.status();
   EXPECT_THAT(*got_b, ::testing::ElementsAre(a + ":1=1"));  // not (2): ahead
   ASSERT_TRUE(got_a.ok()) << got_a.status();

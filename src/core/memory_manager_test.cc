@@ -1,5 +1,6 @@
 #include "core/memory_manager.h"
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -8,6 +9,8 @@
 #include "absl/status/status.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/fake_clock.h"
+#include "core/wait_watch.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -18,6 +21,10 @@ using ::testing::HasSubstr;
 using Outcome = MemoryDecision::Outcome;
 
 constexpr int64_t kMiB = int64_t{1} << 20;
+
+// How long a thread may take to block in a Wait* call, and those calls'
+// deadline: generous, since the tests wait for the state, never for time.
+constexpr absl::Duration kLong = absl::Seconds(30);
 
 // weights 20 MiB + optimizer 40 MiB on a 64 MiB card: 4 MiB free.
 std::unique_ptr<CardMemoryManager> TrainerCard(OffloadPolicy policy,
@@ -273,12 +280,21 @@ TEST(CardMemoryManagerTest, WaitOptimizerRestoreWaitsForRoom) {
                 "card 0: optimizer state (40.0 MiB) cannot come back: budget "
                 "64.0 MiB, in use 32.0 MiB: weights 20.0, kv_cache 12.0"));
 
-  std::thread rollout([&] {
-    absl::SleepFor(absl::Milliseconds(30));
-    m->Set(MemoryCategory::kKvCache, 0);
+  // The trainer is blocked in WaitOptimizerRestore (the KV cache takes the
+  // room) when the rollout frees the cache; that wakes it and it reserves.
+  CondVarWaitWatch watch(*m);
+  std::atomic<bool> returned{false};
+  std::thread trainer([&] {
+    r = m->WaitOptimizerRestore(absl::Now() + kLong);
+    returned.store(true);
   });
-  r = m->WaitOptimizerRestore(absl::Now() + absl::Seconds(30));
-  rollout.join();
+  const bool blocked = watch.AwaitWaits(1, kLong);
+  EXPECT_TRUE(blocked) << "WaitOptimizerRestore never blocked";
+  EXPECT_FALSE(returned.load());
+  EXPECT_EQ(m->Get(MemoryCategory::kOptimizer), 0);  // nothing reserved yet
+  m->Set(MemoryCategory::kKvCache, 0);
+  trainer.join();
+  ASSERT_TRUE(blocked);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(*r, 40 * kMiB);
   EXPECT_EQ(m->Get(MemoryCategory::kOptimizer), 40 * kMiB);
@@ -300,13 +316,23 @@ TEST(CardMemoryManagerTest, FusedRolloutWaitsForTheTrainerToOffload) {
                 "card 0: the optimizer state (40.0 MiB) was not offloaded in "
                 "time; the trainer carries it out between steps"));
 
-  std::thread trainer([&] {
-    absl::SleepFor(absl::Milliseconds(20));  // finishing a step
-    ASSERT_TRUE(m->offload_in_flight());
-    m->OptimizerOffloaded(40 * kMiB);
+  // The rollout is blocked in WaitOptimizerOffloaded when the trainer,
+  // between steps, carries the offload out and confirms it.
+  CondVarWaitWatch watch(*m);
+  std::atomic<bool> returned{false};
+  absl::Status offloaded;
+  std::thread rollout([&] {
+    offloaded = m->WaitOptimizerOffloaded(absl::Now() + kLong);
+    returned.store(true);
   });
-  EXPECT_TRUE(m->WaitOptimizerOffloaded(absl::Now() + absl::Seconds(30)).ok());
-  trainer.join();
+  const bool blocked = watch.AwaitWaits(1, kLong);
+  EXPECT_TRUE(blocked) << "WaitOptimizerOffloaded never blocked";
+  EXPECT_FALSE(returned.load());
+  EXPECT_TRUE(m->offload_in_flight());
+  m->OptimizerOffloaded(40 * kMiB);
+  rollout.join();
+  ASSERT_TRUE(blocked);
+  EXPECT_TRUE(offloaded.ok()) << offloaded;
   EXPECT_FALSE(m->offload_in_flight());
   EXPECT_EQ(m->Get(MemoryCategory::kOptimizerHost), 40 * kMiB);
   EXPECT_EQ(m->InUse(), 32 * kMiB);

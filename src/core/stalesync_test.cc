@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -16,6 +17,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/fake_clock.h"
+#include "core/wait_watch.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -29,6 +32,33 @@ using ::testing::HasSubstr;
 // must time out.
 constexpr absl::Duration kLong = absl::Seconds(30);
 constexpr absl::Duration kShort = absl::Milliseconds(30);
+
+// Runs one blocking gate call on a thread of its own, so that the test can
+// wait until it is blocked (CondVarWaitWatch) before releasing it. The
+// destructor joins: every call given here has a deadline, so a test that
+// stops early still ends.
+class Waiter {
+ public:
+  explicit Waiter(std::function<absl::Status()> call)
+      : thread_([this, call = std::move(call)] {
+          status_ = call();
+          returned_.store(true);
+        }) {}
+  ~Waiter() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+  bool returned() const { return returned_.load(); }
+  absl::Status Join() {
+    thread_.join();
+    return status_;
+  }
+
+ private:
+  absl::Status status_;
+  std::atomic<bool> returned_{false};
+  std::thread thread_;
+};
 
 // Admits until the gate refuses; returns how many were admitted.
 int AdmitAll(PolicyLagGate& gate) {
@@ -170,41 +200,50 @@ TEST(StaleSyncPolicyLagTest, WaitAdmitTimesOutNamingWhatItWaitsFor) {
             absl::StatusCode::kDeadlineExceeded);
 }
 
+// The rollout is blocked in WaitAdmit (the gate is full at version 0) when
+// the trainer publishes version 1; the publication wakes it and admits it
+// at version 1.
 TEST(StaleSyncPolicyLagTest, WaitAdmitReturnsWhenAnotherThreadPublishes) {
   constexpr int kG = 2;
   PolicyLagGate gate(/*max_policy_lag=*/0, kG);
   EXPECT_EQ(AdmitAll(gate), kG);
-  std::thread trainer([&gate] {
-    absl::SleepFor(absl::Milliseconds(20));
-    gate.OnVersion(1);
-  });
+  CondVarWaitWatch watch(gate);
   int64_t behaviour = -1;
-  EXPECT_TRUE(gate.WaitAdmit(absl::Now() + kLong, &behaviour).ok());
+  Waiter rollout(
+      [&] { return gate.WaitAdmit(absl::Now() + kLong, &behaviour); });
+  ASSERT_TRUE(watch.AwaitWaits(1, kLong)) << "WaitAdmit never blocked";
+  EXPECT_FALSE(rollout.returned());
+  EXPECT_EQ(gate.started(), kG);
+  gate.OnVersion(1);
+  EXPECT_TRUE(rollout.Join().ok());
   EXPECT_EQ(behaviour, 1);
-  trainer.join();
   EXPECT_EQ(gate.started(), kG + 1);
 }
 
+// The rollout is blocked in WaitAdmit (s = 1, two groups started) when the
+// trainer gives one back; the freed slot admits it.
 TEST(StaleSyncPolicyLagTest, WaitAdmitReturnsWhenAnotherThreadDrops) {
   PolicyLagGate gate(/*max_policy_lag=*/1, 1);
   EXPECT_EQ(AdmitAll(gate), 2);
-  std::thread trainer([&gate] {
-    absl::SleepFor(absl::Milliseconds(20));
-    gate.RecordDropped();
-  });
-  EXPECT_TRUE(gate.WaitAdmit(absl::Now() + kLong).ok());
-  trainer.join();
+  CondVarWaitWatch watch(gate);
+  Waiter rollout([&] { return gate.WaitAdmit(absl::Now() + kLong); });
+  ASSERT_TRUE(watch.AwaitWaits(1, kLong)) << "WaitAdmit never blocked";
+  EXPECT_FALSE(rollout.returned());
+  gate.RecordDropped();
+  EXPECT_TRUE(rollout.Join().ok());
+  EXPECT_EQ(gate.started(), 3);
 }
 
+// Close() cancels a rollout that is blocked in WaitAdmit.
 TEST(StaleSyncPolicyLagTest, CloseCancelsWaiters) {
   PolicyLagGate gate(/*max_policy_lag=*/0, 1);
   EXPECT_EQ(AdmitAll(gate), 1);
-  std::thread closer([&gate] {
-    absl::SleepFor(absl::Milliseconds(20));
-    gate.Close();
-  });
-  absl::Status status = gate.WaitAdmit(absl::Now() + kLong);
-  closer.join();
+  CondVarWaitWatch watch(gate);
+  Waiter rollout([&] { return gate.WaitAdmit(absl::Now() + kLong); });
+  ASSERT_TRUE(watch.AwaitWaits(1, kLong)) << "WaitAdmit never blocked";
+  EXPECT_FALSE(rollout.returned());
+  gate.Close();
+  absl::Status status = rollout.Join();
   EXPECT_EQ(status.code(), absl::StatusCode::kCancelled);
   EXPECT_TRUE(gate.closed());
   gate.OnVersion(5);
@@ -519,29 +558,48 @@ TEST(StaleSyncClockSkewTest, WaitMayStartTimesOutNamingTheSlowNode) {
   EXPECT_TRUE(gate.WaitMayStart("sn-c", absl::InfinitePast()).ok());
 }
 
+// k = 0. a, at clock 1, is blocked in WaitMayStart by b and c (at 0): b's
+// Advance wakes it, and it waits again for c; c's Remove releases it. Then
+// a, at clock 2, is blocked by b alone, and b's Advance releases it.
 TEST(StaleSyncClockSkewTest, WaitMayStartWakesOnAdvanceAndOnRemove) {
   ClockSkewGate gate(/*max_clock_skew=*/0, {"sn-a", "sn-b", "sn-c"});
   ASSERT_TRUE(gate.Advance("sn-a", 1).ok());
-  std::thread other([&gate] {
-    absl::SleepFor(absl::Milliseconds(20));
-    EXPECT_TRUE(gate.Advance("sn-b", 1).ok());
-    absl::SleepFor(absl::Milliseconds(20));
+  {
+    CondVarWaitWatch watch(gate);
+    Waiter a([&] { return gate.WaitMayStart("sn-a", absl::Now() + kLong); });
+    ASSERT_TRUE(watch.AwaitWaits(1, kLong)) << "WaitMayStart never blocked";
+    EXPECT_FALSE(a.returned());
+    ASSERT_TRUE(gate.Advance("sn-b", 1).ok());
+    // Woken by the Advance, a looks again and waits for c.
+    ASSERT_TRUE(watch.AwaitWaits(2, kLong)) << "b's Advance did not wake a";
+    EXPECT_FALSE(a.returned());
+    EXPECT_FALSE(gate.MayStart("sn-a"));
     gate.Remove("sn-c");
-  });
-  EXPECT_TRUE(gate.WaitMayStart("sn-a", absl::Now() + kLong).ok());
-  other.join();
+    EXPECT_TRUE(a.Join().ok());
+  }
+  ASSERT_TRUE(gate.Advance("sn-a", 2).ok());
+  {
+    CondVarWaitWatch watch(gate);
+    Waiter a([&] { return gate.WaitMayStart("sn-a", absl::Now() + kLong); });
+    ASSERT_TRUE(watch.AwaitWaits(1, kLong)) << "WaitMayStart never blocked";
+    EXPECT_FALSE(a.returned());
+    ASSERT_TRUE(gate.Advance("sn-b", 2).ok());
+    EXPECT_TRUE(a.Join().ok());
+  }
   EXPECT_EQ(gate.Clock("sn-c"), 0);
 }
 
+// a is blocked in WaitMayStart by b when a itself is removed (lost): the
+// wait fails, naming it.
 TEST(StaleSyncClockSkewTest, WaitMayStartFailsWhenTheWaiterIsRemoved) {
   ClockSkewGate gate(/*max_clock_skew=*/0, {"sn-a", "sn-b"});
   ASSERT_TRUE(gate.Advance("sn-a", 1).ok());
-  std::thread other([&gate] {
-    absl::SleepFor(absl::Milliseconds(20));
-    gate.Remove("sn-a");
-  });
-  absl::Status status = gate.WaitMayStart("sn-a", absl::Now() + kLong);
-  other.join();
+  CondVarWaitWatch watch(gate);
+  Waiter a([&] { return gate.WaitMayStart("sn-a", absl::Now() + kLong); });
+  ASSERT_TRUE(watch.AwaitWaits(1, kLong)) << "WaitMayStart never blocked";
+  EXPECT_FALSE(a.returned());
+  gate.Remove("sn-a");
+  absl::Status status = a.Join();
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(status.message()), HasSubstr("sn-a was removed"));
 }

@@ -5,6 +5,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -16,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/crc32c.h"
@@ -436,39 +438,82 @@ TEST(WeightServiceCancelTest, EvictionDuringAFetchIsHarmless) {
   EXPECT_TRUE(assembler.TakeBytes() == bytes);
 }
 
+// Four fetchers fetch the latest version in a loop while versions 2..20
+// are published (each fetcher has fetched version 1 before they are), and
+// each has fetched version 20 before they stop: every fetch is a whole
+// version.
 TEST_F(WeightServiceTest, ConcurrentPublishersAndFetchersSeeWholeVersions) {
   constexpr int64_t kVersions = 20;
+  constexpr int kFetchers = 4;
+  struct Seen {
+    absl::Mutex mu;
+    int fetched = 0;
+    std::vector<int> fetches = std::vector<int>(kFetchers, 0);
+    std::vector<int64_t> newest = std::vector<int64_t>(kFetchers, 0);
+    bool failed = false;
+    // Waits until every fetcher fetched a version >= `v` (or one failed);
+    // true if they all did.
+    bool AwaitAllAt(int64_t v) {
+      absl::MutexLock lock(&mu);
+      auto ready = [&] {
+        return failed || std::all_of(newest.begin(), newest.end(),
+                                     [v](int64_t n) { return n >= v; });
+      };
+      return mu.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(30)) &&
+             !failed;
+    }
+  } seen;
   std::atomic<bool> done{false};
-  std::atomic<int> fetched{0};
   std::vector<std::thread> fetchers;
-  for (int t = 0; t < 4; ++t) {
-    fetchers.emplace_back([&] {
+  for (int t = 0; t < kFetchers; ++t) {
+    fetchers.emplace_back([&, t] {
       while (!done.load()) {
         int64_t version = 0;
         absl::StatusOr<std::string> got =
             FetchWeights(server_.stub(), "job-1", 0, kDeadline, &version);
         if (got.status().code() == absl::StatusCode::kNotFound) continue;
-        ASSERT_TRUE(got.ok()) << got.status();
-        EXPECT_TRUE(*got == Bytes(3000 + version, static_cast<int>(version)))
-            << version;
-        fetched.fetch_add(1);
+        const bool whole = got.ok() && *got == Bytes(3000 + version,
+                                                     static_cast<int>(version));
+        EXPECT_TRUE(got.ok()) << got.status();
+        EXPECT_TRUE(whole) << version;
+        absl::MutexLock lock(&seen.mu);
+        if (!whole) {
+          seen.failed = true;
+          return;
+        }
+        ++seen.fetched;
+        ++seen.fetches[t];
+        seen.newest[t] = std::max(seen.newest[t], version);
       }
     });
   }
-  for (int64_t v = 1; v <= kVersions; ++v) {
-    ASSERT_TRUE(PublishWeights(server_.stub(), "job-1", v, "sn-a",
-                               Bytes(3000 + v, static_cast<int>(v)), 1000,
-                               kDeadline)
-                    .ok());
+  auto stop = [&] {
+    done.store(true);
+    for (auto& t : fetchers) t.join();
+  };
+  const absl::Status first = PublishWeights(server_.stub(), "job-1", 1, "sn-a",
+                                            Bytes(3001, 1), 1000, kDeadline);
+  // Every fetcher is fetching before the other versions are published.
+  if (!first.ok() || !seen.AwaitAllAt(1)) {
+    stop();
+    FAIL() << "version 1: " << first << "; not every fetcher fetched it";
   }
-  // Let the fetchers see the last version too.
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  while (fetched.load() < 8 && absl::Now() < give_up) {
-    absl::SleepFor(absl::Milliseconds(1));
+  for (int64_t v = 2; v <= kVersions; ++v) {
+    const absl::Status published =
+        PublishWeights(server_.stub(), "job-1", v, "sn-a",
+                       Bytes(3000 + v, static_cast<int>(v)), 1000, kDeadline);
+    EXPECT_TRUE(published.ok()) << v << ": " << published;
   }
-  done.store(true);
-  for (auto& t : fetchers) t.join();
-  EXPECT_GE(fetched.load(), 8);
+  // Every fetcher sees the last version too.
+  const bool all_saw_last = seen.AwaitAllAt(kVersions);
+  stop();
+  EXPECT_TRUE(all_saw_last)
+      << "not every fetcher fetched version " << kVersions;
+  EXPECT_FALSE(seen.failed);
+  EXPECT_THAT(seen.newest, ::testing::Each(kVersions));
+  // Version 1 before the others were published, version 20 after.
+  EXPECT_THAT(seen.fetches, ::testing::Each(::testing::Ge(2)));
+  EXPECT_GE(seen.fetched, 8);
   EXPECT_TRUE(server_.WaitIdle());
 }
 
