@@ -205,7 +205,7 @@ TEST(AlgorithmsTest, GrpoGroupOfOneUsesMeanZeroStdOne) {
 
 TEST(AlgorithmsTest, GrpoEqualScoresInGroupGiveZeroNotNaN) {
   for (at::ScalarType dtype : kFloatTypes) {
-    // Group 1 all equal (std 0); group 2 {0, 2}: mean 1, std sqrt(2) = 1.41421.
+    // Group {3,3,3} all equal (std 0); group {0,2,1} (below).
     const at::Tensor scores = Make({3, 3, 3, 0, 2, 1}, {6}, dtype);
     const at::Tensor adv = GrpoAdvantages(scores, 3, true);
     ExpectAllFinite(adv);

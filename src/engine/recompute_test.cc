@@ -4,12 +4,17 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <string>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "engine/activation_memory.h"
 #include "engine/activation_planner.h"
+#include "engine/memory_accounting.h"
 #include "engine/model.h"
 #include "engine/sample.h"
 #include "engine/test_util.h"
@@ -87,11 +92,18 @@ StepResult Train(PolicyModel& model, const std::vector<CollatedBatch>& mbs) {
   return r;
 }
 
+// How far a recomputed RMSNorm's float32 rounding moves a gradient (see
+// EveryPolicyGivesTheGradientsOfKeep): measured at most 9.7e-8 absolute in
+// these tests (the planner's plans; 0 with every sub-block recomputed);
+// the bound is about twice that.
+constexpr double kRecomputedNormGradTol = 2e-7;
+
 // Gradients of every parameter: bit-identical when `exact`, else within
-// 1e-6 absolute (float32 rounding; see EveryPolicyGivesTheGradientsOfKeep).
+// kRecomputedNormGradTol absolute.
 void ExpectSameGrads(const StepResult& a, const StepResult& b,
                      bool exact = true) {
   ASSERT_EQ(a.grads.size(), b.grads.size());
+  double max_diff = 0;
   for (size_t i = 0; i < a.grads.size(); ++i) {
     ASSERT_TRUE(a.grads[i].defined()) << i;
     ASSERT_TRUE(b.grads[i].defined()) << i;
@@ -100,9 +112,11 @@ void ExpectSameGrads(const StepResult& a, const StepResult& b,
       EXPECT_TRUE(at::equal(a.grads[i], b.grads[i]))
           << "parameter " << i << " max diff " << diff;
     } else {
-      EXPECT_LE(diff, 1e-6) << "parameter " << i;
+      EXPECT_LE(diff, kRecomputedNormGradTol) << "parameter " << i;
+      max_diff = std::max(max_diff, diff);
     }
   }
+  if (!exact) std::printf("recomputed norms: max grad diff %.3g\n", max_diff);
 }
 
 ActivationConfig RecomputeAttentionAndMlp() {
@@ -120,8 +134,10 @@ class RecomputeTest : public ::testing::TestWithParam<bool> {};
 // residual path and two uses inside the norm); keep adds them in the
 // engine's order, recompute adds the two inner ones first (inside the
 // recompute node) and then the residual one, so float32 rounding differs
-// (measured: at most 1.7e-7 absolute here). Those policies are checked
-// within 1e-6.
+// (measured today: 0 here, where every sub-block of the layer is
+// recomputed as one node; 9.7e-8 absolute for the planner's plans, which
+// recompute norms next to kept sub-blocks). Those policies are checked
+// within kRecomputedNormGradTol.
 TEST_P(RecomputeTest, EveryPolicyGivesTheGradientsOfKeep) {
   const bool moe = GetParam();
   const CollatedBatch batch = Batch(1);
@@ -236,8 +252,29 @@ TEST(ActivationMemoryTest, SwapOnCpuMovesBytesToTheHostPoolButFreesNothing) {
   EXPECT_GT(swap_model->activation_host_pool().packed(), packed_before);
   EXPECT_GT(swap.report.host_pool_bytes, 0);
   EXPECT_LT(swap.report.device_held_bytes, keep.report.device_held_bytes);
-  EXPECT_EQ(swap.report.held_bytes,
-            swap.report.device_held_bytes + swap.report.host_pool_bytes);
+  // The held figure measured independently: this test's own allocation
+  // counter, read at the end of the loss (inside MeasureTrainStep's forward),
+  // less the logits [B, T, V] floats that MeasureTrainStep frees right after
+  // it. On a CPU the pool's copies come from the same allocator, so the
+  // counter sees them: held includes them.
+  {
+    auto again = Model(false, All("swap"));
+    int64_t at_loss = -1;
+    int64_t pool_at_loss = -1;
+    ScopedAllocationCounter counter;
+    auto r = MeasureTrainStep(
+        *again, batch,
+        [&](PolicyModel& m, const CollatedBatch& b, const at::Tensor& logits) {
+          at::Tensor loss = DefaultStepLoss(m, b, logits);
+          at_loss = counter.current_bytes();
+          pool_at_loss = m.activation_host_pool().current_bytes();
+          return loss;
+        });
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->held_bytes, at_loss - kBatch * kLen * kVocab * 4);
+    EXPECT_EQ(r->host_pool_bytes, pool_at_loss);
+    EXPECT_EQ(r->held_bytes, swap.report.held_bytes);  // allocator counts
+  }
   // Slack: 1% of keep's figure.
   EXPECT_GE(swap.report.held_bytes,
             keep.report.held_bytes - keep.report.held_bytes / 100)
@@ -247,6 +284,45 @@ TEST(ActivationMemoryTest, SwapOnCpuMovesBytesToTheHostPoolButFreesNothing) {
   // Backward released the graph and with it the pool.
   EXPECT_EQ(swap_model->activation_host_pool().current_bytes(), 0);
   EXPECT_GE(swap.report.host_pool_peak_bytes, swap.report.host_pool_bytes);
+}
+
+// The pool's byte count by hand, on a graph whose saved tensors are known:
+// sin and cos each save their input x (the same tensor: one copy), their
+// product saves both factors, and p * p saves p, which is excluded (as the
+// model's parameters are) and saved as is. Three [3, 5] float copies = 180
+// bytes, all given back when backward frees the graph; the gradients are
+// those of plain saving, bit for bit.
+TEST(ActivationMemoryTest, SwapScopeCopiesEachSavedTensorOnceIntoThePool) {
+  const at::Tensor x0 = at::randn({3, 5});
+  const at::Tensor p0 = at::randn({5});
+  auto run = [&](bool swap, std::shared_ptr<ActivationHostPool> pool,
+                 int64_t* pool_at_end_of_forward) {
+    const at::Tensor x = x0.clone().requires_grad_();
+    const at::Tensor p = p0.clone().requires_grad_();
+    const std::unordered_set<const void*> exclude = {
+        p.storage().unsafeGetStorageImpl()};
+    at::Tensor loss;
+    {
+      std::unique_ptr<SwapScope> scope;
+      if (swap) scope = std::make_unique<SwapScope>(pool, &exclude);
+      loss = (x.sin() * x.cos()).sum() + (p * p).sum();
+    }
+    if (pool_at_end_of_forward != nullptr) {
+      *pool_at_end_of_forward = pool->current_bytes();
+    }
+    loss.backward();
+    return std::make_pair(x.grad(), p.grad());
+  };
+  auto pool = std::make_shared<ActivationHostPool>();
+  int64_t held = -1;
+  const auto swapped = run(true, pool, &held);
+  const auto plain =
+      run(false, std::make_shared<ActivationHostPool>(), nullptr);
+  // x (once), sin(x) and cos(x): 3 x 15 floats; p * p saves only p.
+  EXPECT_EQ(held, 3 * 15 * 4);
+  EXPECT_EQ(pool->current_bytes(), 0);
+  EXPECT_TRUE(at::equal(swapped.first, plain.first));
+  EXPECT_TRUE(at::equal(swapped.second, plain.second));
 }
 
 TEST(ActivationMemoryTest, NoGradForwardIgnoresThePlan) {
@@ -395,10 +471,27 @@ TEST(ActivationPlannerTest, PlanFitsIsMinimalAndKeepsGradients) {
     ASSERT_TRUE(model->SetActivationPlan(plan).ok());
     const StepResult planned = Train(*model, {b});
     EXPECT_EQ(planned.report.held_bytes, report->planned_held_bytes);
-    for (size_t i = 0; i < keep.grads.size(); ++i) {
-      EXPECT_LE((planned.grads[i] - keep.grads[i]).abs().max().item<double>(),
-                1e-5);
+    // Bit-identical to keep (swap and recompute re-run or hand back the same
+    // values) unless a norm is recomputed: then float32 rounding of its
+    // input gradient, bounded as in EveryPolicyGivesTheGradientsOfKeep.
+    bool recomputes_norm = false;
+    for (const LayerActivationPlan& l : plan) {
+      recomputes_norm =
+          recomputes_norm || l.norm == ActivationAction::kRecompute;
     }
+    double max_diff = 0;
+    for (size_t i = 0; i < keep.grads.size(); ++i) {
+      const double d =
+          (planned.grads[i] - keep.grads[i]).abs().max().item<double>();
+      max_diff = std::max(max_diff, d);
+      if (!recomputes_norm) {
+        EXPECT_TRUE(at::equal(planned.grads[i], keep.grads[i]))
+            << "parameter " << i << " max diff " << d;
+      }
+    }
+    std::printf("planned vs keep: max grad diff %.3g (norm recomputed: %d)\n",
+                max_diff, recomputes_norm ? 1 : 0);
+    EXPECT_LE(max_diff, kRecomputedNormGradTol);
     // The plan round-trips through model.activations.layers.
     ActivationConfig again = All("keep");
     again.layers = FormatActivationPlan(plan);

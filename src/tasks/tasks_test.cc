@@ -659,21 +659,48 @@ TEST(CountdownRewardTest, SurvivesRandomGarbage) {
   std::string printable;
   for (char c = ' '; c <= '~'; ++c) printable.push_back(c);
   const Problem p{"3,7,9>30=", "7*3+9"};
-  int correct = 0;
+  // Every 1000th string is a right answer with random spaces between its
+  // characters, so the scorer must also keep saying yes amid the garbage.
+  const std::vector<std::string> answers = {"7*3+9", "9+3*7", "(7*3)+9",
+                                            "(9+(3*7))", "9+7*3"};
+  int planted = 0, planted_correct = 0, garbage_correct = 0;
   for (int i = 0; i < 200000; ++i) {
-    const std::string& chars = i % 4 == 0 ? printable : charset;
-    std::string s(rng() % 24, ' ');
-    for (char& c : s) c = chars[rng() % chars.size()];
-    const Verdict v = (*reward)->Score(p, s);
-    if (v.correct) {
-      ++correct;
-      EXPECT_EQ(tasks::EvalCountdownExpression(s, nullptr).value_or(0), 30);
+    std::string s;
+    const bool plant = i % 1000 == 0;
+    if (plant) {
+      for (char c : answers[rng() % answers.size()]) {
+        s += std::string(rng() % 3, ' ');
+        s.push_back(c);
+      }
+      ++planted;
+    } else {
+      const std::string& chars = i % 4 == 0 ? printable : charset;
+      s.assign(rng() % 24, ' ');
+      for (char& c : s) c = chars[rng() % chars.size()];
     }
-    // Garbage prompts as well.
-    (*reward)->Score({s, s}, s);
+    const Verdict v = (*reward)->Score(p, s);
+    if (plant) {
+      EXPECT_TRUE(v.correct) << "'" << s << "'";
+      if (v.correct) ++planted_correct;
+    } else if (v.correct) {
+      // A garbage string may only be right by being a right answer: it
+      // evaluates to 30 and uses exactly 3, 7 and 9.
+      ++garbage_correct;
+      std::vector<int64_t> used;
+      EXPECT_EQ(tasks::EvalCountdownExpression(s, &used).value_or(0), 30) << s;
+      std::sort(used.begin(), used.end());
+      EXPECT_EQ(used, (std::vector<int64_t>{3, 7, 9})) << s;
+    }
+    // Garbage prompts as well: no such prompt is a valid countdown prompt
+    // whose answer is the prompt itself (a prompt has '>' and '=', which no
+    // expression has), so none scores.
+    EXPECT_FALSE((*reward)->Score({s, s}, s).correct) << s;
     (void)tasks::ParseCountdownPrompt(s);
   }
-  EXPECT_GE(correct, 0);
+  EXPECT_EQ(planted, 200);
+  EXPECT_EQ(planted_correct, planted);
+  std::printf("countdown garbage judged correct: %d of %d\n", garbage_correct,
+              200000 - planted);
 }
 
 // --------------------------------------------------------------- jsonl
