@@ -67,5 +67,56 @@ expect_error cli_usage 2 "" -- run
 expect_error bench_mode 2 "unknown mode 'nope'" -- bench "$HERE/data/tiny.yaml" --modes colocated-sync,nope
 expect_error good_config 0 "" -- validate "$HERE/data/tiny.yaml"
 
+# Every command that reads a job file reports a bad one the same way: exit 2,
+# one line naming the file and the key, before any work (or network wait).
+expect_error sft_unknown_key 2 "unknown.yaml|rollout.temprature|unknown key" -- sft "$TMP/unknown.yaml" --output-dir "$TMP/sft"
+expect_error sft_wrong_type 2 "type.yaml|rollout.temperature|expected a number" -- sft "$TMP/type.yaml" --output-dir "$TMP/sft"
+expect_error eval_unknown_key 2 "unknown.yaml|rollout.temprature|unknown key" -- eval "$TMP/unknown.yaml" --checkpoint "$TMP/no-ckpt"
+expect_error eval_wrong_type 2 "type.yaml|rollout.temperature|expected a number" -- eval "$TMP/type.yaml" --checkpoint "$TMP/no-ckpt"
+expect_error bench_memory_unknown_key 2 "unknown.yaml|rollout.temprature|unknown key" -- bench-memory "$TMP/unknown.yaml" --out "$TMP/bm.json"
+expect_error bench_memory_wrong_type 2 "type.yaml|rollout.temperature|expected a number" -- bench-memory "$TMP/type.yaml" --out "$TMP/bm.json"
+expect_error bench_memory_bad_override 2 "--set model.moe_experts=many|model.moe_experts" -- bench-memory "$HERE/data/tiny.yaml" --set model.moe_experts=many
+expect_error bench_unknown_key 2 "unknown.yaml|rollout.temprature|unknown key" -- bench "$TMP/unknown.yaml" --modes colocated-sync --work-dir "$TMP/bench"
+[ ! -e "$TMP/sft" ] && [ ! -e "$TMP/bm.json" ] && [ ! -e "$TMP/bench" ] &&
+  { pass=$((pass + 1)); echo "ok   rejected configs wrote no output"; } ||
+  { fail=$((fail + 1)); echo "FAIL a rejected config left output behind: $(ls "$TMP")"; }
+
+# submit checks the file locally before it connects. The "controller" here
+# accepts TCP connections and never answers, so any RPC would hang until its
+# 30 s deadline: a bad config must give exit 2 well within 10 s, while a good
+# one is still waiting after 3 s (which shows the listener really is silent).
+SILENT_PORT_FILE="$TMP/silent.port"
+python3 -c '
+import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(16)
+open(sys.argv[1], "w").write(str(s.getsockname()[1]))
+time.sleep(120)' "$SILENT_PORT_FILE" &
+silent_pid=$!
+trap 'kill "$silent_pid" 2>/dev/null; rm -rf "$TMP"' EXIT
+for _ in $(seq 1 100); do [ -s "$SILENT_PORT_FILE" ] && break; sleep 0.1; done
+SILENT="127.0.0.1:$(cat "$SILENT_PORT_FILE" 2>/dev/null)"
+# expect_fast NAME SECONDS EXPECTED_CODE PATTERNS -- ARGS...: expect_error,
+# and the command must end within SECONDS.
+expect_fast() {
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  expect_error "$name" "$@"
+  local took=$((SECONDS - t0))
+  if [ "$took" -le "$limit" ]; then
+    pass=$((pass + 1)); echo "ok   $name within ${limit} s (${took} s)"
+  else
+    fail=$((fail + 1)); echo "FAIL $name took ${took} s (want <= ${limit} s: no network wait)"
+  fi
+}
+expect_fast submit_unknown_key 10 2 "unknown.yaml|rollout.temprature|unknown key" -- submit "$TMP/unknown.yaml" --controller "$SILENT"
+expect_fast submit_wrong_type 10 2 "type.yaml|rollout.temperature|expected a number" -- submit "$TMP/type.yaml" --controller "$SILENT"
+expect_fast submit_bad_override 10 2 "--set rollout.temprature=0.7|unknown key" -- submit "$HERE/data/tiny.yaml" --controller "$SILENT" --set rollout.temprature=0.7
+rc=0; timeout 3 "$BIN" submit "$HERE/data/tiny.yaml" --controller "$SILENT" >/dev/null 2>&1 || rc=$?
+if [ "$rc" -eq 124 ]; then
+  pass=$((pass + 1)); echo "ok   a good config to the silent controller is still waiting after 3 s"
+else
+  fail=$((fail + 1)); echo "FAIL good config to the silent controller: exit $rc within 3 s (want still waiting)"
+fi
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -65,9 +65,15 @@ echo "ok   eval of the final checkpoint reproduces $acc"
 "$BIN" run "$CFG" --output-dir "$OUT/sig" --init-checkpoint "$OUT/sft/checkpoints/final" \
   --set run.total_steps=100000 --set run.eval_every=0 >/dev/null 2>"$OUT/sig.log" &
 pid=$!
-for _ in $(seq 1 100); do  # wait (at most 20 s) until a few steps are done
-  [ -f "$OUT/sig/metrics.jsonl" ] && [ "$(wc -l < "$OUT/sig/metrics.jsonl")" -ge 3 ] && break
-  sleep 0.2
+# SIGINT only once step 3 is in metrics.jsonl, so the stop is mid-run and
+# not during start-up; a run that has not got there in 120 s fails.
+deadline=$((SECONDS + 120))
+until [ -f "$OUT/sig/metrics.jsonl" ] && [ "$(wc -l < "$OUT/sig/metrics.jsonl")" -ge 3 ]; do
+  if ! kill -0 "$pid" 2>/dev/null || [ "$SECONDS" -ge "$deadline" ]; then
+    kill -KILL "$pid" 2>/dev/null || true
+    echo "FAIL the run to interrupt ended or had not reached step 3 after 120 s"; tail -20 "$OUT/sig.log"; exit 1
+  fi
+  sleep 0.1
 done
 kill -INT "$pid"
 # Every wait has a deadline: a run that ignores SIGINT for 60 s is killed.
@@ -75,6 +81,9 @@ timeout 60 tail --pid="$pid" -f /dev/null || kill -KILL "$pid" 2>/dev/null
 rc=0; wait "$pid" || rc=$?
 [ "$rc" -eq 130 ] || { echo "FAIL SIGINT exit code $rc (want 130)"; cat "$OUT/sig.log"; exit 1; }
 stopped=$(python3 -c "import json; s=json.load(open('$OUT/sig/summary.json')); assert s['interrupted'] is True; print(s['steps'])")
+[ "$stopped" -ge 3 ] || { echo "FAIL SIGINT after step 3 stopped the run after step $stopped"; exit 1; }
+[ -f "$OUT/sig/checkpoints/step_$stopped/model.pt" ] ||
+  { echo "FAIL no checkpoint of step $stopped after SIGINT"; ls "$OUT/sig/checkpoints"; exit 1; }
 echo "ok   SIGINT stopped after step $stopped with exit 130"
 "$BIN" run "$CFG" --output-dir "$OUT/sig" --resume --set run.total_steps=$((stopped + 2)) --set run.eval_every=0 >/dev/null 2>>"$OUT/sig.log"
 python3 - "$OUT/sig" "$stopped" <<'PY'
@@ -130,11 +139,20 @@ for v in ("dense", "moe"):
     assert auto["planner"]["keep_held_bytes"] == none["held_bytes"], (v, auto)
     assert "recompute" in auto["planner"]["plan"], (v, auto)
     assert all(s["chosen"] != "swap" for s in auto["planner"]["sub_blocks"]), auto
-    for p in (rec, swap, auto):
-        assert p["max_abs_grad_diff_vs_none"] <= 1e-5, (v, p)
+    # Swap moves the saved tensors and back, recompute reruns the same ops on
+    # the same inputs: both give the very gradients of none (measured 0 for
+    # both variants). The auto plan's selective recompute of the norm
+    # sub-block (dense variant) measured 5.96e-08 = 2^-24, one float32 ulp
+    # near 1; MoE 0. The bound is ~17x that.
+    d = {k: m[k]["max_abs_grad_diff_vs_none"] for k in ("recompute", "swap", "auto:50%")}
+    assert d["swap"] == 0.0, (v, d)
+    assert d["recompute"] == 0.0, (v, d)
+    assert d["auto:50%"] <= 1e-6, (v, d)
     print(f"ok   bench-memory {v}: recompute holds {rec['held_ratio_to_none']:.2f} of none, "
           f"swap {swap['held_ratio_to_none']:.2f} (host pool {swap['host_pool_bytes']} B), "
-          f"auto:50% {auto['held_ratio_to_none']:.2f}: {auto['planner']['plan']}")
+          f"auto:50% {auto['held_ratio_to_none']:.2f}: {auto['planner']['plan']}; "
+          f"max |grad - none|: recompute {d['recompute']:.1e}, swap {d['swap']:.1e}, "
+          f"auto {d['auto:50%']:.1e}")
 PY
 
 # fusionrl bench-logits: the chunked LM head against the materialised one on
@@ -152,8 +170,12 @@ assert set(s) == {"0", "16"}, list(s)
 assert s["0"]["peak_ratio_to_chunk0"] == 1.0 and s["0"]["peak_bytes"] > 0, s["0"]
 for k in ("0", "16"):
     assert len(s[k]["step_seconds"]) == 1 and s[k]["bytes_identical_across_repeats"], s[k]
-assert s["16"]["max_abs_logp_diff_vs_chunk0"] < 1e-5, s["16"]
-assert s["16"]["max_rel_grad_diff_vs_chunk0"] < 1e-4, s["16"]
+# Chunking changes the matmul shapes and so the rounding: not bit-exact.
+# Measured: logp 4.77e-07 (2^-21, one float32 ulp for |logp| in [4, 8)),
+# relative gradient 5.77e-07. Bounds ~10x that.
+assert s["16"]["max_abs_logp_diff_vs_chunk0"] < 5e-6, s["16"]
+assert s["16"]["max_rel_grad_diff_vs_chunk0"] < 6e-6, s["16"]
 print(f"ok   bench-logits: chunk 16 peaks at {s['16']['peak_ratio_to_chunk0']:.2f} of "
-      f"chunk 0, logp diff {s['16']['max_abs_logp_diff_vs_chunk0']:.1e}")
+      f"chunk 0, logp diff {s['16']['max_abs_logp_diff_vs_chunk0']:.1e}, "
+      f"relative grad diff {s['16']['max_rel_grad_diff_vs_chunk0']:.1e}")
 PY

@@ -3,6 +3,10 @@
 //   (config file, key, value, a missing or mismatching file, command-line
 //   usage, a refused token); 130 stopped by SIGINT/SIGTERM after
 //   checkpointing, or a followed job that ended cancelled.
+// ExitCodeFor maps a status onto these: OK -> 0; InvalidArgument, NotFound,
+// FailedPrecondition, OutOfRange (bad input) and Unauthenticated,
+// PermissionDenied (a refused token) -> 2; every other code -> 1. 130 is
+// never derived from a status: the commands return it themselves.
 #ifndef FUSIONRL_CLI_EXIT_CODES_H_
 #define FUSIONRL_CLI_EXIT_CODES_H_
 
@@ -20,6 +24,8 @@ inline constexpr int kExitCancelled = 130;
 
 inline int ExitCodeFor(const absl::Status& status) {
   switch (status.code()) {
+    case absl::StatusCode::kOk:
+      return kExitOk;
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kNotFound:
     case absl::StatusCode::kFailedPrecondition:

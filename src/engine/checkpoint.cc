@@ -216,7 +216,16 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir,
   FUSIONRL_ASSIGN_OR_RETURN(CheckpointMeta meta,
                             CheckpointMetaFromJson(j, dir));
   FUSIONRL_RETURN_IF_ERROR(model.Load((root / "model.pt").string()));
-  if (trainer != nullptr && fs::exists(root / "optim.pt")) {
+  if (trainer != nullptr) {
+    // Continuing training needs the optimizer state: without it AdamW's
+    // moments and step count (and the warm-up) would silently restart.
+    if (!fs::exists(root / "optim.pt")) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint '", dir,
+          "': no optim.pt (the optimizer state); a resume continues training "
+          "and needs it. To start a new run from these weights, use them as "
+          "init_checkpoint instead"));
+    }
     FUSIONRL_RETURN_IF_ERROR(
         trainer->LoadOptimizer((root / "optim.pt").string()));
   }

@@ -41,6 +41,25 @@ TEST(CheckpointTest, WriteThenReadRestoresWeightsAndMeta) {
     EXPECT_TRUE(torch::equal(pa[i], pb[i]));
 }
 
+// Resuming (a trainer to restore) from a checkpoint without optimizer state
+// is refused, naming the file, instead of silently restarting AdamW and the
+// warm-up; the weights alone still load as an init checkpoint.
+TEST(CheckpointTest, ResumeWithoutOptimizerStateIsRefused) {
+  const std::string dir = ::testing::TempDir() + "/ckpt_no_optim";
+  auto a = TinyModel(1);
+  ASSERT_TRUE(
+      WriteCheckpoint(dir, *a, nullptr, CheckpointMeta{"rl", "u", 3}).ok());
+  JobConfig c;
+  c.model = testing_util::TinyModelConfig();
+  auto b = TinyModel(2);
+  auto trainer_b = Trainer::Create(*b, nullptr, c, 0).value();
+  auto read = ReadCheckpoint(dir, *b, trainer_b.get());
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(read.status().message().find("optim.pt"), std::string::npos)
+      << read.status();
+  EXPECT_TRUE(ReadCheckpoint(dir, *b, nullptr).ok());
+}
+
 // Four groups of four samples of varied lengths and rewards; `salt` shifts
 // the token ids so successive batches differ.
 std::vector<Sample> Batch(int salt) {
