@@ -112,6 +112,11 @@ assert len(fused["runs"]) == 1 and fused["median_tokens_per_second"] > 0, fused
 dis = b["modes"]["disaggregated:1"]
 assert dis["placement"] == "disaggregated" and 0 <= dis["max_staleness"] <= 1, dis
 assert dis["median_tokens_per_second"] > 0, dis
+# Admission alone keeps the lag bound: nothing reached the trainer over it.
+for name in ("fused+stalesync:2", "disaggregated:1"):
+    for run in b["modes"][name]["runs"]:
+        rows = [json.loads(l) for l in open(run["output_dir"] + "/metrics.jsonl")]
+        assert rows and all(r["over_stale_samples"] == 0 for r in rows), (name, run)
 assert b["omp_wait_policy"], b["omp_wait_policy"]
 print(f"ok   bench JSON: fused+stalesync:2 at {fused['ratio_to_colocated_sync']:.2f}x "
       f"of colocated-sync, max staleness {fused['max_staleness']}")
