@@ -16,10 +16,10 @@
 #include "absl/strings/str_cat.h"
 #include "core/crc32c.h"
 #include "core/fake_clock.h"
-#include "core/wait_watch.h"
 #include "core/metrics.h"
 #include "core/node_registry.h"
 #include "core/status_macros.h"
+#include "core/wait_watch.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

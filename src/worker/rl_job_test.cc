@@ -113,34 +113,50 @@ void ExpectSameWeights(
   }
 }
 
-TEST(RlJobTest, ResumeContinuesExactly) {
-  const JobConfig straight = TinyRlJob("straight", 6);
-  std::filesystem::remove_all(straight.output_dir);
-  auto full = RunRlJob(straight);
+// Runs `c` straight through `steps` steps, and again stopped after
+// `stop_at` and resumed: the two agree step for step (rewards), in their
+// totals and in their final weights.
+// `straight`, when set, receives the straight run's summary.
+void ExpectExactResume(JobConfig c, int steps, int stop_at,
+                       JobSummary* straight = nullptr) {
+  const std::string base = c.output_dir;
+  c.run.total_steps = steps;
+  c.output_dir = base + "-straight";
+  std::filesystem::remove_all(c.output_dir);
+  auto full = RunRlJob(c);
   ASSERT_TRUE(full.ok()) << full.status();
+  if (straight != nullptr) *straight = *full;
 
-  JobConfig split = TinyRlJob("split", 3);
+  JobConfig split = c;
+  split.output_dir = base + "-split";
+  split.run.total_steps = stop_at;
   std::filesystem::remove_all(split.output_dir);
-  auto first = RunRlJob(split);
-  ASSERT_TRUE(first.ok()) << first.status();
-  split.run.total_steps = 6;
+  ASSERT_TRUE(RunRlJob(split).ok());
+  split.run.total_steps = steps;
   RunOptions resume;
   resume.resume = true;
-  auto second = RunRlJob(split, resume);
-  ASSERT_TRUE(second.ok()) << second.status();
+  auto rest = RunRlJob(split, resume);
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  EXPECT_EQ(rest->resumed_from_step, stop_at);
+  EXPECT_EQ(rest->steps, steps);
+  EXPECT_EQ(rest->policy_version, full->policy_version);
+  EXPECT_EQ(rest->rollout_tokens, full->rollout_tokens);
+  EXPECT_DOUBLE_EQ(rest->initial_eval_accuracy, full->initial_eval_accuracy);
+  EXPECT_DOUBLE_EQ(rest->final_eval_accuracy, full->final_eval_accuracy);
+  EXPECT_EQ(Rewards(split.output_dir), Rewards(c.output_dir));
+  ExpectSameWeights(full->checkpoint_dir, rest->checkpoint_dir, c.model);
+  ExpectEveryGroupTrainedOnce(split.output_dir,
+                              int64_t{steps} * c.rollout.prompts_per_step);
+}
 
-  EXPECT_EQ(second->resumed_from_step, 3);
-  EXPECT_EQ(second->steps, 6);
-  EXPECT_EQ(second->policy_version, full->policy_version);
-  EXPECT_EQ(second->rollout_tokens, full->rollout_tokens);
-  EXPECT_DOUBLE_EQ(second->initial_eval_accuracy, full->initial_eval_accuracy);
-  EXPECT_DOUBLE_EQ(second->final_eval_accuracy, full->final_eval_accuracy);
-  const std::vector<double> rewards = Rewards(straight.output_dir);
+TEST(RlJobTest, ResumeContinuesExactly) {
+  ExpectExactResume(TinyRlJob("resume", 6), 6, 3);
+  // The run compared is not a trivial one: rewards vary and are not zero.
+  const std::vector<double> rewards =
+      Rewards(::testing::TempDir() + "/resume-straight");
   ASSERT_EQ(rewards.size(), 6u);
   EXPECT_GT(*std::max_element(rewards.begin(), rewards.end()), 0.0);
   EXPECT_NE(rewards.front(), rewards.back());
-  EXPECT_EQ(Rewards(split.output_dir), rewards);
-  ExpectSameWeights(full->checkpoint_dir, second->checkpoint_dir);
 }
 
 TEST(RlJobTest, StopRequestCheckpointsAndResumeFinishesTheRun) {
@@ -177,27 +193,12 @@ TEST(RlJobTest, StopRequestCheckpointsAndResumeFinishesTheRun) {
 // reproducible as a single card's: stopping and resuming gives the same
 // metrics and weights as running straight through.
 TEST(RlJobTest, TwoCardsRunDataParallelAndResumeExactly) {
-  JobConfig straight = TinyRlJob("two-cards-straight", 4);
-  straight.placement.cards_per_super_node = 2;
-  std::filesystem::remove_all(straight.output_dir);
-  auto full = RunRlJob(straight);
-  ASSERT_TRUE(full.ok()) << full.status();
-  EXPECT_EQ(full->steps, 4);
-  EXPECT_EQ(full->policy_version, 4);
-
-  JobConfig split = straight;
-  split.output_dir = ::testing::TempDir() + "/two-cards-split";
-  split.run.total_steps = 2;
-  std::filesystem::remove_all(split.output_dir);
-  ASSERT_TRUE(RunRlJob(split).ok());
-  split.run.total_steps = 4;
-  RunOptions resume;
-  resume.resume = true;
-  auto rest = RunRlJob(split, resume);
-  ASSERT_TRUE(rest.ok()) << rest.status();
-  EXPECT_EQ(rest->rollout_tokens, full->rollout_tokens);
-  EXPECT_EQ(Rewards(split.output_dir), Rewards(straight.output_dir));
-  ExpectSameWeights(full->checkpoint_dir, rest->checkpoint_dir);
+  JobConfig c = TinyRlJob("two-cards", 4);
+  c.placement.cards_per_super_node = 2;
+  JobSummary full;
+  ExpectExactResume(c, 4, 2, &full);
+  EXPECT_EQ(full.steps, 4);
+  EXPECT_EQ(full.policy_version, 4);
 }
 
 // Two super nodes of one card each (in-process workers, gradients summed
@@ -389,38 +390,6 @@ TEST(RlJobTest, DisaggregatedCardsSampleForTheTrainingCard) {
   }
   EXPECT_EQ(rows, 12);
   ExpectEveryGroupTrainedOnce(d.output_dir, 12 * 4);
-}
-
-// Runs `c` straight through `steps` steps, and again stopped after
-// `stop_at` and resumed: the two agree step for step (rewards), in their
-// totals and in their final weights.
-void ExpectExactResume(JobConfig c, int steps, int stop_at) {
-  const std::string base = c.output_dir;
-  c.run.total_steps = steps;
-  c.output_dir = base + "-straight";
-  std::filesystem::remove_all(c.output_dir);
-  auto full = RunRlJob(c);
-  ASSERT_TRUE(full.ok()) << full.status();
-
-  JobConfig split = c;
-  split.output_dir = base + "-split";
-  split.run.total_steps = stop_at;
-  std::filesystem::remove_all(split.output_dir);
-  ASSERT_TRUE(RunRlJob(split).ok());
-  split.run.total_steps = steps;
-  RunOptions resume;
-  resume.resume = true;
-  auto rest = RunRlJob(split, resume);
-  ASSERT_TRUE(rest.ok()) << rest.status();
-  EXPECT_EQ(rest->resumed_from_step, stop_at);
-  EXPECT_EQ(rest->steps, steps);
-  EXPECT_EQ(rest->policy_version, full->policy_version);
-  EXPECT_EQ(rest->rollout_tokens, full->rollout_tokens);
-  EXPECT_DOUBLE_EQ(rest->final_eval_accuracy, full->final_eval_accuracy);
-  EXPECT_EQ(Rewards(split.output_dir), Rewards(c.output_dir));
-  ExpectSameWeights(full->checkpoint_dir, rest->checkpoint_dir, c.model);
-  ExpectEveryGroupTrainedOnce(split.output_dir,
-                              int64_t{steps} * c.rollout.prompts_per_step);
 }
 
 // Exact resume beyond one colocated card: RL Fusion and disaggregated
