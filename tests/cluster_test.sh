@@ -103,6 +103,27 @@ def same_bytes(p, q):
     return open(p, "rb").read() == open(q, "rb").read()
 PY
 
+# start_controller NAME [FLAGS...]: starts a controller on a free port
+# (stdout $OUT/NAME.out, stderr $OUT/NAME.log) and waits, 30 s at most, for
+# its "listening on" line; sets CTL_PID and CTL_ADDR. Not for $(...), like
+# wait_exit.
+CTL_PID=
+CTL_ADDR=
+start_controller() {
+  local name=$1
+  shift
+  "$BIN" controller --listen 127.0.0.1:0 "$@" >"$OUT/$name.out" 2>"$OUT/$name.log" &
+  CTL_PID=$!
+  PIDS+=("$CTL_PID")
+  local deadline=$((SECONDS + 30))
+  until grep -q '^listening on ' "$OUT/$name.out"; do
+    kill -0 "$CTL_PID" 2>/dev/null || fail "$name exited before listening"
+    [ "$SECONDS" -lt "$deadline" ] || fail "$name printed no 'listening on' line in 30 s"
+    sleep 0.2
+  done
+  CTL_ADDR=$(sed -n 's/^listening on //p' "$OUT/$name.out")
+}
+
 # 1. Warm start: from an untrained policy the eval accuracy is 0, so RL
 #    quality could not be compared.
 timeout 300 "$BIN" sft "$CFG" --output-dir "$OUT/sft" >/dev/null 2>"$OUT/sft.log"
@@ -119,17 +140,9 @@ echo "ok   reference run ($ref_summary)"
 # Heartbeat timeout 10 s: three busy processes share two cores here, and a
 # shorter one (2 s) can declare a live but starved worker lost. The kill
 # test below still sees the killed worker lost within 10 s.
-"$BIN" controller --listen 127.0.0.1:0 --heartbeat-interval 0.5 --heartbeat-timeout 10 \
-  >"$OUT/controller.out" 2>"$OUT/controller.log" &
-ctl_pid=$!
-PIDS+=("$ctl_pid")
-deadline=$((SECONDS + 30))
-until grep -q '^listening on ' "$OUT/controller.out"; do
-  kill -0 "$ctl_pid" 2>/dev/null || fail "controller exited before listening"
-  [ "$SECONDS" -lt "$deadline" ] || fail "controller printed no 'listening on' line in 30 s"
-  sleep 0.2
-done
-ADDR=$(sed -n 's/^listening on //p' "$OUT/controller.out")
+start_controller controller --heartbeat-interval 0.5 --heartbeat-timeout 10
+ctl_pid=$CTL_PID
+ADDR=$CTL_ADDR
 [ "$(wc -l < "$OUT/controller.out")" -eq 1 ] || fail "controller stdout is not one line: $(cat "$OUT/controller.out")"
 echo "ok   controller listening on $ADDR"
 
@@ -347,16 +360,9 @@ PY
 #    but the two clocks never drift more than k + 1 = 2 apart, and after the
 #    final sync both super nodes hold the same weights (CRC-32C per super
 #    node in summary.json).
-"$BIN" controller --listen 127.0.0.1:0 >"$OUT/controller-2.out" 2>"$OUT/controller-2.log" &
-ctl2_pid=$!
-PIDS+=("$ctl2_pid")
-deadline=$((SECONDS + 30))
-until grep -q '^listening on ' "$OUT/controller-2.out"; do
-  kill -0 "$ctl2_pid" 2>/dev/null || fail "second controller exited before listening"
-  [ "$SECONDS" -lt "$deadline" ] || fail "second controller printed no 'listening on' line in 30 s"
-  sleep 0.2
-done
-ADDR2=$(sed -n 's/^listening on //p' "$OUT/controller-2.out")
+start_controller controller-2
+ctl2_pid=$CTL_PID
+ADDR2=$CTL_ADDR
 "$BIN" worker --controller "$ADDR2" --super-node a --threads 1 >/dev/null 2>"$OUT/worker-a2.log" &
 wa2_pid=$!
 PIDS+=("$wa2_pid")
@@ -442,16 +448,8 @@ stopped=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(s["
   fail "the job to resume stopped after step $stopped (want interrupted, 3 <= step < 20)"
 echo "ok   the job to resume stopped after step $stopped of 20 (SIGTERM to the controller)"
 
-"$BIN" controller --listen 127.0.0.1:0 >"$OUT/controller-3.out" 2>"$OUT/controller-3.log" &
-ctl3_pid=$!
-PIDS+=("$ctl3_pid")
-deadline=$((SECONDS + 30))
-until grep -q '^listening on ' "$OUT/controller-3.out"; do
-  kill -0 "$ctl3_pid" 2>/dev/null || fail "third controller exited before listening"
-  [ "$SECONDS" -lt "$deadline" ] || fail "third controller printed no 'listening on' line in 30 s"
-  sleep 0.2
-done
-ADDR3=$(sed -n 's/^listening on //p' "$OUT/controller-3.out")
+start_controller controller-3
+ADDR3=$CTL_ADDR
 "$BIN" worker --controller "$ADDR3" --super-node a --threads 1 >/dev/null 2>"$OUT/worker-a3.log" &
 PIDS+=("$!")
 "$BIN" worker --controller "$ADDR3" --super-node b --threads 1 --debug-step-delay-ms 150 \
