@@ -308,26 +308,35 @@ std::unique_ptr<PolicyModel> TinyMoeModel(const ModelConfig& c,
   return PolicyModel::Create(c, 98, c10::Device("cpu"), seed).value();
 }
 
+// `prompts` sampled by the rollout engine (temperature 0.7, 12 new tokens,
+// seed 99), with their behaviour log-probs, collated for the trainer.
+CollatedBatch SampleAndCollate(PolicyModel& model,
+                               const std::vector<std::vector<int>>& prompts) {
+  RolloutEngine engine(model, kPad, kEos);
+  SamplingParams p;
+  p.temperature = 0.7;
+  p.max_new_tokens = 12;
+  auto out = engine.Generate(prompts, p, 99).value();
+  std::vector<Sample> samples(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    samples[i].prompt_ids = prompts[i];
+    samples[i].response_ids = out[i].tokens;
+    samples[i].behaviour_logp = out[i].logp;
+  }
+  return Collate(samples, kPad, c10::Device("cpu"));
+}
+
 // The sampler's behaviour log-probs (KV-cached, one token per call) equal
 // the trainer's recomputation (one full forward, training mode, autograd on)
 // for the same weights: routing sees the same hidden state per token.
 TEST(MoeModelTest, RolloutLogProbsMatchTrainerRecomputation) {
   for (int top_k : {1, 2}) {
     auto model = TinyMoeModel(TinyMoeConfig(top_k, 0.0, top_k == 2));
-    RolloutEngine engine(*model, kPad, kEos);
-    SamplingParams p;
-    p.temperature = 0.7;
-    p.max_new_tokens = 12;
-    const std::vector<std::vector<int>> prompts = {
-        {kBos, 20, 21, 22}, {kBos, 40}, {kBos, 50, 51}, {kBos, 60, 61, 62, 63}};
-    auto out = engine.Generate(prompts, p, 99).value();
-    std::vector<Sample> samples(prompts.size());
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      samples[i].prompt_ids = prompts[i];
-      samples[i].response_ids = out[i].tokens;
-      samples[i].behaviour_logp = out[i].logp;
-    }
-    const CollatedBatch batch = Collate(samples, kPad, c10::Device("cpu"));
+    const CollatedBatch batch =
+        SampleAndCollate(*model, {{kBos, 20, 21, 22},
+                                  {kBos, 40},
+                                  {kBos, 50, 51},
+                                  {kBos, 60, 61, 62, 63}});
     model->set_training(true);
     const auto logp = ResponseLogProbs(*model, batch, 0.7, nullptr);
     ASSERT_TRUE(logp.requires_grad());
@@ -357,20 +366,9 @@ TEST(MoeModelTest, RolloutLogProbsMatchTrainerRecomputation) {
 // difference comes from the drops.
 TEST(MoeModelTest, CapacityDropsMakeTrainerLogProbsDifferFromRollout) {
   auto model = TinyMoeModel(TinyMoeConfig(2, 1.25, true));
-  RolloutEngine engine(*model, kPad, kEos);
-  SamplingParams p;
-  p.temperature = 0.7;
-  p.max_new_tokens = 12;
   std::vector<std::vector<int>> prompts;
   for (int i = 0; i < 8; ++i) prompts.push_back({kBos, 20 + 5 * i, 21 + i});
-  auto out = engine.Generate(prompts, p, 99).value();
-  std::vector<Sample> samples(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    samples[i].prompt_ids = prompts[i];
-    samples[i].response_ids = out[i].tokens;
-    samples[i].behaviour_logp = out[i].logp;
-  }
-  const CollatedBatch batch = Collate(samples, kPad, c10::Device("cpu"));
+  const CollatedBatch batch = SampleAndCollate(*model, prompts);
   const at::Tensor mask = batch.response_mask;
   const double tokens = mask.sum().item<double>();
   struct Diff {
