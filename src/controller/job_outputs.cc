@@ -74,7 +74,7 @@ void JobOutputs::SaveRunTotals(const std::string& job_id,
   Op op;
   op.kind = Op::Kind::kRunTotals;
   op.job_id = job_id;
-  op.line = std::move(checkpoint_dir);
+  op.checkpoint_dir = std::move(checkpoint_dir);
   op.totals = totals;
   Queue(std::move(op));
 }
@@ -159,7 +159,7 @@ std::optional<JobOutputs::Result> JobOutputs::Perform(Op& op) {
       return std::nullopt;
     }
     case Op::Kind::kRunTotals: {
-      absl::Status s = WriteFileAtomic(op.line + "/" + kRunTotalsFile,
+      absl::Status s = WriteFileAtomic(op.checkpoint_dir + "/" + kRunTotalsFile,
                                        RunTotalsToJson(op.totals));
       if (!s.ok()) {
         spdlog::warn("[{}] run totals: {}", op.job_id,

@@ -113,7 +113,8 @@ class JobOutputs {
     Kind kind = Kind::kAppend;
     std::string job_id;
     OpenSpec open;                      // kOpen
-    std::string line;                   // kAppend; kRunTotals: the directory
+    std::string line;                   // kAppend
+    std::string checkpoint_dir;         // kRunTotals
     RunTotals totals;                   // kRunTotals
     std::optional<JobSummary> summary;  // kClose
   };
