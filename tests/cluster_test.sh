@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Cluster mode through the CLI: a controller and two worker processes on this
 # machine. A job submitted to them reproduces the same job run in one process
-# (`fusionrl run` with two in-process workers) bit for bit; a worker killed
+# (`fusionrl run` with two in-process workers) bit for bit, with its
+# gradients summed by the controller or over the c10d data plane; a worker killed
 # with SIGKILL mid-job is declared lost, its prompt groups are re-queued and
 # the job still trains every prompt group exactly once (controller ledger and
 # the cards' own records) on the worker left; SIGTERM then shuts the
@@ -222,10 +223,55 @@ check(ok, f"the cards trained every prompt group once ({text})")
 sys.exit(1 if failures else 0)
 PY
 
-# 4. SIGKILL a worker mid-job: the controller declares it lost, re-queues its
-#    prompt groups and finishes the job on the worker left.
+# 3b. The c10d data plane: the same job, its gradients summed in a Gloo
+#     group of the two worker processes (rendezvous through the controller's
+#     store). Same run bit for bit (a two-term sum is order-free), and the
+#     controller carries no tensor bytes.
+c10d_rc=0
+job1c=$(timeout 300 "$BIN" submit "$CFG" --controller "$ADDR" \
+       --set placement.super_nodes=2 --set run.total_steps=30 --set run.eval_every=0 \
+       --set run.data_plane=c10d \
+       --set init_checkpoint="$SFT_CKPT" --output-dir "$OUT/cluster-c10d" --wait \
+       2>"$OUT/submit-1c.log") || c10d_rc=$?
+"$BIN" status --controller "$ADDR" --job "$job1c" --json >"$OUT/status-1c.json"
+python3 - "$c10d_rc" "$OUT" <<'PY'
+import json, os, sys
+rc, out = int(sys.argv[1]), sys.argv[2]
+failures = []
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond: failures.append(what)
+check(rc == 0, f"c10d data plane: submit --wait exits 0 (got {rc})")
+st = json.load(open(os.path.join(out, "status-1c.json")))
+check(st["phase"] == "JOB_PHASE_SUCCEEDED", f"c10d job succeeded ({st['phase']} {st.get('message', '')!r})")
+check(int(st.get("controller_tensor_bytes", 0)) == 0,
+      f"status: controller_tensor_bytes == 0 ({st.get('controller_tensor_bytes', 0)})")
+sys.path.insert(0, out)
+import checks
+rows = checks.rows(os.path.join(out, "cluster-c10d", "metrics.jsonl"))
+ref_rows = checks.rows(os.path.join(out, "ref", "metrics.jsonl"))
+check(all(r.get("controller_tensor_bytes") == 0 for r in rows) and len(rows) == 30,
+      "every record: controller_tensor_bytes == 0")
+check(all(r.get("controller_tensor_bytes", 0) > 0 for r in ref_rows),
+      "the reference (controller data plane) sent its sums through the controller")
+diffs = [d for d in checks.record_diffs(ref_rows, rows) if d[1] != "controller_tensor_bytes"]
+check(not diffs, f"every step record equals the reference's but for timings ({len(diffs)} differences)")
+for d in diffs[:10]:
+    print(f"     step {d[0]} {d[1]}: reference {d[2]!r}, c10d {d[3]!r}")
+check(checks.same_bytes(os.path.join(out, "ref", "checkpoints", "final", "model.pt"),
+                        os.path.join(out, "cluster-c10d", "checkpoints", "final", "model.pt")),
+      "final model.pt is byte-identical to the reference's")
+ok, text = checks.groups_once(rows, 16)
+check(ok, f"the cards trained every prompt group once ({text})")
+sys.exit(1 if failures else 0)
+PY
+
+# 4. SIGKILL a worker mid-job (on the c10d data plane): the survivor's
+#    collective fails, the controller declares the worker lost, re-queues
+#    its prompt groups and finishes the job on the worker left.
 job2=$(timeout 60 "$BIN" submit "$CFG" --controller "$ADDR" \
        --set placement.super_nodes=2 --set run.total_steps=40 --set run.eval_every=0 \
+       --set run.data_plane=c10d \
        --set init_checkpoint="$SFT_CKPT" --output-dir "$OUT/kill" 2>"$OUT/submit-2.log")
 deadline=$((SECONDS + 120))
 until [ -f "$OUT/kill/metrics.jsonl" ] && [ "$(wc -l < "$OUT/kill/metrics.jsonl")" -ge 5 ]; do
@@ -287,6 +333,8 @@ check(all(n == 2 for n in nodes[:5]), "steps before the kill ran on 2 nodes")
 later = [r.get("nodes") for r in rows if r["step"] > at_kill + 1]
 check(later and all(n == 1 for n in later), f"steps after {at_kill + 1} ran on 1 node")
 check(nodes == sorted(nodes, reverse=True), "node count never grows back")
+check(int(st.get("controller_tensor_bytes", 0)) == 0,
+      f"c10d data plane: controller_tensor_bytes == 0 ({st.get('controller_tensor_bytes', 0)})")
 summary_path = os.path.join(out, "kill", "summary.json")
 check(os.path.exists(summary_path), "summary.json written")
 if os.path.exists(summary_path):
@@ -478,7 +526,11 @@ check(whole["final_train_reward"] == res["final_train_reward"], "final train rew
 w_rows = checks.rows(os.path.join(out, "whole", "metrics.jsonl"))
 r_rows = checks.rows(os.path.join(out, "resume", "metrics.jsonl"))
 check([r["step"] for r in r_rows] == list(range(1, 21)), f"resumed metrics.jsonl has steps 1..20 once ({len(r_rows)} lines)")
-diffs = checks.record_diffs(w_rows, r_rows)
+# controller_tensor_bytes counts the StaleSync updates through the
+# controller as they are handed in: when a step commits, a node ahead has
+# already sent updates of later steps, so the running count at a commit
+# depends on timing here (it is exact in synchronous jobs).
+diffs = [d for d in checks.record_diffs(w_rows, r_rows) if d[1] != "controller_tensor_bytes"]
 check(not diffs, f"every step record equals the uninterrupted run's but for timings ({len(diffs)} differences)")
 for d in diffs[:10]:
     print(f"     step {d[0]} {d[1]}: uninterrupted {d[2]!r}, resumed {d[3]!r}")

@@ -313,6 +313,15 @@ struct RunConfig {
   // Deadline of every collective between cards (gradient all-reduce, metric
   // sums): a card that stops answering becomes an error, not a hang.
   double collective_timeout_seconds = 300;
+  // Where the gradients of a job spanning several super nodes are summed:
+  //   controller: each node's first card sends its node's sum to the
+  //               controller (WorkService.Reduce), which adds them up;
+  //   c10d:       the nodes' first cards form a c10d process group (Gloo on
+  //               CPU), rendezvousing through the controller's store; the
+  //               controller carries no tensor bytes (docs/cluster.md).
+  // StaleSync jobs with max_clock_skew > 0 exchange their updates through
+  // the controller either way (for now).
+  std::string data_plane = "controller";
   // After the final checkpoint (RL and SFT), also write the policy as a
   // Hugging Face directory at <output_dir>/hf (`fusionrl export`), in
   // export_dtype (float32 | bfloat16).

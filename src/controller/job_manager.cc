@@ -30,7 +30,7 @@ absl::Status CheckPollWait(absl::Duration wait) {
 }
 
 JobManager::JobManager(NodeRegistry& registry, const Clock& clock)
-    : registry_(registry), clock_(clock) {}
+    : registry_(registry), clock_(clock), rendezvous_(clock) {}
 
 JobManager::~JobManager() = default;
 

@@ -83,6 +83,7 @@
 #include "controller/job_outputs.h"
 #include "core/clock.h"
 #include "core/node_registry.h"
+#include "core/rendezvous_store.h"
 #include "core/step_protocol.h"
 #include "fusionrl/v1/common.pb.h"
 #include "fusionrl/v1/job.pb.h"
@@ -159,6 +160,20 @@ class JobManager {
   // other nodes' updates that are due, oldest first per node.
   absl::StatusOr<std::vector<ReceivedUpdate>> ExchangeUpdates(
       UpdateCall call, absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+  // The c10d data plane's rendezvous (core/rendezvous_store.h): one store
+  // operation of a node of the job, on the job's current rendezvous
+  // generation. Aborted when `call.generation` is not (or no longer) the
+  // current one: the group must be re-formed at the generation of the next
+  // plan. Waits (kGet, kWait) end at `timeout`, the job's collective timeout
+  // or the generation's end, whichever comes first.
+  absl::StatusOr<StoreReply> Store(const StoreCall& call,
+                                   absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Tensor bytes that went through this controller (Reduce, ExchangeUpdates
+  // payloads in and out), all jobs together. The c10d data plane keeps it
+  // at 0; weight versions served by the WeightService are counted by its
+  // store (WeightStore::Stats).
+  int64_t tensor_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // --- WorkService (wire types; conversions in work_proto.cc) --------------
   absl::StatusOr<v1::GetAssignmentResponse> GetAssignment(
@@ -178,6 +193,9 @@ class JobManager {
   // update's CRC-32C is checked (DataLoss).
   absl::StatusOr<v1::ExchangeUpdatesResponse> ExchangeUpdates(
       const v1::ExchangeUpdatesRequest& request, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<v1::StoreResponse> Store(const v1::StoreRequest& request,
+                                          absl::Time deadline)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // --- cluster events -----------------------------------------------------
@@ -243,6 +261,14 @@ class JobManager {
   // Plans attempt 1 (new step) or the next attempt of the current step.
   void PlanStepLocked(Job& job, int64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A node could not finish attempt (step, attempt) for a reason a replan
+  // may cure (a collective of the data plane failed): the attempt is
+  // aborted and the step replanned, at most kMaxDataPlaneAborts times in a
+  // row before the job fails.
+  void AbortAttemptLocked(Job& job, int64_t step, int attempt,
+                          const std::string& node_id, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static constexpr int kMaxDataPlaneAborts = 3;
   // The attempt PlanStepLocked would install (groups taken from the
   // ledger), or null after failing the job.
   std::unique_ptr<Attempt> MakeAttemptLocked(Job& job, int64_t step)
@@ -298,8 +324,14 @@ class JobManager {
   v1::JobStatus StatusLocked(const Job& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // The rendezvous scope of a job's generation ("<job>/<generation>").
+  static std::string RendezvousScope(const Job& job, int64_t generation);
+
   NodeRegistry& registry_;
   const Clock& clock_;
+  // The c10d data plane's rendezvous (internally synchronised; called with
+  // or without mu_, never calls back).
+  RendezvousStore rendezvous_;
   // The file writer (internally synchronised; see job_outputs.h for the
   // lock order: its writer lock, then mu_, then its queue lock).
   JobOutputs outputs_;
@@ -311,6 +343,7 @@ class JobManager {
   std::map<std::string, std::string> node_job_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::vector<v1::CardState>> card_states_
       ABSL_GUARDED_BY(mu_);
+  int64_t tensor_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace fusionrl

@@ -230,7 +230,9 @@ TEST_F(JobManagerTest, TwoNodesSumInNodeOrderAndCommitTogether) {
   EXPECT_EQ(status->groups_trained(), 4);
   // The lead's record, then the controller's run-level fields.
   EXPECT_EQ(status->last_metrics_json(),
-            "{\"step\":1,\"tokens_per_second\":0}");
+            // Through the controller: 2 nodes x 4 bytes in, 4 bytes back.
+            "{\"step\":1,\"tokens_per_second\":0,"
+            "\"controller_tensor_bytes\":16}");
   EXPECT_TRUE(std::filesystem::exists(out_ + "/summary.json"));
 }
 
@@ -238,6 +240,88 @@ TEST_F(JobManagerTest, TwoNodesSumInNodeOrderAndCommitTogether) {
 // is lost: a's Reduce ends ABORTED, the attempt is not committed, and a
 // alone trains step 1 again and then step 2. The committed steps train
 // every submitted group exactly once, the lost node's two included.
+// The c10d data plane's rendezvous: one generation while the attempt's
+// nodes stay the same, a new one (and the old one closed) when a node
+// aborts the attempt or is lost; only the job's nodes, only at the current
+// generation, may use the store.
+TEST_F(JobManagerTest, RendezvousGenerationsFollowTheAttemptsNodes) {
+  const std::string a = AddNode("a"), b = AddNode("b");
+  const std::string job = Submit(3);
+  const v1::StepPlan pa = Plan(job, a, 0), pb = Plan(job, b, 0);
+  EXPECT_EQ(pa.node_rank(), 0);
+  EXPECT_EQ(pb.node_rank(), 1);
+  const int64_t g1 = pa.rendezvous_generation();
+  EXPECT_GE(g1, 1);
+  EXPECT_EQ(pb.rendezvous_generation(), g1);
+
+  auto store = [&](const std::string& node, int64_t generation, StoreOp op,
+                   const std::string& key, const std::string& value = "") {
+    StoreCall c;
+    c.job_id = job;
+    c.node_id = node;
+    c.generation = generation;
+    c.op = op;
+    c.keys = {key};
+    c.value = value;
+    return jobs_.Store(c, absl::Seconds(1));
+  };
+  ASSERT_TRUE(store(a, g1, StoreOp::kSet, "addr/0", "a:1").ok());
+  auto got = store(b, g1, StoreOp::kGet, "addr/0");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->value, "a:1");
+  // Not a node of the job; not the current generation.
+  EXPECT_FALSE(store("stranger", g1, StoreOp::kGet, "addr/0").ok());
+  EXPECT_EQ(store(a, g1 + 1, StoreOp::kGet, "addr/0").status().code(),
+            absl::StatusCode::kAborted);
+
+  // Step 1 commits: step 2 keeps the generation (same nodes, the group
+  // lives on).
+  absl::StatusOr<v1::FinishStepResponse> done_b;
+  std::thread tb([&] { done_b = Finish(job, b, pb); });
+  auto done_a = Finish(job, a, pa);
+  tb.join();
+  ASSERT_TRUE(done_a.ok() && done_b.ok());
+  ASSERT_TRUE(done_a->committed());
+  const v1::StepPlan pa2 = Plan(job, a, 2);
+  EXPECT_EQ(pa2.rendezvous_generation(), g1);
+  EXPECT_EQ(store(b, g1, StoreOp::kGet, "addr/0")->value, "a:1");
+
+  // b's collective failed: it aborts the attempt; the step is replanned on
+  // the same nodes at a new generation, and the old one is closed.
+  v1::FinishStepRequest abort;
+  abort.set_job_id(job);
+  abort.set_node_id(b);
+  abort.set_step(2);
+  abort.set_attempt(pa2.attempt());
+  abort.set_abort_reason("all-reduce: connection reset by peer");
+  auto r = jobs_.FinishStep(abort, clock_.Now() + kCallWait);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->committed());
+  const v1::StepPlan pa3 = Plan(job, a, 2);
+  EXPECT_EQ(pa3.attempt(), pa2.attempt() + 1);
+  EXPECT_EQ(pa3.world_size(), 2);
+  EXPECT_GT(pa3.rendezvous_generation(), g1);
+  EXPECT_EQ(store(b, g1, StoreOp::kGet, "addr/0").status().code(),
+            absl::StatusCode::kAborted);
+  // A replayed abort of the old attempt changes nothing.
+  ASSERT_TRUE(jobs_.FinishStep(abort, clock_.Now() + kCallWait).ok());
+  EXPECT_EQ(Plan(job, a, 2).attempt(), pa3.attempt());
+
+  // Aborts of the same step are bounded: the job fails after a few in a
+  // row, naming the last reason.
+  for (int i = 0; i < 3; ++i) {
+    const v1::StepPlan p = Plan(job, a, 2);
+    abort.set_attempt(p.attempt());
+    ASSERT_TRUE(jobs_.FinishStep(abort, clock_.Now() + kCallWait).ok());
+  }
+  auto status = jobs_.Status(job);
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->phase(), v1::JOB_PHASE_FAILED);
+  EXPECT_THAT(status->message(), HasSubstr("connection reset by peer"));
+  // No tensor went through the controller in all this.
+  EXPECT_EQ(status->controller_tensor_bytes(), 0);
+}
+
 TEST_F(JobManagerTest, ALostNodeAbortsTheStepAndItsGroupsAreTrainedOnce) {
   const std::string a = AddNode("a"), b = AddNode("b");
   const std::string job = Submit(2);
@@ -600,11 +684,14 @@ TEST_F(JobManagerTest, TypedCallsRunAStepAsTheWireOnesDo) {
   EXPECT_TRUE(*done_b);
   auto status = jobs_.Status(job);
   ASSERT_TRUE(status.ok());
-  // tokens_per_second is the controller's: the run's 10 tokens in 4 s.
+  // tokens_per_second is the controller's: the run's 10 tokens in 4 s; so
+  // is controller_tensor_bytes: 2 nodes x 8 bytes in and 8 bytes back.
   EXPECT_EQ(status->last_metrics_json(),
-            "{\"step\":1,\"kl\":0.5,\"tokens_per_second\":2.5}");
+            "{\"step\":1,\"kl\":0.5,\"tokens_per_second\":2.5,"
+            "\"controller_tensor_bytes\":32}");
   EXPECT_EQ(ReadTextFile(out_ + "/metrics.jsonl", "metrics").value_or(""),
-            "{\"step\":1,\"kl\":0.5,\"tokens_per_second\":2.5}\n");
+            "{\"step\":1,\"kl\":0.5,\"tokens_per_second\":2.5,"
+            "\"controller_tensor_bytes\":32}\n");
 
   auto end = jobs_.GetStepPlan(job, a, 0, 2, absl::ZeroDuration());
   ASSERT_TRUE(end.ok());

@@ -192,6 +192,7 @@ TEST(JobOutputsTest, RunTotalsGoNextToTheCheckpointAndReadBack) {
   totals.last_eval_accuracy = 0.5;
   totals.rollout_tokens = 12345;
   totals.loop_seconds = 6.75;
+  totals.controller_tensor_bytes = 4096;
   out.SaveRunTotals("job-1", ckpt, totals);
   EXPECT_EQ(out.pending(), 1);  // queued, not written
   out.Flush([](const Result&) {});
@@ -201,6 +202,7 @@ TEST(JobOutputsTest, RunTotalsGoNextToTheCheckpointAndReadBack) {
   EXPECT_EQ(read->last_eval_accuracy, 0.5);
   EXPECT_EQ(read->rollout_tokens, 12345);
   EXPECT_EQ(read->loop_seconds, 6.75);
+  EXPECT_EQ(read->controller_tensor_bytes, 4096);
   // A torn run.json is an error, not zeros.
   std::ofstream(ckpt + "/run.json") << "{\"rollout_tokens\": ";
   EXPECT_EQ(ReadRunTotals(ckpt).status().code(), absl::StatusCode::kDataLoss);

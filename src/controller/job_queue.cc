@@ -86,6 +86,7 @@ absl::StatusOr<std::string> JobManager::Submit(
       job->summary.rollout_tokens = resume_totals->rollout_tokens;
       job->last_eval = std::max(0.0, resume_totals->last_eval_accuracy);
       job->loop_seconds = resume_totals->loop_seconds;
+      job->tensor_bytes = resume_totals->controller_tensor_bytes;
     }
     job->policy_version = resume_meta->policy_version;
     job->last_committed = resume_meta->step;
@@ -306,6 +307,10 @@ void JobManager::FinishJobLocked(Job& job, v1::JobPhase phase,
   job.over = true;
   job.end_phase = phase;
   job.end_message = message;
+  if (job.rendezvous_generation > 0) {
+    // Wakes any card still in the data plane's rendezvous.
+    rendezvous_.CloseScope(RendezvousScope(job, job.rendezvous_generation));
+  }
   for (const Job::Part& part : job.parts) {
     auto it = node_job_.find(part.node_id);
     if (it != node_job_.end() && it->second == job.id) node_job_.erase(it);

@@ -64,6 +64,8 @@ struct JobManager::Attempt {
   int attempt = 0;
   bool aborted = false;
   bool committed = false;
+  // The c10d data plane's rendezvous generation its nodes' group belongs to.
+  int64_t generation = 0;
   // Participants (indices into Job::parts), in rank order.
   std::vector<int> members;
   std::vector<int> first_rank;                // per member
@@ -132,6 +134,14 @@ struct JobManager::Job {
   std::unique_ptr<GroupLedger> ledger;
   std::unique_ptr<Attempt> current;
   int64_t last_committed = 0;
+  // The c10d data plane (run.data_plane = c10d): the current rendezvous
+  // generation (0: none yet), and the attempts of the current step a node
+  // aborted because a collective of the data plane failed.
+  int64_t rendezvous_generation = 0;
+  int data_plane_aborts = 0;
+  // Tensor bytes of this job through the controller (Reduce and
+  // ExchangeUpdates payloads, in and out).
+  int64_t tensor_bytes = 0;
 
   // Ending: the lead writes the last checkpoint, then the job is over.
   bool stop_requested = false;

@@ -71,6 +71,9 @@ absl::StatusOr<std::string> JobManager::ReduceImpl(ReduceCall r,
       return absl::InvalidArgumentError(msg);
     }
   }
+  const int64_t bytes = static_cast<int64_t>(r.payload.size());
+  job->tensor_bytes += bytes;
+  tensor_bytes_ += bytes;
   round.parts[k] = std::move(r.payload);
   if (++round.received == static_cast<int>(round.parts.size())) {
     std::vector<std::string> payloads;
@@ -107,6 +110,8 @@ absl::StatusOr<std::string> JobManager::ReduceImpl(ReduceCall r,
     ReduceRound& rd = cur->rounds[r.round];
     if (rd.done) {
       std::string out = rd.sum;
+      job->tensor_bytes += static_cast<int64_t>(out.size());
+      tensor_bytes_ += static_cast<int64_t>(out.size());
       if (++rd.fetched == static_cast<int>(cur->members.size())) {
         cur->rounds.erase(r.round);
       }

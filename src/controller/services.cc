@@ -165,6 +165,19 @@ grpc::Status WorkServiceImpl::ExchangeUpdates(
   return grpc::Status::OK;
 }
 
+grpc::Status WorkServiceImpl::Store(grpc::ServerContext* context,
+                                    const v1::StoreRequest* request,
+                                    v1::StoreResponse* response) {
+  FUSIONRL_GRPC_RETURN_IF_ERROR(CheckAuth(*context, auth_token_));
+  FUSIONRL_GRPC_RETURN_IF_ERROR(CheckId(request->job_id(), "job_id"));
+  FUSIONRL_GRPC_RETURN_IF_ERROR(CheckId(request->node_id(), "node_id"));
+  absl::StatusOr<v1::StoreResponse> got =
+      jobs_.Store(*request, CallDeadline(*context));
+  if (!got.ok()) return ToGrpcStatus(got.status());
+  *response = *std::move(got);
+  return grpc::Status::OK;
+}
+
 grpc::Status WorkServiceImpl::Reduce(grpc::ServerContext* context,
                                      const v1::ReduceRequest* request,
                                      v1::ReduceResponse* response) {

@@ -61,6 +61,9 @@ class WorkServiceImpl final : public v1::WorkService::Service {
   grpc::Status ExchangeUpdates(grpc::ServerContext* context,
                                const v1::ExchangeUpdatesRequest* request,
                                v1::ExchangeUpdatesResponse* response) override;
+  grpc::Status Store(grpc::ServerContext* context,
+                     const v1::StoreRequest* request,
+                     v1::StoreResponse* response) override;
   grpc::Status FinishStep(grpc::ServerContext* context,
                           const v1::FinishStepRequest* request,
                           v1::FinishStepResponse* response) override;

@@ -93,6 +93,7 @@ v1::JobStatus JobManager::StatusLocked(const Job& job) const {
   for (const v1::JobEvent& e : job.events) *s.add_events() = e;
   s.set_error_code(job.error_code);
   s.set_last_metrics_json(job.last_metrics_json);
+  s.set_controller_tensor_bytes(job.tensor_bytes);
   if (job.skewed) {
     s.set_max_clock_skew(job.config.stalesync.max_clock_skew);
     s.set_max_clock_skew_seen(job.skew_gate->MaxSkewSeen());

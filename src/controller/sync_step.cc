@@ -20,8 +20,52 @@ namespace fusionrl {
 void JobManager::PlanStepLocked(Job& job, int64_t step) {
   std::unique_ptr<Attempt> a = MakeAttemptLocked(job, step);
   if (a == nullptr) return;
+  // The data plane's group lives as long as its nodes and their attempts
+  // do: a new generation (and a closed old one) whenever the nodes change
+  // or the previous attempt was aborted.
+  const Attempt* prev = job.current.get();
+  if (prev != nullptr && !prev->aborted && prev->members == a->members &&
+      job.rendezvous_generation > 0) {
+    a->generation = job.rendezvous_generation;
+  } else {
+    if (job.rendezvous_generation > 0) {
+      rendezvous_.CloseScope(RendezvousScope(job, job.rendezvous_generation));
+    }
+    a->generation = ++job.rendezvous_generation;
+  }
+  if (prev == nullptr || prev->step != step) job.data_plane_aborts = 0;
   job.current = std::move(a);
   ++job.update;
+  changed_.SignalAll();
+}
+
+std::string JobManager::RendezvousScope(const Job& job, int64_t generation) {
+  return absl::StrCat(job.id, "/", generation);
+}
+
+void JobManager::AbortAttemptLocked(Job& job, int64_t step, int attempt,
+                                    const std::string& node_id,
+                                    const std::string& why) {
+  Attempt* a = job.current.get();
+  if (job.skewed || job.ending || a == nullptr || a->step != step ||
+      a->attempt != attempt || a->aborted || a->committed) {
+    return;  // already replanned (or nothing to replan)
+  }
+  a->aborted = true;
+  ++job.data_plane_aborts;
+  if (job.data_plane_aborts > kMaxDataPlaneAborts) {
+    FailLocked(
+        job,
+        absl::StrCat("step ", step, ": the data plane failed ",
+                     job.data_plane_aborts, " attempts in a row; last, on ",
+                     node_id, ": ", why),
+        static_cast<int>(absl::StatusCode::kUnavailable));
+    return;
+  }
+  EventLocked(job,
+              absl::StrCat("step ", step, " attempt ", attempt, " aborted by ",
+                           node_id, " (", why, "); replanning"));
+  PlanStepLocked(job, step);
   changed_.SignalAll();
 }
 
@@ -93,6 +137,9 @@ StepPlan JobManager::TrainPlanLocked(const Job& job, const Attempt& a, int k,
   plan.rank = a.first_rank[k] + local_rank;
   plan.world_size = a.world;
   plan.nodes = static_cast<int>(a.members.size());
+  plan.c10d_data_plane = job.config.run.data_plane == "c10d";
+  plan.rendezvous_generation = a.generation;
+  plan.node_rank = k;
   for (int g = 0; g < per_card; ++g) {
     plan.groups.push_back(job.base_cursor +
                           a.groups[k][local_rank * per_card + g]);
@@ -242,6 +289,10 @@ absl::StatusOr<bool> JobManager::FinishStepImpl(ReportedStep r,
     return false;
   }
   if (Terminal(*job)) return false;
+  if (!r.report.abort_reason.empty()) {
+    AbortAttemptLocked(*job, step, attempt, node_id, r.report.abort_reason);
+    return false;
+  }
   deadline = std::min(
       deadline,
       clock_.Now() + absl::Seconds(job->config.run.collective_timeout_seconds));
@@ -369,6 +420,12 @@ void JobManager::RecordStepLocked(Job& job, const Attempt& a) {
       job.loop_seconds > 0 ? job.summary.rollout_tokens / job.loop_seconds : 0;
   // The run-level fields of the record come from the controller's totals.
   StepMetrics job_fields = {{"tokens_per_second", tps}};
+  if (job.parts.size() > 1) {
+    // What of the job's tensors went through this process so far (0 on
+    // the c10d data plane, docs/cluster.md).
+    job_fields.emplace_back("controller_tensor_bytes",
+                            static_cast<double>(job.tensor_bytes));
+  }
   if (job.skewed) {
     int64_t lo = INT64_MAX, hi = INT64_MIN;
     for (const Job::Part& part : job.parts) {
@@ -408,6 +465,7 @@ RunTotals JobManager::RunTotalsLocked(const Job& job) const {
   t.last_eval_accuracy = job.last_eval;
   t.rollout_tokens = job.summary.rollout_tokens;
   t.loop_seconds = job.loop_seconds;
+  t.controller_tensor_bytes = job.tensor_bytes;
   return t;
 }
 

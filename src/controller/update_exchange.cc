@@ -83,6 +83,8 @@ JobManager::ExchangeUpdatesImpl(UpdateCall u,
       return absl::InvalidArgumentError(msg);
     }
   }
+  job->tensor_bytes += static_cast<int64_t>(u.payload.size());
+  tensor_bytes_ += static_cast<int64_t>(u.payload.size());
   job->outbox[me].push_back({key, std::move(u.payload), crc});
   job->handed_in[me] = key;
   changed_.SignalAll();
@@ -125,6 +127,8 @@ JobManager::ExchangeUpdatesImpl(UpdateCall u,
       if (up.key > key) break;
       out.push_back({job->parts[m].node_id, up.key.first, up.key.second,
                      up.payload, up.crc32c});
+      job->tensor_bytes += static_cast<int64_t>(up.payload.size());
+      tensor_bytes_ += static_cast<int64_t>(up.payload.size());
       mark = up.key;
     }
     std::deque<Job::Update>& box = job->outbox[m];

@@ -99,4 +99,16 @@ absl::StatusOr<v1::ExchangeUpdatesResponse> JobManager::ExchangeUpdates(
   return response;
 }
 
+absl::StatusOr<v1::StoreResponse> JobManager::Store(
+    const v1::StoreRequest& request, absl::Time deadline) {
+  FUSIONRL_ASSIGN_OR_RETURN(StoreCall call, rpc::StoreCallFromProto(request));
+  FUSIONRL_ASSIGN_OR_RETURN(StoreReply reply,
+                            Store(call, deadline - clock_.Now()));
+  v1::StoreResponse response;
+  response.set_value(std::move(reply.value));
+  response.set_number(reply.number);
+  response.set_flag(reply.flag);
+  return response;
+}
+
 }  // namespace fusionrl

@@ -88,7 +88,8 @@ std::string RunTotalsToJson(const RunTotals& totals) {
       {"initial_eval_accuracy", totals.initial_eval_accuracy},
       {"last_eval_accuracy", totals.last_eval_accuracy},
       {"rollout_tokens", totals.rollout_tokens},
-      {"loop_seconds", totals.loop_seconds}};
+      {"loop_seconds", totals.loop_seconds},
+      {"controller_tensor_bytes", totals.controller_tensor_bytes}};
   return j.dump(2) + "\n";
 }
 
@@ -117,6 +118,8 @@ absl::StatusOr<RunTotals> ReadRunTotals(const std::string& dir) {
     totals.last_eval_accuracy = j.value("last_eval_accuracy", -1.0);
     totals.rollout_tokens = j.value("rollout_tokens", int64_t{0});
     totals.loop_seconds = j.value("loop_seconds", 0.0);
+    totals.controller_tensor_bytes =
+        j.value("controller_tensor_bytes", int64_t{0});
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(absl::StrCat(
         "checkpoint '", dir, "': ", has_run ? kRunTotalsFile : "meta.json",

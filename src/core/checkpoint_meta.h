@@ -30,6 +30,9 @@ struct RunTotals {
   double last_eval_accuracy = -1;
   int64_t rollout_tokens = 0;
   double loop_seconds = 0;  // time in rollout + train so far
+  // Tensor bytes of the job through the controller so far (0 on the c10d
+  // data plane for synchronous steps).
+  int64_t controller_tensor_bytes = 0;
 };
 
 // The file name of the run totals inside a checkpoint directory.

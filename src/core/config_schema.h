@@ -203,6 +203,8 @@ void VisitRun(RunConfig& r, V& v) {
   v.Int("log_every", &r.log_every, AtLeast(1));
   v.Double("collective_timeout_seconds", &r.collective_timeout_seconds,
            Above(0));
+  static constexpr absl::string_view kDataPlanes[] = {"controller", "c10d"};
+  v.String("data_plane", &r.data_plane, OneOf(kDataPlanes));
   static constexpr absl::string_view kExportDtypes[] = {"float32", "bfloat16"};
   v.Bool("export_final", &r.export_final);
   v.String("export_dtype", &r.export_dtype, OneOf(kExportDtypes));

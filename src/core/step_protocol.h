@@ -66,6 +66,14 @@ struct StepPlan {
   bool exchange_updates = false;
   int64_t updates_due_step = 0;
   bool sync_weights = false;  // weights converge after this step
+  // The c10d data plane (run.data_plane = c10d): the cross-node group of
+  // this attempt's nodes is the one formed for `rendezvous_generation`. The
+  // controller starts a new generation whenever the nodes of an attempt
+  // differ from the previous attempt's or the previous attempt was aborted,
+  // so every node re-forms (or keeps) the group by the same rule.
+  bool c10d_data_plane = false;
+  int64_t rendezvous_generation = 0;
+  int node_rank = 0;  // the card's node among the attempt's nodes
 };
 
 // The card's typed metrics of one step (formatted to JSON once, where the
@@ -89,6 +97,10 @@ struct StepReport {
   double train_accuracy = 0;
   int64_t policy_version = 0;
   absl::Status error;  // non-OK: the node failed the step (the job fails)
+  // Not empty: the node could not finish the attempt for a reason a replan
+  // may cure (a collective of the c10d data plane failed); the controller
+  // aborts the attempt and replans the step.
+  std::string abort_reason;
   bool has_weights_crc32c = false;
   uint32_t weights_crc32c = 0;
 };
@@ -121,6 +133,27 @@ struct UpdateCall {
 struct ReceivedUpdate {
   int64_t step = 0;
   std::string payload;  // float32 values, as sent
+};
+
+// The rendezvous store of the c10d data plane (core/rendezvous_store.h):
+// one operation on a key of the job's scope, with c10d Store semantics.
+enum class StoreOp { kSet, kCompareSet, kGet, kAdd, kCheck, kWait, kDelete };
+
+struct StoreCall {
+  std::string job_id;
+  std::string node_id;
+  int64_t generation = 0;  // StepPlan::rendezvous_generation
+  StoreOp op = StoreOp::kGet;
+  std::vector<std::string> keys;  // one key, except kCheck / kWait
+  std::string value;              // kSet, kCompareSet (desired)
+  std::string expected;           // kCompareSet
+  int64_t delta = 0;              // kAdd
+};
+
+struct StoreReply {
+  std::string value;   // kGet, kCompareSet
+  int64_t number = 0;  // kAdd
+  bool flag = false;   // kCheck, kDelete
 };
 
 }  // namespace fusionrl

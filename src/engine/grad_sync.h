@@ -14,7 +14,9 @@
 #define FUSIONRL_ENGINE_GRAD_SYNC_H_
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/intrusive_ptr.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +24,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+
+namespace c10d {
+class Store;
+}  // namespace c10d
 
 namespace fusionrl {
 
@@ -52,6 +58,16 @@ absl::Status SumAcrossRanks(GradientSync* sync, std::vector<double>& values);
 // loopback through an in-memory store. Element i is rank i.
 absl::StatusOr<std::vector<std::unique_ptr<GradientSync>>> MakeLocalGlooGroup(
     int world_size, absl::Duration timeout);
+
+// One rank of a group formed through `store` (any c10d Store; the cards of
+// a job spanning super nodes use the controller's, worker/controller_store.h)
+// on the host's network interface (GLOO_SOCKET_IFNAME, else the address its
+// name resolves to). `probe` (may be null): asked about once per 200 ms
+// while a collective has run for over a second; an error from it abandons
+// the collective and the group (the error is returned; form a new group).
+absl::StatusOr<std::unique_ptr<GradientSync>> MakeStoreGlooGroup(
+    c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
+    absl::Duration timeout, std::function<absl::Status()> probe);
 
 // One rank of a group spanning processes: rank 0 hosts a TCP store on
 // host:port, the others connect to it (all within `timeout`).

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/metrics.h"
 #include "fusionrl/config.h"
 
@@ -57,6 +58,9 @@ v1::StepPlan StepPlanToProto(const StepPlan& p) {
   out.set_exchange_updates(p.exchange_updates);
   out.set_updates_due_step(p.updates_due_step);
   out.set_sync_weights(p.sync_weights);
+  out.set_c10d_data_plane(p.c10d_data_plane);
+  out.set_rendezvous_generation(p.rendezvous_generation);
+  out.set_node_rank(p.node_rank);
   return out;
 }
 
@@ -77,6 +81,9 @@ StepPlan StepPlanFromProto(const v1::StepPlan& p) {
   plan.exchange_updates = p.exchange_updates();
   plan.updates_due_step = p.updates_due_step();
   plan.sync_weights = p.sync_weights();
+  plan.c10d_data_plane = p.c10d_data_plane();
+  plan.rendezvous_generation = p.rendezvous_generation();
+  plan.node_rank = p.node_rank();
   return plan;
 }
 
@@ -137,6 +144,7 @@ v1::FinishStepRequest StepReportToProto(const StepReport& r) {
   }
   out.set_has_weights_crc32c(r.has_weights_crc32c);
   out.set_weights_crc32c(r.weights_crc32c);
+  out.set_abort_reason(r.abort_reason);
   return out;
 }
 
@@ -162,7 +170,61 @@ StepReport StepReportFromProto(const v1::FinishStepRequest& r) {
   }
   out.has_weights_crc32c = r.has_weights_crc32c();
   out.weights_crc32c = r.weights_crc32c();
+  out.abort_reason = r.abort_reason();
   return out;
+}
+
+namespace {
+
+// StoreOp <-> its wire enum, one row per operation.
+constexpr std::pair<StoreOp, v1::StoreOp> kStoreOps[] = {
+    {StoreOp::kSet, v1::STORE_OP_SET},
+    {StoreOp::kCompareSet, v1::STORE_OP_COMPARE_SET},
+    {StoreOp::kGet, v1::STORE_OP_GET},
+    {StoreOp::kAdd, v1::STORE_OP_ADD},
+    {StoreOp::kCheck, v1::STORE_OP_CHECK},
+    {StoreOp::kWait, v1::STORE_OP_WAIT},
+    {StoreOp::kDelete, v1::STORE_OP_DELETE},
+};
+
+}  // namespace
+
+v1::StoreRequest StoreCallToProto(const StoreCall& call) {
+  v1::StoreRequest out;
+  out.set_job_id(call.job_id);
+  out.set_node_id(call.node_id);
+  out.set_generation(call.generation);
+  for (const auto& [op, wire] : kStoreOps) {
+    if (op == call.op) out.set_op(wire);
+  }
+  for (const std::string& k : call.keys) out.add_keys(k);
+  out.set_value(call.value);
+  out.set_expected(call.expected);
+  out.set_delta(call.delta);
+  return out;
+}
+
+absl::StatusOr<StoreCall> StoreCallFromProto(const v1::StoreRequest& r) {
+  StoreCall call;
+  bool known = false;
+  for (const auto& [op, wire] : kStoreOps) {
+    if (wire == r.op()) {
+      call.op = op;
+      known = true;
+    }
+  }
+  if (!known) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("op: unknown store operation ", r.op()));
+  }
+  call.job_id = r.job_id();
+  call.node_id = r.node_id();
+  call.generation = r.generation();
+  call.keys.assign(r.keys().begin(), r.keys().end());
+  call.value = r.value();
+  call.expected = r.expected();
+  call.delta = r.delta();
+  return call;
 }
 
 }  // namespace fusionrl::rpc

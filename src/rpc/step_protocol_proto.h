@@ -5,6 +5,7 @@
 #ifndef FUSIONRL_RPC_STEP_PROTOCOL_PROTO_H_
 #define FUSIONRL_RPC_STEP_PROTOCOL_PROTO_H_
 
+#include "absl/status/statusor.h"
 #include "core/step_protocol.h"
 #include "fusionrl/v1/work.pb.h"
 
@@ -21,6 +22,10 @@ Assignment AssignmentFromProto(const v1::GetAssignmentResponse& assignment);
 v1::FinishStepRequest StepReportToProto(const StepReport& report);
 // Leaves `metrics` empty: the wire's metrics_json is the receiver's to read.
 StepReport StepReportFromProto(const v1::FinishStepRequest& report);
+
+v1::StoreRequest StoreCallToProto(const StoreCall& call);
+// InvalidArgument on an unknown operation.
+absl::StatusOr<StoreCall> StoreCallFromProto(const v1::StoreRequest& request);
 
 }  // namespace fusionrl::rpc
 

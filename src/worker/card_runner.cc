@@ -21,6 +21,7 @@
 #include "engine/rollout.h"
 #include "engine/trainer.h"
 #include "spdlog/spdlog.h"
+#include "worker/controller_store.h"
 #include "worker/fused_rollout.h"
 #include "worker/group_sampler.h"
 #include "worker/hier_sync.h"
@@ -141,6 +142,10 @@ absl::Status CardRunner::Setup() {
         call.due_step = due_step;
         call.payload = std::move(payload);
         return client->ExchangeUpdates(std::move(call), timeout_);
+      },
+      [this, client](int64_t generation, int node_rank, int nodes) {
+        return FormCrossNodeGroup(client, job_.job_id, job_.node_id, generation,
+                                  node_rank, nodes, timeout_);
       });
   FUSIONRL_ASSIGN_OR_RETURN(
       trainer_, Trainer::Create(policy, reference_.get(), cfg,
@@ -307,7 +312,12 @@ absl::Status CardRunner::Run() {
     if (plan.exchange_updates) {
       sync_->BeginSkewedStep(plan.step, plan.updates_due_step, plan.nodes);
     } else {
-      sync_->BeginAttempt(plan.rank, plan.world_size, plan.nodes);
+      std::optional<HierarchicalSync::DataPlane> data_plane;
+      if (plan.c10d_data_plane && plan.nodes > 1) {
+        data_plane = HierarchicalSync::DataPlane{plan.rendezvous_generation,
+                                                 plan.node_rank};
+      }
+      sync_->BeginAttempt(plan.rank, plan.world_size, plan.nodes, data_plane);
     }
     // Only a synchronous step shared with other nodes can be aborted by a
     // node loss (a StaleSync job fails instead).
@@ -345,6 +355,13 @@ absl::Status CardRunner::Run() {
       if (flags[1] > 0 && step.ok()) {
         step = absl::AbortedError("another card of this node was aborted");
       }
+    }
+    if (absl::IsAborted(step) && plan.c10d_data_plane && job_.local_rank == 0) {
+      // The data plane's failure is known on the nodes only: the controller
+      // aborts and replans the attempt (a no-op if it already did).
+      StepReport abort = NewReport(plan.step, plan.attempt);
+      abort.abort_reason = std::string(step.message());
+      Finish(abort).IgnoreError();
     }
     if (absl::IsAborted(step) || (step.ok() && !committed)) {
       if (!snapshot) {

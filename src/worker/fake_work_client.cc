@@ -129,4 +129,10 @@ absl::StatusOr<std::string> FakeWorkClient::FetchWeights(const std::string& key,
   return it->second;
 }
 
+absl::StatusOr<StoreReply> FakeWorkClient::Store(const StoreCall&,
+                                                 absl::Duration) {
+  // Its plans never ask for the c10d data plane.
+  return absl::UnimplementedError("FakeWorkClient has no rendezvous store");
+}
+
 }  // namespace fusionrl

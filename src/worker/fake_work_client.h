@@ -86,6 +86,8 @@ class FakeWorkClient final : public WorkClient {
                               absl::Duration timeout) override;
   absl::StatusOr<std::string> FetchWeights(const std::string& key, int64_t step,
                                            absl::Duration timeout) override;
+  absl::StatusOr<StoreReply> Store(const StoreCall& call,
+                                   absl::Duration timeout) override;
 
  private:
   bool TwinLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -153,4 +153,19 @@ absl::StatusOr<std::string> GrpcWorkClient::FetchWeights(
   return rpc::FetchWeights(*weight_, key, step, timeout, nullptr, auth_token_);
 }
 
+absl::StatusOr<StoreReply> GrpcWorkClient::Store(const StoreCall& call,
+                                                 absl::Duration timeout) {
+  const v1::StoreRequest request = rpc::StoreCallToProto(call);
+  grpc::ClientContext ctx;
+  Prepare(ctx, timeout + rpc_timeout_, auth_token_);
+  v1::StoreResponse response;
+  grpc::Status s = work_->Store(&ctx, request, &response);
+  if (!s.ok()) return rpc::FromGrpcStatus(s);
+  StoreReply reply;
+  reply.value = std::move(*response.mutable_value());
+  reply.number = response.number();
+  reply.flag = response.flag();
+  return reply;
+}
+
 }  // namespace fusionrl

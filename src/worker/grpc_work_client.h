@@ -44,6 +44,8 @@ class GrpcWorkClient final : public WorkClient {
                               absl::Duration timeout) override;
   absl::StatusOr<std::string> FetchWeights(const std::string& key, int64_t step,
                                            absl::Duration timeout) override;
+  absl::StatusOr<StoreReply> Store(const StoreCall& call,
+                                   absl::Duration timeout) override;
 
  private:
   std::unique_ptr<v1::WorkService::Stub> work_;

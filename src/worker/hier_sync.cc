@@ -56,10 +56,11 @@ absl::Status HierarchicalSync::ShareFromCardZero(at::Tensor& flat,
   }
   if (outcome == kAborted) {
     return absl::AbortedError(
-        local_rank_ == 0 ? error
-                         : absl::StrCat("the node's ", what,
-                                        " was aborted by the controller (a "
-                                        "node was lost or the job ended)"));
+        local_rank_ == 0
+            ? error
+            : absl::StrCat("the node's ", what,
+                           " was aborted (a node was lost, the data plane "
+                           "failed or the job ended)"));
   }
   if (outcome != kOk) {
     return absl::UnavailableError(
@@ -72,16 +73,19 @@ absl::Status HierarchicalSync::ShareFromCardZero(at::Tensor& flat,
 
 HierarchicalSync::HierarchicalSync(GradientSync* local, int local_rank,
                                    CrossNodeReduce reduce,
-                                   CrossNodeExchange exchange)
+                                   CrossNodeExchange exchange,
+                                   CrossNodeGroupFactory form_group)
     : local_(local),
       local_rank_(local_rank),
       reduce_(std::move(reduce)),
-      exchange_(std::move(exchange)) {
+      exchange_(std::move(exchange)),
+      form_group_(std::move(form_group)) {
   rank_ = local_rank;
   world_ = local != nullptr ? local->world_size() : 1;
 }
 
-void HierarchicalSync::BeginAttempt(int rank, int world_size, int nodes) {
+void HierarchicalSync::BeginAttempt(int rank, int world_size, int nodes,
+                                    std::optional<DataPlane> data_plane) {
   rank_ = rank;
   world_ = world_size;
   nodes_ = nodes;
@@ -89,6 +93,36 @@ void HierarchicalSync::BeginAttempt(int rank, int world_size, int nodes) {
   cross_node_seconds_ = 0;
   cross_node_bytes_ = 0;
   skewed_ = false;
+  data_plane_ = data_plane;
+  if (!data_plane_ || data_plane_->generation != cross_generation_) {
+    cross_.reset();  // re-formed at the first sum of the new generation
+    cross_generation_ = -1;
+  }
+}
+
+absl::Status HierarchicalSync::CrossNodeAllReduce(at::Tensor& flat) {
+  if (cross_ == nullptr) {
+    if (!form_group_) {
+      return absl::FailedPreconditionError(
+          "the c10d data plane was asked for but no group can be formed");
+    }
+    absl::StatusOr<std::unique_ptr<GradientSync>> group =
+        form_group_(data_plane_->generation, data_plane_->node_rank, nodes_);
+    if (!group.ok()) {
+      return absl::Status(group.status().code(),
+                          absl::StrCat("forming the data plane's group: ",
+                                       group.status().message()));
+    }
+    cross_ = *std::move(group);
+    cross_generation_ = data_plane_->generation;
+  }
+  std::vector<at::Tensor> buffer = {flat};
+  absl::Status s = cross_->AllReduceSum(buffer);
+  if (!s.ok()) {
+    cross_.reset();  // broken: the next generation forms a new one
+    cross_generation_ = -1;
+  }
+  return s;
 }
 
 void HierarchicalSync::BeginSkewedStep(int64_t step, int64_t due_step,
@@ -125,7 +159,16 @@ absl::Status HierarchicalSync::AllReduceSum(std::vector<at::Tensor>& tensors) {
 
   double outcome = kOk;
   std::string error;
-  if (local_rank_ == 0) {
+  if (local_rank_ == 0 && data_plane_) {
+    absl::Status s = CrossNodeAllReduce(flat);
+    if (!s.ok()) {
+      // Any failure of the data plane is the attempt's, never the job's:
+      // the controller replans the step (and fails the job only after a
+      // few such attempts in a row).
+      outcome = kAborted;
+      error = absl::StrCat("data plane, round ", round, ": ", s.message());
+    }
+  } else if (local_rank_ == 0) {
     std::string payload(static_cast<const char*>(flat.data_ptr()), bytes);
     absl::StatusOr<std::string> sum = reduce_(
         round, all_float ? ReduceDtype::kFloat32 : ReduceDtype::kFloat64,

@@ -1,9 +1,11 @@
 // HierarchicalSync: the data-parallel collective of a card that may share
 // its job with cards of other nodes. A sum is taken first over the node's
 // cards (c10d, `local`), then over the nodes by the node's first card
-// through the controller's WorkService.Reduce, and handed back to the node's
+// (run.data_plane: through the controller's WorkService.Reduce, or over a
+// c10d group of the nodes' first cards), and handed back to the node's
 // other cards through one more local sum. Every node receives the same bytes
-// (the controller sums in node order), so all replicas stay identical.
+// (the controller sums in node order; Gloo's ring hands every rank the same
+// result), so all replicas stay identical.
 //
 // A round the controller refuses with ABORTED (the step's attempt was
 // abandoned because a node was lost) becomes an Aborted status on every card
@@ -13,6 +15,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,16 +38,33 @@ using CrossNodeExchange =
     std::function<absl::StatusOr<std::vector<ReceivedUpdate>>(
         int64_t step, int64_t round, int64_t due_step, std::string payload)>;
 
+// The c10d data plane: forms the cross-node group of rendezvous generation
+// `generation`, in which this node is rank `node_rank` of `nodes`.
+using CrossNodeGroupFactory =
+    std::function<absl::StatusOr<std::unique_ptr<GradientSync>>(
+        int64_t generation, int node_rank, int nodes)>;
+
 class HierarchicalSync final : public GradientSync {
  public:
   // `local`: the node's c10d group (null for one card), borrowed.
-  // `reduce` is called by local rank 0 only.
+  // `reduce` and `form_group` are called by local rank 0 only.
   HierarchicalSync(GradientSync* local, int local_rank, CrossNodeReduce reduce,
-                   CrossNodeExchange exchange = nullptr);
+                   CrossNodeExchange exchange = nullptr,
+                   CrossNodeGroupFactory form_group = nullptr);
 
   // Starts an attempt: global rank and world, number of nodes; rounds are
-  // numbered from 0 again.
-  void BeginAttempt(int rank, int world_size, int nodes);
+  // numbered from 0 again. With `data_plane` set (run.data_plane = c10d),
+  // the cross-node sums go through the c10d group of that rendezvous
+  // generation (kept from the previous attempt when the generation is the
+  // same, formed at the first sum otherwise) instead of the controller; a
+  // failure of the group surfaces as Aborted on every card of the node (the
+  // attempt is replanned) and the group is dropped.
+  struct DataPlane {
+    int64_t generation = 0;
+    int node_rank = 0;
+  };
+  void BeginAttempt(int rank, int world_size, int nodes,
+                    std::optional<DataPlane> data_plane = std::nullopt);
 
   // Starts a step of a StaleSync job (plan.exchange_updates): every sum
   // stays inside the node (rank and world are the node's), except the
@@ -81,10 +102,19 @@ class HierarchicalSync final : public GradientSync {
   absl::Status ShareFromCardZero(at::Tensor& flat, double outcome,
                                  const std::string& error, const char* what);
 
+  // Card 0 with the c10d data plane: the node's sum of `flat` across the
+  // nodes, in place, through the generation's group (formed if needed).
+  absl::Status CrossNodeAllReduce(at::Tensor& flat);
+
   GradientSync* local_;
   int local_rank_;
   CrossNodeReduce reduce_;
   CrossNodeExchange exchange_;
+  CrossNodeGroupFactory form_group_;
+  std::optional<DataPlane> data_plane_;
+  // Card 0: the cross-node group and the generation it was formed for.
+  std::unique_ptr<GradientSync> cross_;
+  int64_t cross_generation_ = -1;
   bool skewed_ = false;
   int64_t step_ = 0;
   int64_t due_step_ = 0;

@@ -89,4 +89,9 @@ absl::StatusOr<std::string> InProcessWorkClient::FetchWeights(
   return *version->bytes;
 }
 
+absl::StatusOr<StoreReply> InProcessWorkClient::Store(const StoreCall& call,
+                                                      absl::Duration timeout) {
+  return jobs_.Store(call, timeout);
+}
+
 }  // namespace fusionrl

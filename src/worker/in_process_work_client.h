@@ -50,6 +50,8 @@ class InProcessWorkClient final : public WorkClient {
                               absl::Duration timeout) override;
   absl::StatusOr<std::string> FetchWeights(const std::string& key, int64_t step,
                                            absl::Duration timeout) override;
+  absl::StatusOr<StoreReply> Store(const StoreCall& call,
+                                   absl::Duration timeout) override;
 
  private:
   JobManager& jobs_;

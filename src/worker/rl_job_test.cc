@@ -223,6 +223,42 @@ TEST(RlJobTest, TwoSuperNodesMatchTwoCardsOfOneNode) {
   ExpectSameWeights(a->checkpoint_dir, b->checkpoint_dir);
 }
 
+// The c10d data plane: the nodes' first cards sum the gradients in a Gloo
+// group formed through the controller's rendezvous store, and the
+// controller carries no tensor bytes. A two-term float sum is order-free,
+// so the run equals the one summed by the controller bit for bit, with one
+// card per node and with two (local c10d sum first).
+TEST(RlJobTest, C10dDataPlaneMatchesTheControllerSumWithoutItsBytes) {
+  for (int cards : {1, 2}) {
+    JobConfig relay = TinyRlJob(absl::StrCat("plane-controller-", cards), 3);
+    relay.placement.super_nodes = 2;
+    relay.placement.cards_per_super_node = cards;
+    std::filesystem::remove_all(relay.output_dir);
+    auto a = RunRlJob(relay);
+    ASSERT_TRUE(a.ok()) << a.status();
+
+    JobConfig c10d = TinyRlJob(absl::StrCat("plane-c10d-", cards), 3);
+    c10d.placement.super_nodes = 2;
+    c10d.placement.cards_per_super_node = cards;
+    c10d.run.data_plane = "c10d";
+    std::filesystem::remove_all(c10d.output_dir);
+    auto b = RunRlJob(c10d);
+    ASSERT_TRUE(b.ok()) << b.status();
+
+    EXPECT_EQ(b->steps, 3);
+    EXPECT_EQ(b->rollout_tokens, a->rollout_tokens);
+    EXPECT_EQ(Rewards(c10d.output_dir), Rewards(relay.output_dir));
+    ExpectSameWeights(a->checkpoint_dir, b->checkpoint_dir);
+    for (double bytes : Column(c10d.output_dir, "controller_tensor_bytes")) {
+      EXPECT_EQ(bytes, 0) << "cards " << cards;
+    }
+    for (double bytes : Column(relay.output_dir, "controller_tensor_bytes")) {
+      EXPECT_GT(bytes, 0) << "cards " << cards;
+    }
+    ExpectEveryGroupTrainedOnce(c10d.output_dir, 3 * 4);
+  }
+}
+
 // RL Fusion with s = 0 samples every step from exactly the weights the
 // colocated-sync run samples from (the rollout of step u waits for version
 // u - 1), with the same seeds: the same run, bit for bit.

@@ -3,7 +3,9 @@
 // The card loop (CardRunner, PlanRendezvous, the node job) talks to the
 // controller only through this interface. Three implementations:
 //   * GrpcWorkClient (grpc_work_client.h): the WorkService and WeightService
-//     over a channel, used by `fusionrl worker` and by `fusionrl run`;
+//     over a channel, used by `fusionrl worker`;
+//   * InProcessWorkClient (in_process_work_client.h): the controller's
+//     JobManager and WeightStore called directly, used by `fusionrl run`;
 //   * FakeWorkClient (fake_work_client.h): a scripted one-node controller
 //     for unit tests of the card loop, with fault switches (errors, delays,
 //     aborted attempts) in the spirit of c10d's FakeProcessGroup.
@@ -63,6 +65,10 @@ class WorkClient {
   virtual absl::StatusOr<std::string> FetchWeights(const std::string& key,
                                                    int64_t step,
                                                    absl::Duration timeout) = 0;
+  // The c10d data plane's rendezvous: one store operation on the job's
+  // generation `call.generation` (ABORTED once it is over).
+  virtual absl::StatusOr<StoreReply> Store(const StoreCall& call,
+                                           absl::Duration timeout) = 0;
 };
 
 }  // namespace fusionrl
