@@ -145,6 +145,11 @@ std::string FormatStatus(const v1::JobStatus& s) {
                           "skew seen %d)\n",
                           clocks, s.max_clock_skew(), s.max_clock_skew_seen());
   }
+  if (s.nodes_size() > 1) {
+    // 0 on the c10d data plane: the nodes sum among themselves.
+    absl::StrAppendFormat(&out, "  tensors through the controller: %.1f MiB\n",
+                          s.controller_tensor_bytes() / 1048576.0);
+  }
   if (s.nodes_size() > 0) {
     absl::StrAppendFormat(&out, "  %-10s %-12s %-16s %-6s %-10s %s\n", "NODE",
                           "SUPER NODE", "HOST", "STATE", "HEARTBEAT",
