@@ -189,6 +189,10 @@ check(sub == trained == 30 * 16, f"groups trained == submitted == 480 ({trained}
 supers = sorted(n["super_node"] for n in st["nodes"])
 check(supers == ["a", "b"], f"both super nodes in the job ({supers})")
 check(all(n["state"] == "alive" for n in st["nodes"]), "both nodes alive")
+# The controller data plane: the sums went through the controller, and the
+# status says how much (the c10d job below must say 0).
+check(int(st.get("controller_tensor_bytes", 0)) > 0,
+      f"status: controller_tensor_bytes > 0 ({st.get('controller_tensor_bytes', 0)})")
 
 sys.path.insert(0, out)
 import checks
