@@ -110,22 +110,8 @@ absl::StatusOr<std::string> RendezvousStore::Get(const std::string& scope,
                                                  absl::Time deadline) {
   if (absl::Status s = CheckKey(scope, key); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
-  for (;;) {
-    absl::StatusOr<Scope*> s = MutableScopeLocked(scope);
-    if (!s.ok()) return s.status();
-    auto it = (*s)->keys.find(key);
-    if (it != (*s)->keys.end()) return it->second;
-    if (WaitOnClock(changed_, mu_, clock_, deadline)) {
-      s = MutableScopeLocked(scope);
-      if (!s.ok()) return s.status();
-      it = (*s)->keys.find(key);
-      if (it != (*s)->keys.end()) return it->second;
-      return absl::DeadlineExceededError(absl::StrCat(
-          "rendezvous store: ", key, " of generation ", scope,
-          " was not set before the deadline; a card of the group never "
-          "arrived"));
-    }
-  }
+  if (absl::Status s = WaitLocked(scope, {key}, deadline); !s.ok()) return s;
+  return scopes_.at(scope).keys.at(key);
 }
 
 absl::StatusOr<int64_t> RendezvousStore::Add(const std::string& scope,
@@ -169,19 +155,23 @@ absl::Status RendezvousStore::Wait(const std::string& scope,
     if (absl::Status s = CheckKey(scope, k); !s.ok()) return s;
   }
   absl::MutexLock lock(&mu_);
-  for (;;) {
+  return WaitLocked(scope, keys, deadline);
+}
+
+absl::Status RendezvousStore::WaitLocked(const std::string& scope,
+                                         const std::vector<std::string>& keys,
+                                         absl::Time deadline) {
+  for (bool passed = false;;) {
     absl::StatusOr<Scope*> s = MutableScopeLocked(scope);
     if (!s.ok()) return s.status();
     if (AllSet(**s, keys)) return absl::OkStatus();
-    if (WaitOnClock(changed_, mu_, clock_, deadline)) {
-      s = MutableScopeLocked(scope);
-      if (!s.ok()) return s.status();
-      if (AllSet(**s, keys)) return absl::OkStatus();
+    if (passed) {
       return absl::DeadlineExceededError(absl::StrCat(
           "rendezvous store: waited for ", absl::StrJoin(keys, ", "),
           " of generation ", scope,
           " until the deadline; a card of the group never set them"));
     }
+    passed = WaitOnClock(changed_, mu_, clock_, deadline);
   }
 }
 

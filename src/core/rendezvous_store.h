@@ -108,6 +108,11 @@ class RendezvousStore {
                                size_t value_bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static bool AllSet(const Scope& s, const std::vector<std::string>& keys);
+  // Wait()'s loop; on OK every key is set in the (open) scope.
+  absl::Status WaitLocked(const std::string& scope,
+                          const std::vector<std::string>& keys,
+                          absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Clock& clock_;
   mutable absl::Mutex mu_;

@@ -140,11 +140,16 @@ std::shared_ptr<::gloo::transport::Device> NetworkDevice() {
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+// One Gloo thread on `device` (default: loopback, for groups inside this
+// machine).
 c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> GlooOptions(
-    absl::Duration timeout) {
+    absl::Duration timeout,
+    std::shared_ptr<::gloo::transport::Device> device = nullptr) {
   auto options = c10d::ProcessGroupGloo::Options::create(ToChrono(timeout));
   options->devices.push_back(
-      c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+      device != nullptr
+          ? std::move(device)
+          : c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
   options->threads = 1;
   return options;
 }
@@ -230,11 +235,9 @@ absl::StatusOr<std::unique_ptr<GradientSync>> MakeStoreGlooGroup(
         "gloo group: rank ", rank, " is not in [0, ", world_size, ")"));
   }
   try {
-    auto options = c10d::ProcessGroupGloo::Options::create(ToChrono(timeout));
-    options->devices.push_back(NetworkDevice());
-    options->threads = 1;
     auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(
-        std::move(store), rank, world_size, options);
+        std::move(store), rank, world_size,
+        GlooOptions(timeout, NetworkDevice()));
     return std::unique_ptr<GradientSync>(new GlooGradientSync(
         std::move(group), rank, world_size, timeout, std::move(probe)));
   } catch (const std::exception& e) {
