@@ -466,6 +466,63 @@ print(f"     final eval accuracy {s['final_eval_accuracy']:.3f} (start {s['initi
 sys.exit(1 if bad else 0)
 PY
 
+# 6b. The same StaleSync job on the c10d data plane: each update goes into
+#     an asynchronous all-reduce of the two worker processes that the other
+#     super node waits for k = 1 step later, and the syncs are broadcasts.
+#     What a node applies depends on no arrival order, so the slowed
+#     cluster ends with the weights of the same job run in one process
+#     bit for bit, and the controller carries no tensor bytes.
+skew_ref=$(timeout 300 "$BIN" run "$CFG" --output-dir "$OUT/skew-c10d-ref" --init-checkpoint "$SFT_CKPT" \
+           --set placement.super_nodes=2 --set stalesync.max_clock_skew=1 --set run.data_plane=c10d \
+           --set run.total_steps=20 --set run.checkpoint_every=10 --set run.eval_every=0 \
+           2>"$OUT/skew-c10d-ref.log") || fail "in-process StaleSync c10d run failed: $(tail -5 "$OUT/skew-c10d-ref.log")"
+echo "ok   in-process StaleSync run on the c10d data plane ($skew_ref)"
+skewc_rc=0
+job3c=$(timeout 300 "$BIN" submit "$CFG" --controller "$ADDR2" \
+       --set placement.super_nodes=2 --set stalesync.max_clock_skew=1 --set run.data_plane=c10d \
+       --set run.total_steps=20 --set run.checkpoint_every=10 --set run.eval_every=0 \
+       --set init_checkpoint="$SFT_CKPT" --output-dir "$OUT/skew-c10d" --wait \
+       2>"$OUT/submit-3c.log") || skewc_rc=$?
+"$BIN" status --controller "$ADDR2" --job "$job3c" --json >"$OUT/status-3c.json"
+python3 - "$skewc_rc" "$OUT" <<'PY' || fail "StaleSync on the c10d data plane"
+import json, os, sys
+rc, out = int(sys.argv[1]), sys.argv[2]
+sys.path.insert(0, out)
+import checks
+bad = []
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond: bad.append(what)
+check(rc == 0, f"StaleSync k=1 on c10d: submit --wait exits 0 (got {rc})")
+st = json.load(open(os.path.join(out, "status-3c.json")))
+check(st["phase"] == "JOB_PHASE_SUCCEEDED", f"StaleSync c10d job succeeded ({st['phase']} {st.get('message', '')!r})")
+check(int(st.get("controller_tensor_bytes", 0)) == 0,
+      f"status: controller_tensor_bytes == 0 ({st.get('controller_tensor_bytes', 0)})")
+s = json.load(open(os.path.join(out, "skew-c10d", "summary.json")))
+seen = s.get("max_clock_skew_seen", -1)
+check(0 <= seen <= 2, f"clocks never more than k+1 = 2 apart (max seen {seen})")
+crc = s.get("final_weights_crc32c", {})
+check(sorted(crc) == ["a", "b"] and len(set(crc.values())) == 1,
+      f"after the broadcast sync both super nodes hold identical weights ({crc})")
+rows = checks.rows(os.path.join(out, "skew-c10d", "metrics.jsonl"))
+check([r["step"] for r in rows] == list(range(1, 21)), f"metrics.jsonl has steps 1..20 ({len(rows)} lines)")
+check(all(r.get("controller_tensor_bytes") == 0 for r in rows), "every record: controller_tensor_bytes == 0")
+check(max(r["max_update_lag"] for r in rows) <= 1, "no update applied more than k = 1 step late")
+check(sum(r["updates_received"] for r in rows) == 20, "the lead applied each of b's 20 updates once")
+syncs = [r["step"] for r in rows if r["weight_sync_bytes"] > 0]
+check(syncs == [10, 20], f"weights synced at the checkpoint and the end ({syncs})")
+ref = checks.rows(os.path.join(out, "skew-c10d-ref", "metrics.jsonl"))
+timing_dependent = {"clock_skew", "max_clock_skew_seen"}
+diffs = [d for d in checks.record_diffs(ref, rows) if d[1] not in timing_dependent]
+check(not diffs, f"every step record equals the in-process run's but for timings and skew ({len(diffs)} differences)")
+for d in diffs[:10]:
+    print(f"     step {d[0]} {d[1]}: in-process {d[2]!r}, cluster {d[3]!r}")
+check(checks.same_bytes(os.path.join(out, "skew-c10d-ref", "checkpoints", "final", "model.pt"),
+                        os.path.join(out, "skew-c10d", "checkpoints", "final", "model.pt")),
+      "final model.pt is byte-identical to the in-process run's, however the slowed node's timing fell")
+sys.exit(1 if bad else 0)
+PY
+
 # 7. submit --resume is exact. On the same cluster (worker b still slowed,
 #    which changes timings only), the job of section 3 runs once through
 #    ($OUT/whole), then again ($OUT/resume) stopped part way by SIGTERM to

@@ -320,7 +320,9 @@ struct RunConfig {
   //               CPU), rendezvousing through the controller's store; the
   //               controller carries no tensor bytes (docs/cluster.md).
   // StaleSync jobs with max_clock_skew > 0 exchange their updates through
-  // the controller either way (for now).
+  // the controller (WorkService.ExchangeUpdates) or, on c10d, with
+  // asynchronous all-reduces over that group, and sync their weights by a
+  // broadcast over it (docs/stalesync.md).
   std::string data_plane = "controller";
   // After the final checkpoint (RL and SFT), also write the policy as a
   // Hugging Face directory at <output_dir>/hf (`fusionrl export`), in

@@ -40,6 +40,9 @@ absl::StatusOr<const JobManager::Attempt*> JobManager::SkewedAttemptLocked(
   }
   std::unique_ptr<Attempt> a = MakeAttemptLocked(job, want);
   if (a == nullptr) return absl::AbortedError(job.end_message);
+  // The nodes never change while a skewed job runs: one rendezvous
+  // generation (planned with its first step) serves all its steps.
+  a->generation = job.rendezvous_generation;
   const Attempt* out = a.get();
   job.ahead[want] = std::move(a);
   ++job.update;

@@ -7,6 +7,7 @@
 #include <exception>
 #include <functional>
 #include <future>
+#include <map>
 #include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -14,6 +15,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 
 namespace fusionrl {
 namespace {
@@ -34,17 +36,24 @@ class GlooGradientSync final : public GradientSync {
         probe_(std::move(probe)) {}
 
   ~GlooGradientSync() override {
-    if (pending_) {
-      // A collective this rank gave up on (its peer froze) still runs in
-      // Gloo's thread until Gloo's own timeout; destroying the group now
-      // would wait for it. Let a detached thread hold the group until then.
-      std::thread([group = std::move(group_), work = std::move(pending_)] {
+    // Collectives this rank gave up on (a peer froze) or never waited for
+    // (the job ended with StaleSync sums in flight) still run in Gloo's
+    // thread until they finish or time out; destroying the group now would
+    // wait for them. Let a detached thread hold the group until then.
+    std::vector<c10::intrusive_ptr<c10d::Work>> left;
+    if (pending_) left.push_back(std::move(pending_));
+    for (auto& [ticket, work] : started_) {
+      if (!work->isCompleted()) left.push_back(std::move(work));
+    }
+    if (left.empty()) return;
+    std::thread([group = std::move(group_), left = std::move(left)] {
+      for (const auto& work : left) {
         try {
           work->wait();
         } catch (const std::exception&) {
         }
-      }).detach();
-    }
+      }
+    }).detach();
   }
 
   int rank() const override { return rank_; }
@@ -52,29 +61,70 @@ class GlooGradientSync final : public GradientSync {
 
   absl::Status AllReduceSum(std::vector<at::Tensor>& tensors) override {
     if (tensors.empty()) return absl::OkStatus();
-    if (pending_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "gloo group (rank ", rank_, " of ", world_,
-          ") was abandoned in an earlier collective; form a new one"));
-    }
+    FUSIONRL_RETURN_IF_ERROR(Usable());
     try {
-      std::vector<at::Tensor> flat_parts;
-      flat_parts.reserve(tensors.size());
-      for (const auto& t : tensors) flat_parts.push_back(t.reshape({-1}));
-      std::vector<at::Tensor> buffer = {at::cat(flat_parts)};
+      std::vector<at::Tensor> buffer = {Flat(tensors)};
       auto work = group_->allreduce(buffer);
-      if (absl::Status s = Await(work); !s.ok()) return s;
-      int64_t offset = 0;
-      for (auto& t : tensors) {
-        const int64_t n = t.numel();
-        t.copy_(buffer[0].narrow(0, offset, n).view_as(t));
-        offset += n;
-      }
+      FUSIONRL_RETURN_IF_ERROR(Await(work, "all-reduce"));
+      CopyBack(buffer[0], tensors);
     } catch (const std::exception& e) {
       // c10d reports a timed-out or broken peer as an exception.
-      return absl::UnavailableError(absl::StrCat("gradient all-reduce (rank ",
-                                                 rank_, " of ", world_,
-                                                 ") failed: ", e.what()));
+      return Failed("gradient all-reduce", e);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<int64_t> StartAllReduceSum(at::Tensor flat) override {
+    FUSIONRL_RETURN_IF_ERROR(Usable());
+    try {
+      std::vector<at::Tensor> buffer = {std::move(flat)};
+      const int64_t ticket = next_ticket_++;
+      started_.emplace(ticket, group_->allreduce(buffer));
+      return ticket;
+    } catch (const std::exception& e) {
+      return Failed("starting an all-reduce", e);
+    }
+  }
+
+  absl::Status WaitAllReduceSum(int64_t ticket) override {
+    auto it = started_.find(ticket);
+    if (it == started_.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("all-reduce ticket ", ticket, " of gloo group rank ",
+                       rank_, " was not started or was waited for already"));
+    }
+    FUSIONRL_RETURN_IF_ERROR(Usable());
+    c10::intrusive_ptr<c10d::Work> work = std::move(it->second);
+    started_.erase(it);
+    try {
+      return Await(work, "all-reduce");
+    } catch (const std::exception& e) {
+      return Failed("all-reduce", e);
+    }
+  }
+
+  absl::Status Broadcast(std::vector<at::Tensor>& tensors, int root) override {
+    if (tensors.empty()) return absl::OkStatus();
+    if (root < 0 || root >= world_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "broadcast: root ", root, " is not in [0, ", world_, ")"));
+    }
+    FUSIONRL_RETURN_IF_ERROR(Usable());
+    for (const at::Tensor& t : tensors) {
+      if (t.scalar_type() != tensors[0].scalar_type()) {
+        return absl::InvalidArgumentError(
+            "broadcast: the tensors must share one dtype");
+      }
+    }
+    try {
+      std::vector<at::Tensor> buffer = {Flat(tensors)};
+      c10d::BroadcastOptions options;
+      options.rootRank = root;
+      auto work = group_->broadcast(buffer, options);
+      FUSIONRL_RETURN_IF_ERROR(Await(work, "broadcast"));
+      if (rank_ != root) CopyBack(buffer[0], tensors);
+    } catch (const std::exception& e) {
+      return Failed("broadcast", e);
     }
     return absl::OkStatus();
   }
@@ -86,7 +136,8 @@ class GlooGradientSync final : public GradientSync {
   // slice: an error from it abandons the collective (and the group) at
   // once, so a frozen peer holds this rank only until the controller has
   // declared it lost, not for the whole collective timeout.
-  absl::Status Await(const c10::intrusive_ptr<c10d::Work>& work) {
+  absl::Status Await(const c10::intrusive_ptr<c10d::Work>& work,
+                     const char* what) {
     if (!probe_) {
       work->wait(ToChrono(timeout_));
       return absl::OkStatus();
@@ -105,18 +156,56 @@ class GlooGradientSync final : public GradientSync {
       if (waited >= timeout_) {
         pending_ = work;
         return absl::DeadlineExceededError(absl::StrCat(
-            "all-reduce (rank ", rank_, " of ", world_,
-            ") did not finish within ", absl::FormatDuration(timeout_)));
+            what, " (rank ", rank_, " of ", world_, ") did not finish within ",
+            absl::FormatDuration(timeout_)));
       }
       if (waited < kProbeAfter) continue;
       if (absl::Status s = probe_(); !s.ok()) {
         pending_ = work;
         return absl::Status(
             s.code(),
-            absl::StrCat("all-reduce (rank ", rank_, " of ", world_,
+            absl::StrCat(what, " (rank ", rank_, " of ", world_,
                          ") abandoned after ", absl::FormatDuration(waited),
                          ": ", s.message()));
       }
+    }
+  }
+
+  // FailedPrecondition once a collective was abandoned.
+  absl::Status Usable() const {
+    if (!pending_) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "gloo group (rank ", rank_, " of ", world_,
+        ") was abandoned in an earlier collective; form a new one"));
+  }
+
+  absl::Status Failed(const char* what, const std::exception& e) const {
+    return absl::UnavailableError(absl::StrCat(what, " (rank ", rank_, " of ",
+                                               world_, ") failed: ", e.what()));
+  }
+
+  // The tensors as one flat buffer (a view when there is one contiguous
+  // tensor), and back.
+  static at::Tensor Flat(const std::vector<at::Tensor>& tensors) {
+    if (tensors.size() == 1 && tensors[0].is_contiguous()) {
+      return tensors[0].view({-1});
+    }
+    std::vector<at::Tensor> parts;
+    parts.reserve(tensors.size());
+    for (const auto& t : tensors) parts.push_back(t.reshape({-1}));
+    return at::cat(parts);
+  }
+  static void CopyBack(const at::Tensor& flat,
+                       std::vector<at::Tensor>& tensors) {
+    if (tensors.size() == 1 && tensors[0].is_contiguous() &&
+        tensors[0].data_ptr() == flat.data_ptr()) {
+      return;  // summed in place
+    }
+    int64_t offset = 0;
+    for (auto& t : tensors) {
+      const int64_t n = t.numel();
+      t.copy_(flat.narrow(0, offset, n).view_as(t));
+      offset += n;
     }
   }
 
@@ -127,6 +216,9 @@ class GlooGradientSync final : public GradientSync {
   std::function<absl::Status()> probe_;
   // A collective given up on while it still ran (see ~GlooGradientSync).
   c10::intrusive_ptr<c10d::Work> pending_;
+  // Asynchronous sums started and not waited for yet, by ticket.
+  std::map<int64_t, c10::intrusive_ptr<c10d::Work>> started_;
+  int64_t next_ticket_ = 0;
 };
 
 // Gloo's device for a group that spans machines: the interface named by
@@ -155,6 +247,20 @@ c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> GlooOptions(
 }
 
 }  // namespace
+
+absl::StatusOr<int64_t> GradientSync::StartAllReduceSum(at::Tensor flat) {
+  std::vector<at::Tensor> t = {std::move(flat)};
+  FUSIONRL_RETURN_IF_ERROR(AllReduceSum(t));
+  return int64_t{0};
+}
+
+absl::Status GradientSync::WaitAllReduceSum(int64_t) {
+  return absl::OkStatus();
+}
+
+absl::Status GradientSync::Broadcast(std::vector<at::Tensor>&, int) {
+  return absl::UnimplementedError("this GradientSync does not broadcast");
+}
 
 absl::Status SumAcrossRanks(GradientSync* sync, std::vector<double>& values) {
   if (sync == nullptr || sync->world_size() == 1 || values.empty()) {

@@ -48,6 +48,21 @@ class GradientSync {
   virtual absl::Status ReduceGradients(std::vector<at::Tensor>& grads) {
     return AllReduceSum(grads);
   }
+
+  // An asynchronous sum (StaleSync's updates on the c10d data plane): starts
+  // replacing `flat` (one contiguous tensor, which the caller keeps alive
+  // and leaves untouched until WaitAllReduceSum returns) by its sum over
+  // the ranks, and returns its ticket. Every rank starts the same sums in
+  // the same order, interleaved alike with the blocking collectives.
+  // Default: the sum is taken at once (a blocking AllReduceSum).
+  virtual absl::StatusOr<int64_t> StartAllReduceSum(at::Tensor flat);
+  // Waits for the sum started as `ticket` (the group's timeout and probe
+  // apply). After an error the group takes no further collectives.
+  virtual absl::Status WaitAllReduceSum(int64_t ticket);
+
+  // Replaces each tensor by rank `root`'s (same shapes and dtypes on every
+  // rank), bit for bit. Default: Unimplemented.
+  virtual absl::Status Broadcast(std::vector<at::Tensor>& tensors, int root);
 };
 
 // Sums `values` over the ranks of `sync` (in place). A null `sync` or a

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <future>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <vector>
@@ -86,6 +87,55 @@ TEST(GradSyncTest, AProbeErrorAbandonsACollectiveAFrozenPeerHolds) {
   const absl::Time drop = absl::Now();
   group[0].reset();
   EXPECT_LT(absl::Now() - drop, absl::Seconds(5));
+}
+
+// StaleSync's asynchronous sums: started one after another without waiting
+// (with a blocking sum between them), each holds its own sum once waited
+// for, whichever rank waits first; a broadcast hands every rank the root's
+// bytes exactly (a negative zero stays negative).
+TEST(GradSyncTest, AsynchronousSumsAndABroadcastKeepTheirOrder) {
+  auto group = StoreGroup(2, absl::Seconds(30));
+  ASSERT_EQ(group.size(), 2u);
+  std::vector<std::future<std::vector<float>>> results;
+  for (int r = 0; r < 2; ++r) {
+    results.push_back(std::async(std::launch::async, [&, r] {
+      GradientSync& g = *group[r];
+      std::vector<at::Tensor> sums;
+      std::vector<int64_t> tickets;
+      for (int i = 0; i < 3; ++i) {
+        sums.push_back(at::full({4}, static_cast<float>(10 * i + r + 1)));
+        auto t = g.StartAllReduceSum(sums.back());
+        EXPECT_TRUE(t.ok()) << t.status();
+        tickets.push_back(t.value_or(-1));
+        if (i == 1) {
+          std::vector<at::Tensor> now = {at::full({2}, 100.0f * (r + 1))};
+          EXPECT_TRUE(g.AllReduceSum(now).ok());
+          EXPECT_EQ(now[0][1].item<float>(), 300.0f);
+        }
+      }
+      for (int64_t t : tickets) EXPECT_TRUE(g.WaitAllReduceSum(t).ok());
+      EXPECT_EQ(g.WaitAllReduceSum(tickets[0]).code(),
+                absl::StatusCode::kInvalidArgument);
+      std::vector<at::Tensor> b = {
+          r == 0 ? at::tensor({-0.0f, 1.5f}) : at::tensor({7.0f, 7.0f}),
+          r == 0 ? at::tensor({2.0f}) : at::tensor({9.0f})};
+      EXPECT_TRUE(g.Broadcast(b, 0).ok());
+      return std::vector<float>{
+          sums[0][0].item<float>(), sums[1][3].item<float>(),
+          sums[2][2].item<float>(), b[0][0].item<float>(),
+          b[0][1].item<float>(),    b[1][0].item<float>()};
+    }));
+  }
+  for (auto& f : results) {
+    const std::vector<float> v = f.get();
+    EXPECT_EQ(v[0], 3.0f);   // (0 + 1) + (0 + 2)
+    EXPECT_EQ(v[1], 23.0f);  // 11 + 12
+    EXPECT_EQ(v[2], 43.0f);  // 21 + 22
+    EXPECT_EQ(v[3], 0.0f);
+    EXPECT_TRUE(std::signbit(v[3])) << "the root's -0.0 arrives as it is";
+    EXPECT_EQ(v[4], 1.5f);
+    EXPECT_EQ(v[5], 2.0f);
+  }
 }
 
 }  // namespace

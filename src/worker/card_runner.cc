@@ -55,8 +55,10 @@ class CardRunner {
   // thread was granted, and brings the state back when it fits.
   absl::Status PrepareOptimizer();
   // StaleSync across super nodes, after a sync_weights step: the lead card
-  // publishes its weights and optimizer state, the cards of the other super
-  // nodes adopt them. Returns the bytes this card sent or received.
+  // publishes its weights and optimizer state (through the controller's
+  // WeightService, or broadcast over the c10d data plane), the cards of
+  // the other super nodes adopt them. Returns the bytes this card sent or
+  // received.
   absl::StatusOr<int64_t> SyncWeights(const StepPlan& plan);
   // One attempt of one step. Fills `report` (lead: metrics).
   absl::Status TrainStep(const StepPlan& plan, StepReport& report);
@@ -309,14 +311,15 @@ absl::Status CardRunner::Run() {
     }
     plan_step_ = plan.step;
     plan_attempt_ = plan.attempt;
+    std::optional<HierarchicalSync::DataPlane> data_plane;
+    if (plan.c10d_data_plane && plan.nodes > 1) {
+      data_plane = HierarchicalSync::DataPlane{plan.rendezvous_generation,
+                                               plan.node_rank};
+    }
     if (plan.exchange_updates) {
-      sync_->BeginSkewedStep(plan.step, plan.updates_due_step, plan.nodes);
+      sync_->BeginSkewedStep(plan.step, plan.updates_due_step, plan.nodes,
+                             data_plane);
     } else {
-      std::optional<HierarchicalSync::DataPlane> data_plane;
-      if (plan.c10d_data_plane && plan.nodes > 1) {
-        data_plane = HierarchicalSync::DataPlane{plan.rendezvous_generation,
-                                                 plan.node_rank};
-      }
       sync_->BeginAttempt(plan.rank, plan.world_size, plan.nodes, data_plane);
     }
     // Only a synchronous step shared with other nodes can be aborted by a
@@ -391,6 +394,20 @@ absl::Status CardRunner::Run() {
 }
 
 absl::StatusOr<int64_t> CardRunner::SyncWeights(const StepPlan& plan) {
+  if (plan.c10d_data_plane) {
+    // Broadcast over the nodes' group: no weight goes through the
+    // controller.
+    std::string blob;
+    if (plan.rank == 0) {
+      FUSIONRL_ASSIGN_OR_RETURN(blob, SerializeState(*ctx_.policy, *trainer_));
+    }
+    FUSIONRL_RETURN_IF_ERROR(sync_->BroadcastFromLead(blob));
+    if (plan.node_rank != 0) {
+      FUSIONRL_RETURN_IF_ERROR(AdoptState(blob, *ctx_.policy, *trainer_));
+    }
+    return static_cast<int64_t>(
+        plan.node_rank == 0 && plan.rank != 0 ? 0 : blob.size());
+  }
   const std::string key = absl::StrCat(job_.job_id, "/sync");
   if (plan.rank == 0) {
     FUSIONRL_ASSIGN_OR_RETURN(std::string blob,

@@ -95,12 +95,17 @@ void HierarchicalSync::BeginAttempt(int rank, int world_size, int nodes,
   skewed_ = false;
   data_plane_ = data_plane;
   if (!data_plane_ || data_plane_->generation != cross_generation_) {
-    cross_.reset();  // re-formed at the first sum of the new generation
-    cross_generation_ = -1;
+    DropCrossGroup();  // re-formed at the first sum of the new generation
   }
 }
 
-absl::Status HierarchicalSync::CrossNodeAllReduce(at::Tensor& flat) {
+void HierarchicalSync::DropCrossGroup() {
+  in_flight_.clear();
+  cross_.reset();
+  cross_generation_ = -1;
+}
+
+absl::Status HierarchicalSync::EnsureCrossGroup() {
   if (cross_ == nullptr) {
     if (!form_group_) {
       return absl::FailedPreconditionError(
@@ -116,19 +121,22 @@ absl::Status HierarchicalSync::CrossNodeAllReduce(at::Tensor& flat) {
     cross_ = *std::move(group);
     cross_generation_ = data_plane_->generation;
   }
+  return absl::OkStatus();
+}
+
+absl::Status HierarchicalSync::CrossNodeAllReduce(at::Tensor& flat) {
+  FUSIONRL_RETURN_IF_ERROR(EnsureCrossGroup());
   std::vector<at::Tensor> buffer = {flat};
   absl::Status s = cross_->AllReduceSum(buffer);
-  if (!s.ok()) {
-    cross_.reset();  // broken: the next generation forms a new one
-    cross_generation_ = -1;
-  }
+  if (!s.ok()) DropCrossGroup();  // broken: the next generation forms anew
   return s;
 }
 
 void HierarchicalSync::BeginSkewedStep(int64_t step, int64_t due_step,
-                                       int nodes) {
-  BeginAttempt(local_rank_, local_ != nullptr ? local_->world_size() : 1,
-               nodes);
+                                       int nodes,
+                                       std::optional<DataPlane> data_plane) {
+  BeginAttempt(local_rank_, local_ != nullptr ? local_->world_size() : 1, nodes,
+               data_plane);
   skewed_ = true;
   step_ = step;
   due_step_ = due_step;
@@ -216,7 +224,17 @@ absl::Status HierarchicalSync::ReduceGradients(std::vector<at::Tensor>& grads) {
 
   double outcome = kOk;
   std::string error;
-  if (local_rank_ == 0) {
+  if (local_rank_ == 0 && data_plane_) {
+    absl::Status s = SkewedC10dExchange(flat, round);
+    if (!s.ok()) {
+      // A StaleSync job does not replan its steps: a failed group fails it
+      // (Aborted only when the job ended under us).
+      outcome = absl::IsAborted(s) ? kAborted : kFailed;
+      error = absl::StrCat("StaleSync data plane, step ", step_, " round ",
+                           round, ": ", s.message());
+      DropCrossGroup();
+    }
+  } else if (local_rank_ == 0) {
     std::string payload(static_cast<const char*>(flat.data_ptr()), bytes);
     absl::StatusOr<std::vector<ReceivedUpdate>> got =
         exchange_
@@ -251,6 +269,89 @@ absl::Status HierarchicalSync::ReduceGradients(std::vector<at::Tensor>& grads) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
   Unflatten(flat, grads);
+  return absl::OkStatus();
+}
+
+absl::Status HierarchicalSync::SkewedC10dExchange(at::Tensor& flat,
+                                                  int64_t round) {
+  FUSIONRL_RETURN_IF_ERROR(EnsureCrossGroup());
+  InFlight started{step_, round, flat.clone(), flat.clone(), 0};
+  FUSIONRL_ASSIGN_OR_RETURN(started.ticket,
+                            cross_->StartAllReduceSum(started.sum));
+  in_flight_.push_back(std::move(started));
+  cross_node_bytes_ += static_cast<int64_t>(flat.numel() * sizeof(float));
+  // Apply the others' part of every sum due by now, oldest first.
+  const std::pair<int64_t, int64_t> due{due_step_, round};
+  while (!in_flight_.empty() &&
+         std::make_pair(in_flight_.front().step, in_flight_.front().round) <=
+             due) {
+    InFlight& f = in_flight_.front();
+    FUSIONRL_RETURN_IF_ERROR(cross_->WaitAllReduceSum(f.ticket));
+    flat.add_(f.sum.sub_(f.own));
+    updates_received_ += nodes_ - 1;
+    max_update_lag_ = std::max(max_update_lag_, step_ - f.step);
+    in_flight_.pop_front();
+  }
+  flat.div_(static_cast<double>(nodes_));
+  return absl::OkStatus();
+}
+
+absl::Status HierarchicalSync::BroadcastFromLead(std::string& state) {
+  if (!data_plane_) {
+    return absl::FailedPreconditionError(
+        "a weight broadcast needs the c10d data plane");
+  }
+  const bool lead_node = data_plane_->node_rank == 0;
+  double outcome = kOk;
+  std::string error;
+  at::Tensor bytes;
+  int64_t size = 0;
+  if (local_rank_ == 0) {
+    absl::Status s = EnsureCrossGroup();
+    if (s.ok()) {
+      std::vector<at::Tensor> n = {at::tensor(
+          {static_cast<int64_t>(lead_node ? state.size() : 0)}, at::kLong)};
+      s = cross_->Broadcast(n, 0);
+      size = n[0].item<int64_t>();
+    }
+    if (s.ok()) {
+      bytes = at::empty({size}, at::kByte);
+      if (lead_node) std::memcpy(bytes.data_ptr(), state.data(), state.size());
+      std::vector<at::Tensor> b = {bytes};
+      s = cross_->Broadcast(b, 0);
+    }
+    if (!s.ok()) {
+      outcome = absl::IsAborted(s) ? kAborted : kFailed;
+      error = absl::StrCat("weight broadcast: ", s.message());
+      DropCrossGroup();
+    }
+  }
+  if (local_ != nullptr && local_->world_size() > 1) {
+    // The node's other cards learn the outcome and the size, then (off the
+    // lead node) the bytes.
+    std::vector<double> meta = {
+        local_rank_ == 0 ? outcome : 0.0,
+        local_rank_ == 0 ? static_cast<double>(size) : 0.0};
+    FUSIONRL_RETURN_IF_ERROR(LocalSum(meta));
+    outcome = meta[0];
+    size = static_cast<int64_t>(meta[1]);
+    if (outcome == kOk && !lead_node) {
+      if (local_rank_ != 0) bytes = at::empty({size}, at::kByte);
+      std::vector<at::Tensor> b = {bytes};
+      FUSIONRL_RETURN_IF_ERROR(local_->Broadcast(b, 0));
+    }
+  }
+  if (outcome != kOk) {
+    const std::string what =
+        local_rank_ == 0 ? error
+                         : std::string("the node's weight broadcast failed");
+    return outcome == kAborted ? absl::AbortedError(what)
+                               : absl::UnavailableError(what);
+  }
+  if (!lead_node) {
+    state.assign(static_cast<const char*>(bytes.data_ptr()),
+                 static_cast<size_t>(size));
+  }
   return absl::OkStatus();
 }
 

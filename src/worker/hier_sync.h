@@ -14,6 +14,7 @@
 #define FUSIONRL_WORKER_HIER_SYNC_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -72,7 +73,26 @@ class HierarchicalSync final : public GradientSync {
   // exchanges the node's sum with the other super nodes' for `step` and
   // applies (own + every other update received) / nodes, so each super
   // node's update is applied once by every node, at most k steps late.
-  void BeginSkewedStep(int64_t step, int64_t due_step, int nodes);
+  //
+  // Without `data_plane` the exchange goes through the controller
+  // (WorkService.ExchangeUpdates: the others' updates that arrived, up to
+  // this step, at least those of `due_step`). With it (run.data_plane =
+  // c10d) the node's update of (step, round) is summed over the nodes by
+  // an asynchronous all-reduce of the generation's group, started at once
+  // and waited for only when a later step's round applies it: round r of
+  // step t applies exactly the sums of (due_step, r) and before, i.e. the
+  // others' part of each, S - own. What a node applies then depends on
+  // no arrival order, so a run is the same bit for bit however its nodes'
+  // timing falls.
+  void BeginSkewedStep(int64_t step, int64_t due_step, int nodes,
+                       std::optional<DataPlane> data_plane = std::nullopt);
+
+  // A StaleSync job's weight sync on the c10d data plane: every card of
+  // every node but the lead's (node rank 0) gets `state` of the lead's
+  // card 0, through a broadcast over the nodes' group and one inside each
+  // node; the lead's cards keep theirs. Call on every card of the attempt
+  // with the sums of every round in hand (a sync step waits for all).
+  absl::Status BroadcastFromLead(std::string& state);
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
@@ -105,6 +125,14 @@ class HierarchicalSync final : public GradientSync {
   // Card 0 with the c10d data plane: the node's sum of `flat` across the
   // nodes, in place, through the generation's group (formed if needed).
   absl::Status CrossNodeAllReduce(at::Tensor& flat);
+  // Card 0 with the c10d data plane: the generation's group, formed at
+  // the first use.
+  absl::Status EnsureCrossGroup();
+  // Card 0, StaleSync on the c10d data plane: starts the sum of this
+  // node's update `flat` and adds the others' part of every sum due now.
+  absl::Status SkewedC10dExchange(at::Tensor& flat, int64_t round);
+  // Drops the group and every sum in flight on it.
+  void DropCrossGroup();
 
   GradientSync* local_;
   int local_rank_;
@@ -115,6 +143,16 @@ class HierarchicalSync final : public GradientSync {
   // Card 0: the cross-node group and the generation it was formed for.
   std::unique_ptr<GradientSync> cross_;
   int64_t cross_generation_ = -1;
+  // StaleSync on the c10d data plane: sums started and not applied yet,
+  // in the order started (increasing (step, round)).
+  struct InFlight {
+    int64_t step = 0;
+    int64_t round = 0;
+    at::Tensor own;  // this node's update
+    at::Tensor sum;  // summed over the nodes, in place
+    int64_t ticket = 0;
+  };
+  std::deque<InFlight> in_flight_;
   bool skewed_ = false;
   int64_t step_ = 0;
   int64_t due_step_ = 0;
