@@ -7,6 +7,9 @@
 //   fusionrl eval <job.yaml> [--checkpoint DIR] [--set key.path=value ...]
 //   fusionrl validate <job.yaml> [--set key.path=value ...]
 //   fusionrl bench <job.yaml> [--modes a,b,...] [--repeats N] [--out FILE]
+//   fusionrl simulate <sim.yaml> [--super-nodes 1,4,16,64] [--modes ...]
+//                     [--cards-per-super-node 8] [--out FILE]  (simulate.md)
+//   fusionrl bench-weights [--sizes-mib 16,64,256] [--ranks 2] [--out FILE]
 //   fusionrl generate --model DIR --prompt TEXT [--chat] [--json] [...]
 //   fusionrl export <checkpoint> --out DIR [--dtype bfloat16]
 //   fusionrl tokenize --tokenizer DIR [--decode | --bench]   (stdin->stdout)
@@ -33,9 +36,11 @@
 #include "cli/bench_cli.h"
 #include "cli/bench_logits_cli.h"
 #include "cli/bench_memory_cli.h"
+#include "cli/bench_weights_cli.h"
 #include "cli/cluster_cli.h"
 #include "cli/exit_codes.h"
 #include "cli/model_cli.h"
+#include "cli/simulate_cli.h"
 #include "cli/tokenize_cli.h"
 #include "fusionrl/config.h"
 #include "fusionrl/job.h"
@@ -159,6 +164,11 @@ int main(int argc, char** argv) {
   fusionrl::cli::BenchLogitsArgs bench_logits_args;
   CLI::App* bench_logits =
       fusionrl::cli::AddBenchLogitsCommand(app, bench_logits_args);
+  fusionrl::cli::BenchWeightsArgs bench_weights_args;
+  CLI::App* bench_weights =
+      fusionrl::cli::AddBenchWeightsCommand(app, bench_weights_args);
+  fusionrl::cli::SimulateArgs simulate_args;
+  CLI::App* simulate = fusionrl::cli::AddSimulateCommand(app, simulate_args);
   fusionrl::cli::TokenizeArgs tokenize_args;
   CLI::App* tokenize = fusionrl::cli::AddTokenizeCommand(app, tokenize_args);
 
@@ -181,6 +191,10 @@ int main(int argc, char** argv) {
     return fusionrl::cli::RunExport(export_args);
   }
   if (bench->parsed()) return fusionrl::cli::RunBench(bench_args);
+  if (simulate->parsed()) return fusionrl::cli::RunSimulate(simulate_args);
+  if (bench_weights->parsed()) {
+    return fusionrl::cli::RunBenchWeights(bench_weights_args);
+  }
   if (bench_memory->parsed()) {
     return fusionrl::cli::RunBenchMemory(bench_memory_args);
   }

@@ -1,0 +1,259 @@
+#include "cli/simulate_cli.h"
+
+#include <stdlib.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "cli/bench_common.h"
+#include "cli/exit_codes.h"
+#include "nlohmann/json.hpp"
+#include "sim/calibration.h"
+#include "sim/cost_model.h"
+#include "sim/sim_config.h"
+#include "sim/simulator.h"
+#include "spdlog/spdlog.h"
+
+namespace fusionrl::cli {
+namespace {
+
+absl::StatusOr<std::vector<int>> ParseSuperNodes(const std::string& text) {
+  std::vector<int> out;
+  for (const absl::string_view part : absl::StrSplit(text, ',')) {
+    int n = 0;
+    if (!absl::SimpleAtoi(part, &n) || n < 1 || n > 4096) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--super-nodes: '", part,
+                       "': expected a comma-separated list of counts in "
+                       "1..4096"));
+    }
+    out.push_back(n);
+  }
+  return out;
+}
+
+nlohmann::ordered_json CostModelJson(const sim::CostModel& m) {
+  return {{"decode_seconds_per_step_base", m.decode_seconds_per_step_base},
+          {"decode_seconds_per_token", m.decode_seconds_per_token},
+          {"prefill_seconds_per_token", m.prefill_seconds_per_token},
+          {"prompt_length", m.prompt_length},
+          {"response_length",
+           {{"median", m.response_length.median},
+            {"sigma", m.response_length.sigma},
+            {"max", m.response_length.max}}},
+          {"train_seconds_per_token", m.train_seconds_per_token},
+          {"train_seconds_per_step_base", m.train_seconds_per_step_base},
+          {"step_overhead_seconds", m.step_overhead_seconds},
+          {"fused_concurrency_share", m.fused_concurrency_share},
+          {"model_params", m.model_params},
+          {"bytes_per_param", m.bytes_per_param},
+          {"intra_bandwidth_gbps", m.intra_bandwidth_gbps},
+          {"inter_bandwidth_gbps", m.inter_bandwidth_gbps},
+          {"intra_latency_us", m.intra_latency_us},
+          {"inter_latency_us", m.inter_latency_us},
+          {"straggler_super_nodes", m.straggler_super_nodes},
+          {"straggler_slowdown", m.straggler_slowdown},
+          {"jitter_sigma", m.jitter_sigma},
+          {"shared_host_threads", m.shared_host_threads},
+          {"calibration_threads", m.calibration_threads},
+          {"seed", m.seed}};
+}
+
+// A fresh directory under `parent` (mkdtemp), or an error naming it.
+absl::StatusOr<std::string> FreshDir(const std::string& parent) {
+  std::error_code ec;
+  std::filesystem::create_directories(parent, ec);
+  std::string tmpl = parent + "/fusionrl-simulate-XXXXXX";
+  if (mkdtemp(tmpl.data()) == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--work-dir: cannot create a directory under '", parent, "'"));
+  }
+  return tmpl;
+}
+
+}  // namespace
+
+CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
+  CLI::App* cmd = app.add_subcommand(
+      "simulate",
+      "the real controller with simulated super nodes and cards on a "
+      "virtual clock (cost model); JSON out");
+  cmd->add_option("config", args.config_path,
+                  "simulation YAML: job + cost_model (configs/simulate.yaml)")
+      ->required();
+  cmd->add_option("--super-nodes", args.super_nodes,
+                  "comma-separated super-node counts (default 1)");
+  cmd->add_option("--cards-per-super-node", args.cards_per_super_node,
+                  "cards in each super node (default 8)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--modes", args.modes,
+                  "comma-separated: colocated-sync, fused, "
+                  "fused+stalesync[:s[:k]] (policy lag s, clock skew k; "
+                  "default colocated-sync,fused+stalesync:2:1)");
+  cmd->add_option("--steps", args.steps,
+                  "RL steps per run (default: the job's run.total_steps)")
+      ->check(CLI::Range(1, 1000000));
+  cmd->add_option("--out", args.out, "write the JSON here (default stdout)");
+  cmd->add_option("--work-dir", args.work_dir,
+                  "the simulated jobs' outputs go to a fresh directory "
+                  "under this one (default /tmp)");
+  cmd->add_flag("--keep", args.keep,
+                "keep the simulated jobs' outputs (metrics.jsonl, ...)");
+  cmd->add_option("--calibrate-from", args.calibrate_from,
+                  "fit the per-token decode and train costs to this "
+                  "`fusionrl run` output directory (metrics.jsonl)");
+  cmd->add_option("--set", args.overrides,
+                  "override a job key: key.path=value (repeatable)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd->add_option("--cost", args.cost_overrides,
+                  "override a cost-model key: key.path=value (repeatable)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  return cmd;
+}
+
+int RunSimulate(const SimulateArgs& args) {
+  std::vector<sim::SimMode> modes;
+  for (const absl::string_view part : absl::StrSplit(args.modes, ',')) {
+    absl::StatusOr<sim::SimMode> m = sim::ParseSimMode(std::string(part));
+    if (!m.ok()) return Fail(m.status());
+    modes.push_back(*m);
+  }
+  absl::StatusOr<std::vector<int>> counts = ParseSuperNodes(args.super_nodes);
+  if (!counts.ok()) return Fail(counts.status());
+  std::vector<std::string> overrides = args.overrides;
+  if (args.steps > 0) {
+    overrides.push_back(absl::StrCat("run.total_steps=", args.steps));
+  }
+  absl::StatusOr<sim::SimConfig> config =
+      sim::LoadSimConfig(args.config_path, overrides);
+  if (!config.ok()) return Fail(config.status());
+  sim::CostModel cost = config->cost;
+  nlohmann::ordered_json calibration = nullptr;
+  if (!args.calibrate_from.empty()) {
+    absl::StatusOr<sim::Calibration> cal =
+        sim::CalibrateFromRun(args.calibrate_from, cost);
+    if (!cal.ok()) return Fail(cal.status());
+    cost = cal->cost;
+    calibration = {{"run_dir", args.calibrate_from},
+                   {"steps_used", cal->steps_used},
+                   {"cards", cal->cards},
+                   {"threads_per_card", cal->threads_per_card},
+                   {"tokens_per_card", cal->tokens_per_card},
+                   {"measured_mean_step_seconds", cal->mean_step_seconds},
+                   {"measured_mean_rollout_seconds", cal->mean_rollout_seconds},
+                   {"measured_mean_train_seconds", cal->mean_train_seconds},
+                   {"rollout_fit", cal->rollout_fit},
+                   {"train_fit", cal->train_fit}};
+  }
+  absl::StatusOr<sim::CostModel> final_cost =
+      sim::ApplyCostOverrides(cost, args.cost_overrides);
+  if (!final_cost.ok()) return Fail(final_cost.status());
+  cost = *final_cost;
+  const int per_node = config->job.rollout.prompts_per_step;
+  if (per_node % args.cards_per_super_node != 0) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        args.config_path, ": job.rollout.prompts_per_step: ", per_node,
+        " prompt groups per super node cannot be split evenly over ",
+        args.cards_per_super_node, " cards (--cards-per-super-node)")));
+  }
+  absl::StatusOr<std::string> work =
+      FreshDir(args.work_dir.empty() ? "/tmp" : args.work_dir);
+  if (!work.ok()) return Fail(work.status());
+
+  // Each (mode, N) once; N = 1 also as the baseline of scaling_efficiency.
+  std::vector<int> run_counts = *counts;
+  bool has_one = false;
+  for (int n : run_counts) has_one = has_one || n == 1;
+  if (!has_one) run_counts.insert(run_counts.begin(), 1);
+  nlohmann::ordered_json runs = nlohmann::ordered_json::array();
+  const spdlog::level::level_enum level = spdlog::get_level();
+  int exit_code = kExitOk;
+  for (const sim::SimMode& mode : modes) {
+    double base_tps = 0;
+    for (int n : run_counts) {
+      sim::SimRunSpec spec;
+      spec.job_yaml = config->job_yaml;
+      spec.job_overrides = config->job_overrides;
+      spec.source_name = args.config_path;
+      spec.cost = cost;
+      spec.mode = mode;
+      spec.super_nodes = n;
+      spec.cards_per_super_node = args.cards_per_super_node;
+      std::string dir_name = mode.name;
+      for (char& ch : dir_name) {
+        if (ch == ':' || ch == '+') ch = '_';
+      }
+      spec.output_dir = absl::StrCat(*work, "/", dir_name, "-", n);
+      const auto t0 = std::chrono::steady_clock::now();
+      // The controller's per-step progress lines would drown the runs'.
+      spdlog::set_level(spdlog::level::warn);
+      absl::StatusOr<sim::SimRunResult> r = sim::RunSimulation(spec);
+      spdlog::set_level(level);
+      const double wall =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+              .count();
+      if (!r.ok()) {
+        exit_code = Fail(
+            absl::Status(r.status().code(),
+                         absl::StrCat(mode.name, ", ", n,
+                                      " super nodes: ", r.status().message())));
+        break;
+      }
+      if (n == 1) base_tps = r->tokens_per_second;
+      spdlog::info(
+          "simulate: {} x {} super nodes x {} cards: {:.0f} tokens/s, step "
+          "{:.3f} s, busy {:.2f}, skew {} ({:.1f} s wall)",
+          mode.name, n, args.cards_per_super_node, r->tokens_per_second,
+          r->mean_step_seconds, r->card_busy_fraction, r->max_clock_skew, wall);
+      bool listed = false;
+      for (int m : *counts) listed = listed || m == n;
+      if (!listed) continue;
+      nlohmann::ordered_json j = {
+          {"mode", mode.name},
+          {"super_nodes", n},
+          {"cards", r->cards},
+          {"tokens_per_second", r->tokens_per_second},
+          {"scaling_efficiency",
+           base_tps > 0 ? r->tokens_per_second / (n * base_tps) : 0.0},
+          {"card_busy_fraction", r->card_busy_fraction},
+          {"max_staleness", r->max_staleness},
+          {"max_clock_skew", r->max_clock_skew},
+          {"controller_messages_per_step", r->controller_messages_per_step},
+          {"controller_cpu_seconds_per_step",
+           r->controller_cpu_seconds_per_step},
+          {"controller_tensor_bytes_per_step",
+           r->controller_tensor_bytes_per_step},
+          {"cards_per_super_node", args.cards_per_super_node},
+          {"steps", r->steps},
+          {"mean_step_seconds", r->mean_step_seconds},
+          {"simulated_seconds", r->seconds},
+          {"groups_trained", r->groups_trained},
+          {"wall_seconds", wall}};
+      if (args.keep) j["output_dir"] = spec.output_dir;
+      runs.push_back(std::move(j));
+    }
+    if (exit_code != kExitOk) break;
+  }
+  if (!args.keep) {
+    std::error_code ec;
+    std::filesystem::remove_all(*work, ec);
+  } else {
+    spdlog::info("simulate: the simulated jobs' outputs are in {}", *work);
+  }
+  if (exit_code != kExitOk) return exit_code;
+  nlohmann::ordered_json result;
+  result["config"] = args.config_path;
+  result["cost_model"] = CostModelJson(cost);
+  result["calibration"] = calibration;
+  result["runs"] = runs;
+  return WriteBenchResult(result, args.out);
+}
+
+}  // namespace fusionrl::cli
