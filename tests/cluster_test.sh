@@ -7,8 +7,11 @@
 # the job still trains every prompt group exactly once (controller ledger and
 # the cards' own records) on the worker left; SIGTERM then shuts the
 # controller and that worker down cleanly; StaleSync lets a slowed super node
-# lag by at most k + 1 clock steps; a job stopped part way and resubmitted
-# with `submit --resume` ends exactly as the uninterrupted job does.
+# lag by at most k + 1 clock steps, and on the c10d data plane still ends
+# with the in-process run's weights bit for bit; a job stopped part way and
+# resubmitted with `submit --resume` ends exactly as the uninterrupted job
+# does; four worker processes on the c10d data plane reproduce the
+# in-process four-super-node run bit for bit.
 # Usage: $0 FUSIONRL_BINARY WORK_DIR
 set -euo pipefail
 BIN=$1
@@ -604,5 +607,60 @@ check(checks.optimizer_entries(os.path.join(out, "whole", "checkpoints", "final"
       "final optimizer state holds the same tensors as the uninterrupted run's")
 ok, text = checks.groups_once(r_rows, 16)
 check(ok, f"across the stop and the resume every prompt group trained once ({text})")
+sys.exit(1 if bad else 0)
+PY
+
+# 8. Four worker processes on the c10d data plane (k = 0): the nodes' first
+#    cards all-reduce in one Gloo group of four processes. The run equals
+#    the same job in one process with four in-process super nodes bit for
+#    bit (the same ring over the same four ranks), and no tensor byte goes
+#    through the controller.
+four_ref=$(timeout 300 "$BIN" run "$CFG" --output-dir "$OUT/four-ref" --init-checkpoint "$SFT_CKPT" \
+           --set placement.super_nodes=4 --set run.data_plane=c10d \
+           --set run.total_steps=8 --set run.eval_every=0 \
+           2>"$OUT/four-ref.log") || fail "in-process 4-super-node run failed: $(tail -5 "$OUT/four-ref.log")"
+echo "ok   in-process run on 4 super nodes ($four_ref)"
+start_controller controller-4 --heartbeat-interval 0.5 --heartbeat-timeout 10
+ADDR4=$CTL_ADDR
+for sn in a b c d; do
+  "$BIN" worker --controller "$ADDR4" --super-node "$sn" --threads 1 >/dev/null 2>"$OUT/worker-$sn-4.log" &
+  PIDS+=("$!")
+done
+four_rc=0
+job4=$(timeout 300 "$BIN" submit "$CFG" --controller "$ADDR4" \
+       --set placement.super_nodes=4 --set run.data_plane=c10d \
+       --set run.total_steps=8 --set run.eval_every=0 \
+       --set init_checkpoint="$SFT_CKPT" --output-dir "$OUT/four" --wait \
+       2>"$OUT/submit-4.log") || four_rc=$?
+"$BIN" status --controller "$ADDR4" --job "$job4" --json >"$OUT/status-4.json"
+python3 - "$four_rc" "$OUT" <<'PY' || fail "four worker processes on c10d"
+import json, os, sys
+rc, out = int(sys.argv[1]), sys.argv[2]
+sys.path.insert(0, out)
+import checks
+bad = []
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond: bad.append(what)
+check(rc == 0, f"4 workers on c10d: submit --wait exits 0 (got {rc})")
+st = json.load(open(os.path.join(out, "status-4.json")))
+check(st["phase"] == "JOB_PHASE_SUCCEEDED", f"4-worker job succeeded ({st['phase']} {st.get('message', '')!r})")
+supers = sorted(n["super_node"] for n in st["nodes"])
+check(supers == ["a", "b", "c", "d"], f"all four super nodes in the job ({supers})")
+check(int(st.get("controller_tensor_bytes", 0)) == 0,
+      f"status: controller_tensor_bytes == 0 ({st.get('controller_tensor_bytes', 0)})")
+rows = checks.rows(os.path.join(out, "four", "metrics.jsonl"))
+ref = checks.rows(os.path.join(out, "four-ref", "metrics.jsonl"))
+check(len(rows) == 8 and all(r.get("controller_tensor_bytes") == 0 for r in rows),
+      "8 records, each with controller_tensor_bytes == 0")
+diffs = checks.record_diffs(ref, rows)
+check(not diffs, f"every step record equals the in-process run's but for timings ({len(diffs)} differences)")
+for d in diffs[:10]:
+    print(f"     step {d[0]} {d[1]}: in-process {d[2]!r}, 4 workers {d[3]!r}")
+check(checks.same_bytes(os.path.join(out, "four-ref", "checkpoints", "final", "model.pt"),
+                        os.path.join(out, "four", "checkpoints", "final", "model.pt")),
+      "final model.pt is byte-identical to the in-process run's")
+ok, text = checks.groups_once(rows, 16)
+check(ok, f"the cards trained every prompt group once ({text})")
 sys.exit(1 if bad else 0)
 PY
