@@ -21,7 +21,8 @@ d = json.load(open(sys.argv[1]))
 assert d["ranks"] == 3 and d["repeats"] == 2, d
 assert [s["mib"] for s in d["sizes"]] == [1, 3], d["sizes"]
 paths = ["memcpy", "gloo_broadcast", "weight_service_publish",
-         "weight_service_fetch", "weight_service_sync"]
+         "weight_service_fetch", "weight_service_sync", "crc32c_tables", "crc32c"]
+assert isinstance(d["crc32c_instruction"], bool), d
 for s in d["sizes"]:
     n = s["mib"] << 20
     for p in paths:

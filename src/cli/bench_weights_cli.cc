@@ -24,6 +24,7 @@
 #include "cli/bench_common.h"
 #include "cli/exit_codes.h"
 #include "core/clock.h"
+#include "core/crc32c.h"
 #include "core/status_macros.h"
 #include "core/weight_store.h"
 #include "engine/grad_sync.h"
@@ -84,6 +85,20 @@ absl::StatusOr<double> TimeMemcpy(const std::string& payload,
   std::memcpy(dst.data(), payload.data(), payload.size());
   const Steady::time_point t1 = Steady::now();
   if (dst != payload) return absl::DataLossError("memcpy: bytes differ");
+  return Seconds(t0, t1);
+}
+
+// One CRC-32C pass over `payload` (what each hop of the WeightService pays
+// per byte, more than once), with `extend`.
+template <typename Extend>
+absl::StatusOr<double> TimeCrc(const std::string& payload, Extend extend) {
+  const Steady::time_point t0 = Steady::now();
+  const uint32_t crc = extend(0, payload.data(), payload.size());
+  const Steady::time_point t1 = Steady::now();
+  if (crc !=
+      internal::Crc32cExtendPortable(0, payload.data(), payload.size())) {
+    return absl::InternalError("CRC-32C paths disagree");
+  }
   return Seconds(t0, t1);
 }
 
@@ -273,12 +288,13 @@ int RunBenchWeights(const BenchWeightsArgs& args) {
   result["repeats"] = args.repeats;
   result["threads"] = static_cast<int>(std::thread::hardware_concurrency());
   result["chunk_bytes"] = rpc::kDefaultWeightChunkBytes;
+  result["crc32c_instruction"] = internal::Crc32cHasHardwarePath();
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   int64_t version = 0;
   for (const int64_t mib : *sizes) {
     const std::string payload = Payload(static_cast<size_t>(mib) << 20);
     std::string dst;
-    std::vector<double> copy, bcast, publish, fetch, service;
+    std::vector<double> copy, bcast, publish, fetch, service, crc_portable, crc;
     // One untimed round of each path first (connections, first touches).
     for (int rep = -1; rep < args.repeats; ++rep) {
       absl::StatusOr<double> c = TimeMemcpy(payload, dst);
@@ -288,7 +304,14 @@ int RunBenchWeights(const BenchWeightsArgs& args) {
       absl::StatusOr<ServiceTimes> w =
           TimeWeightService(*publisher, fetchers, payload, ++version);
       if (!w.ok()) return Fail(w.status());
+      absl::StatusOr<double> cp =
+          TimeCrc(payload, &internal::Crc32cExtendPortable);
+      if (!cp.ok()) return Fail(cp.status());
+      absl::StatusOr<double> ch = TimeCrc(payload, &Crc32cExtend);
+      if (!ch.ok()) return Fail(ch.status());
       if (rep < 0) continue;
+      crc_portable.push_back(*cp);
+      crc.push_back(*ch);
       copy.push_back(*c);
       bcast.push_back(*b);
       publish.push_back(w->publish);
@@ -312,6 +335,8 @@ int RunBenchWeights(const BenchWeightsArgs& args) {
     row["weight_service_publish"] = path(publish);
     row["weight_service_fetch"] = path(fetch);
     row["weight_service_sync"] = path(service);
+    row["crc32c_tables"] = path(crc_portable);
+    row["crc32c"] = path(crc);
     spdlog::info(
         "bench-weights {} MiB: memcpy {:.2f} GB/s, gloo broadcast {:.2f} GB/s "
         "({:.3f}x), weight service publish+fetch {:.2f} GB/s ({:.3f}x)",

@@ -6,8 +6,10 @@
 // server (the controller data plane's sync). Each size is measured
 // `repeats` times, the three paths interleaved per repeat; the JSON holds
 // every run's seconds and, per size and path, the median bytes/s and its
-// ratio to memcpy. Every receiver's bytes are compared with the sender's
-// after each timed run (a mismatch fails the benchmark).
+// ratio to memcpy; also one CRC-32C pass over the payload, with the CPU's
+// instruction (when it has one) and with the tables. Every receiver's bytes are
+// compared with the sender's after each timed run (a mismatch fails the
+// benchmark).
 #ifndef FUSIONRL_CLI_BENCH_WEIGHTS_CLI_H_
 #define FUSIONRL_CLI_BENCH_WEIGHTS_CLI_H_
 

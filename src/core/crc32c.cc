@@ -3,6 +3,12 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <nmmintrin.h>
+#define FUSIONRL_CRC32C_X86 1
+#endif
 
 namespace fusionrl {
 namespace {
@@ -83,7 +89,58 @@ uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
   return crc_a ^ crc_b;
 }
 
-uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n) {
+#ifdef FUSIONRL_CRC32C_X86
+namespace {
+
+// SSE4.2's crc32 instruction computes exactly this CRC (Castagnoli,
+// reflected), 8 bytes an instruction: about 5x the sliced tables here.
+// Compiled for SSE4.2 on its own, called only when the CPU has it.
+__attribute__((target("sse4.2"))) uint32_t ExtendSse42(uint32_t crc,
+                                                       const void* data,
+                                                       size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t c = ~crc;
+  while (n > 0 && (reinterpret_cast<uintptr_t>(p) & 7u) != 0) {
+    c = _mm_crc32_u8(static_cast<uint32_t>(c), *p++);
+    --n;
+  }
+  while (n >= 8) {
+    uint64_t word;
+    std::memcpy(&word, p, 8);
+    c = _mm_crc32_u64(c, word);
+    p += 8;
+    n -= 8;
+  }
+  while (n > 0) {
+    c = _mm_crc32_u8(static_cast<uint32_t>(c), *p++);
+    --n;
+  }
+  return ~static_cast<uint32_t>(c);
+}
+
+using ExtendFn = uint32_t (*)(uint32_t, const void*, size_t);
+
+ExtendFn ChooseExtend() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("sse4.2") ? &ExtendSse42
+                                          : &internal::Crc32cExtendPortable;
+}
+
+}  // namespace
+#endif
+
+namespace internal {
+
+bool Crc32cHasHardwarePath() {
+#ifdef FUSIONRL_CRC32C_X86
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("sse4.2");
+#else
+  return false;
+#endif
+}
+
+uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t n) {
   const auto* p = static_cast<const unsigned char*>(data);
   uint32_t c = ~crc;
   // Byte at a time up to an 8-byte boundary, so the main loop's loads are
@@ -107,6 +164,17 @@ uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n) {
     --n;
   }
   return ~c;
+}
+
+}  // namespace internal
+
+uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n) {
+#ifdef FUSIONRL_CRC32C_X86
+  static const ExtendFn extend = ChooseExtend();
+  return extend(crc, data, n);
+#else
+  return internal::Crc32cExtendPortable(crc, data, n);
+#endif
 }
 
 }  // namespace fusionrl
