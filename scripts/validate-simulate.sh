@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Validates `fusionrl simulate` against real runs on this machine
 # (docs/simulate.md, "Validation against real runs"): runs CONFIG for real
-# on 1 super node and on 2 (c10d data plane, twice the prompts: the same
-# work per super node, weak scaling as the simulator does), calibrates the
-# simulator on the 1-super-node run and predicts both. Writes OUT_DIR/
+# on 1 super node (with the threads one super node of the next run gets)
+# and on 2 (c10d data plane, twice the prompts: the same work per super
+# node, weak scaling as the simulator does), calibrates the simulator on
+# the 1-super-node run and predicts both. Writes OUT_DIR/
 # validation.json with the measured and predicted mean step times (steps
 # 2..N: step 1 is warm-up) and the prediction's error; prints its path.
 #
@@ -44,7 +45,15 @@ print(got["rollout.prompts_per_step"], got["rollout.group_size"], got[".num_thre
 ') || fail "cannot read $CFG: $(tail -3 "$OUT/validate.log")"
 
 common=(--set run.total_steps="$STEPS" --set run.eval_every=0 --set run.checkpoint_every=0)
+# The calibration run gets the threads each super node of the 2-super-node
+# run gets (the embedded run splits num_threads: max(1, threads / 2)), so
+# the costs fed to the simulator are those of the compute each real super
+# node has; the simulated super nodes then have dedicated hardware
+# (shared_host_threads 0). What the prediction leaves out is what the two
+# real super nodes do to each other on one machine, and their timing.
+NODE_THREADS=$(( THREADS / 2 > 1 ? THREADS / 2 : 1 ))
 "$BIN" run "$CFG" -o "$OUT/sn1" "${init_args[@]}" "${common[@]}" \
+  --set num_threads="$NODE_THREADS" \
   >/dev/null 2>"$OUT/sn1.log" || fail "1-super-node run failed: $(tail -3 "$OUT/sn1.log")"
 "$BIN" run "$CFG" -o "$OUT/sn2" "${init_args[@]}" "${common[@]}" \
   --set placement.super_nodes=2 --set rollout.prompts_per_step=$((2 * PROMPTS)) \
@@ -66,7 +75,7 @@ print(int(max(r.get("cross_node_bytes", 0) for r in rows)))
   --super-nodes 1,2 --cards-per-super-node 1 --modes colocated-sync \
   --steps "$STEPS" --set rollout.prompts_per_step="$PROMPTS" \
   --set rollout.group_size="$GROUP" \
-  --cost shared_host_threads="$THREADS" --cost jitter_sigma=0 \
+  --cost shared_host_threads=0 --cost jitter_sigma=0 \
   --cost straggler_super_nodes=0 --cost model_params=$((GRAD_BYTES / 4)) \
   --cost bytes_per_param=4 --cost inter_bandwidth_gbps=1 \
   --cost inter_latency_us=50 --work-dir "$OUT/sim-work" \
