@@ -25,6 +25,7 @@
 #include "cli/exit_codes.h"
 #include "core/clock.h"
 #include "core/crc32c.h"
+#include "core/metrics.h"
 #include "core/status_macros.h"
 #include "core/weight_store.h"
 #include "engine/grad_sync.h"
@@ -240,12 +241,6 @@ absl::StatusOr<ServiceTimes> TimeWeightService(
   return out;
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 }  // namespace
 
 CLI::App* AddBenchWeightsCommand(CLI::App& app, BenchWeightsArgs& args) {
@@ -321,10 +316,11 @@ int RunBenchWeights(const BenchWeightsArgs& args) {
     const double bytes = static_cast<double>(payload.size());
     const double memcpy_bps = bytes / Median(copy);
     auto path = [&](const std::vector<double>& seconds) {
+      const double median = Median(seconds);
       nlohmann::ordered_json p;
-      p["median_seconds"] = Median(seconds);
-      p["bytes_per_second"] = bytes / Median(seconds);
-      p["ratio_to_memcpy"] = bytes / Median(seconds) / memcpy_bps;
+      p["median_seconds"] = median;
+      p["bytes_per_second"] = bytes / median;
+      p["ratio_to_memcpy"] = bytes / median / memcpy_bps;
       p["seconds"] = seconds;
       return p;
     };

@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "cli/exit_codes.h"
 #include "controller/controller.h"
+#include "core/config_override.h"
 #include "core/memory_manager.h"
 #include "core/metrics.h"
 #include "fusionrl/config.h"
@@ -267,7 +268,7 @@ int RunSubmit(const ClusterArgs& args) {
   if (!text.ok()) return Fail(text.status());
   std::vector<std::string> overrides = args.overrides;
   if (!args.output_dir.empty()) {
-    overrides.push_back(absl::StrCat("output_dir=\"", args.output_dir, "\""));
+    overrides.push_back(QuotedOverride("output_dir", args.output_dir));
   }
   // Check locally first: the same errors, without a round trip.
   auto config = ParseJobConfig(*text, args.config_path, overrides);

@@ -42,6 +42,7 @@
 #include "cli/model_cli.h"
 #include "cli/simulate_cli.h"
 #include "cli/tokenize_cli.h"
+#include "core/config_override.h"
 #include "fusionrl/config.h"
 #include "fusionrl/job.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -91,25 +92,17 @@ void AddJobArgs(CLI::App* cmd, JobArgs* args, bool with_output_dir) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
 }
 
-// `key="value"` as an override, the value double-quoted for YAML.
-std::string QuotedOverride(const std::string& key, const std::string& value) {
-  std::string quoted = key + "=\"";
-  for (char c : value) {
-    if (c == '"' || c == '\\') quoted += '\\';
-    quoted += c;
-  }
-  return quoted + "\"";
-}
-
 absl::StatusOr<fusionrl::JobConfig> LoadConfig(const JobArgs& args) {
   // Flags become overrides, applied last, so that the file's own values for
   // these keys are never checked (e.g. a checkpoint that does not exist yet).
   std::vector<std::string> overrides = args.overrides;
   if (!args.output_dir.empty()) {
-    overrides.push_back(QuotedOverride("output_dir", args.output_dir));
+    overrides.push_back(
+        fusionrl::QuotedOverride("output_dir", args.output_dir));
   }
   if (!args.checkpoint.empty()) {
-    overrides.push_back(QuotedOverride("init_checkpoint", args.checkpoint));
+    overrides.push_back(
+        fusionrl::QuotedOverride("init_checkpoint", args.checkpoint));
   }
   return fusionrl::LoadJobConfig(args.config_path, overrides);
 }

@@ -4,12 +4,10 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include <fstream>
-#include <sstream>
-
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "core/metrics.h"
 #include "core/status_macros.h"
 
 namespace fusionrl::sim {
@@ -100,13 +98,9 @@ absl::StatusOr<CostModel> ApplyCostOverrides(
 
 absl::StatusOr<SimConfig> LoadSimConfig(
     const std::string& path, const std::vector<std::string>& job_overrides) {
-  std::ifstream f(path);
-  if (!f) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot open the file"));
-  }
-  std::stringstream text;
-  text << f.rdbuf();
-  return ParseSimConfig(text.str(), path, job_overrides);
+  FUSIONRL_ASSIGN_OR_RETURN(std::string text,
+                            ReadTextFile(path, "simulate config"));
+  return ParseSimConfig(text, path, job_overrides);
 }
 
 }  // namespace fusionrl::sim

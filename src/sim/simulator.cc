@@ -28,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "controller/job_manager.h"
+#include "core/config_override.h"
 #include "core/fake_clock.h"
 #include "core/node_registry.h"
 #include "core/status_macros.h"
@@ -520,12 +521,7 @@ absl::StatusOr<SimRunResult> Simulation::Run() {
   add(absl::StrCat("stalesync.max_clock_skew=", k_));
   if (s_ > 0) add("algorithm.decoupled_loss=true");
   add("run.data_plane=c10d");
-  std::string quoted = "output_dir=\"";
-  for (char ch : spec_.output_dir) {
-    if (ch == '"' || ch == '\\') quoted += '\\';
-    quoted += ch;
-  }
-  add(quoted + "\"");
+  add(QuotedOverride("output_dir", spec_.output_dir));
   FUSIONRL_ASSIGN_OR_RETURN(job_id_, jobs_.Submit(submit));
   FUSIONRL_ASSIGN_OR_RETURN(v1::JobStatus st, jobs_.Status(job_id_));
   if (st.phase() != v1::JOB_PHASE_RUNNING) {

@@ -405,8 +405,7 @@ absl::StatusOr<int64_t> CardRunner::SyncWeights(const StepPlan& plan) {
     if (plan.node_rank != 0) {
       FUSIONRL_RETURN_IF_ERROR(AdoptState(blob, *ctx_.policy, *trainer_));
     }
-    return static_cast<int64_t>(
-        plan.node_rank == 0 && plan.rank != 0 ? 0 : blob.size());
+    return static_cast<int64_t>(blob.size());  // 0 on the lead's other cards
   }
   const std::string key = absl::StrCat(job_.job_id, "/sync");
   if (plan.rank == 0) {
