@@ -33,13 +33,15 @@
 #include "core/node_registry.h"
 #include "core/status_macros.h"
 #include "fusionrl/v1/job.pb.h"
+#include "worker/plan_rendezvous.h"
 
 namespace fusionrl::sim {
 namespace {
 
-// The real worker's long poll for a plan (PlanRendezvous::Options): one
-// GetStepPlan message per this much waiting.
-constexpr double kPlanWaitSeconds = 5;
+// The real worker's long poll for a plan: one GetStepPlan message per this
+// much waiting.
+const double kPlanWaitSeconds =
+    absl::ToDoubleSeconds(PlanRendezvous::Options{}.plan_wait);
 
 double ThreadCpuSeconds() {
   timespec ts{};
