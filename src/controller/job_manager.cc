@@ -177,12 +177,18 @@ void JobManager::NodesLost(const std::vector<std::string>& node_ids,
     if (index < 0 || job->parts[index].lost) continue;
     job->parts[index].lost = true;
     if (job->skewed && !job->ending) {
-      FailLocked(*job,
-                 absl::StrCat(node_id, " lost (", why,
-                              "); a job with stalesync.max_clock_skew > 0 "
-                              "does not re-plan its steps: resubmit with "
-                              "resume to continue from the last checkpoint"),
-                 static_cast<int>(absl::StatusCode::kUnavailable));
+      // Its updates of the steps after the last weight sync never reach
+      // the others: every live node goes back to that sync.
+      job->skew_gate->Remove(node_id);
+      if (!job->parts[index].super_node.empty()) {
+        bool other_live = false;
+        for (const Job::Part& p : job->parts) {
+          other_live = other_live ||
+                       (!p.lost && p.super_node == job->parts[index].super_node);
+        }
+        if (!other_live) job->weights_crc.erase(job->parts[index].super_node);
+      }
+      RollBackSkewedLocked(*job, absl::StrCat(node_id, " lost (", why, ")"));
       continue;
     }
     const int64_t requeued = job->ledger->Requeue(node_id);

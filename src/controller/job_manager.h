@@ -308,6 +308,18 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<bool> FinishSkewedStepLocked(Job& job, ReportedStep& r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `step` of a skewed job ends in a weight sync (a checkpoint step
+  // or the last one).
+  static bool IsSyncStep(const Job& job, int64_t step);
+  // Rolls a skewed job back to its last committed weight sync R
+  // (docs/stalesync.md#losing-a-super-node): every step after R is
+  // uncommitted (its prompt groups pending again, its metrics records
+  // dropped), every attempt in flight abandoned, and the live nodes start
+  // again at R + 1 in a new attempt (the next skew epoch) and a new
+  // rendezvous generation. Fails the job instead after
+  // kMaxDataPlaneAborts roll-backs with no step committed in between.
+  void RollBackSkewedLocked(Job& job, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- reduce_round.cc ---
   absl::StatusOr<std::string> ReduceImpl(ReduceCall call, absl::Time deadline)

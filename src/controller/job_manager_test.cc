@@ -13,7 +13,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "core/crc32c.h"
 #include "core/fake_clock.h"
 #include "core/metrics.h"
@@ -131,12 +134,14 @@ class JobManagerTest : public ::testing::Test {
     return *id;
   }
 
-  std::string SubmitSkewed(int steps, int k) {
+  std::string SubmitSkewed(int steps, int k,
+                           const std::vector<std::string>& overrides = {}) {
     out_ = ::testing::TempDir() + "/job-manager-skew";
     std::filesystem::remove_all(out_);
     v1::SubmitJobRequest r;
     r.set_config_yaml(JobYaml(out_, steps));
     r.add_overrides(absl::StrCat("stalesync.max_clock_skew=", k));
+    for (const std::string& o : overrides) r.add_overrides(o);
     auto id = jobs_.Submit(r);
     EXPECT_TRUE(id.ok()) << id.status();
     return *id;
@@ -148,10 +153,12 @@ class JobManagerTest : public ::testing::Test {
                                                     const std::string& node,
                                                     int64_t step,
                                                     int64_t due_step,
-                                                    float value) {
+                                                    float value,
+                                                    int attempt = 1) {
     v1::ExchangeUpdatesRequest r;
     r.set_job_id(job);
     r.set_due_step(due_step);
+    r.set_attempt(attempt);
     v1::GradientUpdate* u = r.mutable_update();
     u->set_node_id(node);
     u->set_step(step);
@@ -168,6 +175,24 @@ class JobManagerTest : public ::testing::Test {
       out.push_back(absl::StrCat(g.node_id(), ":", g.step(), "=", f));
     }
     return out;
+  }
+
+  // The "step" of every line of the job's metrics.jsonl, in file order.
+  std::vector<int64_t> MetricsSteps() {
+    std::vector<int64_t> steps;
+    const std::string text =
+        ReadTextFile(out_ + "/metrics.jsonl", "metrics").value_or("");
+    for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+      const size_t at = line.find("\"step\":");
+      int64_t step = -1;
+      if (at != absl::string_view::npos) {
+        absl::string_view rest = line.substr(at + 7);
+        rest = rest.substr(0, rest.find_first_of(",}"));
+        if (!absl::SimpleAtoi(rest, &step)) step = -1;
+      }
+      steps.push_back(step);
+    }
+    return steps;
   }
 
   int64_t SkewSeen(const std::string& job) {
@@ -583,6 +608,105 @@ TEST_F(JobManagerTest, ClockSkewGatesPlansAndUpdatesArriveOnce) {
   EXPECT_THAT(st->summary_json(), HasSubstr("\"b\": 43981"));
 }
 
+TEST_F(JobManagerTest, ALostSuperNodeRollsAClockSkewJobBackToItsLastSync) {
+  const std::string a = AddNode("a"), b = AddNode("b"), c = AddNode("c");
+  // Sync (checkpoint) steps 2, 4 and the last, 6; 6 groups a step.
+  const std::string job = SubmitSkewed(
+      6, 1,
+      {"placement.super_nodes=3", "rollout.prompts_per_step=6",
+       "run.checkpoint_every=2"});
+  // Every node in `nodes` plans `step`, hands in its update and finishes
+  // it (a sync step's exchange waits for all: the calls run on threads).
+  auto run_step = [&](const std::vector<std::string>& nodes, int64_t step,
+                      int attempt) {
+    std::vector<v1::StepPlan> plans;
+    for (const std::string& n : nodes) {
+      plans.push_back(Plan(job, n, step));
+      ASSERT_EQ(plans.back().kind(), v1::PLAN_KIND_TRAIN) << n << " " << step;
+      ASSERT_EQ(plans.back().step(), step);
+      ASSERT_EQ(plans.back().attempt(), attempt);
+    }
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      threads.emplace_back([&, i] {
+        auto got = Exchange(job, nodes[i], step, plans[i].updates_due_step(),
+                            1.0f, attempt);
+        EXPECT_TRUE(got.ok()) << got.status();
+      });
+    }
+    for (std::thread& th : threads) th.join();
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      auto done = Finish(job, nodes[i], plans[i]);
+      ASSERT_TRUE(done.ok()) << done.status();
+      EXPECT_TRUE(done->committed());
+    }
+  };
+  run_step({a, b, c}, 1, 1);
+  run_step({a, b, c}, 2, 1);  // the weight sync of step 2
+  run_step({a, b, c}, 3, 1);
+  // a and b start step 4; c is lost before it finishes it.
+  const v1::StepPlan a4 = Plan(job, a, 4);
+  ASSERT_EQ(a4.kind(), v1::PLAN_KIND_TRAIN);
+  EXPECT_FALSE(a4.has_rollback_to_step());
+  ASSERT_EQ(Plan(job, c, 4).kind(), v1::PLAN_KIND_TRAIN);
+  auto st = jobs_.Status(job);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->step(), 3);
+  EXPECT_EQ(st->groups_trained(), 18);
+  jobs_.NodesLost({c}, "test");
+
+  // Back to the sync of step 2: step 3 uncommitted, its record dropped.
+  st = jobs_.Status(job);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->phase(), v1::JOB_PHASE_RUNNING) << st->message();
+  EXPECT_EQ(st->step(), 2);
+  EXPECT_EQ(st->groups_trained(), 12);
+  bool rolled_back_event = false;
+  for (const v1::JobEvent& e : st->events()) {
+    rolled_back_event = rolled_back_event ||
+                        absl::StrContains(e.text(), "back to the weight sync "
+                                                    "of step 2");
+  }
+  EXPECT_TRUE(rolled_back_event);
+  EXPECT_THAT(MetricsSteps(), ::testing::ElementsAre(1, 2));
+  // What a ran of the old attempt counts for nothing.
+  auto stale_update = Exchange(job, a, 4, 3, 1.0f, /*attempt=*/1);
+  EXPECT_EQ(stale_update.status().code(), absl::StatusCode::kAborted);
+  auto stale = Finish(job, a, a4);
+  ASSERT_TRUE(stale.ok()) << stale.status();
+  EXPECT_FALSE(stale->committed());
+  // a asks for step 5 as it would have: it gets step 3 of attempt 2, which
+  // restores the sync of step 2, now over two super nodes (3 groups each).
+  const v1::StepPlan a3 = Plan(job, a, 5);
+  ASSERT_EQ(a3.kind(), v1::PLAN_KIND_TRAIN);
+  EXPECT_EQ(a3.step(), 3);
+  EXPECT_EQ(a3.attempt(), 2);
+  ASSERT_TRUE(a3.has_rollback_to_step());
+  EXPECT_EQ(a3.rollback_to_step(), 2);
+  EXPECT_EQ(a3.nodes(), 2);
+  EXPECT_EQ(a3.groups_size(), 3);
+  EXPECT_GT(a3.rendezvous_generation(), a4.rendezvous_generation());
+  // The lost node is out of the job.
+  v1::GetStepPlanRequest from_c;
+  from_c.set_job_id(job);
+  from_c.set_node_id(c);
+  from_c.set_step(5);
+  auto c_plan = jobs_.GetStepPlan(from_c);
+  EXPECT_TRUE(!c_plan.ok() || c_plan->kind() != v1::PLAN_KIND_TRAIN);
+
+  for (int64_t step = 3; step <= 6; ++step) run_step({a, b}, step, 2);
+  const v1::StepPlan end = Plan(job, a, 7);
+  ASSERT_EQ(end.kind(), v1::PLAN_KIND_END);
+  ASSERT_TRUE(Finish(job, a, end).ok());
+  st = jobs_.Status(job);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->phase(), v1::JOB_PHASE_SUCCEEDED) << st->message();
+  EXPECT_EQ(st->groups_trained(), 36);
+  EXPECT_EQ(st->groups_submitted(), 36);
+  // Steps 1..6, each once.
+  EXPECT_THAT(MetricsSteps(), ::testing::ElementsAre(1, 2, 3, 4, 5, 6));
+}
+
 TEST_F(JobManagerTest, UpdateExchangeRefusesBadInput) {
   const std::string a = AddNode("a"), b = AddNode("b");
   const std::string sync_job = Submit(2);
@@ -611,13 +735,24 @@ TEST_F(JobManagerTest, UpdateExchangeRefusesBadInput) {
   ASSERT_TRUE(Exchange(job, c, 1, 0, 1.0f).ok());
   auto again = Exchange(job, c, 1, 0, 1.0f);  // (step, round) must grow
   EXPECT_EQ(again.status().code(), absl::StatusCode::kInvalidArgument);
-  // A lost node fails a skewed job (no re-planning), and waits end.
+  // An exchange waiting for the update of a node that is then lost ends
+  // ABORTED: the job rolled back under it.
+  ASSERT_TRUE(Finish(job, c, Plan(job, c, 1)).ok());
+  ASSERT_EQ(Plan(job, c, 2).kind(), v1::PLAN_KIND_TRAIN);
+  CondVarWaitWatch watch(jobs_);
+  absl::StatusOr<std::vector<std::string>> waiting;
+  std::thread tc([&] { waiting = Exchange(job, c, 2, 2, 1.0f); });
+  const bool c_waits = watch.AwaitWaits(1, kBlockWithin);
   jobs_.NodesLost({d}, "test");
+  tc.join();
+  ASSERT_TRUE(c_waits) << "c's exchange never waited for d";
+  EXPECT_EQ(waiting.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(waiting.status().message(), HasSubstr("rolled back"));
   auto st = jobs_.Status(job);
   ASSERT_TRUE(st.ok());
-  EXPECT_EQ(st->phase(), v1::JOB_PHASE_FAILED);
-  EXPECT_THAT(st->message(), HasSubstr("max_clock_skew"));
-  EXPECT_EQ(Exchange(job, c, 2, 1, 1.0f).status().code(),
+  EXPECT_EQ(st->phase(), v1::JOB_PHASE_RUNNING);
+  // Calls of the rolled-back attempt are refused the same way.
+  EXPECT_EQ(Exchange(job, c, 3, 2, 1.0f).status().code(),
             absl::StatusCode::kAborted);
 }
 

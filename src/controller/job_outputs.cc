@@ -69,6 +69,14 @@ void JobOutputs::Append(const std::string& job_id, std::string json_line) {
   Queue(std::move(op));
 }
 
+void JobOutputs::RollBack(const std::string& job_id, int64_t last_step) {
+  Op op;
+  op.kind = Op::Kind::kRollBack;
+  op.job_id = job_id;
+  op.last_step = last_step;
+  Queue(std::move(op));
+}
+
 void JobOutputs::SaveRunTotals(const std::string& job_id,
                                std::string checkpoint_dir, RunTotals totals) {
   Op op;
@@ -155,6 +163,27 @@ std::optional<JobOutputs::Result> JobOutputs::Perform(Op& op) {
       absl::Status s = it->second->AppendLine(op.line);
       if (!s.ok()) {
         spdlog::warn("[{}] metrics: {}", op.job_id, std::string(s.message()));
+      }
+      return std::nullopt;
+    }
+    case Op::Kind::kRollBack: {
+      auto it = logs_.find(op.job_id);
+      if (it == logs_.end()) return std::nullopt;  // its Open failed
+      // Close, keep the records up to the step, open for appending again.
+      const std::string path = it->second->path();
+      it->second.reset();
+      absl::Status s = TruncateMetrics(path, op.last_step);
+      absl::StatusOr<std::unique_ptr<MetricsLog>> log =
+          MetricsLog::Open(path, /*truncate=*/false);
+      if (log.ok()) {
+        it->second = *std::move(log);
+      } else {
+        logs_.erase(it);
+        s.Update(log.status());
+      }
+      if (!s.ok()) {
+        spdlog::warn("[{}] metrics roll-back to step {}: {}", op.job_id,
+                     op.last_step, std::string(s.message()));
       }
       return std::nullopt;
     }

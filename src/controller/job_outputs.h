@@ -87,6 +87,11 @@ class JobOutputs {
   // Open failed are dropped; a failed write is logged, as before.
   void Append(const std::string& job_id, std::string json_line)
       ABSL_LOCKS_EXCLUDED(queue_mu_);
+  // Drops the metrics records of steps after `last_step` (a StaleSync job
+  // rolled back to its last weight sync runs them again); later Appends go
+  // after the records kept. A failed rewrite is logged.
+  void RollBack(const std::string& job_id, int64_t last_step)
+      ABSL_LOCKS_EXCLUDED(queue_mu_);
   // Writes `totals` to <checkpoint_dir>/run.json (core/checkpoint_meta.h); a
   // failed write is logged (a resume from that checkpoint then starts its
   // totals afresh).
@@ -109,11 +114,12 @@ class JobOutputs {
 
  private:
   struct Op {
-    enum class Kind { kOpen, kAppend, kRunTotals, kClose };
+    enum class Kind { kOpen, kAppend, kRollBack, kRunTotals, kClose };
     Kind kind = Kind::kAppend;
     std::string job_id;
     OpenSpec open;                      // kOpen
     std::string line;                   // kAppend
+    int64_t last_step = 0;              // kRollBack
     std::string checkpoint_dir;         // kRunTotals
     RunTotals totals;                   // kRunTotals
     std::optional<JobSummary> summary;  // kClose

@@ -223,6 +223,10 @@ absl::Status JobManager::StartLocked(Job& job) {
     job.outbox.assign(n, {});
     job.handed_in.assign(n, none);
     job.delivered.assign(n, std::vector<Job::Key>(n, none));
+    // Every super node starts from the same weights: the first sync point.
+    job.last_sync = job.first_step - 1;
+    job.tokens_at_sync = job.summary.rollout_tokens;
+    job.last_eval_at_sync = job.last_eval;
     EventLocked(job, absl::StrCat("StaleSync across ", n,
                                   " super nodes: max_clock_skew ", k));
   }

@@ -182,6 +182,19 @@ struct JobManager::Job {
   std::vector<Key> handed_in;                   // per part: its last key
   std::vector<std::vector<Key>> delivered;      // [receiver][sender]: last key
   std::map<std::string, uint32_t> weights_crc;  // super node -> last sync
+  // Roll-backs (RollBackSkewedLocked): the skew epoch counts them (a skewed
+  // attempt's number is skew_epoch + 1), `rollback_step` is the sync step
+  // the current epoch started after (-1: none yet); `last_sync` is the last
+  // committed weight sync, with the prompt groups of the steps committed
+  // since and the totals at it; `steps_rolled_back` counts committed steps
+  // run again.
+  int skew_epoch = 0;
+  int64_t rollback_step = -1;
+  int64_t last_sync = 0;
+  std::vector<uint64_t> groups_since_sync;
+  int64_t tokens_at_sync = 0;
+  double last_eval_at_sync = 0;
+  int64_t steps_rolled_back = 0;
 };
 
 // Flushes the manager's output queue when it goes out of scope. Declare it

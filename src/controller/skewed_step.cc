@@ -6,6 +6,7 @@
 // exchange (update_exchange.cc).
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "controller/job_manager.h"
@@ -17,9 +18,16 @@ absl::StatusOr<const JobManager::Attempt*> JobManager::SkewedAttemptLocked(
     Job& job, int index, int64_t want) {
   const Job::Part& part = job.parts[index];
   if (want != part.clock + 1) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "step: ", part.node_id, " finished step ", part.clock,
-        " and may ask only for step ", part.clock + 1, ", got ", want));
+    if (job.skew_epoch == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step: ", part.node_id, " finished step ", part.clock,
+          " and may ask only for step ", part.clock + 1, ", got ", want));
+    }
+    // The job rolled back under a node that had run ahead (or was
+    // aborted): it gets the step after its rolled-back clock, whose plan
+    // (a new attempt) tells it to restore the last weight sync. A node of
+    // the current epoch always asks for clock + 1.
+    want = part.clock + 1;
   }
   if (job.current && job.current->step == want) return job.current.get();
   if (auto it = job.ahead.find(want); it != job.ahead.end()) {
@@ -61,6 +69,11 @@ absl::StatusOr<bool> JobManager::FinishSkewedStepLocked(Job& job,
   } else if (auto it = job.ahead.find(step); it != job.ahead.end()) {
     a = it->second.get();
   }
+  if (r.report.attempt != job.skew_epoch + 1) {
+    // A step of an attempt the job rolled back: not counted; the node asks
+    // for its next plan, which restores the last weight sync.
+    return false;
+  }
   const int k = a == nullptr ? -1 : a->Member(index);
   if (k < 0) {
     return absl::FailedPreconditionError(
@@ -94,6 +107,81 @@ absl::StatusOr<bool> JobManager::FinishSkewedStepLocked(Job& job,
   ++job.update;
   changed_.SignalAll();
   return true;
+}
+
+bool JobManager::IsSyncStep(const Job& job, int64_t step) {
+  const RunConfig& run = job.config.run;
+  return step == run.total_steps ||
+         (run.checkpoint_every > 0 && step % run.checkpoint_every == 0);
+}
+
+void JobManager::RollBackSkewedLocked(Job& job, const std::string& why) {
+  ++job.data_plane_aborts;
+  if (job.data_plane_aborts > kMaxDataPlaneAborts) {
+    FailLocked(job,
+               absl::StrCat("StaleSync: rolled back ", job.data_plane_aborts,
+                            " times with no step committed in between; "
+                            "last: ",
+                            why),
+               static_cast<int>(absl::StatusCode::kUnavailable));
+    return;
+  }
+  const int64_t r = job.last_sync;
+  // Every prompt group of the steps after R goes back to the front of the
+  // queue, in ledger order: the committed ones, those of the steps in
+  // flight (the lost node's included).
+  std::vector<uint64_t> groups = job.groups_since_sync;
+  auto add = [&groups](const Attempt* a) {
+    if (a == nullptr || a->committed) return;
+    for (const std::vector<uint64_t>& g : a->groups) {
+      groups.insert(groups.end(), g.begin(), g.end());
+    }
+  };
+  add(job.current.get());
+  for (const auto& [step, a] : job.ahead) add(a.get());
+  std::sort(groups.begin(), groups.end());
+  if (absl::Status s = job.ledger->Reclaim(groups); !s.ok()) {
+    FailLocked(job, absl::StrCat("internal: rolling back: ", s.message()),
+               static_cast<int>(absl::StatusCode::kInternal));
+    return;
+  }
+  const int64_t undone = job.last_committed - r;
+  job.steps_rolled_back += undone;
+  job.groups_since_sync.clear();
+  job.current.reset();
+  job.ahead.clear();
+  job.last_committed = r;
+  job.summary.rollout_tokens = job.tokens_at_sync;
+  job.last_eval = job.last_eval_at_sync;
+  if (undone > 0) outputs_.RollBack(job.id, r);
+  // The clocks, the gate and the controller data plane's exchange start
+  // again from R; the lost node's updates are dropped with the rest.
+  for (Job::Part& part : job.parts) {
+    if (!part.lost) part.clock = r;
+  }
+  job.skew_gate->RollBack(r);
+  const Job::Key none{r, -1};
+  for (size_t i = 0; i < job.parts.size(); ++i) {
+    job.outbox[i].clear();
+    job.handed_in[i] = none;
+    std::fill(job.delivered[i].begin(), job.delivered[i].end(), none);
+  }
+  ++job.skew_epoch;
+  job.rollback_step = r;
+  EventLocked(job, absl::StrCat("StaleSync roll-back ", job.skew_epoch, " (",
+                                why, "): back to the weight sync of step ", r,
+                                "; ", undone, " committed step(s) and ",
+                                groups.size(),
+                                " prompt group(s) to run again"));
+  // With no current attempt PlanStepLocked closes the old rendezvous
+  // generation (every collective still waiting on it gives up through its
+  // probe) and opens a new one. It restarts the abort count of a new step;
+  // a roll-back keeps it.
+  const int aborts = job.data_plane_aborts;
+  PlanStepLocked(job, r + 1);
+  job.data_plane_aborts = aborts;
+  ++job.update;
+  changed_.SignalAll();
 }
 
 }  // namespace fusionrl

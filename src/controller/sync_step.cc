@@ -47,7 +47,17 @@ void JobManager::AbortAttemptLocked(Job& job, int64_t step, int attempt,
                                     const std::string& node_id,
                                     const std::string& why) {
   Attempt* a = job.current.get();
-  if (job.skewed || job.ending || a == nullptr || a->step != step ||
+  if (job.skewed) {
+    // A failed collective of a skewed job loses the sums in flight: every
+    // node goes back to the last weight sync (unless that already happened
+    // for this attempt).
+    if (!job.ending && attempt == job.skew_epoch + 1) {
+      RollBackSkewedLocked(job, absl::StrCat("step ", step, " on ", node_id,
+                                             ": ", why));
+    }
+    return;
+  }
+  if (job.ending || a == nullptr || a->step != step ||
       a->attempt != attempt || a->aborted || a->committed) {
     return;  // already replanned (or nothing to replan)
   }
@@ -74,8 +84,13 @@ std::unique_ptr<JobManager::Attempt> JobManager::MakeAttemptLocked(
   const int prompts = job.config.rollout.prompts_per_step;
   auto a = std::make_unique<Attempt>();
   a->step = step;
-  a->attempt =
-      (job.current && job.current->step == step) ? job.current->attempt + 1 : 1;
+  if (job.skewed) {
+    a->attempt = job.skew_epoch + 1;  // one attempt per step and epoch
+  } else {
+    a->attempt = (job.current && job.current->step == step)
+                     ? job.current->attempt + 1
+                     : 1;
+  }
   int cards = 0;
   for (size_t i = 0; i < job.parts.size(); ++i) {
     if (job.parts[i].lost) continue;
@@ -156,8 +171,9 @@ StepPlan JobManager::TrainPlanLocked(const Job& job, const Attempt& a, int k,
   }
   if (job.skewed) {
     // Checkpoints and the last step are taken from one set of weights.
-    const bool sync = checkpoint || a.step == run.total_steps;
+    const bool sync = IsSyncStep(job, a.step);
     plan.exchange_updates = true;
+    plan.rollback_to_step = job.rollback_step;
     plan.sync_weights = sync;
     plan.updates_due_step =
         sync ? a.step : a.step - job.config.stalesync.max_clock_skew;
@@ -370,6 +386,21 @@ void JobManager::CommitLocked(Job& job) {
   }
   job.last_committed = a.step;
   if (a.have_lead_report) RecordStepLocked(job, a);
+  if (job.skewed) {
+    // What a roll-back to the last weight sync would undo.
+    job.data_plane_aborts = 0;
+    if (IsSyncStep(job, a.step)) {
+      job.last_sync = a.step;
+      job.groups_since_sync.clear();
+      job.tokens_at_sync = job.summary.rollout_tokens;
+      job.last_eval_at_sync = job.last_eval;
+    } else {
+      for (const std::vector<uint64_t>& g : a.groups) {
+        job.groups_since_sync.insert(job.groups_since_sync.end(), g.begin(),
+                                     g.end());
+      }
+    }
+  }
   ++job.update;
   job.updated = clock_.Now();
   if (job.stop_flag != nullptr && job.stop_flag->load() &&

@@ -61,6 +61,13 @@ JobManager::ExchangeUpdatesImpl(UpdateCall u,
   if (Terminal(*job)) {
     return absl::AbortedError(absl::StrCat(job->id, " ended"));
   }
+  const int epoch = job->skew_epoch;
+  if (u.attempt != epoch + 1) {
+    return absl::AbortedError(absl::StrCat(
+        "update exchange of ", u.node_id, " at step ", u.step, ": attempt ",
+        u.attempt, " was rolled back (", job->id, " is at attempt ", epoch + 1,
+        ")"));
+  }
   deadline = std::min(
       deadline,
       clock_.Now() + absl::Seconds(job->config.run.collective_timeout_seconds));
@@ -95,6 +102,11 @@ JobManager::ExchangeUpdatesImpl(UpdateCall u,
     if (Terminal(*job)) {
       return absl::AbortedError(
           absl::StrCat(job->id, " ended: ", job->end_message));
+    }
+    if (job->skew_epoch != epoch) {
+      return absl::AbortedError(absl::StrCat(
+          "update exchange of ", u.node_id, " at step ", u.step, ": ", job->id,
+          " rolled back while it waited"));
     }
     std::vector<std::string> missing;
     for (size_t m = 0; m < job->parts.size(); ++m) {

@@ -83,6 +83,7 @@ absl::StatusOr<v1::ExchangeUpdatesResponse> JobManager::ExchangeUpdates(
   call.step = u.step();
   call.round = u.round();
   call.due_step = r.due_step();
+  call.attempt = r.attempt();
   call.payload = u.payload();
   FUSIONRL_ASSIGN_OR_RETURN(
       std::vector<HandedUpdate> got,

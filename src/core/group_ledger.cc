@@ -45,7 +45,10 @@ absl::Status GroupLedger::MarkTrained(const std::string& node_id,
           absl::StrCat("group ", groups[i], " is reported twice"));
     }
   }
-  for (uint64_t g : groups) owner_.erase(g);
+  for (uint64_t g : groups) {
+    owner_.erase(g);
+    trained_ids_.insert(g);
+  }
   trained_ += groups.size();
   return absl::OkStatus();
 }
@@ -62,6 +65,29 @@ int64_t GroupLedger::Requeue(const std::string& node_id) {
   }
   requeued_total_ += back.size();
   return static_cast<int64_t>(back.size());
+}
+
+absl::Status GroupLedger::Reclaim(const std::vector<uint64_t>& groups) {
+  absl::flat_hash_set<uint64_t> seen;
+  for (uint64_t g : groups) {
+    if (!seen.insert(g).second) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("group ", g, " is reclaimed twice"));
+    }
+    if (!owner_.contains(g) && !trained_ids_.contains(g)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "group ", g, " is neither assigned nor trained; cannot reclaim it"));
+    }
+  }
+  for (auto it = groups.rbegin(); it != groups.rend(); ++it) {
+    if (owner_.erase(*it) == 0) {
+      trained_ids_.erase(*it);
+      --trained_;
+    }
+    requeued_.push_front(*it);
+  }
+  requeued_total_ += groups.size();
+  return absl::OkStatus();
 }
 
 std::string GroupLedger::DebugString() const {

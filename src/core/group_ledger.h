@@ -5,7 +5,8 @@
 // is pending, then assigned to one node, then trained. When a node is lost
 // its assigned groups go back to the front of the pending queue (re-queued)
 // and any later report from that node for them is refused, so a group can
-// never be counted twice; trained groups stay trained.
+// never be counted twice; trained groups stay trained unless the steps that
+// trained them are rolled back (Reclaim).
 //
 // Invariant, after every call: pending + assigned + trained == total.
 //
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 
 namespace fusionrl {
@@ -44,6 +46,14 @@ class GroupLedger {
   // how many. Call when the node is lost or leaves.
   int64_t Requeue(const std::string& node_id);
 
+  // Returns `groups` (each assigned to some node or trained) to the front
+  // of the pending queue, in the given order, ahead of groups re-queued
+  // before: the steps they belonged to are run again (a StaleSync job
+  // rolled back to its last weight sync). FailedPrecondition, naming the
+  // first offending group, if one is pending, unknown or listed twice; then
+  // nothing changes.
+  absl::Status Reclaim(const std::vector<uint64_t>& groups);
+
   uint64_t total() const { return total_; }
   uint64_t pending() const { return requeued_.size() + (total_ - next_new_); }
   uint64_t assigned() const { return owner_.size(); }
@@ -58,6 +68,7 @@ class GroupLedger {
   uint64_t next_new_ = 0;          // first group never handed out
   std::deque<uint64_t> requeued_;  // handed out before, now pending again
   absl::flat_hash_map<uint64_t, std::string> owner_;  // assigned -> node
+  absl::flat_hash_set<uint64_t> trained_ids_;
   uint64_t trained_ = 0;
   uint64_t requeued_total_ = 0;
 };

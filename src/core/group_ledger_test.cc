@@ -37,6 +37,40 @@ TEST(GroupLedgerTest, RequeuedGroupsGoFirstAndOldReportsAreRefused) {
   EXPECT_TRUE(ledger.done());
 }
 
+TEST(GroupLedgerTest, ReclaimedGroupsGoFirstInOrderTrainedOrAssigned) {
+  GroupLedger ledger(8);
+  ledger.Assign("a", 2);  // 0 1
+  ledger.Assign("b", 2);  // 2 3
+  ASSERT_TRUE(ledger.MarkTrained("a", {0, 1}).ok());
+  ledger.Assign("b", 2);  // 4 5
+  EXPECT_EQ(ledger.Requeue("b"), 4);  // 2 3 4 5 pending again
+  ledger.Assign("a", 1);              // 2
+  // Roll back: trained 0 1 and assigned 2 go back, in this order, ahead of
+  // the groups re-queued before.
+  ASSERT_TRUE(ledger.Reclaim({0, 1, 2}).ok());
+  EXPECT_EQ(ledger.trained(), 0u);
+  EXPECT_EQ(ledger.assigned(), 0u);
+  EXPECT_EQ(ledger.pending(), 8u);
+  EXPECT_EQ(ledger.Assign("c", 8),
+            (std::vector<uint64_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  ASSERT_TRUE(ledger.MarkTrained("c", {0, 1, 2, 3, 4, 5, 6, 7}).ok());
+  EXPECT_TRUE(ledger.done());
+}
+
+TEST(GroupLedgerTest, ReclaimRefusesPendingUnknownOrRepeatedGroups) {
+  GroupLedger ledger(4);
+  ledger.Assign("a", 2);  // 0 1; 2 3 never handed out
+  for (const std::vector<uint64_t>& bad :
+       {std::vector<uint64_t>{0, 2}, std::vector<uint64_t>{1, 1},
+        std::vector<uint64_t>{9}}) {
+    absl::Status s = ledger.Reclaim(bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  }
+  EXPECT_EQ(ledger.assigned(), 2u);  // nothing changed
+  EXPECT_EQ(ledger.pending(), 2u);
+  EXPECT_EQ(ledger.requeued_total(), 0u);
+}
+
 TEST(GroupLedgerTest, MarkTrainedIsAllOrNothing) {
   GroupLedger ledger(4);
   ledger.Assign("node-1", 2);                               // 0 1

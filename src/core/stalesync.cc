@@ -269,6 +269,14 @@ void ClockSkewGate::UpdateSkewLocked() {
   if (any) max_skew_seen_ = std::max(max_skew_seen_, hi - lo);
 }
 
+void ClockSkewGate::RollBack(int64_t clock) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [name, node] : nodes_) {
+    if (node.live) node.clock = clock;
+  }
+  cv_.SignalAll();
+}
+
 absl::Status ClockSkewGate::Advance(const std::string& name,
                                     int64_t new_clock) {
   absl::MutexLock lock(&mu_);

@@ -246,6 +246,11 @@ class ClockSkewGate {
   // WaitMayStart() callers.
   void Remove(const std::string& name) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Sets every live node's clock to `clock` (their steps after it are run
+  // again: a job rolled back to its last weight sync). The largest skew
+  // seen is kept. Wakes WaitMayStart() callers.
+  void RollBack(int64_t clock) ABSL_LOCKS_EXCLUDED(mu_);
+
   // The clock of `name` (its last clock if removed), or -1 if unknown.
   int64_t Clock(const std::string& name) const ABSL_LOCKS_EXCLUDED(mu_);
 

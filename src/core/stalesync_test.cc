@@ -539,6 +539,28 @@ TEST(StaleSyncClockSkewTest, RemoveUnblocks) {
   EXPECT_TRUE(gate.MayStart("sn-a"));
 }
 
+TEST(StaleSyncClockSkewTest, RollBackSetsLiveClocksAndKeepsTheSkewSeen) {
+  ClockSkewGate gate(/*max_clock_skew=*/1, {"a", "b", "c"});
+  ASSERT_TRUE(gate.Advance("a", 1).ok());
+  ASSERT_TRUE(gate.Advance("a", 2).ok());  // 1 ahead when it started
+  EXPECT_FALSE(gate.MayStart("a"));
+  ASSERT_TRUE(gate.Advance("b", 1).ok());
+  gate.Remove("c");  // lost at clock 0
+  EXPECT_EQ(gate.MaxSkewSeen(), 2);
+  gate.RollBack(0);
+  EXPECT_EQ(gate.Clock("a"), 0);
+  EXPECT_EQ(gate.Clock("b"), 0);
+  EXPECT_EQ(gate.Clock("c"), 0);
+  EXPECT_EQ(gate.MaxSkewSeen(), 2);
+  EXPECT_TRUE(gate.MayStart("a"));
+  EXPECT_FALSE(gate.MayStart("c"));
+  // The rule holds from the rolled-back clocks on.
+  ASSERT_TRUE(gate.Advance("a", 1).ok());
+  ASSERT_TRUE(gate.Advance("a", 2).ok());
+  EXPECT_FALSE(gate.MayStart("a"));
+  EXPECT_EQ(gate.Advance("a", 3).code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(StaleSyncClockSkewTest, WaitMayStartTimesOutNamingTheSlowNode) {
   ClockSkewGate gate(/*max_clock_skew=*/1, {"sn-a", "sn-b", "sn-c"});
   for (const char* name : {"sn-a", "sn-b", "sn-c"}) {

@@ -74,6 +74,12 @@ struct StepPlan {
   bool c10d_data_plane = false;
   int64_t rendezvous_generation = 0;
   int node_rank = 0;  // the card's node among the attempt's nodes
+  // StaleSync after a roll-back (docs/stalesync.md#losing-a-super-node):
+  // `attempt` counts the job's roll-backs from 1, and a card whose previous
+  // plan had another attempt first restores the state it kept at the
+  // weight sync of step `rollback_to_step` and drops every update in
+  // flight. -1: nothing to restore.
+  int64_t rollback_to_step = -1;
 };
 
 // The card's typed metrics of one step (formatted to JSON once, where the
@@ -126,6 +132,7 @@ struct UpdateCall {
   int64_t step = 0;
   int64_t round = 0;
   int64_t due_step = 0;
+  int attempt = 1;  // the plan's: a rolled-back attempt gets Aborted
   std::string payload;  // float32 values
 };
 

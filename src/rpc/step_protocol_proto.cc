@@ -1,5 +1,6 @@
 #include "rpc/step_protocol_proto.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
@@ -61,6 +62,7 @@ v1::StepPlan StepPlanToProto(const StepPlan& p) {
   out.set_c10d_data_plane(p.c10d_data_plane);
   out.set_rendezvous_generation(p.rendezvous_generation);
   out.set_node_rank(p.node_rank);
+  if (p.rollback_to_step >= 0) out.set_rollback_to_step(p.rollback_to_step);
   return out;
 }
 
@@ -84,6 +86,9 @@ StepPlan StepPlanFromProto(const v1::StepPlan& p) {
   plan.c10d_data_plane = p.c10d_data_plane();
   plan.rendezvous_generation = p.rendezvous_generation();
   plan.node_rank = p.node_rank();
+  plan.rollback_to_step =
+      p.has_rollback_to_step() ? std::max<int64_t>(-1, p.rollback_to_step())
+                               : -1;
   return plan;
 }
 

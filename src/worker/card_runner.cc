@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iterator>
+#include <map>
 #include <optional>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -67,6 +70,14 @@ class CardRunner {
   void ReportFailure(const absl::Status& status, int64_t step, int attempt);
   StepReport NewReport(int64_t step, int attempt) const;
   void PublishToRollout();
+  // StaleSync across super nodes, before a step: keeps the weights every
+  // super node starts from (the first step), and after a roll-back
+  // (plan.rollback_to_step, a new attempt) restores those of the last
+  // committed weight sync and drops the rollout's prefetched samples.
+  absl::Status EnterSkewedStep(const StepPlan& plan);
+  // Keeps this card's state after the weight sync of `step` (on the host),
+  // dropping syncs after it and all but the newest before it.
+  absl::Status KeepSyncPoint(int64_t step);
 
   const CardJob& job_;
   const Clock& clock_;
@@ -83,6 +94,11 @@ class CardRunner {
   int per_card_threads_ = 1;
   int64_t plan_step_ = 0;
   int plan_attempt_ = 0;
+  // StaleSync across super nodes: the state after the last weight syncs
+  // (at most two: the last committed one and a newer one), by step, and
+  // the attempt of the last skewed plan.
+  std::map<int64_t, StepSnapshot> sync_points_;
+  int skewed_attempt_ = 0;
 };
 
 StepReport CardRunner::NewReport(int64_t step, int attempt) const {
@@ -142,6 +158,7 @@ absl::Status CardRunner::Setup() {
         call.step = step;
         call.round = round;
         call.due_step = due_step;
+        call.attempt = plan_attempt_;
         call.payload = std::move(payload);
         return client->ExchangeUpdates(std::move(call), timeout_);
       },
@@ -317,6 +334,7 @@ absl::Status CardRunner::Run() {
                                                plan.node_rank};
     }
     if (plan.exchange_updates) {
+      FUSIONRL_RETURN_IF_ERROR(EnterSkewedStep(plan));
       sync_->BeginSkewedStep(plan.step, plan.updates_due_step, plan.nodes,
                              data_plane);
     } else {
@@ -335,8 +353,15 @@ absl::Status CardRunner::Run() {
       SleepOnClock(clock_, job_.debug_step_delay);  // fault injection
     }
     if (plan.exchange_updates && absl::IsAborted(step)) {
-      // The job ended under us (a StaleSync job does not roll back); the
-      // next plan says how.
+      // A collective of the data plane failed, or the job rolled back or
+      // ended under us: the controller rolls the job back to its last
+      // weight sync (a no-op if it already did), and the next plan says
+      // where to go on from.
+      if (job_.local_rank == 0) {
+        StepReport abort = NewReport(plan.step, plan.attempt);
+        abort.abort_reason = std::string(step.message());
+        Finish(abort).IgnoreError();
+      }
       next = plan.step + 1;
       continue;
     }
@@ -366,6 +391,16 @@ absl::Status CardRunner::Run() {
       abort.abort_reason = std::string(step.message());
       Finish(abort).IgnoreError();
     }
+    if (plan.exchange_updates && step.ok()) {
+      // Not accepted: the job rolled back meanwhile, and the next plan
+      // restores the last weight sync.
+      if (committed && plan.sync_weights) {
+        FUSIONRL_RETURN_IF_ERROR(KeepSyncPoint(plan.step));
+      }
+      if (fused_ != nullptr && committed) PublishToRollout();
+      next = plan.step + 1;
+      continue;
+    }
     if (absl::IsAborted(step) || (step.ok() && !committed)) {
       if (!snapshot) {
         return absl::InternalError(
@@ -393,7 +428,52 @@ absl::Status CardRunner::Run() {
   }
 }
 
+absl::Status CardRunner::KeepSyncPoint(int64_t step) {
+  sync_points_.erase(sync_points_.lower_bound(step), sync_points_.end());
+  while (sync_points_.size() > 1) sync_points_.erase(sync_points_.begin());
+  FUSIONRL_ASSIGN_OR_RETURN(
+      StepSnapshot kept,
+      StepSnapshot::Take(*ctx_.policy, *trainer_, /*on_host=*/true));
+  sync_points_.emplace(step, std::move(kept));
+  return absl::OkStatus();
+}
+
+absl::Status CardRunner::EnterSkewedStep(const StepPlan& plan) {
+  if (sync_points_.empty()) {
+    // Every super node starts from the same weights: the first sync point.
+    FUSIONRL_RETURN_IF_ERROR(KeepSyncPoint(plan.step - 1));
+  }
+  const bool rolled_back =
+      plan.rollback_to_step >= 0 && plan.attempt != skewed_attempt_;
+  skewed_attempt_ = plan.attempt;
+  if (!rolled_back) return absl::OkStatus();
+  auto it = sync_points_.find(plan.rollback_to_step);
+  if (it == sync_points_.end()) {
+    std::string kept;
+    for (const auto& [step, point] : sync_points_) {
+      absl::StrAppend(&kept, kept.empty() ? "" : ", ", step);
+    }
+    return absl::InternalError(absl::StrCat(
+        "StaleSync roll-back to the weight sync of step ",
+        plan.rollback_to_step, ": this card kept those of steps ", kept,
+        " only"));
+  }
+  if (job_.local_rank == 0) {
+    spdlog::warn("{}: rolling back to the weight sync of step {} (attempt {})",
+                 job_.node_id, plan.rollback_to_step, plan.attempt);
+  }
+  FUSIONRL_RETURN_IF_ERROR(it->second.Restore(*ctx_.policy, *trainer_));
+  sync_points_.erase(std::next(it), sync_points_.end());
+  if (fused_ != nullptr) {
+    // Sample the steps again from the restored weights.
+    PublishToRollout();
+    fused_->Reset();
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int64_t> CardRunner::SyncWeights(const StepPlan& plan) {
+  if (plan.nodes <= 1) return 0;  // one super node left: nothing to sync
   if (plan.c10d_data_plane) {
     // Broadcast over the nodes' group: no weight goes through the
     // controller.

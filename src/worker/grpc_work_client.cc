@@ -115,6 +115,7 @@ absl::StatusOr<std::vector<ReceivedUpdate>> GrpcWorkClient::ExchangeUpdates(
   v1::ExchangeUpdatesRequest request;
   request.set_job_id(call.job_id);
   request.set_due_step(call.due_step);
+  request.set_attempt(call.attempt);
   v1::GradientUpdate* u = request.mutable_update();
   u->set_node_id(call.node_id);
   u->set_step(call.step);

@@ -224,12 +224,15 @@ absl::Status HierarchicalSync::ReduceGradients(std::vector<at::Tensor>& grads) {
 
   double outcome = kOk;
   std::string error;
-  if (local_rank_ == 0 && data_plane_) {
+  if (nodes_ <= 1) {
+    // The only super node left (the others were lost): nothing to
+    // exchange, the node's update is the whole update.
+  } else if (local_rank_ == 0 && data_plane_) {
     absl::Status s = SkewedC10dExchange(flat, round);
     if (!s.ok()) {
-      // A StaleSync job does not replan its steps: a failed group fails it
-      // (Aborted only when the job ended under us).
-      outcome = absl::IsAborted(s) ? kAborted : kFailed;
+      // Every sum in flight on the group is lost with it: the job rolls
+      // back to its last weight sync.
+      outcome = kAborted;
       error = absl::StrCat("StaleSync data plane, step ", step_, " round ",
                            round, ": ", s.message());
       DropCrossGroup();
@@ -321,7 +324,7 @@ absl::Status HierarchicalSync::BroadcastFromLead(std::string& state) {
       s = cross_->Broadcast(b, 0);
     }
     if (!s.ok()) {
-      outcome = absl::IsAborted(s) ? kAborted : kFailed;
+      outcome = kAborted;  // the job rolls back to its last sync
       error = absl::StrCat("weight broadcast: ", s.message());
       DropCrossGroup();
     }

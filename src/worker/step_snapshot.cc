@@ -13,10 +13,13 @@
 namespace fusionrl {
 
 absl::StatusOr<StepSnapshot> StepSnapshot::Take(PolicyModel& policy,
-                                                const Trainer& trainer) {
+                                                const Trainer& trainer,
+                                                bool on_host) {
   StepSnapshot s;
   for (const at::Tensor& p : policy.parameters()) {
-    s.params.push_back(p.detach().clone());
+    s.params.push_back(on_host ? p.detach().to(at::kCPU, /*non_blocking=*/false,
+                                               /*copy=*/true)
+                               : p.detach().clone());
   }
   FUSIONRL_ASSIGN_OR_RETURN(s.optimizer, trainer.OptimizerState());
   s.version = trainer.version();

@@ -30,8 +30,11 @@ struct StepSnapshot {
   std::string optimizer;
   int64_t version = 0;
 
+  // `on_host`: the weights are copied to host memory (a snapshot kept
+  // for long, e.g. at a StaleSync weight sync, need not hold card memory).
   static absl::StatusOr<StepSnapshot> Take(PolicyModel& policy,
-                                           const Trainer& trainer);
+                                           const Trainer& trainer,
+                                           bool on_host = false);
   // Puts the snapshot's weights, optimizer state and version back.
   absl::Status Restore(PolicyModel& policy, Trainer& trainer) const;
 };
