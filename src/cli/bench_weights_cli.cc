@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <future>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -156,6 +157,55 @@ absl::StatusOr<double> TimeBroadcast(
   return Seconds(start, end);
 }
 
+// Every rank sums `bytes` of float32 ones: the time from the first rank
+// leaving a barrier to the last rank holding the sum (checked: `ranks` in
+// every element).
+absl::StatusOr<double> TimeAllReduce(
+    std::vector<std::unique_ptr<GradientSync>>& group, int64_t bytes) {
+  const int ranks = static_cast<int>(group.size());
+  std::vector<at::Tensor> buffers(ranks);
+  for (int r = 0; r < ranks; ++r) buffers[r] = at::ones({bytes / 4});
+  struct Times {
+    absl::Status status;
+    Steady::time_point start, end;
+  };
+  std::vector<std::future<Times>> done;
+  for (int r = 0; r < ranks; ++r) {
+    done.push_back(std::async(std::launch::async, [&, r] {
+      Times t;
+      std::vector<at::Tensor> barrier = {at::ones({1})};
+      t.status = group[r]->AllReduceSum(barrier);
+      t.start = Steady::now();
+      if (t.status.ok()) {
+        std::vector<at::Tensor> b = {buffers[r]};
+        t.status = group[r]->AllReduceSum(b);
+      }
+      t.end = Steady::now();
+      return t;
+    }));
+  }
+  Steady::time_point start = Steady::time_point::max();
+  Steady::time_point end = Steady::time_point::min();
+  absl::Status status;
+  for (auto& f : done) {
+    Times t = f.get();
+    if (!t.status.ok()) {
+      status.Update(t.status);
+      continue;
+    }
+    start = std::min(start, t.start);
+    end = std::max(end, t.end);
+  }
+  FUSIONRL_RETURN_IF_ERROR(status);
+  for (int r = 0; r < ranks; ++r) {
+    if (!at::equal(buffers[r], at::full_like(buffers[r], ranks))) {
+      return absl::DataLossError(
+          absl::StrCat("all-reduce: rank ", r, " holds another sum"));
+    }
+  }
+  return Seconds(start, end);
+}
+
 // A WeightService on a loopback port, as the controller serves it.
 class LoopbackWeightServer {
  public:
@@ -268,6 +318,11 @@ int RunBenchWeights(const BenchWeightsArgs& args) {
   absl::StatusOr<std::vector<std::unique_ptr<GradientSync>>> group =
       MakeLocalGlooGroup(args.ranks, kTimeout);
   if (!group.ok()) return Fail(group.status());
+  // The same sum as one message, for the buckets' side-by-side figure.
+  absl::StatusOr<std::vector<std::unique_ptr<GradientSync>>> unbucketed =
+      MakeLocalGlooGroup(args.ranks, kTimeout,
+                         std::numeric_limits<int64_t>::max());
+  if (!unbucketed.ok()) return Fail(unbucketed.status());
   LoopbackWeightServer server(largest);
   if (!server.ok()) {
     return Fail(absl::UnavailableError(
@@ -283,19 +338,25 @@ int RunBenchWeights(const BenchWeightsArgs& args) {
   result["repeats"] = args.repeats;
   result["threads"] = static_cast<int>(std::thread::hardware_concurrency());
   result["chunk_bytes"] = rpc::kDefaultWeightChunkBytes;
+  result["gradient_bucket_bytes"] = kGradientBucketBytes;
   result["crc32c_instruction"] = internal::Crc32cHasHardwarePath();
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   int64_t version = 0;
   for (const int64_t mib : *sizes) {
     const std::string payload = Payload(static_cast<size_t>(mib) << 20);
     std::string dst;
-    std::vector<double> copy, bcast, publish, fetch, service, crc_portable, crc;
+    std::vector<double> copy, bcast, publish, fetch, service, crc_portable, crc,
+        sum_buckets, sum_one;
     // One untimed round of each path first (connections, first touches).
     for (int rep = -1; rep < args.repeats; ++rep) {
       absl::StatusOr<double> c = TimeMemcpy(payload, dst);
       if (!c.ok()) return Fail(c.status());
       absl::StatusOr<double> b = TimeBroadcast(*group, payload);
       if (!b.ok()) return Fail(b.status());
+      absl::StatusOr<double> sb = TimeAllReduce(*group, mib << 20);
+      if (!sb.ok()) return Fail(sb.status());
+      absl::StatusOr<double> so = TimeAllReduce(*unbucketed, mib << 20);
+      if (!so.ok()) return Fail(so.status());
       absl::StatusOr<ServiceTimes> w =
           TimeWeightService(*publisher, fetchers, payload, ++version);
       if (!w.ok()) return Fail(w.status());
@@ -309,6 +370,8 @@ int RunBenchWeights(const BenchWeightsArgs& args) {
       crc.push_back(*ch);
       copy.push_back(*c);
       bcast.push_back(*b);
+      sum_buckets.push_back(*sb);
+      sum_one.push_back(*so);
       publish.push_back(w->publish);
       fetch.push_back(w->fetch);
       service.push_back(w->publish + w->fetch);
@@ -328,6 +391,8 @@ int RunBenchWeights(const BenchWeightsArgs& args) {
     row["mib"] = mib;
     row["memcpy"] = path(copy);
     row["gloo_broadcast"] = path(bcast);
+    row["gloo_allreduce_buckets"] = path(sum_buckets);
+    row["gloo_allreduce_one_message"] = path(sum_one);
     row["weight_service_publish"] = path(publish);
     row["weight_service_fetch"] = path(fetch);
     row["weight_service_sync"] = path(service);
@@ -335,12 +400,17 @@ int RunBenchWeights(const BenchWeightsArgs& args) {
     row["crc32c"] = path(crc);
     spdlog::info(
         "bench-weights {} MiB: memcpy {:.2f} GB/s, gloo broadcast {:.2f} GB/s "
-        "({:.3f}x), weight service publish+fetch {:.2f} GB/s ({:.3f}x)",
+        "({:.3f}x), weight service publish+fetch {:.2f} GB/s ({:.3f}x); "
+        "all-reduce in {} MiB buckets {:.2f} GB/s, as one message {:.2f} GB/s",
         mib, memcpy_bps / 1e9,
         row["gloo_broadcast"]["bytes_per_second"].get<double>() / 1e9,
         row["gloo_broadcast"]["ratio_to_memcpy"].get<double>(),
         row["weight_service_sync"]["bytes_per_second"].get<double>() / 1e9,
-        row["weight_service_sync"]["ratio_to_memcpy"].get<double>());
+        row["weight_service_sync"]["ratio_to_memcpy"].get<double>(),
+        kGradientBucketBytes >> 20,
+        row["gloo_allreduce_buckets"]["bytes_per_second"].get<double>() / 1e9,
+        row["gloo_allreduce_one_message"]["bytes_per_second"].get<double>() /
+            1e9);
     rows.push_back(std::move(row));
   }
   result["sizes"] = std::move(rows);

@@ -28,12 +28,14 @@ class GlooGradientSync final : public GradientSync {
  public:
   GlooGradientSync(c10::intrusive_ptr<c10d::ProcessGroupGloo> group, int rank,
                    int world, absl::Duration timeout,
-                   std::function<absl::Status()> probe = nullptr)
+                   std::function<absl::Status()> probe = nullptr,
+                   int64_t bucket_bytes = kGradientBucketBytes)
       : group_(std::move(group)),
         rank_(rank),
         world_(world),
         timeout_(timeout),
-        probe_(std::move(probe)) {}
+        probe_(std::move(probe)),
+        bucket_bytes_(std::max<int64_t>(1, bucket_bytes)) {}
 
   ~GlooGradientSync() override {
     // Collectives this rank gave up on (a peer froze) or never waited for
@@ -42,8 +44,10 @@ class GlooGradientSync final : public GradientSync {
     // wait for them. Let a detached thread hold the group until then.
     std::vector<c10::intrusive_ptr<c10d::Work>> left;
     if (pending_) left.push_back(std::move(pending_));
-    for (auto& [ticket, work] : started_) {
-      if (!work->isCompleted()) left.push_back(std::move(work));
+    for (auto& [ticket, works] : started_) {
+      for (auto& work : works) {
+        if (!work->isCompleted()) left.push_back(std::move(work));
+      }
     }
     if (left.empty()) return;
     std::thread([group = std::move(group_), left = std::move(left)] {
@@ -63,10 +67,9 @@ class GlooGradientSync final : public GradientSync {
     if (tensors.empty()) return absl::OkStatus();
     FUSIONRL_RETURN_IF_ERROR(Usable());
     try {
-      std::vector<at::Tensor> buffer = {Flat(tensors)};
-      auto work = group_->allreduce(buffer);
-      FUSIONRL_RETURN_IF_ERROR(Await(work, "all-reduce"));
-      CopyBack(buffer[0], tensors);
+      const at::Tensor flat = Flat(tensors);
+      FUSIONRL_RETURN_IF_ERROR(AwaitAll(StartBuckets(flat), "all-reduce"));
+      CopyBack(flat, tensors);
     } catch (const std::exception& e) {
       // c10d reports a timed-out or broken peer as an exception.
       return Failed("gradient all-reduce", e);
@@ -77,9 +80,8 @@ class GlooGradientSync final : public GradientSync {
   absl::StatusOr<int64_t> StartAllReduceSum(at::Tensor flat) override {
     FUSIONRL_RETURN_IF_ERROR(Usable());
     try {
-      std::vector<at::Tensor> buffer = {std::move(flat)};
       const int64_t ticket = next_ticket_++;
-      started_.emplace(ticket, group_->allreduce(buffer));
+      started_.emplace(ticket, StartBuckets(flat.view({-1})));
       return ticket;
     } catch (const std::exception& e) {
       return Failed("starting an all-reduce", e);
@@ -94,10 +96,10 @@ class GlooGradientSync final : public GradientSync {
                        rank_, " was not started or was waited for already"));
     }
     FUSIONRL_RETURN_IF_ERROR(Usable());
-    c10::intrusive_ptr<c10d::Work> work = std::move(it->second);
+    std::vector<c10::intrusive_ptr<c10d::Work>> works = std::move(it->second);
     started_.erase(it);
     try {
-      return Await(work, "all-reduce");
+      return AwaitAll(works, "all-reduce");
     } catch (const std::exception& e) {
       return Failed("all-reduce", e);
     }
@@ -121,7 +123,7 @@ class GlooGradientSync final : public GradientSync {
       c10d::BroadcastOptions options;
       options.rootRank = root;
       auto work = group_->broadcast(buffer, options);
-      FUSIONRL_RETURN_IF_ERROR(Await(work, "broadcast"));
+      FUSIONRL_RETURN_IF_ERROR(Await(work, "broadcast", absl::Now()));
       if (rank_ != root) CopyBack(buffer[0], tensors);
     } catch (const std::exception& e) {
       return Failed("broadcast", e);
@@ -136,15 +138,18 @@ class GlooGradientSync final : public GradientSync {
   // slice: an error from it abandons the collective (and the group) at
   // once, so a frozen peer holds this rank only until the controller has
   // declared it lost, not for the whole collective timeout.
+  // The group's timeout counts from `start` (shared by the buckets of one
+  // sum).
   absl::Status Await(const c10::intrusive_ptr<c10d::Work>& work,
-                     const char* what) {
+                     const char* what, absl::Time start) {
     if (!probe_) {
-      work->wait(ToChrono(timeout_));
+      const absl::Duration left =
+          std::max(absl::Milliseconds(1), timeout_ - (absl::Now() - start));
+      work->wait(ToChrono(left));
       return absl::OkStatus();
     }
     constexpr absl::Duration kSlice = absl::Milliseconds(200);
     constexpr absl::Duration kProbeAfter = absl::Seconds(1);
-    const absl::Time start = absl::Now();
     for (;;) {
       try {
         work->wait(ToChrono(kSlice));
@@ -169,6 +174,32 @@ class GlooGradientSync final : public GradientSync {
                          ": ", s.message()));
       }
     }
+  }
+
+  // Starts the all-reduce of `flat` (1-D, contiguous) in buckets of at
+  // most bucket_bytes_, in order: each a view, summed in place.
+  std::vector<c10::intrusive_ptr<c10d::Work>> StartBuckets(
+      const at::Tensor& flat) {
+    const int64_t per = std::max<int64_t>(
+        1, bucket_bytes_ / std::max<int64_t>(1, flat.element_size()));
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (int64_t at = 0; at < flat.numel() || works.empty(); at += per) {
+      std::vector<at::Tensor> bucket = {
+          flat.narrow(0, at, std::min(per, flat.numel() - at))};
+      works.push_back(group_->allreduce(bucket));
+      if (flat.numel() == 0) break;
+    }
+    return works;
+  }
+
+  // Waits for every bucket of one sum, within one timeout.
+  absl::Status AwaitAll(const std::vector<c10::intrusive_ptr<c10d::Work>>& works,
+                        const char* what) {
+    const absl::Time start = absl::Now();
+    for (const auto& work : works) {
+      FUSIONRL_RETURN_IF_ERROR(Await(work, what, start));
+    }
+    return absl::OkStatus();
   }
 
   // FailedPrecondition once a collective was abandoned.
@@ -216,8 +247,10 @@ class GlooGradientSync final : public GradientSync {
   std::function<absl::Status()> probe_;
   // A collective given up on while it still ran (see ~GlooGradientSync).
   c10::intrusive_ptr<c10d::Work> pending_;
-  // Asynchronous sums started and not waited for yet, by ticket.
-  std::map<int64_t, c10::intrusive_ptr<c10d::Work>> started_;
+  const int64_t bucket_bytes_;
+  // Asynchronous sums started and not waited for yet (their buckets), by
+  // ticket.
+  std::map<int64_t, std::vector<c10::intrusive_ptr<c10d::Work>>> started_;
   int64_t next_ticket_ = 0;
 };
 
@@ -275,7 +308,7 @@ absl::Status SumAcrossRanks(GradientSync* sync, std::vector<double>& values) {
 }
 
 absl::StatusOr<std::vector<std::unique_ptr<GradientSync>>> MakeLocalGlooGroup(
-    int world_size, absl::Duration timeout) {
+    int world_size, absl::Duration timeout, int64_t bucket_bytes) {
   if (world_size < 1) {
     return absl::InvalidArgumentError("gloo group: world_size must be >= 1");
   }
@@ -295,8 +328,8 @@ absl::StatusOr<std::vector<std::unique_ptr<GradientSync>>> MakeLocalGlooGroup(
   std::string error;
   for (int r = 0; r < world_size; ++r) {
     try {
-      group.push_back(std::make_unique<GlooGradientSync>(pending[r].get(), r,
-                                                         world_size, timeout));
+      group.push_back(std::make_unique<GlooGradientSync>(
+          pending[r].get(), r, world_size, timeout, nullptr, bucket_bytes));
     } catch (const std::exception& e) {
       error = e.what();
     }

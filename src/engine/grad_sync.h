@@ -16,6 +16,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -37,7 +38,8 @@ class GradientSync {
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
   // Replaces each tensor by its element-wise sum over all ranks. The tensors
-  // are flattened into one buffer, so any number costs one collective.
+  // are flattened into one buffer, so any number costs one sum (a Gloo
+  // group's in buckets of kGradientBucketBytes).
   virtual absl::Status AllReduceSum(std::vector<at::Tensor>& tensors) = 0;
 
   // Combines the gradients of one optimizer step across the data-parallel
@@ -69,10 +71,18 @@ class GradientSync {
 // group of one is the identity. Used for loss normalisers and metrics.
 absl::Status SumAcrossRanks(GradientSync* sync, std::vector<double>& values);
 
+// Gloo groups sum in buckets of at most this many bytes (DDP's default
+// bucket_cap_mb): no collective message grows with the model, and a sum's
+// buckets go out one after the other in Gloo's thread. Each bucket is a ring
+// all-reduce of its own, so where a bucket boundary falls is part of the
+// bits of the result (identical on every rank, as ever).
+inline constexpr int64_t kGradientBucketBytes = int64_t{25} << 20;
+
 // `world_size` ranks in this process (one per card thread), connected over
 // loopback through an in-memory store. Element i is rank i.
 absl::StatusOr<std::vector<std::unique_ptr<GradientSync>>> MakeLocalGlooGroup(
-    int world_size, absl::Duration timeout);
+    int world_size, absl::Duration timeout,
+    int64_t bucket_bytes = kGradientBucketBytes);
 
 // One rank of a group formed through `store` (any c10d Store; the cards of
 // a job spanning super nodes use the controller's, worker/controller_store.h)
