@@ -12,7 +12,9 @@
 # resubmitted with `submit --resume` ends exactly as the uninterrupted job
 # does; four worker processes on the c10d data plane reproduce the
 # in-process four-super-node run bit for bit, and a StaleSync job on them
-# survives losing one (rolled back to its last weight sync).
+# survives losing one (rolled back to its last weight sync); a controller
+# killed with SIGKILL mid-job and started again with its --state-dir
+# finishes the job exactly as the uninterrupted reference run.
 # Usage: $0 FUSIONRL_BINARY WORK_DIR
 set -euo pipefail
 BIN=$1
@@ -108,8 +110,8 @@ def same_bytes(p, q):
     return open(p, "rb").read() == open(q, "rb").read()
 PY
 
-# start_controller NAME [FLAGS...]: starts a controller on a free port
-# (stdout $OUT/NAME.out, stderr $OUT/NAME.log) and waits, 30 s at most, for
+# start_controller NAME [FLAGS...]: starts a controller on a free port (or
+# on $CTL_LISTEN when set) (stdout $OUT/NAME.out, stderr $OUT/NAME.log) and waits, 30 s at most, for
 # its "listening on" line; sets CTL_PID and CTL_ADDR. Not for $(...), like
 # wait_exit.
 CTL_PID=
@@ -117,7 +119,7 @@ CTL_ADDR=
 start_controller() {
   local name=$1
   shift
-  "$BIN" controller --listen 127.0.0.1:0 "$@" >"$OUT/$name.out" 2>"$OUT/$name.log" &
+  "$BIN" controller --listen "${CTL_LISTEN:-127.0.0.1:0}" "$@" >"$OUT/$name.out" 2>"$OUT/$name.log" &
   CTL_PID=$!
   PIDS+=("$CTL_PID")
   local deadline=$((SECONDS + 30))
@@ -732,6 +734,83 @@ summary = json.load(open(os.path.join(out, "skew-kill", "summary.json")))
 crcs = summary.get("final_weights_crc32c", {})
 check(sorted(crcs) == ["a", "b", "c"] and len(set(crcs.values())) == 1,
       f"the three survivors end with equal weights ({crcs})")
+sys.exit(1 if bad else 0)
+PY
+
+# 10. SIGKILL the controller mid-job; start it again on the same address
+#     with the same --state-dir. The workers keep their state and retry
+#     (--reconnect-timeout), keep their node ids, and the job continues
+#     from its last committed step: the two-node step in flight is
+#     replanned (the nodes restore its start), so the run equals the
+#     uninterrupted in-process reference of section 2 step for step and
+#     byte for byte, and every prompt group is trained once.
+start_controller controller-5 --heartbeat-interval 0.5 --heartbeat-timeout 10 --state-dir "$OUT/state"
+ADDR5=$CTL_ADDR
+ctl5_pid=$CTL_PID
+for sn in a b; do
+  "$BIN" worker --controller "$ADDR5" --super-node "$sn" --threads 1 --reconnect-timeout 60 \
+    >/dev/null 2>"$OUT/worker-$sn-5.log" &
+  PIDS+=("$!")
+done
+job10=$(timeout 60 "$BIN" submit "$CFG" --controller "$ADDR5" \
+        --set placement.super_nodes=2 --set run.total_steps=30 --set run.eval_every=0 \
+        --set init_checkpoint="$SFT_CKPT" --output-dir "$OUT/restart" 2>"$OUT/submit-10.log")
+deadline=$((SECONDS + 180))
+until [ -f "$OUT/restart/metrics.jsonl" ] && [ "$(wc -l < "$OUT/restart/metrics.jsonl")" -ge 8 ]; do
+  [ "$SECONDS" -lt "$deadline" ] || fail "$job10 wrote fewer than 8 steps in 180 s"
+  sleep 0.1
+done
+kill -KILL "$ctl5_pid"
+steps_at_kill10=$(wc -l < "$OUT/restart/metrics.jsonl")
+{ wait "$ctl5_pid"; } 2>/dev/null || true
+forget "$ctl5_pid"
+echo "ok   killed the controller (SIGKILL) after $steps_at_kill10 steps of $job10"
+sleep 3
+CTL_LISTEN=$ADDR5 start_controller controller-5b --heartbeat-interval 0.5 --heartbeat-timeout 10 --state-dir "$OUT/state"
+echo "ok   controller restarted on $ADDR5 with its --state-dir"
+deadline=$((SECONDS + 300))
+while :; do
+  "$BIN" status --controller "$ADDR5" --job "$job10" --json >"$OUT/status-10.json" 2>>"$OUT/status.log" || true
+  phase=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("phase", ""))' \
+          "$OUT/status-10.json" 2>/dev/null || true)
+  case "$phase" in JOB_PHASE_SUCCEEDED|JOB_PHASE_FAILED|JOB_PHASE_CANCELLED) break ;; esac
+  [ "$SECONDS" -lt "$deadline" ] || fail "$job10 not finished 300 s after the restart (phase '$phase')"
+  sleep 0.5
+done
+python3 - "$OUT" "$steps_at_kill10" <<'PY' || fail "controller restart"
+import json, os, sys
+out, at_kill = sys.argv[1], int(sys.argv[2])
+sys.path.insert(0, out)
+import checks
+bad = []
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond: bad.append(what)
+st = json.load(open(os.path.join(out, "status-10.json")))
+check(st["phase"] == "JOB_PHASE_SUCCEEDED", f"the job survives the controller's SIGKILL ({st['phase']} {st.get('message', '')!r})")
+sub, trained = int(st["groups_submitted"]), int(st["groups_trained"])
+check(sub == trained == 30 * 16, f"groups trained == submitted == 480 ({trained}/{sub})")
+check(sorted(n["super_node"] for n in st["nodes"]) == ["a", "b"] and
+      all(n["state"] == "alive" for n in st["nodes"]), "both nodes kept their ids and are alive")
+texts = [e["text"] for e in st.get("events", [])]
+for t in texts:
+    if "restarted" in t:
+        print(f"     event: {t}")
+check(any("controller restarted" in t for t in texts), "an event reports the restart")
+rows = checks.rows(os.path.join(out, "restart", "metrics.jsonl"))
+check([r["step"] for r in rows] == list(range(1, 31)), f"metrics.jsonl has steps 1..30 once ({len(rows)} lines)")
+ok, text = checks.groups_once(rows, 16)
+check(ok, f"the cards trained every prompt group once ({text})")
+ref = checks.rows(os.path.join(out, "ref", "metrics.jsonl"))
+# The replanned step says attempt 2, and its re-sent sums went through the
+# controller twice; everything else is the uninterrupted run's.
+diffs = [d for d in checks.record_diffs(ref, rows) if d[1] not in ("attempt", "controller_tensor_bytes")]
+check(not diffs, f"every step record equals the uninterrupted reference's but for timings ({len(diffs)} differences)")
+for d in diffs[:10]:
+    print(f"     step {d[0]} {d[1]}: reference {d[2]!r}, restarted {d[3]!r}")
+check(checks.same_bytes(os.path.join(out, "ref", "checkpoints", "final", "model.pt"),
+                        os.path.join(out, "restart", "checkpoints", "final", "model.pt")),
+      "final model.pt is byte-identical to the uninterrupted run's")
 sys.exit(1 if bad else 0)
 PY
 

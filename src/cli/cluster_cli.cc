@@ -46,6 +46,11 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> Connect(
   grpc::ChannelArguments channel_args;
   channel_args.SetMaxReceiveMessageSize(1 << 30);
   channel_args.SetMaxSendMessageSize(1 << 30);
+  // A restarted controller is found within seconds, not gRPC's default
+  // reconnect backoff of up to two minutes.
+  channel_args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  channel_args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  channel_args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
   return grpc::CreateCustomChannel(args.controller, credentials, channel_args);
 }
 
@@ -197,6 +202,7 @@ int RunController(const ClusterArgs& args, const std::atomic<bool>& stop) {
   options.heartbeat_timeout = absl::Seconds(args.heartbeat_timeout_s);
   options.tls_cert_file = args.tls_cert;
   options.tls_key_file = args.tls_key;
+  options.state_dir = args.state_dir;
   auto token = Token(args, nullptr);
   if (!token.ok()) return Fail(token.status());
   options.auth_token = *token;
@@ -230,6 +236,7 @@ int RunWorker(const ClusterArgs& args, const std::atomic<bool>& stop) {
   options.device = args.device;
   options.threads = args.threads;
   options.debug_step_delay = absl::Milliseconds(args.debug_step_delay_ms);
+  options.reconnect_timeout = absl::Seconds(args.reconnect_timeout_s);
   options.auth_token = *token;
   Worker worker(*channel, options);
   absl::Status s = worker.Run(&stop);
@@ -393,6 +400,10 @@ ClusterCommands AddClusterCommands(CLI::App& app, ClusterArgs& args) {
   c.controller->add_option("--heartbeat-timeout", args.heartbeat_timeout_s,
                            "seconds of silence before a worker is lost "
                            "(default 10)");
+  c.controller->add_option(
+      "--state-dir", args.state_dir,
+      "keep nodes, jobs and their committed steps in DIR and continue them "
+      "when started again with it (docs/cluster.md#controller-restart)");
   c.controller->add_option("--drain-timeout", args.drain_timeout_s,
                            "on SIGINT/SIGTERM, seconds to wait for running "
                            "jobs to checkpoint (default 600)");
@@ -403,6 +414,10 @@ ClusterCommands AddClusterCommands(CLI::App& app, ClusterArgs& args) {
 
   c.worker = app.add_subcommand("worker", "offer this machine's cards");
   AddClientFlags(c.worker, args);
+  c.worker->add_option("--reconnect-timeout", args.reconnect_timeout_s,
+                       "seconds to keep retrying when the controller is "
+                       "gone, so one restarted with --state-dir continues "
+                       "the job (default 60)");
   c.worker->add_option("--cards", args.cards, "cards to offer (default 1)")
       ->check(CLI::Range(1, 1024));
   c.worker->add_option("--super-node", args.super_node,

@@ -19,6 +19,8 @@ struct ClusterArgs {
   double heartbeat_interval_s = 1;
   double heartbeat_timeout_s = 10;
   double drain_timeout_s = 600;
+  std::string state_dir;
+  double reconnect_timeout_s = 60;
   std::string tls_cert, tls_key;
   // worker / clients
   std::string controller;

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "controller/controller_state.h"
 #include "controller/services.h"
 #include "core/clock.h"
 #include "core/metrics.h"
@@ -45,6 +46,12 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(
   c->registry_ =
       std::make_unique<NodeRegistry>(RealClock(), options.heartbeat_timeout);
   c->jobs_ = std::make_unique<JobManager>(*c->registry_, RealClock());
+  if (!options.state_dir.empty()) {
+    absl::StatusOr<std::unique_ptr<ControllerState>> state =
+        ControllerState::Open(options.state_dir, *c->registry_, *c->jobs_);
+    if (!state.ok()) return state.status();
+    c->state_ = *std::move(state);
+  }
   c->services_ = std::make_unique<Services>();
   Services& s = *c->services_;
   s.node = std::make_unique<rpc::NodeServiceImpl>(*c->registry_,
@@ -52,7 +59,10 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(
   Controller* self = c.get();
   rpc::NodeServiceImpl::Hooks hooks;
   hooks.auth_token = options.auth_token;
-  hooks.on_register = [self](const std::string&) { self->jobs_->Schedule(); };
+  hooks.on_register = [self](const std::string& node_id) {
+    if (self->state_ != nullptr) self->state_->NodeChanged(node_id);
+    self->jobs_->Schedule();
+  };
   hooks.on_heartbeat = [self](const v1::HeartbeatRequest& request) {
     self->jobs_->RecordCardStates(
         request.node_id(), std::vector<v1::CardState>(request.cards().begin(),
@@ -60,6 +70,7 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(
     return self->workers_shutdown_.load();
   };
   hooks.on_deregister = [self](const std::string& node_id) {
+    if (self->state_ != nullptr) self->state_->NodeChanged(node_id);
     self->jobs_->NodesLost({node_id}, "deregistered");
   };
   s.node->set_hooks(std::move(hooks));
@@ -138,6 +149,7 @@ void Controller::SweepLoop() {
       for (const std::string& id : lost) {
         spdlog::warn("controller: {} lost (no heartbeat for {})", id,
                      absl::FormatDuration(options_.heartbeat_timeout));
+        if (state_ != nullptr) state_->NodeChanged(id);
       }
       jobs_->NodesLost(
           lost, absl::StrCat("no heartbeat for ",

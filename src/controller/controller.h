@@ -31,6 +31,8 @@ class Server;
 
 namespace fusionrl {
 
+class ControllerState;
+
 class WeightStore;
 
 struct ControllerOptions {
@@ -50,6 +52,10 @@ struct ControllerOptions {
   // Largest message either way (a Reduce round carries a node's summed
   // gradients).
   int max_message_bytes = 1 << 30;
+  // Keep what the controller must not forget (nodes, jobs, their ledgers
+  // and committed steps) in this directory and restore it at start
+  // (controller/controller_state.h); "" = in memory only.
+  std::string state_dir;
 };
 
 class Controller {
@@ -88,6 +94,8 @@ class Controller {
   ControllerOptions options_;
   std::unique_ptr<NodeRegistry> registry_;
   std::unique_ptr<JobManager> jobs_;
+  // After jobs_: it goes first and unhooks itself from the manager.
+  std::unique_ptr<ControllerState> state_;
   struct Services;
   std::unique_ptr<Services> services_;
   std::unique_ptr<grpc::Server> server_;

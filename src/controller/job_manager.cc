@@ -68,6 +68,7 @@ void JobManager::FlushOutputs() {
     absl::MutexLock lock(&mu_);
     ApplyOutputResultLocked(result);
   });
+  JournalChanges();
 }
 
 void JobManager::ApplyOutputResultLocked(const JobOutputs::Result& result) {

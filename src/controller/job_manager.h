@@ -68,6 +68,7 @@
 #define FUSIONRL_CONTROLLER_JOB_MANAGER_H_
 
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -87,6 +88,7 @@
 #include "core/step_protocol.h"
 #include "fusionrl/v1/common.pb.h"
 #include "fusionrl/v1/job.pb.h"
+#include "fusionrl/v1/state.pb.h"
 #include "fusionrl/v1/work.pb.h"
 
 namespace fusionrl {
@@ -219,6 +221,26 @@ class JobManager {
                         const std::vector<v1::CardState>& cards)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // --- state for a restarted controller (job_state_io.cc) -----------------
+  // Receives the whole state of every job that changed, in change order,
+  // before any call that changed it returns (so nothing is acknowledged
+  // that a crash can take back); an error is logged (the state on disk
+  // then lags; docs/cluster.md#controller-restart). Set before serving.
+  using StateSink =
+      std::function<absl::Status(std::vector<v1::JobState> changed)>;
+  void SetStateSink(StateSink sink) ABSL_LOCKS_EXCLUDED(mu_, journal_mu_);
+  // Every job's state, and the next job number.
+  std::vector<v1::JobState> SaveAll(uint64_t* next_job) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Before serving: puts back the jobs of a controller that stopped. Jobs
+  // that were running continue from their last committed step: an attempt
+  // spanning several nodes is replanned (its nodes restore the step's
+  // start), a single node's attempt is kept (its FinishStep may still
+  // arrive), a skewed job rolls back to its last weight sync. Their
+  // metrics.jsonl keeps the committed steps' records.
+  absl::Status Restore(const std::vector<v1::JobState>& jobs,
+                       uint64_t next_job) ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   struct Job;
   struct Attempt;
@@ -332,6 +354,14 @@ class JobManager {
       UpdateCall call, std::optional<uint32_t> sent_crc32c, absl::Time deadline)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // --- job_state_io.cc ---
+  v1::JobState SaveJobLocked(const Job& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RestoreJobLocked(const v1::JobState& state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands the jobs changed since the last call to the sink (FlushOutputs).
+  void JournalChanges() ABSL_LOCKS_EXCLUDED(mu_, journal_mu_);
+
   // --- status_view.cc ---
   v1::JobStatus StatusLocked(const Job& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -356,6 +386,10 @@ class JobManager {
   std::map<std::string, std::vector<v1::CardState>> card_states_
       ABSL_GUARDED_BY(mu_);
   int64_t tensor_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Orders the journal's writers: a job's states reach the sink in the
+  // order they were taken (lock order: journal_mu_, then mu_).
+  absl::Mutex journal_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  StateSink sink_ ABSL_GUARDED_BY(journal_mu_);
 };
 
 }  // namespace fusionrl

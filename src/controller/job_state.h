@@ -134,6 +134,7 @@ struct JobManager::Job {
   std::unique_ptr<GroupLedger> ledger;
   std::unique_ptr<Attempt> current;
   int64_t last_committed = 0;
+  int last_committed_attempt = 0;  // its attempt (a retried FinishStep)
   // The c10d data plane (run.data_plane = c10d): the current rendezvous
   // generation (0: none yet), and the attempts of the current step a node
   // aborted because a collective of the data plane failed.
@@ -195,6 +196,8 @@ struct JobManager::Job {
   int64_t tokens_at_sync = 0;
   double last_eval_at_sync = 0;
   int64_t steps_rolled_back = 0;
+  // The `update` whose state the journal holds (JournalChanges).
+  uint64_t journaled_update = 0;
 };
 
 // Flushes the manager's output queue when it goes out of scope. Declare it

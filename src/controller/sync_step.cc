@@ -332,6 +332,10 @@ absl::StatusOr<bool> JobManager::FinishStepImpl(ReportedStep r,
     return true;
   }
   if (job->skewed) return FinishSkewedStepLocked(*job, r);
+  if (step == job->last_committed && attempt == job->last_committed_attempt) {
+    return true;  // a retried call (the answer was lost, or the controller
+                  // restarted after committing)
+  }
   Attempt* a = job->current.get();
   if (a == nullptr || a->step != step || a->attempt != attempt || a->aborted) {
     return false;  // not committed: restore and replan
@@ -385,6 +389,7 @@ void JobManager::CommitLocked(Job& job) {
     }
   }
   job.last_committed = a.step;
+  job.last_committed_attempt = a.attempt;
   if (a.have_lead_report) RecordStepLocked(job, a);
   if (job.skewed) {
     // What a roll-back to the last weight sync would undo.

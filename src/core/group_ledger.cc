@@ -90,6 +90,71 @@ absl::Status GroupLedger::Reclaim(const std::vector<uint64_t>& groups) {
   return absl::OkStatus();
 }
 
+GroupLedger::Saved GroupLedger::Save() const {
+  Saved s;
+  s.total = total_;
+  s.next_new = next_new_;
+  s.requeued_total = requeued_total_;
+  s.requeued.assign(requeued_.begin(), requeued_.end());
+  std::vector<uint64_t> trained(trained_ids_.begin(), trained_ids_.end());
+  std::sort(trained.begin(), trained.end());
+  for (uint64_t g : trained) {
+    if (!s.trained.empty() && s.trained.back().second == g) {
+      ++s.trained.back().second;
+    } else {
+      s.trained.emplace_back(g, g + 1);
+    }
+  }
+  for (const auto& [group, node] : owner_) s.assigned.emplace_back(group, node);
+  std::sort(s.assigned.begin(), s.assigned.end());
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<GroupLedger>> GroupLedger::Load(
+    const Saved& saved) {
+  if (saved.next_new > saved.total) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ledger: next group ", saved.next_new, " is past the ",
+                     saved.total, " groups"));
+  }
+  auto ledger = std::make_unique<GroupLedger>(saved.total);
+  ledger->next_new_ = saved.next_new;
+  ledger->requeued_total_ = saved.requeued_total;
+  absl::flat_hash_set<uint64_t> seen;
+  auto claim = [&](uint64_t g) -> absl::Status {
+    if (g >= saved.next_new) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ledger: group ", g, " is accounted for but was never handed out"));
+    }
+    if (!seen.insert(g).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ledger: group ", g, " is accounted for twice"));
+    }
+    return absl::OkStatus();
+  };
+  for (const auto& [begin, end] : saved.trained) {
+    for (uint64_t g = begin; g < end; ++g) {
+      if (absl::Status s = claim(g); !s.ok()) return s;
+      ledger->trained_ids_.insert(g);
+    }
+  }
+  ledger->trained_ = ledger->trained_ids_.size();
+  for (const auto& [g, node] : saved.assigned) {
+    if (absl::Status s = claim(g); !s.ok()) return s;
+    ledger->owner_[g] = node;
+  }
+  for (uint64_t g : saved.requeued) {
+    if (absl::Status s = claim(g); !s.ok()) return s;
+    ledger->requeued_.push_back(g);
+  }
+  if (seen.size() != saved.next_new) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ledger: ", saved.next_new - seen.size(), " of the ", saved.next_new,
+        " groups handed out are not accounted for"));
+  }
+  return ledger;
+}
+
 std::string GroupLedger::DebugString() const {
   return absl::StrCat("groups: ", total_, " total, ", pending(), " pending (",
                       requeued_.size(), " re-queued), ", assigned(),

@@ -17,12 +17,15 @@
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace fusionrl {
 
@@ -62,6 +65,22 @@ class GroupLedger {
   bool done() const { return trained_ == total_; }
 
   std::string DebugString() const;
+
+  // The whole ledger as plain data, and back (a restarted controller's
+  // journal, controller/controller_state.h).
+  struct Saved {
+    uint64_t total = 0;
+    uint64_t next_new = 0;
+    uint64_t requeued_total = 0;
+    std::vector<uint64_t> requeued;                         // in order
+    std::vector<std::pair<uint64_t, uint64_t>> trained;     // [begin, end)
+    std::vector<std::pair<uint64_t, std::string>> assigned;  // group, node
+  };
+  Saved Save() const;
+  // InvalidArgument, naming the problem, unless every group below
+  // `next_new` is exactly one of trained, assigned or re-queued and none
+  // at or above it is any.
+  static absl::StatusOr<std::unique_ptr<GroupLedger>> Load(const Saved& saved);
 
  private:
   uint64_t total_;

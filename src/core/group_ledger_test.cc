@@ -71,6 +71,37 @@ TEST(GroupLedgerTest, ReclaimRefusesPendingUnknownOrRepeatedGroups) {
   EXPECT_EQ(ledger.requeued_total(), 0u);
 }
 
+TEST(GroupLedgerTest, SaveAndLoadKeepEveryGroupWhereItWas) {
+  GroupLedger ledger(10);
+  ledger.Assign("a", 4);  // 0..3
+  ASSERT_TRUE(ledger.MarkTrained("a", {0, 1, 3}).ok());
+  ledger.Assign("b", 3);  // 2 is still a's: 4 5 6
+  EXPECT_EQ(ledger.Requeue("b"), 3);
+  ledger.Assign("c", 1);  // 4
+  const GroupLedger::Saved saved = ledger.Save();
+  EXPECT_EQ(saved.trained,
+            (std::vector<std::pair<uint64_t, uint64_t>>{{0, 2}, {3, 4}}));
+  auto loaded = GroupLedger::Load(saved);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  GroupLedger& l = **loaded;
+  EXPECT_EQ(l.trained(), 3u);
+  EXPECT_EQ(l.assigned(), 2u);
+  EXPECT_EQ(l.pending(), 5u);
+  EXPECT_EQ(l.requeued_total(), 3u);
+  EXPECT_EQ(l.Assign("d", 3), (std::vector<uint64_t>{5, 6, 7}));
+  ASSERT_TRUE(l.MarkTrained("a", {2}).ok());
+  EXPECT_FALSE(l.MarkTrained("a", {0}).ok());  // trained already
+  // Damaged state is refused, naming the group.
+  GroupLedger::Saved twice = saved;
+  twice.requeued.push_back(0);
+  auto bad = GroupLedger::Load(twice);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("group 0"), std::string::npos);
+  GroupLedger::Saved missing = saved;
+  missing.assigned.clear();
+  EXPECT_FALSE(GroupLedger::Load(missing).ok());
+}
+
 TEST(GroupLedgerTest, MarkTrainedIsAllOrNothing) {
   GroupLedger ledger(4);
   ledger.Assign("node-1", 2);                               // 0 1

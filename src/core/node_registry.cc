@@ -1,5 +1,6 @@
 #include "core/node_registry.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -157,6 +158,42 @@ absl::StatusOr<std::string> NodeRegistry::Register(const NodeSpec& spec) {
   node.last_heartbeat = now;
   ++alive_count_;
   return MakeId(number);
+}
+
+absl::Status NodeRegistry::Restore(uint64_t number, const NodeSpec& spec,
+                                   bool lost, absl::Time registered,
+                                   uint64_t next_number) {
+  if (number == 0) {
+    return absl::InvalidArgumentError("restoring a node: number 0");
+  }
+  if (absl::Status status = ValidateSpec(spec); !status.ok()) return status;
+  absl::MutexLock lock(&mu_);
+  if (nodes_.count(number) > 0) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("restoring ", MakeId(number), ": already known"));
+  }
+  const absl::Time now = clock_.Now();
+  Node& node = nodes_[number];
+  node.spec = spec;
+  node.registered = registered;
+  node.last_heartbeat = now;
+  if (lost) {
+    node.state = NodeState::kLost;
+    node.lost_at = now;
+  } else {
+    ++alive_count_;
+  }
+  next_number_ = std::max({next_number_, number + 1, next_number});
+  return absl::OkStatus();
+}
+
+uint64_t NodeRegistry::next_number() const {
+  absl::MutexLock lock(&mu_);
+  return next_number_;
+}
+
+std::optional<uint64_t> NodeRegistry::NumberOf(absl::string_view node_id) {
+  return ParseId(node_id);
 }
 
 absl::Status NodeRegistry::Heartbeat(const std::string& node_id) {

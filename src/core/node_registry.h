@@ -111,6 +111,17 @@ class NodeRegistry {
   int alive_count() const;
   absl::Duration heartbeat_timeout() const { return heartbeat_timeout_; }
 
+  // Restoring a restarted controller's state (controller/controller_state.h):
+  // adds node-<number> as it was, lost or alive; an alive one's last
+  // heartbeat is now, so its worker has one timeout to be heard from again.
+  // Ids below `next_number` are never handed out again. AlreadyExists if
+  // the number is taken; InvalidArgument for a bad spec or number 0.
+  absl::Status Restore(uint64_t number, const NodeSpec& spec, bool lost,
+                       absl::Time registered, uint64_t next_number);
+  uint64_t next_number() const;
+  // n of "node-<n>", or nullopt for any other string.
+  static std::optional<uint64_t> NumberOf(absl::string_view node_id);
+
   // One line per node, in id order, e.g.
   // "node-1 alive host=10.0.0.5 super_node=sn-a cards=8 heartbeat_age=1.5s
   //  heartbeats=12"; "" when empty.

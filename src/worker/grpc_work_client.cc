@@ -2,6 +2,7 @@
 
 #include <grpcpp/client_context.h>
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -12,6 +13,7 @@
 #include "rpc/step_protocol_proto.h"
 #include "rpc/weight_chunks.h"
 #include "rpc/weight_client.h"
+#include "spdlog/spdlog.h"
 
 namespace fusionrl {
 namespace {
@@ -32,11 +34,40 @@ absl::Status Named(const grpc::Status& s, const std::string& what) {
 
 GrpcWorkClient::GrpcWorkClient(const std::shared_ptr<grpc::Channel>& channel,
                                std::string auth_token,
-                               absl::Duration rpc_timeout)
+                               absl::Duration rpc_timeout,
+                               absl::Duration reconnect_timeout)
     : work_(v1::WorkService::NewStub(channel)),
       weight_(v1::WeightService::NewStub(channel)),
       auth_token_(std::move(auth_token)),
-      rpc_timeout_(rpc_timeout) {}
+      rpc_timeout_(rpc_timeout),
+      reconnect_timeout_(reconnect_timeout) {}
+
+template <typename Call>
+grpc::Status GrpcWorkClient::WithReconnect(const char* what, Call call) const {
+  const absl::Time start = absl::Now();
+  absl::Duration backoff = absl::Milliseconds(200);
+  bool warned = false;
+  for (;;) {
+    grpc::Status s = call();
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE ||
+        absl::Now() - start >= reconnect_timeout_) {
+      if (warned && s.error_code() != grpc::StatusCode::UNAVAILABLE) {
+        spdlog::info("{}: the controller answered again after {}", what,
+                     absl::FormatDuration(absl::Trunc(absl::Now() - start,
+                                                      absl::Milliseconds(1))));
+      }
+      return s;
+    }
+    if (!warned) {
+      spdlog::warn("{}: controller unreachable ({}); retrying for up to {}",
+                   what, s.error_message(),
+                   absl::FormatDuration(reconnect_timeout_));
+      warned = true;
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  }
+}
 
 absl::StatusOr<Assignment> GrpcWorkClient::GetAssignment(
     const std::string& node_id, absl::Duration wait) {
@@ -62,10 +93,12 @@ absl::StatusOr<StepPlan> GrpcWorkClient::GetStepPlan(const std::string& job_id,
   request.set_local_rank(local_rank);
   request.set_step(step);
   request.set_wait_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(wait)));
-  grpc::ClientContext ctx;
-  Prepare(ctx, wait + rpc_timeout_, auth_token_);
   v1::StepPlan plan;
-  grpc::Status s = work_->GetStepPlan(&ctx, request, &plan);
+  grpc::Status s = WithReconnect("GetStepPlan", [&] {
+    grpc::ClientContext ctx;
+    Prepare(ctx, wait + rpc_timeout_, auth_token_);
+    return work_->GetStepPlan(&ctx, request, &plan);
+  });
   if (!s.ok()) return Named(s, absl::StrCat("GetStepPlan(step ", step, ")"));
   if (plan.kind() != v1::PLAN_KIND_WAIT && plan.kind() != v1::PLAN_KIND_TRAIN &&
       plan.kind() != v1::PLAN_KIND_END &&
@@ -89,10 +122,12 @@ absl::StatusOr<std::string> GrpcWorkClient::Reduce(ReduceCall call,
                         ? v1::REDUCE_DTYPE_FLOAT64
                         : v1::REDUCE_DTYPE_FLOAT32);
   *request.mutable_payload() = std::move(call.payload);
-  grpc::ClientContext ctx;
-  Prepare(ctx, timeout + rpc_timeout_, auth_token_);
   v1::ReduceResponse response;
-  grpc::Status s = work_->Reduce(&ctx, request, &response);
+  grpc::Status s = WithReconnect("Reduce", [&] {
+    grpc::ClientContext ctx;
+    Prepare(ctx, timeout + rpc_timeout_, auth_token_);
+    return work_->Reduce(&ctx, request, &response);
+  });
   if (!s.ok()) return rpc::FromGrpcStatus(s);
   return std::move(*response.mutable_payload());
 }
@@ -100,10 +135,12 @@ absl::StatusOr<std::string> GrpcWorkClient::Reduce(ReduceCall call,
 absl::StatusOr<bool> GrpcWorkClient::FinishStep(const StepReport& report,
                                                 absl::Duration timeout) {
   const v1::FinishStepRequest request = rpc::StepReportToProto(report);
-  grpc::ClientContext ctx;
-  Prepare(ctx, timeout + rpc_timeout_, auth_token_);
   v1::FinishStepResponse response;
-  grpc::Status s = work_->FinishStep(&ctx, request, &response);
+  grpc::Status s = WithReconnect("FinishStep", [&] {
+    grpc::ClientContext ctx;
+    Prepare(ctx, timeout + rpc_timeout_, auth_token_);
+    return work_->FinishStep(&ctx, request, &response);
+  });
   if (!s.ok()) {
     return Named(s, absl::StrCat("FinishStep(step ", report.step, ")"));
   }
@@ -122,10 +159,12 @@ absl::StatusOr<std::vector<ReceivedUpdate>> GrpcWorkClient::ExchangeUpdates(
   u->set_round(call.round);
   u->set_crc32c(Crc32c(call.payload));
   *u->mutable_payload() = std::move(call.payload);
-  grpc::ClientContext ctx;
-  Prepare(ctx, timeout + rpc_timeout_, auth_token_);
   v1::ExchangeUpdatesResponse response;
-  grpc::Status s = work_->ExchangeUpdates(&ctx, request, &response);
+  grpc::Status s = WithReconnect("ExchangeUpdates", [&] {
+    grpc::ClientContext ctx;
+    Prepare(ctx, timeout + rpc_timeout_, auth_token_);
+    return work_->ExchangeUpdates(&ctx, request, &response);
+  });
   if (!s.ok()) return rpc::FromGrpcStatus(s);
   std::vector<ReceivedUpdate> out;
   for (v1::GradientUpdate& got : *response.mutable_updates()) {
@@ -157,10 +196,12 @@ absl::StatusOr<std::string> GrpcWorkClient::FetchWeights(
 absl::StatusOr<StoreReply> GrpcWorkClient::Store(const StoreCall& call,
                                                  absl::Duration timeout) {
   const v1::StoreRequest request = rpc::StoreCallToProto(call);
-  grpc::ClientContext ctx;
-  Prepare(ctx, timeout + rpc_timeout_, auth_token_);
   v1::StoreResponse response;
-  grpc::Status s = work_->Store(&ctx, request, &response);
+  grpc::Status s = WithReconnect("Store", [&] {
+    grpc::ClientContext ctx;
+    Prepare(ctx, timeout + rpc_timeout_, auth_token_);
+    return work_->Store(&ctx, request, &response);
+  });
   if (!s.ok()) return rpc::FromGrpcStatus(s);
   StoreReply reply;
   reply.value = std::move(*response.mutable_value());

@@ -23,8 +23,12 @@ namespace fusionrl {
 
 class GrpcWorkClient final : public WorkClient {
  public:
+  // `reconnect_timeout`: how long a call that finds the controller
+  // unreachable (UNAVAILABLE) keeps retrying, with backoff, before it
+  // fails: a restarted controller (`--state-dir`) is back within it.
   GrpcWorkClient(const std::shared_ptr<grpc::Channel>& channel,
-                 std::string auth_token, absl::Duration rpc_timeout);
+                 std::string auth_token, absl::Duration rpc_timeout,
+                 absl::Duration reconnect_timeout = absl::ZeroDuration());
 
   absl::StatusOr<Assignment> GetAssignment(const std::string& node_id,
                                            absl::Duration wait) override;
@@ -48,10 +52,16 @@ class GrpcWorkClient final : public WorkClient {
                                    absl::Duration timeout) override;
 
  private:
+  // Runs `call` (one RPC on a fresh context) again while it returns
+  // UNAVAILABLE, for up to reconnect_timeout_.
+  template <typename Call>
+  grpc::Status WithReconnect(const char* what, Call call) const;
+
   std::unique_ptr<v1::WorkService::Stub> work_;
   std::unique_ptr<v1::WeightService::Stub> weight_;
   const std::string auth_token_;
   const absl::Duration rpc_timeout_;
+  const absl::Duration reconnect_timeout_;
 };
 
 }  // namespace fusionrl

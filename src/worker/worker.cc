@@ -84,7 +84,7 @@ Worker::Worker(std::shared_ptr<grpc::Channel> channel, WorkerOptions options)
   if (state_->work == nullptr) {
     state_->grpc_work = std::make_unique<GrpcWorkClient>(
         state_->channel, state_->options.auth_token,
-        state_->options.rpc_timeout);
+        state_->options.rpc_timeout, state_->options.reconnect_timeout);
     state_->work = state_->grpc_work.get();
   }
   for (int i = 0; i < std::max(1, state_->options.cards); ++i) {

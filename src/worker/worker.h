@@ -44,6 +44,10 @@ struct WorkerOptions {
   // How long to keep retrying the first registration while the controller
   // is not up yet.
   absl::Duration connect_timeout = absl::Seconds(60);
+  // How long a call that finds the controller gone keeps retrying before
+  // the worker gives up on its job: a controller restarted with
+  // --state-dir within it continues the job with this worker.
+  absl::Duration reconnect_timeout = absl::Seconds(60);
   // How long one assignment poll waits; short in-process so a stop is
   // noticed quickly.
   absl::Duration poll_interval = absl::Seconds(2);

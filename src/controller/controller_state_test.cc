@@ -1,0 +1,244 @@
+// A controller restarted with its state directory continues its jobs: the
+// nodes keep their ids, a job continues from its last committed step (a
+// step spanning nodes is replanned, a single node's is kept), every prompt
+// group is trained once and metrics.jsonl holds every step once; a
+// damaged journal tail is dropped, not believed.
+#include "controller/controller_state.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "core/fake_clock.h"
+#include "core/metrics.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace fusionrl {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string JobYaml(const std::string& out, int super_nodes, int steps) {
+  return absl::StrCat(R"(name: restart
+model: {d_model: 32, n_layers: 1, n_heads: 2, d_ff: 64, max_seq_len: 24}
+task: {name: reverse, eval_size: 10, min_digits: 1, max_digits: 3}
+rollout: {prompts_per_step: 4, group_size: 2, max_new_tokens: 5}
+placement: {super_nodes: )",
+                      super_nodes, R"(, cards_per_super_node: 1}
+run: {eval_every: 0, total_steps: )",
+                      steps, "}\noutput_dir: \"", out, "\"\n");
+}
+
+// One controller process: registry, manager and state over `dir`.
+struct Process {
+  Process(FakeClock& clock, const std::string& dir)
+      : registry(clock, absl::Seconds(10)), jobs(registry, clock) {
+    auto s = ControllerState::Open(dir, registry, jobs);
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (s.ok()) state = *std::move(s);
+  }
+  NodeRegistry registry;
+  JobManager jobs;
+  std::unique_ptr<ControllerState> state;
+};
+
+class ControllerStateTest : public ::testing::Test {
+ protected:
+  ControllerStateTest() : clock_(absl::FromUnixSeconds(1000)) {
+    dir_ = ::testing::TempDir() + "/controller-state";
+    out_ = ::testing::TempDir() + "/controller-state-out";
+    std::filesystem::remove_all(dir_);
+    std::filesystem::remove_all(out_);
+    process_ = std::make_unique<Process>(clock_, dir_);
+  }
+
+  // A controller crash: the process goes, its directory stays.
+  void Restart() {
+    process_.reset();
+    process_ = std::make_unique<Process>(clock_, dir_);
+    ASSERT_NE(process_->state, nullptr);
+  }
+
+  std::string AddNode(const std::string& super_node) {
+    NodeSpec spec;
+    spec.host = "h";
+    spec.super_node = super_node;
+    spec.cards = {CardSpec{0, "cpu", 0}};
+    auto id = process_->registry.Register(spec);
+    EXPECT_TRUE(id.ok()) << id.status();
+    process_->state->NodeChanged(*id);
+    process_->jobs.Schedule();
+    return *id;
+  }
+
+  std::string Submit(int super_nodes, int steps) {
+    v1::SubmitJobRequest r;
+    r.set_config_yaml(JobYaml(out_, super_nodes, steps));
+    auto id = process_->jobs.Submit(r);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.value_or("");
+  }
+
+  StepPlan Plan(const std::string& job, const std::string& node, int64_t step) {
+    auto plan = process_->jobs.GetStepPlan(job, node, 0, step,
+                                           absl::ZeroDuration());
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    return plan.value_or(StepPlan());
+  }
+
+  absl::StatusOr<bool> Finish(const std::string& job, const std::string& node,
+                              const StepPlan& plan) {
+    StepReport r;
+    r.job_id = job;
+    r.node_id = node;
+    r.step = plan.step;
+    r.attempt = plan.attempt;
+    if (plan.rank == 0) r.metrics = {{"step", static_cast<double>(plan.step)}};
+    return process_->jobs.FinishStep(r, absl::ZeroDuration());
+  }
+
+  // The "step" of every metrics.jsonl line.
+  std::vector<int64_t> MetricsSteps() {
+    std::vector<int64_t> steps;
+    std::ifstream in(out_ + "/metrics.jsonl");
+    std::string line;
+    while (std::getline(in, line)) {
+      const size_t at = line.find("\"step\":");
+      steps.push_back(at == std::string::npos
+                          ? -1
+                          : std::stoll(line.substr(at + 7)));
+    }
+    return steps;
+  }
+
+  v1::JobStatus Status(const std::string& job) {
+    auto st = process_->jobs.Status(job);
+    EXPECT_TRUE(st.ok()) << st.status();
+    return st.value_or(v1::JobStatus());
+  }
+
+  FakeClock clock_;
+  std::string dir_, out_;
+  std::unique_ptr<Process> process_;
+};
+
+TEST_F(ControllerStateTest, ATwoNodeJobContinuesFromItsLastCommittedStep) {
+  const std::string a = AddNode("a"), b = AddNode("b");
+  const std::string job = Submit(2, 4);
+  StepPlan pa = Plan(job, a, 0), pb = Plan(job, b, 0);
+  ASSERT_EQ(pa.kind, PlanKind::kTrain);
+  // Step 1 commits once both finished (FinishStep waits for the other; the
+  // first call's deadline is now, so it answers not-committed-yet).
+  (void)Finish(job, a, pa);
+  ASSERT_TRUE(Finish(job, b, pb).value_or(false));
+  const StepPlan a2 = Plan(job, a, 2);
+  ASSERT_EQ(a2.step, 2);
+  EXPECT_EQ(Status(job).step(), 1);
+
+  Restart();  // mid step 2
+
+  v1::JobStatus st = Status(job);
+  EXPECT_EQ(st.phase(), v1::JOB_PHASE_RUNNING) << st.message();
+  EXPECT_EQ(st.step(), 1);
+  EXPECT_EQ(st.groups_trained(), 4);
+  EXPECT_EQ(process_->registry.alive_count(), 2);
+  // Step 2 spanned two nodes: replanned as attempt 2, same groups, a new
+  // rendezvous generation; a's old attempt is refused.
+  EXPECT_FALSE(Finish(job, a, a2).value_or(true));
+  pa = Plan(job, a, 2);
+  pb = Plan(job, b, 2);
+  EXPECT_EQ(pa.attempt, 2);
+  EXPECT_EQ(pa.groups, a2.groups);
+  EXPECT_GT(pa.rendezvous_generation, a2.rendezvous_generation);
+  bool event = false;
+  const v1::JobStatus restarted = Status(job);
+  for (const v1::JobEvent& e : restarted.events()) {
+    event = event || absl::StrContains(e.text(), "controller restarted");
+  }
+  EXPECT_TRUE(event);
+  for (int64_t step = 2; step <= 4; ++step) {
+    pa = Plan(job, a, step);
+    pb = Plan(job, b, step);
+    (void)Finish(job, a, pa);
+    ASSERT_TRUE(Finish(job, b, pb).value_or(false)) << step;
+    if (step == 3) Restart();  // between steps too
+  }
+  const StepPlan end = Plan(job, a, 5);
+  ASSERT_EQ(end.kind, PlanKind::kEnd);
+  StepReport done;
+  done.job_id = job;
+  done.node_id = a;
+  done.step = end.step;
+  ASSERT_TRUE(process_->jobs.FinishStep(done, absl::ZeroDuration()).ok());
+  st = Status(job);
+  EXPECT_EQ(st.phase(), v1::JOB_PHASE_SUCCEEDED) << st.message();
+  EXPECT_EQ(st.groups_trained(), 16);
+  EXPECT_EQ(st.groups_submitted(), 16);
+  EXPECT_THAT(MetricsSteps(), ::testing::ElementsAre(1, 2, 3, 4));
+  // A finished job is remembered as finished.
+  Restart();
+  EXPECT_EQ(Status(job).phase(), v1::JOB_PHASE_SUCCEEDED);
+  // New ids and jobs never reuse old ones.
+  const std::string c = AddNode("c");
+  EXPECT_EQ(c, "node-3");
+  EXPECT_EQ(Submit(1, 1), "job-2");
+}
+
+TEST_F(ControllerStateTest, ASingleNodeStepInFlightIsKeptAndCommitsOnce) {
+  const std::string a = AddNode("a");
+  const std::string job = Submit(1, 2);
+  const StepPlan p1 = Plan(job, a, 0);
+  ASSERT_EQ(p1.kind, PlanKind::kTrain);
+  Restart();  // the card trains step 1 meanwhile
+  // Its plan is the same one, and its report commits it.
+  const StepPlan again = Plan(job, a, 1);
+  EXPECT_EQ(again.attempt, p1.attempt);
+  EXPECT_EQ(again.groups, p1.groups);
+  ASSERT_TRUE(Finish(job, a, p1).value_or(false));
+  Restart();  // after the commit: a retried report is still "committed"
+  EXPECT_TRUE(Finish(job, a, p1).value_or(false));
+  EXPECT_EQ(Status(job).step(), 1);
+  EXPECT_EQ(Status(job).groups_trained(), 4);
+  const StepPlan p2 = Plan(job, a, 2);
+  ASSERT_TRUE(Finish(job, a, p2).value_or(false));
+  EXPECT_THAT(MetricsSteps(), ::testing::ElementsAre(1, 2));
+}
+
+TEST_F(ControllerStateTest, ADamagedJournalTailIsDroppedAndTheRestRestored) {
+  const std::string a = AddNode("a");
+  const std::string job = Submit(1, 3);
+  ASSERT_TRUE(Finish(job, a, Plan(job, a, 0)).value_or(false));
+  process_.reset();
+  {
+    // A crash in the middle of a write: half a record at the end.
+    std::ofstream f(dir_ + "/journal", std::ios::app | std::ios::binary);
+    f.write("\x40\x00\x00\x00garbage", 11);
+  }
+  process_ = std::make_unique<Process>(clock_, dir_);
+  ASSERT_NE(process_->state, nullptr);
+  EXPECT_EQ(Status(job).step(), 1);
+  EXPECT_EQ(Status(job).phase(), v1::JOB_PHASE_RUNNING);
+  // A damaged snapshot is refused outright.
+  process_.reset();
+  {
+    std::fstream f(dir_ + "/snapshot",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(12);
+    f.put('X');
+  }
+  NodeRegistry registry(clock_, absl::Seconds(10));
+  JobManager jobs(registry, clock_);
+  auto s = ControllerState::Open(dir_, registry, jobs);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.status().message(), HasSubstr("damaged"));
+}
+
+}  // namespace
+}  // namespace fusionrl
