@@ -767,6 +767,7 @@ forget "$ctl5_pid"
 echo "ok   killed the controller (SIGKILL) after $steps_at_kill10 steps of $job10"
 sleep 3
 CTL_LISTEN=$ADDR5 start_controller controller-5b --heartbeat-interval 0.5 --heartbeat-timeout 10 --state-dir "$OUT/state"
+ctl5b_pid=$CTL_PID
 echo "ok   controller restarted on $ADDR5 with its --state-dir"
 deadline=$((SECONDS + 300))
 while :; do
@@ -811,6 +812,63 @@ for d in diffs[:10]:
 check(checks.same_bytes(os.path.join(out, "ref", "checkpoints", "final", "model.pt"),
                         os.path.join(out, "restart", "checkpoints", "final", "model.pt")),
       "final model.pt is byte-identical to the uninterrupted run's")
+sys.exit(1 if bad else 0)
+PY
+
+# 10b. The same with RL Fusion and StaleSync across the two super nodes
+#      (placement fused, policy lag 1, clock skew 1, weight syncs at the
+#      checkpoints every 4 steps): the restarted controller rolls the job
+#      back to its last weight sync, and it ends with every step recorded
+#      once, every prompt group trained once and equal weights on both.
+job10b=$(timeout 60 "$BIN" submit "$CFG" --controller "$ADDR5" \
+         --set placement.super_nodes=2 --set placement.mode=fused \
+         --set stalesync.max_policy_lag=1 --set algorithm.decoupled_loss=true \
+         --set stalesync.max_clock_skew=1 --set run.checkpoint_every=4 \
+         --set run.total_steps=16 --set run.eval_every=0 \
+         --set init_checkpoint="$SFT_CKPT" --output-dir "$OUT/restart-skew" 2>"$OUT/submit-10b.log")
+deadline=$((SECONDS + 180))
+until [ -f "$OUT/restart-skew/metrics.jsonl" ] && [ "$(wc -l < "$OUT/restart-skew/metrics.jsonl")" -ge 6 ]; do
+  [ "$SECONDS" -lt "$deadline" ] || fail "$job10b wrote fewer than 6 steps in 180 s"
+  sleep 0.1
+done
+kill -KILL "$ctl5b_pid"
+{ wait "$ctl5b_pid"; } 2>/dev/null || true
+forget "$ctl5b_pid"
+echo "ok   killed the controller (SIGKILL) during $job10b (fused, lag 1, skew 1)"
+sleep 2
+CTL_LISTEN=$ADDR5 start_controller controller-5c --heartbeat-interval 0.5 --heartbeat-timeout 10 --state-dir "$OUT/state"
+deadline=$((SECONDS + 300))
+while :; do
+  "$BIN" status --controller "$ADDR5" --job "$job10b" --json >"$OUT/status-10b.json" 2>>"$OUT/status.log" || true
+  phase=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("phase", ""))' \
+          "$OUT/status-10b.json" 2>/dev/null || true)
+  case "$phase" in JOB_PHASE_SUCCEEDED|JOB_PHASE_FAILED|JOB_PHASE_CANCELLED) break ;; esac
+  [ "$SECONDS" -lt "$deadline" ] || fail "$job10b not finished 300 s after the restart (phase '$phase')"
+  sleep 0.5
+done
+python3 - "$OUT" <<'PY' || fail "controller restart of a fused StaleSync job"
+import json, os, sys
+out = sys.argv[1]
+sys.path.insert(0, out)
+import checks
+bad = []
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond: bad.append(what)
+st = json.load(open(os.path.join(out, "status-10b.json")))
+check(st["phase"] == "JOB_PHASE_SUCCEEDED", f"fused StaleSync job survives the controller's SIGKILL ({st['phase']} {st.get('message', '')!r})")
+sub, trained = int(st["groups_submitted"]), int(st["groups_trained"])
+check(sub == trained == 16 * 16, f"groups trained == submitted == 256 ({trained}/{sub})")
+texts = [e["text"] for e in st.get("events", [])]
+for t in texts:
+    if "restarted" in t:
+        print(f"     event: {t}")
+check(any("controller restarted" in t for t in texts), "an event reports the restart and roll-back")
+rows = checks.rows(os.path.join(out, "restart-skew", "metrics.jsonl"))
+check([r["step"] for r in rows] == list(range(1, 17)), f"metrics.jsonl has steps 1..16 once ({len(rows)} lines)")
+check(max(r.get("max_staleness", 0) for r in rows) <= 1, "no sample trained above the policy lag")
+crcs = json.load(open(os.path.join(out, "restart-skew", "summary.json"))).get("final_weights_crc32c", {})
+check(sorted(crcs) == ["a", "b"] and len(set(crcs.values())) == 1, f"both super nodes end with equal weights ({crcs})")
 sys.exit(1 if bad else 0)
 PY
 

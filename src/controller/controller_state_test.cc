@@ -210,6 +210,29 @@ TEST_F(ControllerStateTest, ASingleNodeStepInFlightIsKeptAndCommitsOnce) {
   EXPECT_THAT(MetricsSteps(), ::testing::ElementsAre(1, 2));
 }
 
+// A crash inside a compaction, after the new snapshot was renamed into
+// place and before the journal was emptied: the journal's records are all
+// in the snapshot already and must not be applied again (a job state older
+// than the snapshot's would undo a commit).
+TEST_F(ControllerStateTest, ACrashBetweenSnapshotAndJournalTruncationLosesNothing) {
+  const std::string a = AddNode("a");
+  const std::string job = Submit(1, 3);
+  ASSERT_TRUE(Finish(job, a, Plan(job, a, 0)).value_or(false));
+  // Records older than the snapshot below (up to step 1), as a journal
+  // whose emptying the crash prevented holds.
+  std::filesystem::copy_file(dir_ + "/journal", dir_ + "/journal.before");
+  ASSERT_TRUE(Finish(job, a, Plan(job, a, 2)).value_or(false));
+  Restart();  // compacts: the snapshot holds steps 1 and 2
+  EXPECT_EQ(Status(job).step(), 2);
+  process_.reset();
+  std::filesystem::rename(dir_ + "/journal.before", dir_ + "/journal");
+  Restart();
+  EXPECT_EQ(Status(job).step(), 2);
+  EXPECT_EQ(Status(job).groups_trained(), 8);
+  ASSERT_TRUE(Finish(job, a, Plan(job, a, 3)).value_or(false));
+  EXPECT_THAT(MetricsSteps(), ::testing::ElementsAre(1, 2, 3));
+}
+
 TEST_F(ControllerStateTest, ADamagedJournalTailIsDroppedAndTheRestRestored) {
   const std::string a = AddNode("a");
   const std::string job = Submit(1, 3);
