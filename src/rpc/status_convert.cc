@@ -2,12 +2,21 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
+
+#include <string>
+
 namespace fusionrl::rpc {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
+  absl::string_view message = status.message();
+  std::string text(message.substr(0, kMaxStatusMessageBytes));
+  if (message.size() > kMaxStatusMessageBytes) {
+    absl::StrAppend(&text, "... (", message.size() - kMaxStatusMessageBytes,
+                    " more bytes)");
+  }
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), text);
 }
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {

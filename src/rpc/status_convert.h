@@ -5,9 +5,17 @@
 
 #include <grpcpp/support/status.h>
 
+#include <cstddef>
+
 #include "absl/status/status.h"
 
 namespace fusionrl::rpc {
+
+// A status message travels in a header (percent-encoded, so up to 3x
+// longer), and clients refuse headers over 8 KiB by default: longer
+// messages (an error quoting a caller's huge input) are cut to this many
+// bytes, saying how many were cut, so the code still reaches the caller.
+inline constexpr size_t kMaxStatusMessageBytes = 2048;
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);
