@@ -50,7 +50,6 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> Connect(
   // reconnect backoff of up to two minutes.
   channel_args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   channel_args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  channel_args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
   return grpc::CreateCustomChannel(args.controller, credentials, channel_args);
 }
 
@@ -171,6 +170,13 @@ std::string FormatStatus(const v1::JobStatus& s) {
           &out, "  %-10s %-12s %-16s %-6s %-10s %s\n", n.node_id(),
           n.super_node(), n.host(), n.state(),
           absl::StrFormat("%.1fs", n.heartbeat_age_ms() / 1e3), cards);
+      // What each card is doing, and for how long.
+      for (const v1::CardState& c : n.cards()) {
+        if (c.activity().empty()) continue;
+        absl::StrAppendFormat(&out, "    card %s/%d: %s for %.0f s\n",
+                              n.node_id(), c.index(), c.activity(),
+                              c.activity_seconds());
+      }
       // One memory line per card that reports its books (CardState's proto
       // map has no order; FormatCardMemory fixes one).
       for (const v1::CardState& c : n.cards()) {
@@ -203,6 +209,8 @@ int RunController(const ClusterArgs& args, const std::atomic<bool>& stop) {
   options.tls_cert_file = args.tls_cert;
   options.tls_key_file = args.tls_key;
   options.state_dir = args.state_dir;
+  options.stall_timeout = absl::Seconds(args.stall_timeout_s);
+  options.stall_fails = args.on_stall == "fail";
   auto token = Token(args, nullptr);
   if (!token.ok()) return Fail(token.status());
   options.auth_token = *token;
@@ -404,6 +412,17 @@ ClusterCommands AddClusterCommands(CLI::App& app, ClusterArgs& args) {
       "--state-dir", args.state_dir,
       "keep nodes, jobs and their committed steps in DIR and continue them "
       "when started again with it (docs/cluster.md#controller-restart)");
+  c.controller
+      ->add_option("--stall-timeout", args.stall_timeout_s,
+                   "seconds without a committed step before the watchdog "
+                   "names what each card of the job is doing and acts "
+                   "(--on-stall); 0 = off (default 1800)")
+      ->check(CLI::NonNegativeNumber);
+  c.controller
+      ->add_option("--on-stall", args.on_stall,
+                   "what the watchdog does: replan the step (default) or "
+                   "fail the job")
+      ->check(CLI::IsMember({"replan", "fail"}));
   c.controller->add_option("--drain-timeout", args.drain_timeout_s,
                            "on SIGINT/SIGTERM, seconds to wait for running "
                            "jobs to checkpoint (default 600)");

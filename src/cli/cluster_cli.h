@@ -21,6 +21,8 @@ struct ClusterArgs {
   double drain_timeout_s = 600;
   std::string state_dir;
   double reconnect_timeout_s = 60;
+  double stall_timeout_s = 1800;
+  std::string on_stall = "replan";
   std::string tls_cert, tls_key;
   // worker / clients
   std::string controller;

@@ -155,6 +155,9 @@ void Controller::SweepLoop() {
           lost, absl::StrCat("no heartbeat for ",
                              absl::FormatDuration(options_.heartbeat_timeout)));
     }
+    jobs_->CheckStalls(options_.stall_timeout,
+                       options_.stall_fails ? JobManager::StallAction::kFail
+                                            : JobManager::StallAction::kReplan);
     jobs_->Schedule();
   }
 }

@@ -56,6 +56,11 @@ struct ControllerOptions {
   // and committed steps) in this directory and restore it at start
   // (controller/controller_state.h); "" = in memory only.
   std::string state_dir;
+  // The watchdog: a running job with no step committed for this long gets
+  // an event naming what each of its cards is doing, and its step is
+  // replanned (or the job fails, with `stall_fails`). Zero: off.
+  absl::Duration stall_timeout = absl::Minutes(30);
+  bool stall_fails = false;
 };
 
 class Controller {

@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "controller/job_state.h"
 #include "core/status_macros.h"
 #include "spdlog/spdlog.h"
@@ -210,6 +211,71 @@ void JobManager::NodesLost(const std::vector<std::string>& node_ids,
                                        "left"));
         PlanStepLocked(*job, job->current->step);
       }
+    }
+  }
+  changed_.SignalAll();
+}
+
+void JobManager::CheckStalls(absl::Duration stall_timeout,
+                             StallAction action) {
+  if (stall_timeout <= absl::ZeroDuration()) return;
+  FlushOnExit flush(*this);
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_.Now();
+  for (auto& [n, job_ptr] : jobs_) {
+    Job& job = *job_ptr;
+    if (Terminal(job) || job.phase != v1::JOB_PHASE_RUNNING ||
+        now - job.progress_at < stall_timeout) {
+      continue;
+    }
+    // What every live card of the job is doing, as its heartbeats say.
+    std::string cards;
+    for (const Job::Part& part : job.parts) {
+      if (part.lost) continue;
+      auto it = card_states_.find(part.node_id);
+      for (int index : part.cards) {
+        std::string doing = "no report";
+        if (it != card_states_.end()) {
+          for (const v1::CardState& c : it->second) {
+            if (c.index() != index) continue;
+            doing = c.activity().empty()
+                        ? std::string("idle")
+                        : absl::StrFormat("%s for %.0f s", c.activity(),
+                                          c.activity_seconds());
+          }
+        }
+        absl::StrAppend(&cards, "; card ", part.node_id, "/", index, ": ",
+                        doing);
+      }
+    }
+    const std::string text = absl::StrCat(
+        "no step committed for ",
+        absl::FormatDuration(absl::Trunc(now - job.progress_at,
+                                         absl::Seconds(1))),
+        " (step ", job.last_committed + 1, " in flight, watchdog ",
+        absl::FormatDuration(stall_timeout), ")", cards);
+    job.progress_at = now;
+    if (action == StallAction::kFail) {
+      FailLocked(job, text,
+                 static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+      continue;
+    }
+    EventLocked(job, absl::StrCat(text, "; replanning"));
+    if (job.ending) continue;  // the end plan is handed out again as it is
+    if (job.skewed) {
+      RollBackSkewedLocked(job, "stalled");
+    } else if (job.current != nullptr && !job.current->committed) {
+      if (++job.data_plane_aborts > kMaxDataPlaneAborts) {
+        FailLocked(job, absl::StrCat(text, "; replanned ",
+                                     kMaxDataPlaneAborts,
+                                     " times with no progress"),
+                   static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+        continue;
+      }
+      const int aborts = job.data_plane_aborts;
+      job.current->aborted = true;
+      PlanStepLocked(job, job.current->step);
+      job.data_plane_aborts = aborts;
     }
   }
   changed_.SignalAll();

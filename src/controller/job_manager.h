@@ -216,6 +216,17 @@ class JobManager {
   // Idle().
   bool WaitIdle(absl::Time deadline) const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The watchdog (called periodically by the controller): a running job
+  // with no step committed for `stall_timeout` gets an event naming what
+  // each of its cards is doing ("card node-3/0: all-reduce round 2 of step
+  // 41 for 95 s", from heartbeats), then, per `action`, its step in flight
+  // is replanned (a StaleSync job rolls back to its last weight sync; at
+  // most kMaxDataPlaneAborts times in a row) or the job fails with that
+  // text. Zero timeout: off.
+  enum class StallAction { kReplan, kFail };
+  void CheckStalls(absl::Duration stall_timeout, StallAction action)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Cards' last reported states, for status (from heartbeats).
   void RecordCardStates(const std::string& node_id,
                         const std::vector<v1::CardState>& cards)

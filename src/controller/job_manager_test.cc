@@ -707,6 +707,45 @@ TEST_F(JobManagerTest, ALostSuperNodeRollsAClockSkewJobBackToItsLastSync) {
   EXPECT_THAT(MetricsSteps(), ::testing::ElementsAre(1, 2, 3, 4, 5, 6));
 }
 
+// The watchdog: a step that makes no progress is named with what each card
+// is doing (from heartbeats), then replanned, and after a few replans with
+// no progress the job fails saying so; a job that commits is left alone.
+TEST_F(JobManagerTest, TheWatchdogNamesWhatEachCardDoesThenReplansOrFails) {
+  const std::string a = AddNode("a"), b = AddNode("b");
+  const std::string job = Submit(3);
+  const v1::StepPlan pa = Plan(job, a, 0);
+  ASSERT_EQ(pa.kind(), v1::PLAN_KIND_TRAIN);
+  v1::CardState busy;
+  busy.set_index(0);
+  busy.set_activity("all-reduce round 2 of step 1");
+  busy.set_activity_seconds(95);
+  jobs_.RecordCardStates(b, {busy});
+  clock_.Advance(absl::Seconds(50));
+  jobs_.CheckStalls(absl::Seconds(60), JobManager::StallAction::kReplan);
+  EXPECT_EQ(Plan(job, a, 1).attempt(), 1);  // not yet stalled
+  clock_.Advance(absl::Seconds(20));
+  jobs_.CheckStalls(absl::Seconds(60), JobManager::StallAction::kReplan);
+  auto st = jobs_.Status(job);
+  ASSERT_TRUE(st.ok());
+  const std::string last = st->events().rbegin()->text();
+  EXPECT_THAT(last, HasSubstr("no step committed for 1m10s (step 1 in flight"));
+  EXPECT_THAT(last, HasSubstr(absl::StrCat(
+                        "card ", b, "/0: all-reduce round 2 of step 1 for 95 s")));
+  EXPECT_THAT(last, HasSubstr(absl::StrCat("card ", a, "/0: no report")));
+  EXPECT_THAT(last, HasSubstr("replanning"));
+  EXPECT_EQ(Plan(job, a, 1).attempt(), 2);
+  // Replanned kMaxDataPlaneAborts times with no progress: the job fails.
+  for (int i = 0; i < 3; ++i) {
+    clock_.Advance(absl::Seconds(61));
+    jobs_.CheckStalls(absl::Seconds(60), JobManager::StallAction::kReplan);
+  }
+  st = jobs_.Status(job);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->phase(), v1::JOB_PHASE_FAILED);
+  EXPECT_THAT(st->message(), HasSubstr("with no progress"));
+  EXPECT_THAT(st->message(), HasSubstr("all-reduce round 2 of step 1"));
+}
+
 TEST_F(JobManagerTest, UpdateExchangeRefusesBadInput) {
   const std::string a = AddNode("a"), b = AddNode("b");
   const std::string sync_job = Submit(2);

@@ -199,6 +199,7 @@ absl::Status JobManager::StartLocked(Job& job) {
   job.phase = v1::JOB_PHASE_RUNNING;
   job.message.clear();
   job.started = clock_.Now();
+  job.progress_at = job.started;
   // The output files are written by the queue, after the lock is released
   // and before this call returns; a failure there fails the job
   // (ApplyOutputResultLocked).

@@ -198,6 +198,8 @@ struct JobManager::Job {
   int64_t steps_rolled_back = 0;
   // The `update` whose state the journal holds (JournalChanges).
   uint64_t journaled_update = 0;
+  // The watchdog's clock: the last commit, start or action on a stall.
+  absl::Time progress_at = absl::InfinitePast();
 };
 
 // Flushes the manager's output queue when it goes out of scope. Declare it

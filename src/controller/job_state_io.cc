@@ -190,6 +190,7 @@ absl::Status JobManager::RestoreJobLocked(const v1::JobState& s) {
   j.submitted = FromUs(s.submitted_us());
   j.started = FromUs(s.started_us());
   j.updated = clock_.Now();
+  j.progress_at = j.updated;
   j.events.assign(s.events().begin(), s.events().end());
   for (const v1::JobState::Part& p : s.parts()) {
     Job::Part part;

@@ -390,6 +390,7 @@ void JobManager::CommitLocked(Job& job) {
   }
   job.last_committed = a.step;
   job.last_committed_attempt = a.attempt;
+  job.progress_at = clock_.Now();
   if (a.have_lead_report) RecordStepLocked(job, a);
   if (job.skewed) {
     // What a roll-back to the last weight sync would undo.

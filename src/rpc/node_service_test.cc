@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/fake_clock.h"
+#include "rpc/status_convert.h"
 #include "gtest/gtest.h"
 
 namespace fusionrl::rpc {
@@ -148,6 +149,22 @@ TEST_F(NodeServiceTest, DeregisterForgetsTheNode) {
   EXPECT_FALSE(registry_.Get(response.node_id()).has_value());
   EXPECT_EQ(Heartbeat(response.node_id()).error_code(),
             grpc::StatusCode::NOT_FOUND);
+}
+
+// An error quoting a caller's huge input still reaches the caller: the
+// message is cut (it travels in a header clients cap at 8 KiB), the code
+// kept; short messages cross unchanged.
+TEST(StatusConvertTest, LongMessagesAreCutShortOnesKept) {
+  const grpc::Status cut = ToGrpcStatus(absl::InvalidArgumentError(
+      "node-1: " + std::string(1 << 20, 'x')));
+  EXPECT_EQ(cut.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_LE(cut.error_message().size(), kMaxStatusMessageBytes + 40);
+  EXPECT_EQ(cut.error_message().substr(0, 8), "node-1: ");
+  EXPECT_NE(cut.error_message().find("(1046536 more bytes)"), std::string::npos)
+      << cut.error_message().substr(kMaxStatusMessageBytes);
+  const grpc::Status kept = ToGrpcStatus(absl::NotFoundError("no job 'job-9'"));
+  EXPECT_EQ(kept.error_message(), "no job 'job-9'");
+  EXPECT_EQ(FromGrpcStatus(kept).code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

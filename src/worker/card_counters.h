@@ -6,10 +6,13 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "core/memory_manager.h"
 
 namespace fusionrl {
@@ -31,9 +34,25 @@ struct CardCounters {
     return memory;
   }
 
+  // What the card does now, since when (heartbeats report it; a card stuck
+  // in one activity is what the controller's watchdog names). "" = idle.
+  void SetActivity(std::string what) {
+    absl::MutexLock lock(&memory_mu);
+    if (what == activity) return;
+    activity = std::move(what);
+    activity_since = absl::Now();
+  }
+  std::pair<std::string, absl::Duration> Activity() {
+    absl::MutexLock lock(&memory_mu);
+    return {activity, activity.empty() ? absl::ZeroDuration()
+                                       : absl::Now() - activity_since};
+  }
+
  private:
   absl::Mutex memory_mu;
   std::shared_ptr<CardMemoryManager> memory ABSL_GUARDED_BY(memory_mu);
+  std::string activity ABSL_GUARDED_BY(memory_mu);
+  absl::Time activity_since ABSL_GUARDED_BY(memory_mu);
 };
 
 }  // namespace fusionrl

@@ -70,6 +70,8 @@ class CardRunner {
   void ReportFailure(const absl::Status& status, int64_t step, int attempt);
   StepReport NewReport(int64_t step, int attempt) const;
   void PublishToRollout();
+  // What the card does now (heartbeats report it; docs/cluster.md#hangs).
+  void Doing(std::string what) { job_.counters->SetActivity(std::move(what)); }
   // StaleSync across super nodes, before a step: keeps the weights every
   // super node starts from (the first step), and after a roll-back
   // (plan.rollback_to_step, a new attempt) restores those of the last
@@ -166,6 +168,11 @@ absl::Status CardRunner::Setup() {
         return FormCrossNodeGroup(client, job_.job_id, job_.node_id, generation,
                                   node_rank, nodes, timeout_);
       });
+  sync_->set_activity_hook([this](const char* what, int64_t round) {
+    Doing(what == nullptr ? absl::StrCat("training step ", plan_step_)
+                          : absl::StrCat(what, " round ", round, " of step ",
+                                         plan_step_));
+  });
   FUSIONRL_ASSIGN_OR_RETURN(
       trainer_, Trainer::Create(policy, reference_.get(), cfg,
                                 ctx_.tokenizer->pad_id(), sync_.get()));
@@ -291,6 +298,8 @@ absl::Status CardRunner::Run() {
   PolicyModel& policy = *ctx_.policy;
   int64_t next = 0;
   for (;;) {
+    Doing(next > 0 ? absl::StrCat("waiting for the plan of step ", next)
+                   : std::string("waiting for the first plan"));
     FUSIONRL_ASSIGN_OR_RETURN(StepPlan plan,
                               job_.rendezvous->NextPlan(job_.local_rank, next));
     switch (plan.kind) {
@@ -367,6 +376,8 @@ absl::Status CardRunner::Run() {
     }
     bool committed = false;
     if (step.ok() && job_.local_rank == 0) {
+      Doing(absl::StrCat("end of step ", plan.step,
+                         ": waiting for the other nodes"));
       absl::StatusOr<bool> done = Finish(report);
       if (done.ok()) {
         committed = *done;
@@ -545,6 +556,7 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   PolicyModel& policy = *ctx_.policy;
   const bool lead = plan.rank == 0;
   if (lead && plan.eval_before) {
+    Doing("evaluation before step 1");
     FUSIONRL_ASSIGN_OR_RETURN(EvalResult initial,
                               EvaluateGreedy(policy, ctx_, rc.max_new_tokens));
     spdlog::info("[{}] initial eval accuracy {:.3f} ({:.1f}s)", cfg.name,
@@ -557,10 +569,13 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   double wait_s = 0;
   int64_t thread_samples = 0;  // sampled by the rollout thread
   if (fused_ != nullptr) {
+    Doing(absl::StrCat("waiting for the rollout of step ", plan.step));
     FUSIONRL_ASSIGN_OR_RETURN(batch, fused_->Take(plan));
     wait_s = SecondsSince(t0);
     thread_samples = static_cast<int64_t>(batch.samples.size());
   } else {
+    Doing(absl::StrCat("rollout of step ", plan.step, " (",
+                       plan.groups.size(), " prompt groups)"));
     FUSIONRL_ASSIGN_OR_RETURN(batch, SampleHere(plan.groups, plan));
   }
   std::vector<Sample>& samples = batch.samples;
@@ -595,6 +610,7 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   FUSIONRL_RETURN_IF_ERROR(PrepareOptimizer());
   const auto t1 = SteadyClock::now();
   TrainStats ts;
+  Doing(absl::StrCat("training step ", plan.step));
   {
     // Activations: the bytes the step allocates and holds at its peak.
     ScopedAllocationCounter counted(ctx_.policy->device());
@@ -642,6 +658,7 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   int64_t sync_bytes = 0;
   if (plan.sync_weights) {
     const auto ts0 = SteadyClock::now();
+    Doing(absl::StrCat("weight sync after step ", plan.step));
     FUSIONRL_ASSIGN_OR_RETURN(sync_bytes, SyncWeights(plan));
     sync_s = SecondsSince(ts0);
   }
@@ -715,6 +732,7 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
     }
   }
   if (plan.eval_after) {
+    Doing(absl::StrCat("evaluation after step ", plan.step));
     FUSIONRL_ASSIGN_OR_RETURN(EvalResult ev,
                               EvaluateGreedy(policy, ctx_, rc.max_new_tokens));
     report.eval_accuracy = ev.accuracy;
@@ -726,6 +744,7 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
                         plan.data_cursor_after};
     const std::string dir =
         cfg.output_dir + "/checkpoints/" + plan.checkpoint_name;
+    Doing(absl::StrCat("writing checkpoint ", plan.checkpoint_name));
     FUSIONRL_RETURN_IF_ERROR(
         WriteCheckpoint(dir, policy, trainer_.get(), meta));
     report.checkpoint_dir = dir;

@@ -164,6 +164,7 @@ absl::Status HierarchicalSync::AllReduceSum(std::vector<at::Tensor>& tensors) {
   const int64_t round = round_++;
   const auto start = std::chrono::steady_clock::now();
   const size_t bytes = flat.numel() * flat.element_size();
+  if (activity_) activity_("all-reduce", round);
 
   double outcome = kOk;
   std::string error;
@@ -195,6 +196,7 @@ absl::Status HierarchicalSync::AllReduceSum(std::vector<at::Tensor>& tensors) {
   }
   FUSIONRL_RETURN_IF_ERROR(
       ShareFromCardZero(flat, outcome, error, "cross-node round"));
+  if (activity_) activity_(nullptr, -1);
   cross_node_seconds_ +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
@@ -221,6 +223,7 @@ absl::Status HierarchicalSync::ReduceGradients(std::vector<at::Tensor>& grads) {
   const int64_t round = round_++;
   const auto start = std::chrono::steady_clock::now();
   const size_t bytes = flat.numel() * sizeof(float);
+  if (activity_) activity_("update exchange", round);
 
   double outcome = kOk;
   std::string error;
@@ -268,6 +271,7 @@ absl::Status HierarchicalSync::ReduceGradients(std::vector<at::Tensor>& grads) {
   }
   FUSIONRL_RETURN_IF_ERROR(
       ShareFromCardZero(flat, outcome, error, "update exchange"));
+  if (activity_) activity_(nullptr, -1);
   cross_node_seconds_ +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();

@@ -100,6 +100,12 @@ class HierarchicalSync final : public GradientSync {
   bool ExchangesGradients() const override { return skewed_ || world_ > 1; }
   absl::Status ReduceGradients(std::vector<at::Tensor>& grads) override;
 
+  // Told when a cross-node round starts ("all-reduce" or "update
+  // exchange", round) and ends (nullptr, -1): what the card is doing, for
+  // heartbeats and the controller's watchdog.
+  using ActivityHook = std::function<void(const char* what, int64_t round)>;
+  void set_activity_hook(ActivityHook hook) { activity_ = std::move(hook); }
+
   // Sums small flags over the node's cards only (no controller round); used
   // to share the outcome of the end-of-step call.
   absl::Status LocalSum(std::vector<double>& values);
@@ -139,6 +145,7 @@ class HierarchicalSync final : public GradientSync {
   CrossNodeReduce reduce_;
   CrossNodeExchange exchange_;
   CrossNodeGroupFactory form_group_;
+  ActivityHook activity_;
   std::optional<DataPlane> data_plane_;
   // Card 0: the cross-node group and the generation it was formed for.
   std::unique_ptr<GradientSync> cross_;

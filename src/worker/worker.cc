@@ -160,6 +160,11 @@ absl::Status Worker::Run(const std::atomic<bool>* stop) {
         card->set_busy_fraction(
             window > 0 ? std::min(1.0, (busy - last_busy[i]) / 1e6 / window)
                        : 0);
+        if (s.cards[i]->active) {
+          auto [what, for_how_long] = s.cards[i]->Activity();
+          card->set_activity(std::move(what));
+          card->set_activity_seconds(absl::ToDoubleSeconds(for_how_long));
+        }
         last_busy[i] = busy;
       }
       grpc::ClientContext ctx;
