@@ -48,6 +48,30 @@ forget() {  # drop a reaped pid so the exit trap never signals a reused one
   PIDS=(${keep[@]+"${keep[@]}"})
 }
 fail() { echo "FAIL $*"; exit 1; }
+# wait_steps FILE N SECONDS WHAT: until metrics file FILE has N lines.
+wait_steps() {
+  local file=$1 n=$2 limit=$3 what=$4
+  local deadline=$((SECONDS + limit))
+  until [ -f "$file" ] && [ "$(wc -l < "$file")" -ge "$n" ]; do
+    [ "$SECONDS" -lt "$deadline" ] || fail "$what wrote fewer than $n steps in $limit s"
+    sleep 0.1
+  done
+}
+# wait_job ADDR JOB STATUS_JSON SECONDS: polls `status --json` into
+# STATUS_JSON until the job ends (calls that fail, e.g. while a controller
+# restarts, are retried).
+wait_job() {
+  local addr=$1 job=$2 out=$3 limit=$4 phase
+  local deadline=$((SECONDS + limit))
+  while :; do
+    "$BIN" status --controller "$addr" --job "$job" --json >"$out" 2>>"$OUT/status.log" || true
+    phase=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("phase", ""))' \
+            "$out" 2>/dev/null || true)
+    case "$phase" in JOB_PHASE_SUCCEEDED|JOB_PHASE_FAILED|JOB_PHASE_CANCELLED) return ;; esac
+    [ "$SECONDS" -lt "$deadline" ] || fail "$job not finished within $limit s (phase '$phase')"
+    sleep 0.5
+  done
+}
 # wait_exit PID SECONDS: sets EXIT_RC to the exit status of PID, or to 124
 # (after a SIGKILL) if it is still running after SECONDS. Not for $(...): a
 # subshell cannot wait for this shell's children.
@@ -283,26 +307,14 @@ job2=$(timeout 60 "$BIN" submit "$CFG" --controller "$ADDR" \
        --set placement.super_nodes=2 --set run.total_steps=40 --set run.eval_every=0 \
        --set run.data_plane=c10d \
        --set init_checkpoint="$SFT_CKPT" --output-dir "$OUT/kill" 2>"$OUT/submit-2.log")
-deadline=$((SECONDS + 120))
-until [ -f "$OUT/kill/metrics.jsonl" ] && [ "$(wc -l < "$OUT/kill/metrics.jsonl")" -ge 5 ]; do
-  [ "$SECONDS" -lt "$deadline" ] || fail "$job2 wrote fewer than 5 steps in 120 s"
-  sleep 0.1
-done
+wait_steps "$OUT/kill/metrics.jsonl" 5 120 "$job2"
 kill -KILL "$wb_pid"
 steps_at_kill=$(wc -l < "$OUT/kill/metrics.jsonl")
 { wait "$wb_pid"; } 2>/dev/null || true  # braces: also silences the "Killed" notice
 forget "$wb_pid"
 echo "ok   killed worker b (SIGKILL) after $steps_at_kill steps of $job2"
 
-deadline=$((SECONDS + 300))
-while :; do
-  "$BIN" status --controller "$ADDR" --job "$job2" --json >"$OUT/status-2.json" 2>>"$OUT/status.log" || true
-  phase=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("phase", ""))' \
-          "$OUT/status-2.json" 2>/dev/null || true)
-  case "$phase" in JOB_PHASE_SUCCEEDED|JOB_PHASE_FAILED|JOB_PHASE_CANCELLED) break ;; esac
-  [ "$SECONDS" -lt "$deadline" ] || fail "$job2 not finished 300 s after the kill (phase '$phase')"
-  sleep 0.5
-done
+wait_job "$ADDR" "$job2" "$OUT/status-2.json" 300
 
 python3 - "$OUT" "$steps_at_kill" <<'PY'
 import json, os, sys
@@ -359,11 +371,7 @@ drain_id=$(timeout 60 "$BIN" submit "$CFG" --controller "$ADDR" \
   --set run.total_steps=100000 --set run.eval_every=0 \
   --set init_checkpoint="$SFT_CKPT" \
   --output-dir "$OUT/drain" 2>>"$OUT/submit.log")
-deadline=$((SECONDS + 120))
-until [ -f "$OUT/drain/metrics.jsonl" ] && [ "$(wc -l < "$OUT/drain/metrics.jsonl")" -ge 3 ]; do
-  [ $SECONDS -lt $deadline ] || fail "no steps of the drain job ($drain_id) within 120 s"
-  sleep 0.2
-done
+wait_steps "$OUT/drain/metrics.jsonl" 3 120 "the drain job ($drain_id)"
 # While it runs, status shows each card's memory by category.
 "$BIN" status --controller "$ADDR" --job "$drain_id" --json >"$OUT/status-running.json"
 "$BIN" status --controller "$ADDR" --job "$drain_id" >"$OUT/status-running.txt"
@@ -544,11 +552,7 @@ timeout 300 "$BIN" submit "$CFG" --controller "$ADDR2" "${JOB_ARGS[@]}" \
 [ "$whole_rc" -eq 0 ] || fail "uninterrupted job: submit --wait exit $whole_rc"
 timeout 60 "$BIN" submit "$CFG" --controller "$ADDR2" "${JOB_ARGS[@]}" \
   --output-dir "$OUT/resume" >/dev/null 2>"$OUT/submit-resume-1.log"
-deadline=$((SECONDS + 120))
-until [ -f "$OUT/resume/metrics.jsonl" ] && [ "$(wc -l < "$OUT/resume/metrics.jsonl")" -ge 3 ]; do
-  [ "$SECONDS" -lt "$deadline" ] || fail "the job to resume wrote fewer than 3 steps in 120 s"
-  sleep 0.1
-done
+wait_steps "$OUT/resume/metrics.jsonl" 3 120 "the job to resume"
 kill -TERM "$ctl2_pid"
 wait_exit "$ctl2_pid" 60
 [ "$EXIT_RC" -eq 0 ] || fail "second controller exit $EXIT_RC after SIGTERM (want 0 within 60 s)"
@@ -682,25 +686,13 @@ job9=$(timeout 60 "$BIN" submit "$CFG" --controller "$ADDR4" \
        --set stalesync.max_clock_skew=1 --set rollout.prompts_per_step=12 \
        --set run.total_steps=16 --set run.checkpoint_every=4 --set run.eval_every=0 \
        --set init_checkpoint="$SFT_CKPT" --output-dir "$OUT/skew-kill" 2>"$OUT/submit-9.log")
-deadline=$((SECONDS + 180))
-until [ -f "$OUT/skew-kill/metrics.jsonl" ] && [ "$(wc -l < "$OUT/skew-kill/metrics.jsonl")" -ge 6 ]; do
-  [ "$SECONDS" -lt "$deadline" ] || fail "$job9 wrote fewer than 6 steps in 180 s"
-  sleep 0.1
-done
+wait_steps "$OUT/skew-kill/metrics.jsonl" 6 180 "$job9"
 kill -KILL "${W4_PID[d]}"
 steps_at_kill9=$(wc -l < "$OUT/skew-kill/metrics.jsonl")
 { wait "${W4_PID[d]}"; } 2>/dev/null || true
 forget "${W4_PID[d]}"
 echo "ok   killed worker d (SIGKILL) after $steps_at_kill9 steps of $job9 (k = 1, c10d)"
-deadline=$((SECONDS + 300))
-while :; do
-  "$BIN" status --controller "$ADDR4" --job "$job9" --json >"$OUT/status-9.json" 2>>"$OUT/status.log" || true
-  phase=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("phase", ""))' \
-          "$OUT/status-9.json" 2>/dev/null || true)
-  case "$phase" in JOB_PHASE_SUCCEEDED|JOB_PHASE_FAILED|JOB_PHASE_CANCELLED) break ;; esac
-  [ "$SECONDS" -lt "$deadline" ] || fail "$job9 not finished 300 s after the kill (phase '$phase')"
-  sleep 0.5
-done
+wait_job "$ADDR4" "$job9" "$OUT/status-9.json" 300
 python3 - "$OUT" <<'PY' || fail "StaleSync roll-back after a lost super node"
 import json, os, sys
 out = sys.argv[1]
@@ -755,11 +747,7 @@ done
 job10=$(timeout 60 "$BIN" submit "$CFG" --controller "$ADDR5" \
         --set placement.super_nodes=2 --set run.total_steps=30 --set run.eval_every=0 \
         --set init_checkpoint="$SFT_CKPT" --output-dir "$OUT/restart" 2>"$OUT/submit-10.log")
-deadline=$((SECONDS + 180))
-until [ -f "$OUT/restart/metrics.jsonl" ] && [ "$(wc -l < "$OUT/restart/metrics.jsonl")" -ge 8 ]; do
-  [ "$SECONDS" -lt "$deadline" ] || fail "$job10 wrote fewer than 8 steps in 180 s"
-  sleep 0.1
-done
+wait_steps "$OUT/restart/metrics.jsonl" 8 180 "$job10"
 kill -KILL "$ctl5_pid"
 steps_at_kill10=$(wc -l < "$OUT/restart/metrics.jsonl")
 { wait "$ctl5_pid"; } 2>/dev/null || true
@@ -769,15 +757,7 @@ sleep 3
 CTL_LISTEN=$ADDR5 start_controller controller-5b --heartbeat-interval 0.5 --heartbeat-timeout 10 --state-dir "$OUT/state"
 ctl5b_pid=$CTL_PID
 echo "ok   controller restarted on $ADDR5 with its --state-dir"
-deadline=$((SECONDS + 300))
-while :; do
-  "$BIN" status --controller "$ADDR5" --job "$job10" --json >"$OUT/status-10.json" 2>>"$OUT/status.log" || true
-  phase=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("phase", ""))' \
-          "$OUT/status-10.json" 2>/dev/null || true)
-  case "$phase" in JOB_PHASE_SUCCEEDED|JOB_PHASE_FAILED|JOB_PHASE_CANCELLED) break ;; esac
-  [ "$SECONDS" -lt "$deadline" ] || fail "$job10 not finished 300 s after the restart (phase '$phase')"
-  sleep 0.5
-done
+wait_job "$ADDR5" "$job10" "$OUT/status-10.json" 300
 python3 - "$OUT" "$steps_at_kill10" <<'PY' || fail "controller restart"
 import json, os, sys
 out, at_kill = sys.argv[1], int(sys.argv[2])
@@ -826,26 +806,14 @@ job10b=$(timeout 60 "$BIN" submit "$CFG" --controller "$ADDR5" \
          --set stalesync.max_clock_skew=1 --set run.checkpoint_every=4 \
          --set run.total_steps=16 --set run.eval_every=0 \
          --set init_checkpoint="$SFT_CKPT" --output-dir "$OUT/restart-skew" 2>"$OUT/submit-10b.log")
-deadline=$((SECONDS + 180))
-until [ -f "$OUT/restart-skew/metrics.jsonl" ] && [ "$(wc -l < "$OUT/restart-skew/metrics.jsonl")" -ge 6 ]; do
-  [ "$SECONDS" -lt "$deadline" ] || fail "$job10b wrote fewer than 6 steps in 180 s"
-  sleep 0.1
-done
+wait_steps "$OUT/restart-skew/metrics.jsonl" 6 180 "$job10b"
 kill -KILL "$ctl5b_pid"
 { wait "$ctl5b_pid"; } 2>/dev/null || true
 forget "$ctl5b_pid"
 echo "ok   killed the controller (SIGKILL) during $job10b (fused, lag 1, skew 1)"
 sleep 2
 CTL_LISTEN=$ADDR5 start_controller controller-5c --heartbeat-interval 0.5 --heartbeat-timeout 10 --state-dir "$OUT/state"
-deadline=$((SECONDS + 300))
-while :; do
-  "$BIN" status --controller "$ADDR5" --job "$job10b" --json >"$OUT/status-10b.json" 2>>"$OUT/status.log" || true
-  phase=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("phase", ""))' \
-          "$OUT/status-10b.json" 2>/dev/null || true)
-  case "$phase" in JOB_PHASE_SUCCEEDED|JOB_PHASE_FAILED|JOB_PHASE_CANCELLED) break ;; esac
-  [ "$SECONDS" -lt "$deadline" ] || fail "$job10b not finished 300 s after the restart (phase '$phase')"
-  sleep 0.5
-done
+wait_job "$ADDR5" "$job10b" "$OUT/status-10b.json" 300
 python3 - "$OUT" <<'PY' || fail "controller restart of a fused StaleSync job"
 import json, os, sys
 out = sys.argv[1]

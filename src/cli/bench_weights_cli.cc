@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <limits>
 #include <memory>
@@ -104,106 +105,85 @@ absl::StatusOr<double> TimeCrc(const std::string& payload, Extend extend) {
   return Seconds(t0, t1);
 }
 
-// Rank 0 broadcasts `payload` to the others: the time from the first rank
-// leaving a barrier to the last rank holding the bytes.
+// Runs `op(rank)` on every rank at once, after a barrier: the time from
+// the first rank leaving the barrier to the last rank done.
+absl::StatusOr<double> TimeOnEveryRank(
+    std::vector<std::unique_ptr<GradientSync>>& group,
+    const std::function<absl::Status(int rank)>& op) {
+  struct Times {
+    absl::Status status;
+    Steady::time_point start, end;
+  };
+  std::vector<std::future<Times>> done;
+  for (int r = 0; r < static_cast<int>(group.size()); ++r) {
+    done.push_back(std::async(std::launch::async, [&, r] {
+      Times t;
+      std::vector<at::Tensor> barrier = {at::ones({1})};
+      t.status = group[r]->AllReduceSum(barrier);
+      t.start = Steady::now();
+      if (t.status.ok()) t.status = op(r);
+      t.end = Steady::now();
+      return t;
+    }));
+  }
+  Steady::time_point start = Steady::time_point::max();
+  Steady::time_point end = Steady::time_point::min();
+  absl::Status status;
+  for (auto& f : done) {
+    Times t = f.get();
+    if (!t.status.ok()) {
+      status.Update(t.status);
+      continue;
+    }
+    start = std::min(start, t.start);
+    end = std::max(end, t.end);
+  }
+  FUSIONRL_RETURN_IF_ERROR(status);
+  return Seconds(start, end);
+}
+
+// Rank 0 broadcasts `payload` to the others (checked byte for byte).
 absl::StatusOr<double> TimeBroadcast(
     std::vector<std::unique_ptr<GradientSync>>& group,
     const std::string& payload) {
   const int ranks = static_cast<int>(group.size());
   const int64_t n = static_cast<int64_t>(payload.size());
   std::vector<at::Tensor> buffers(ranks);
-  for (int r = 0; r < ranks; ++r) {
-    buffers[r] = at::zeros({n}, at::kByte);
-  }
+  for (int r = 0; r < ranks; ++r) buffers[r] = at::zeros({n}, at::kByte);
   std::memcpy(buffers[0].data_ptr(), payload.data(), payload.size());
-  struct Times {
-    absl::Status status;
-    Steady::time_point start, end;
-  };
-  std::vector<std::future<Times>> done;
-  for (int r = 0; r < ranks; ++r) {
-    done.push_back(std::async(std::launch::async, [&, r] {
-      Times t;
-      std::vector<at::Tensor> barrier = {at::ones({1})};
-      t.status = group[r]->AllReduceSum(barrier);
-      t.start = Steady::now();
-      if (t.status.ok()) {
-        std::vector<at::Tensor> b = {buffers[r]};
-        t.status = group[r]->Broadcast(b, 0);
-      }
-      t.end = Steady::now();
-      return t;
-    }));
-  }
-  Steady::time_point start = Steady::time_point::max();
-  Steady::time_point end = Steady::time_point::min();
-  absl::Status status;
-  for (auto& f : done) {
-    Times t = f.get();
-    if (!t.status.ok()) {
-      status.Update(t.status);
-      continue;
-    }
-    start = std::min(start, t.start);
-    end = std::max(end, t.end);
-  }
-  FUSIONRL_RETURN_IF_ERROR(status);
+  FUSIONRL_ASSIGN_OR_RETURN(const double seconds,
+                            TimeOnEveryRank(group, [&](int r) {
+                              std::vector<at::Tensor> b = {buffers[r]};
+                              return group[r]->Broadcast(b, 0);
+                            }));
   for (int r = 1; r < ranks; ++r) {
     if (std::memcmp(buffers[r].data_ptr(), payload.data(), payload.size())) {
       return absl::DataLossError(
           absl::StrCat("broadcast: rank ", r, " received other bytes"));
     }
   }
-  return Seconds(start, end);
+  return seconds;
 }
 
-// Every rank sums `bytes` of float32 ones: the time from the first rank
-// leaving a barrier to the last rank holding the sum (checked: `ranks` in
-// every element).
+// Every rank sums `bytes` of float32 ones (checked: `ranks` in every
+// element).
 absl::StatusOr<double> TimeAllReduce(
     std::vector<std::unique_ptr<GradientSync>>& group, int64_t bytes) {
   const int ranks = static_cast<int>(group.size());
   std::vector<at::Tensor> buffers(ranks);
   for (int r = 0; r < ranks; ++r) buffers[r] = at::ones({bytes / 4});
-  struct Times {
-    absl::Status status;
-    Steady::time_point start, end;
-  };
-  std::vector<std::future<Times>> done;
-  for (int r = 0; r < ranks; ++r) {
-    done.push_back(std::async(std::launch::async, [&, r] {
-      Times t;
-      std::vector<at::Tensor> barrier = {at::ones({1})};
-      t.status = group[r]->AllReduceSum(barrier);
-      t.start = Steady::now();
-      if (t.status.ok()) {
-        std::vector<at::Tensor> b = {buffers[r]};
-        t.status = group[r]->AllReduceSum(b);
-      }
-      t.end = Steady::now();
-      return t;
-    }));
-  }
-  Steady::time_point start = Steady::time_point::max();
-  Steady::time_point end = Steady::time_point::min();
-  absl::Status status;
-  for (auto& f : done) {
-    Times t = f.get();
-    if (!t.status.ok()) {
-      status.Update(t.status);
-      continue;
-    }
-    start = std::min(start, t.start);
-    end = std::max(end, t.end);
-  }
-  FUSIONRL_RETURN_IF_ERROR(status);
+  FUSIONRL_ASSIGN_OR_RETURN(const double seconds,
+                            TimeOnEveryRank(group, [&](int r) {
+                              std::vector<at::Tensor> b = {buffers[r]};
+                              return group[r]->AllReduceSum(b);
+                            }));
   for (int r = 0; r < ranks; ++r) {
     if (!at::equal(buffers[r], at::full_like(buffers[r], ranks))) {
       return absl::DataLossError(
           absl::StrCat("all-reduce: rank ", r, " holds another sum"));
     }
   }
-  return Seconds(start, end);
+  return seconds;
 }
 
 // A WeightService on a loopback port, as the controller serves it.
