@@ -58,8 +58,9 @@ struct ControllerOptions {
   std::string state_dir;
   // The watchdog: a running job with no step committed for this long gets
   // an event naming what each of its cards is doing, and its step is
-  // replanned (or the job fails, with `stall_fails`). Zero: off.
-  absl::Duration stall_timeout = absl::Minutes(30);
+  // replanned (or the job fails, with `stall_fails`). Zero: off (the
+  // default here; `fusionrl controller` turns it on, 30 min).
+  absl::Duration stall_timeout = absl::ZeroDuration();
   bool stall_fails = false;
 };
 

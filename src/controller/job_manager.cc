@@ -255,8 +255,16 @@ void JobManager::CheckStalls(absl::Duration stall_timeout,
         " (step ", job.last_committed + 1, " in flight, watchdog ",
         absl::FormatDuration(stall_timeout), ")", cards);
     job.progress_at = now;
-    if (action == StallAction::kFail) {
-      FailLocked(job, text,
+    // A single node's step keeps no state to restart from (only steps
+    // shared with other nodes do): it cannot be replanned.
+    const bool single = !job.skewed && job.current != nullptr &&
+                        job.current->members.size() == 1;
+    if (action == StallAction::kFail || single) {
+      FailLocked(job,
+                 single && action != StallAction::kFail
+                     ? absl::StrCat(text, "; a single node's step cannot be "
+                                          "replanned")
+                     : text,
                  static_cast<int>(absl::StatusCode::kDeadlineExceeded));
       continue;
     }

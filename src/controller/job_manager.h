@@ -222,7 +222,8 @@ class JobManager {
   // 41 for 95 s", from heartbeats), then, per `action`, its step in flight
   // is replanned (a StaleSync job rolls back to its last weight sync; at
   // most kMaxDataPlaneAborts times in a row) or the job fails with that
-  // text. Zero timeout: off.
+  // text. A step on a single node cannot be replanned (it keeps no state
+  // to restart from): that job fails. Zero timeout: off.
   enum class StallAction { kReplan, kFail };
   void CheckStalls(absl::Duration stall_timeout, StallAction action)
       ABSL_LOCKS_EXCLUDED(mu_);

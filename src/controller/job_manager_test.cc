@@ -134,6 +134,16 @@ class JobManagerTest : public ::testing::Test {
     return *id;
   }
 
+  // A job on one super node (placed on the first free node).
+  std::string SubmitOn1Node(int steps) {
+    v1::SubmitJobRequest r;
+    r.set_config_yaml(JobYaml(::testing::TempDir() + "/job-manager-one", steps));
+    r.add_overrides("placement.super_nodes=1");
+    auto id = jobs_.Submit(r);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.value_or("");
+  }
+
   std::string SubmitSkewed(int steps, int k,
                            const std::vector<std::string>& overrides = {}) {
     out_ = ::testing::TempDir() + "/job-manager-skew";
@@ -744,6 +754,18 @@ TEST_F(JobManagerTest, TheWatchdogNamesWhatEachCardDoesThenReplansOrFails) {
   EXPECT_EQ(st->phase(), v1::JOB_PHASE_FAILED);
   EXPECT_THAT(st->message(), HasSubstr("with no progress"));
   EXPECT_THAT(st->message(), HasSubstr("all-reduce round 2 of step 1"));
+  // A single node's stalled step fails the job at once, saying why.
+  const std::string single = SubmitOn1Node(2);
+  auto placed = jobs_.Status(single);
+  ASSERT_TRUE(placed.ok() && placed->nodes_size() == 1);
+  ASSERT_EQ(Plan(single, placed->nodes(0).node_id(), 0).kind(),
+            v1::PLAN_KIND_TRAIN);
+  clock_.Advance(absl::Seconds(61));
+  jobs_.CheckStalls(absl::Seconds(60), JobManager::StallAction::kReplan);
+  st = jobs_.Status(single);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->phase(), v1::JOB_PHASE_FAILED);
+  EXPECT_THAT(st->message(), HasSubstr("cannot be replanned"));
 }
 
 TEST_F(JobManagerTest, UpdateExchangeRefusesBadInput) {
