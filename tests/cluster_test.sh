@@ -48,6 +48,13 @@ forget() {  # drop a reaped pid so the exit trap never signals a reused one
   PIDS=(${keep[@]+"${keep[@]}"})
 }
 fail() { echo "FAIL $*"; exit 1; }
+# kill_hard PID: SIGKILL, reap (silencing the shell's "Killed" notice) and
+# forget it.
+kill_hard() {
+  kill -KILL "$1"
+  { wait "$1"; } 2>/dev/null || true
+  forget "$1"
+}
 # wait_steps FILE N SECONDS WHAT: until metrics file FILE has N lines.
 wait_steps() {
   local file=$1 n=$2 limit=$3 what=$4
@@ -308,10 +315,8 @@ job2=$(timeout 60 "$BIN" submit "$CFG" --controller "$ADDR" \
        --set run.data_plane=c10d \
        --set init_checkpoint="$SFT_CKPT" --output-dir "$OUT/kill" 2>"$OUT/submit-2.log")
 wait_steps "$OUT/kill/metrics.jsonl" 5 120 "$job2"
-kill -KILL "$wb_pid"
+kill_hard "$wb_pid"
 steps_at_kill=$(wc -l < "$OUT/kill/metrics.jsonl")
-{ wait "$wb_pid"; } 2>/dev/null || true  # braces: also silences the "Killed" notice
-forget "$wb_pid"
 echo "ok   killed worker b (SIGKILL) after $steps_at_kill steps of $job2"
 
 wait_job "$ADDR" "$job2" "$OUT/status-2.json" 300
@@ -687,10 +692,8 @@ job9=$(timeout 60 "$BIN" submit "$CFG" --controller "$ADDR4" \
        --set run.total_steps=16 --set run.checkpoint_every=4 --set run.eval_every=0 \
        --set init_checkpoint="$SFT_CKPT" --output-dir "$OUT/skew-kill" 2>"$OUT/submit-9.log")
 wait_steps "$OUT/skew-kill/metrics.jsonl" 6 180 "$job9"
-kill -KILL "${W4_PID[d]}"
+kill_hard "${W4_PID[d]}"
 steps_at_kill9=$(wc -l < "$OUT/skew-kill/metrics.jsonl")
-{ wait "${W4_PID[d]}"; } 2>/dev/null || true
-forget "${W4_PID[d]}"
 echo "ok   killed worker d (SIGKILL) after $steps_at_kill9 steps of $job9 (k = 1, c10d)"
 wait_job "$ADDR4" "$job9" "$OUT/status-9.json" 300
 python3 - "$OUT" <<'PY' || fail "StaleSync roll-back after a lost super node"
@@ -748,10 +751,8 @@ job10=$(timeout 60 "$BIN" submit "$CFG" --controller "$ADDR5" \
         --set placement.super_nodes=2 --set run.total_steps=30 --set run.eval_every=0 \
         --set init_checkpoint="$SFT_CKPT" --output-dir "$OUT/restart" 2>"$OUT/submit-10.log")
 wait_steps "$OUT/restart/metrics.jsonl" 8 180 "$job10"
-kill -KILL "$ctl5_pid"
+kill_hard "$ctl5_pid"
 steps_at_kill10=$(wc -l < "$OUT/restart/metrics.jsonl")
-{ wait "$ctl5_pid"; } 2>/dev/null || true
-forget "$ctl5_pid"
 echo "ok   killed the controller (SIGKILL) after $steps_at_kill10 steps of $job10"
 sleep 3
 CTL_LISTEN=$ADDR5 start_controller controller-5b --heartbeat-interval 0.5 --heartbeat-timeout 10 --state-dir "$OUT/state"
@@ -807,9 +808,7 @@ job10b=$(timeout 60 "$BIN" submit "$CFG" --controller "$ADDR5" \
          --set run.total_steps=16 --set run.eval_every=0 \
          --set init_checkpoint="$SFT_CKPT" --output-dir "$OUT/restart-skew" 2>"$OUT/submit-10b.log")
 wait_steps "$OUT/restart-skew/metrics.jsonl" 6 180 "$job10b"
-kill -KILL "$ctl5b_pid"
-{ wait "$ctl5b_pid"; } 2>/dev/null || true
-forget "$ctl5b_pid"
+kill_hard "$ctl5b_pid"
 echo "ok   killed the controller (SIGKILL) during $job10b (fused, lag 1, skew 1)"
 sleep 2
 CTL_LISTEN=$ADDR5 start_controller controller-5c --heartbeat-interval 0.5 --heartbeat-timeout 10 --state-dir "$OUT/state"

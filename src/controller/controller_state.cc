@@ -43,9 +43,10 @@ absl::StatusOr<std::unique_ptr<ControllerState>> ControllerState::Open(
   // job wins.
   v1::StateSnapshot snapshot;
   if (loaded.has_snapshot && !snapshot.ParseFromString(loaded.snapshot)) {
-    return absl::DataLossError(absl::StrCat(
-        "--state-dir ", dir, ": the snapshot does not parse (written by "
-        "another version?)"));
+    return absl::DataLossError(
+        absl::StrCat("--state-dir ", dir,
+                     ": the snapshot does not parse (written by "
+                     "another version?)"));
   }
   std::map<uint64_t, v1::NodeState> nodes;
   std::map<std::string, v1::JobState> states;
@@ -90,9 +91,8 @@ absl::StatusOr<std::unique_ptr<ControllerState>> ControllerState::Open(
         registry.Restore(number, spec, n.lost(),
                          absl::FromUnixMicros(n.registered_us()), next_node);
     if (!s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("--state-dir ", dir,
-                                                 ": node-", number, ": ",
-                                                 s.message()));
+      return absl::Status(s.code(), absl::StrCat("--state-dir ", dir, ": node-",
+                                                 number, ": ", s.message()));
     }
   }
   std::vector<v1::JobState> job_list;
@@ -100,8 +100,9 @@ absl::StatusOr<std::unique_ptr<ControllerState>> ControllerState::Open(
   // Job ids in submission order ("job-2" before "job-10").
   std::sort(job_list.begin(), job_list.end(),
             [](const v1::JobState& a, const v1::JobState& b) {
-              return a.id().size() != b.id().size() ? a.id().size() < b.id().size()
-                                                    : a.id() < b.id();
+              return a.id().size() != b.id().size()
+                         ? a.id().size() < b.id().size()
+                         : a.id() < b.id();
             });
   if (absl::Status s = jobs.Restore(job_list, next_job); !s.ok()) {
     return absl::Status(s.code(),

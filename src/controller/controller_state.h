@@ -63,8 +63,8 @@ class ControllerState {
   int restored_jobs() const { return restored_jobs_; }
 
  private:
-  ControllerState(std::unique_ptr<StateJournal> journal,
-                  NodeRegistry& registry, JobManager& jobs)
+  ControllerState(std::unique_ptr<StateJournal> journal, NodeRegistry& registry,
+                  JobManager& jobs)
       : journal_(std::move(journal)), registry_(registry), jobs_(jobs) {}
 
   absl::Status WriteJobs(std::vector<v1::JobState> changed)

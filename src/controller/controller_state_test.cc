@@ -86,8 +86,8 @@ class ControllerStateTest : public ::testing::Test {
   }
 
   StepPlan Plan(const std::string& job, const std::string& node, int64_t step) {
-    auto plan = process_->jobs.GetStepPlan(job, node, 0, step,
-                                           absl::ZeroDuration());
+    auto plan =
+        process_->jobs.GetStepPlan(job, node, 0, step, absl::ZeroDuration());
     EXPECT_TRUE(plan.ok()) << plan.status();
     return plan.value_or(StepPlan());
   }
@@ -110,9 +110,8 @@ class ControllerStateTest : public ::testing::Test {
     std::string line;
     while (std::getline(in, line)) {
       const size_t at = line.find("\"step\":");
-      steps.push_back(at == std::string::npos
-                          ? -1
-                          : std::stoll(line.substr(at + 7)));
+      steps.push_back(
+          at == std::string::npos ? -1 : std::stoll(line.substr(at + 7)));
     }
     return steps;
   }
@@ -214,7 +213,8 @@ TEST_F(ControllerStateTest, ASingleNodeStepInFlightIsKeptAndCommitsOnce) {
 // place and before the journal was emptied: the journal's records are all
 // in the snapshot already and must not be applied again (a job state older
 // than the snapshot's would undo a commit).
-TEST_F(ControllerStateTest, ACrashBetweenSnapshotAndJournalTruncationLosesNothing) {
+TEST_F(ControllerStateTest,
+       ACrashBetweenSnapshotAndJournalTruncationLosesNothing) {
   const std::string a = AddNode("a");
   const std::string job = Submit(1, 3);
   ASSERT_TRUE(Finish(job, a, Plan(job, a, 0)).value_or(false));

@@ -185,8 +185,9 @@ void JobManager::NodesLost(const std::vector<std::string>& node_ids,
       if (!job->parts[index].super_node.empty()) {
         bool other_live = false;
         for (const Job::Part& p : job->parts) {
-          other_live = other_live ||
-                       (!p.lost && p.super_node == job->parts[index].super_node);
+          other_live =
+              other_live ||
+              (!p.lost && p.super_node == job->parts[index].super_node);
         }
         if (!other_live) job->weights_crc.erase(job->parts[index].super_node);
       }
@@ -216,8 +217,7 @@ void JobManager::NodesLost(const std::vector<std::string>& node_ids,
   changed_.SignalAll();
 }
 
-void JobManager::CheckStalls(absl::Duration stall_timeout,
-                             StallAction action) {
+void JobManager::CheckStalls(absl::Duration stall_timeout, StallAction action) {
   if (stall_timeout <= absl::ZeroDuration()) return;
   FlushOnExit flush(*this);
   absl::MutexLock lock(&mu_);
@@ -248,12 +248,12 @@ void JobManager::CheckStalls(absl::Duration stall_timeout,
                         doing);
       }
     }
-    const std::string text = absl::StrCat(
-        "no step committed for ",
-        absl::FormatDuration(absl::Trunc(now - job.progress_at,
-                                         absl::Seconds(1))),
-        " (step ", job.last_committed + 1, " in flight, watchdog ",
-        absl::FormatDuration(stall_timeout), ")", cards);
+    const std::string text =
+        absl::StrCat("no step committed for ",
+                     absl::FormatDuration(
+                         absl::Trunc(now - job.progress_at, absl::Seconds(1))),
+                     " (step ", job.last_committed + 1, " in flight, watchdog ",
+                     absl::FormatDuration(stall_timeout), ")", cards);
     job.progress_at = now;
     // A single node's step keeps no state to restart from (only steps
     // shared with other nodes do): it cannot be replanned.
@@ -262,8 +262,9 @@ void JobManager::CheckStalls(absl::Duration stall_timeout,
     if (action == StallAction::kFail || single) {
       FailLocked(job,
                  single && action != StallAction::kFail
-                     ? absl::StrCat(text, "; a single node's step cannot be "
-                                          "replanned")
+                     ? absl::StrCat(text,
+                                    "; a single node's step cannot be "
+                                    "replanned")
                      : text,
                  static_cast<int>(absl::StatusCode::kDeadlineExceeded));
       continue;
@@ -274,9 +275,9 @@ void JobManager::CheckStalls(absl::Duration stall_timeout,
       RollBackSkewedLocked(job, "stalled");
     } else if (job.current != nullptr && !job.current->committed) {
       if (++job.data_plane_aborts > kMaxDataPlaneAborts) {
-        FailLocked(job, absl::StrCat(text, "; replanned ",
-                                     kMaxDataPlaneAborts,
-                                     " times with no progress"),
+        FailLocked(job,
+                   absl::StrCat(text, "; replanned ", kMaxDataPlaneAborts,
+                                " times with no progress"),
                    static_cast<int>(absl::StatusCode::kDeadlineExceeded));
         continue;
       }

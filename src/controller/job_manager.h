@@ -68,8 +68,8 @@
 #define FUSIONRL_CONTROLLER_JOB_MANAGER_H_
 
 #include <atomic>
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -250,8 +250,8 @@ class JobManager {
   // start), a single node's attempt is kept (its FinishStep may still
   // arrive), a skewed job rolls back to its last weight sync. Their
   // metrics.jsonl keeps the committed steps' records.
-  absl::Status Restore(const std::vector<v1::JobState>& jobs,
-                       uint64_t next_job) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Restore(const std::vector<v1::JobState>& jobs, uint64_t next_job)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Job;

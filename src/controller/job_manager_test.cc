@@ -137,7 +137,8 @@ class JobManagerTest : public ::testing::Test {
   // A job on one super node (placed on the first free node).
   std::string SubmitOn1Node(int steps) {
     v1::SubmitJobRequest r;
-    r.set_config_yaml(JobYaml(::testing::TempDir() + "/job-manager-one", steps));
+    r.set_config_yaml(
+        JobYaml(::testing::TempDir() + "/job-manager-one", steps));
     r.add_overrides("placement.super_nodes=1");
     auto id = jobs_.Submit(r);
     EXPECT_TRUE(id.ok()) << id.status();
@@ -159,12 +160,9 @@ class JobManagerTest : public ::testing::Test {
 
   // Hands in `value` as node's update of (step, round 0); returns the values
   // received, as "node:step=value".
-  absl::StatusOr<std::vector<std::string>> Exchange(const std::string& job,
-                                                    const std::string& node,
-                                                    int64_t step,
-                                                    int64_t due_step,
-                                                    float value,
-                                                    int attempt = 1) {
+  absl::StatusOr<std::vector<std::string>> Exchange(
+      const std::string& job, const std::string& node, int64_t step,
+      int64_t due_step, float value, int attempt = 1) {
     v1::ExchangeUpdatesRequest r;
     r.set_job_id(job);
     r.set_due_step(due_step);
@@ -192,7 +190,8 @@ class JobManagerTest : public ::testing::Test {
     std::vector<int64_t> steps;
     const std::string text =
         ReadTextFile(out_ + "/metrics.jsonl", "metrics").value_or("");
-    for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    for (absl::string_view line :
+         absl::StrSplit(text, '\n', absl::SkipEmpty())) {
       const size_t at = line.find("\"step\":");
       int64_t step = -1;
       if (at != absl::string_view::npos) {
@@ -621,10 +620,10 @@ TEST_F(JobManagerTest, ClockSkewGatesPlansAndUpdatesArriveOnce) {
 TEST_F(JobManagerTest, ALostSuperNodeRollsAClockSkewJobBackToItsLastSync) {
   const std::string a = AddNode("a"), b = AddNode("b"), c = AddNode("c");
   // Sync (checkpoint) steps 2, 4 and the last, 6; 6 groups a step.
-  const std::string job = SubmitSkewed(
-      6, 1,
-      {"placement.super_nodes=3", "rollout.prompts_per_step=6",
-       "run.checkpoint_every=2"});
+  const std::string job =
+      SubmitSkewed(6, 1,
+                   {"placement.super_nodes=3", "rollout.prompts_per_step=6",
+                    "run.checkpoint_every=2"});
   // Every node in `nodes` plans `step`, hands in its update and finishes
   // it (a sync step's exchange waits for all: the calls run on threads).
   auto run_step = [&](const std::vector<std::string>& nodes, int64_t step,
@@ -673,9 +672,10 @@ TEST_F(JobManagerTest, ALostSuperNodeRollsAClockSkewJobBackToItsLastSync) {
   EXPECT_EQ(st->groups_trained(), 12);
   bool rolled_back_event = false;
   for (const v1::JobEvent& e : st->events()) {
-    rolled_back_event = rolled_back_event ||
-                        absl::StrContains(e.text(), "back to the weight sync "
-                                                    "of step 2");
+    rolled_back_event =
+        rolled_back_event || absl::StrContains(e.text(),
+                                               "back to the weight sync "
+                                               "of step 2");
   }
   EXPECT_TRUE(rolled_back_event);
   EXPECT_THAT(MetricsSteps(), ::testing::ElementsAre(1, 2));
@@ -739,8 +739,9 @@ TEST_F(JobManagerTest, TheWatchdogNamesWhatEachCardDoesThenReplansOrFails) {
   ASSERT_TRUE(st.ok());
   const std::string last = st->events().rbegin()->text();
   EXPECT_THAT(last, HasSubstr("no step committed for 1m10s (step 1 in flight"));
-  EXPECT_THAT(last, HasSubstr(absl::StrCat(
-                        "card ", b, "/0: all-reduce round 2 of step 1 for 95 s")));
+  EXPECT_THAT(last,
+              HasSubstr(absl::StrCat(
+                  "card ", b, "/0: all-reduce round 2 of step 1 for 95 s")));
   EXPECT_THAT(last, HasSubstr(absl::StrCat("card ", a, "/0: no report")));
   EXPECT_THAT(last, HasSubstr("replanning"));
   EXPECT_EQ(Plan(job, a, 1).attempt(), 2);

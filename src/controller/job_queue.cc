@@ -71,6 +71,7 @@ absl::StatusOr<std::string> JobManager::Submit(
   auto job = std::make_unique<Job>();
   job->id = absl::StrCat("job-", n);
   job->config = std::move(config);
+  job->config_yaml = JobConfigToYaml(job->config);
   job->request = request;
   job->submitted = job->updated = clock_.Now();
   job->summary.kind = "rl";
@@ -205,7 +206,7 @@ absl::Status JobManager::StartLocked(Job& job) {
   // (ApplyOutputResultLocked).
   JobOutputs::OpenSpec outputs;
   outputs.output_dir = job.config.output_dir;
-  outputs.config_yaml = JobConfigToYaml(job.config);
+  outputs.config_yaml = job.config_yaml;
   if (!job.resume_dir.empty()) outputs.resume_after_step = job.first_step - 1;
   outputs_.Open(job.id, std::move(outputs));
   job.has_outputs = true;

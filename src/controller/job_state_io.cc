@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "controller/job_manager.h"
 #include "controller/job_state.h"
-#include "fusionrl/config.h"
 #include "core/status_macros.h"
+#include "fusionrl/config.h"
 #include "spdlog/spdlog.h"
 
 namespace fusionrl {
@@ -61,7 +61,7 @@ v1::JobState JobManager::SaveJobLocked(const Job& job) const {
   v1::JobState s;
   s.set_id(job.id);
   *s.mutable_request() = job.request;
-  s.set_config_yaml(JobConfigToYaml(job.config));
+  s.set_config_yaml(job.config_yaml);
   s.set_phase(job.phase);
   s.set_message(job.message);
   s.set_over(job.over);
@@ -157,8 +157,8 @@ absl::Status JobManager::Restore(const std::vector<v1::JobState>& jobs,
     absl::MutexLock lock(&mu_);
     for (const v1::JobState& state : jobs) {
       if (absl::Status s = RestoreJobLocked(state); !s.ok()) {
-        return absl::Status(
-            s.code(), absl::StrCat("restoring ", state.id(), ": ", s.message()));
+        return absl::Status(s.code(), absl::StrCat("restoring ", state.id(),
+                                                   ": ", s.message()));
       }
     }
     next_job_ = std::max(next_job_, next_job);
@@ -181,6 +181,7 @@ absl::Status JobManager::RestoreJobLocked(const v1::JobState& s) {
   Job& j = *job;
   j.id = s.id();
   j.config = std::move(config);
+  j.config_yaml = s.config_yaml();
   j.request = s.request();
   j.phase = s.phase();
   j.message = s.message();
@@ -213,7 +214,8 @@ absl::Status JobManager::RestoreJobLocked(const v1::JobState& s) {
   ledger.requeued.assign(s.requeued().begin(), s.requeued().end());
   for (const v1::GroupRange& r : s.trained()) {
     if (r.end() < r.begin()) {
-      return absl::InvalidArgumentError("a trained range ends before it begins");
+      return absl::InvalidArgumentError(
+          "a trained range ends before it begins");
     }
     ledger.trained.emplace_back(r.begin(), r.end());
   }
@@ -262,7 +264,7 @@ absl::Status JobManager::RestoreJobLocked(const v1::JobState& s) {
     // metrics.jsonl keeps the committed steps' records, then grows again.
     JobOutputs::OpenSpec outputs;
     outputs.output_dir = j.config.output_dir;
-    outputs.config_yaml = JobConfigToYaml(j.config);
+    outputs.config_yaml = j.config_yaml;
     outputs.resume_after_step = j.last_committed;
     outputs_.Open(j.id, std::move(outputs));
     j.has_outputs = true;
@@ -324,7 +326,8 @@ absl::Status JobManager::RestoreJobLocked(const v1::JobState& s) {
     a->world = c.world();
     if (a->members.size() != a->groups.size() ||
         a->members.size() != a->first_rank.size()) {
-      return absl::InvalidArgumentError("an attempt's members and groups differ");
+      return absl::InvalidArgumentError(
+          "an attempt's members and groups differ");
     }
     for (int m : a->members) {
       if (m < 0 || m >= static_cast<int>(j.parts.size())) {
@@ -339,14 +342,14 @@ absl::Status JobManager::RestoreJobLocked(const v1::JobState& s) {
       // Its rounds and barrier lived in the old process: the nodes restore
       // the step's start and run the next attempt.
       j.current->aborted = true;
-      EventLocked(j, absl::StrCat("controller restarted: step ",
-                                  j.current->step, " attempt ",
-                                  j.current->attempt, " replanned"));
+      EventLocked(j,
+                  absl::StrCat("controller restarted: step ", j.current->step,
+                               " attempt ", j.current->attempt, " replanned"));
       PlanStepLocked(j, j.current->step);
     } else {
-      EventLocked(j, absl::StrCat("controller restarted: step ",
-                                  j.current->step, " attempt ",
-                                  j.current->attempt, " continues"));
+      EventLocked(j,
+                  absl::StrCat("controller restarted: step ", j.current->step,
+                               " attempt ", j.current->attempt, " continues"));
     }
   } else {
     EventLocked(j, "controller restarted");

@@ -168,11 +168,11 @@ void JobManager::RollBackSkewedLocked(Job& job, const std::string& why) {
   }
   ++job.skew_epoch;
   job.rollback_step = r;
-  EventLocked(job, absl::StrCat("StaleSync roll-back ", job.skew_epoch, " (",
-                                why, "): back to the weight sync of step ", r,
-                                "; ", undone, " committed step(s) and ",
-                                groups.size(),
-                                " prompt group(s) to run again"));
+  EventLocked(
+      job, absl::StrCat("StaleSync roll-back ", job.skew_epoch, " (", why,
+                        "): back to the weight sync of step ", r, "; ", undone,
+                        " committed step(s) and ", groups.size(),
+                        " prompt group(s) to run again"));
   // With no current attempt PlanStepLocked closes the old rendezvous
   // generation (every collective still waiting on it gives up through its
   // probe) and opens a new one. It restarts the abort count of a new step;

@@ -52,13 +52,13 @@ void JobManager::AbortAttemptLocked(Job& job, int64_t step, int attempt,
     // node goes back to the last weight sync (unless that already happened
     // for this attempt).
     if (!job.ending && attempt == job.skew_epoch + 1) {
-      RollBackSkewedLocked(job, absl::StrCat("step ", step, " on ", node_id,
-                                             ": ", why));
+      RollBackSkewedLocked(
+          job, absl::StrCat("step ", step, " on ", node_id, ": ", why));
     }
     return;
   }
-  if (job.ending || a == nullptr || a->step != step ||
-      a->attempt != attempt || a->aborted || a->committed) {
+  if (job.ending || a == nullptr || a->step != step || a->attempt != attempt ||
+      a->aborted || a->committed) {
     return;  // already replanned (or nothing to replan)
   }
   a->aborted = true;

@@ -63,10 +63,10 @@ JobManager::ExchangeUpdatesImpl(UpdateCall u,
   }
   const int epoch = job->skew_epoch;
   if (u.attempt != epoch + 1) {
-    return absl::AbortedError(absl::StrCat(
-        "update exchange of ", u.node_id, " at step ", u.step, ": attempt ",
-        u.attempt, " was rolled back (", job->id, " is at attempt ", epoch + 1,
-        ")"));
+    return absl::AbortedError(
+        absl::StrCat("update exchange of ", u.node_id, " at step ", u.step,
+                     ": attempt ", u.attempt, " was rolled back (", job->id,
+                     " is at attempt ", epoch + 1, ")"));
   }
   deadline = std::min(
       deadline,
@@ -104,9 +104,9 @@ JobManager::ExchangeUpdatesImpl(UpdateCall u,
           absl::StrCat(job->id, " ended: ", job->end_message));
     }
     if (job->skew_epoch != epoch) {
-      return absl::AbortedError(absl::StrCat(
-          "update exchange of ", u.node_id, " at step ", u.step, ": ", job->id,
-          " rolled back while it waited"));
+      return absl::AbortedError(absl::StrCat("update exchange of ", u.node_id,
+                                             " at step ", u.step, ": ", job->id,
+                                             " rolled back while it waited"));
     }
     std::vector<std::string> missing;
     for (size_t m = 0; m < job->parts.size(); ++m) {

@@ -72,8 +72,8 @@ class GroupLedger {
     uint64_t total = 0;
     uint64_t next_new = 0;
     uint64_t requeued_total = 0;
-    std::vector<uint64_t> requeued;                         // in order
-    std::vector<std::pair<uint64_t, uint64_t>> trained;     // [begin, end)
+    std::vector<uint64_t> requeued;                          // in order
+    std::vector<std::pair<uint64_t, uint64_t>> trained;      // [begin, end)
     std::vector<std::pair<uint64_t, std::string>> assigned;  // group, node
   };
   Saved Save() const;

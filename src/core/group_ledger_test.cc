@@ -42,7 +42,7 @@ TEST(GroupLedgerTest, ReclaimedGroupsGoFirstInOrderTrainedOrAssigned) {
   ledger.Assign("a", 2);  // 0 1
   ledger.Assign("b", 2);  // 2 3
   ASSERT_TRUE(ledger.MarkTrained("a", {0, 1}).ok());
-  ledger.Assign("b", 2);  // 4 5
+  ledger.Assign("b", 2);              // 4 5
   EXPECT_EQ(ledger.Requeue("b"), 4);  // 2 3 4 5 pending again
   ledger.Assign("a", 1);              // 2
   // Roll back: trained 0 1 and assigned 2 go back, in this order, ahead of

@@ -20,7 +20,9 @@ constexpr size_t kHeader = 8;
 // kilobytes to a few megabytes).
 constexpr uint32_t kMaxRecord = 1u << 30;
 
-uint32_t Mask(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xa282ead8u; }
+uint32_t Mask(uint32_t crc) {
+  return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
+}
 
 void PutU32(std::string& out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
@@ -111,14 +113,14 @@ std::vector<std::string> ReadFramedRecords(absl::string_view data,
     const uint32_t length = GetU32(data.data() + at);
     const uint32_t crc = GetU32(data.data() + at + 4);
     if (length > kMaxRecord) {
-      *error = absl::StrCat("a record at byte ", at, " claims ", length,
-                            " bytes");
+      *error =
+          absl::StrCat("a record at byte ", at, " claims ", length, " bytes");
       break;
     }
     if (data.size() - at - kHeader < length) {
-      *error = absl::StrCat("a record at byte ", at, " cut short (",
-                            data.size() - at - kHeader, " of ", length,
-                            " bytes)");
+      *error =
+          absl::StrCat("a record at byte ", at, " cut short (",
+                       data.size() - at - kHeader, " of ", length, " bytes)");
       break;
     }
     const absl::string_view payload = data.substr(at + kHeader, length);
@@ -142,8 +144,8 @@ absl::StatusOr<std::unique_ptr<StateJournal>> StateJournal::Open(
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
-    return absl::UnavailableError(absl::StrCat(
-        "--state-dir: cannot create '", dir, "': ", ec.message()));
+    return absl::UnavailableError(
+        absl::StrCat("--state-dir: cannot create '", dir, "': ", ec.message()));
   }
   const std::string snapshot_path = dir + "/snapshot";
   absl::StatusOr<std::string> snapshot = ReadIfExists(snapshot_path);

@@ -139,7 +139,8 @@ TEST(StateJournalTest, FramesAreReadBackExactly) {
   std::string data;
   std::vector<std::string> want;
   for (int i = 0; i < 50; ++i) {
-    want.push_back(std::string(static_cast<size_t>(i * 7), static_cast<char>(i)));
+    want.push_back(
+        std::string(static_cast<size_t>(i * 7), static_cast<char>(i)));
     data += internal::FrameRecord(want.back());
   }
   int64_t good = 0;

@@ -132,7 +132,7 @@ struct UpdateCall {
   int64_t step = 0;
   int64_t round = 0;
   int64_t due_step = 0;
-  int attempt = 1;  // the plan's: a rolled-back attempt gets Aborted
+  int attempt = 1;      // the plan's: a rolled-back attempt gets Aborted
   std::string payload;  // float32 values
 };
 

@@ -193,8 +193,9 @@ class GlooGradientSync final : public GradientSync {
   }
 
   // Waits for every bucket of one sum, within one timeout.
-  absl::Status AwaitAll(const std::vector<c10::intrusive_ptr<c10d::Work>>& works,
-                        const char* what) {
+  absl::Status AwaitAll(
+      const std::vector<c10::intrusive_ptr<c10d::Work>>& works,
+      const char* what) {
     const absl::Time start = absl::Now();
     for (const auto& work : works) {
       FUSIONRL_RETURN_IF_ERROR(Await(work, what, start));

@@ -145,7 +145,8 @@ TEST(GradSyncTest, AsynchronousSumsAndABroadcastKeepTheirOrder) {
 // shows as a wrong element. Asynchronous sums take the same path.
 TEST(GradSyncTest, BucketedSumsCoverEveryElementOnce) {
   constexpr int kWorld = 3;
-  auto made = MakeLocalGlooGroup(kWorld, absl::Seconds(30), /*bucket_bytes=*/40);
+  auto made =
+      MakeLocalGlooGroup(kWorld, absl::Seconds(30), /*bucket_bytes=*/40);
   ASSERT_TRUE(made.ok()) << made.status();
   std::vector<std::unique_ptr<GradientSync>>& group = *made;
   const std::vector<int64_t> sizes = {7, 50, 1, 45};  // 103 elements

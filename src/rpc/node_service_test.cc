@@ -11,8 +11,8 @@
 #include <string>
 
 #include "core/fake_clock.h"
-#include "rpc/status_convert.h"
 #include "gtest/gtest.h"
+#include "rpc/status_convert.h"
 
 namespace fusionrl::rpc {
 namespace {
@@ -155,8 +155,8 @@ TEST_F(NodeServiceTest, DeregisterForgetsTheNode) {
 // message is cut (it travels in a header clients cap at 8 KiB), the code
 // kept; short messages cross unchanged.
 TEST(StatusConvertTest, LongMessagesAreCutShortOnesKept) {
-  const grpc::Status cut = ToGrpcStatus(absl::InvalidArgumentError(
-      "node-1: " + std::string(1 << 20, 'x')));
+  const grpc::Status cut = ToGrpcStatus(
+      absl::InvalidArgumentError("node-1: " + std::string(1 << 20, 'x')));
   EXPECT_EQ(cut.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_LE(cut.error_message().size(), kMaxStatusMessageBytes + 40);
   EXPECT_EQ(cut.error_message().substr(0, 8), "node-1: ");

@@ -4,8 +4,6 @@
 
 #include "absl/strings/str_cat.h"
 
-#include <string>
-
 namespace fusionrl::rpc {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {

@@ -86,9 +86,9 @@ StepPlan StepPlanFromProto(const v1::StepPlan& p) {
   plan.c10d_data_plane = p.c10d_data_plane();
   plan.rendezvous_generation = p.rendezvous_generation();
   plan.node_rank = p.node_rank();
-  plan.rollback_to_step =
-      p.has_rollback_to_step() ? std::max<int64_t>(-1, p.rollback_to_step())
-                               : -1;
+  plan.rollback_to_step = p.has_rollback_to_step()
+                              ? std::max<int64_t>(-1, p.rollback_to_step())
+                              : -1;
   return plan;
 }
 

@@ -112,9 +112,21 @@ class MessageFuzzer {
 
   std::string String() {
     static const std::vector<std::string> kInteresting = {
-        "", "job-1", "job-0", "job-999999999999999999999", "node-0",
-        "node-999", "node-18446744073709551615", "../../etc/passwd", "a/b",
-        "sn-0", "\xff\xfe", "step_1", "final", "key.path=value", "%s%n"};
+        "",
+        "job-1",
+        "job-0",
+        "job-999999999999999999999",
+        "node-0",
+        "node-999",
+        "node-18446744073709551615",
+        "../../etc/passwd",
+        "a/b",
+        "sn-0",
+        "\xff\xfe",
+        "step_1",
+        "final",
+        "key.path=value",
+        "%s%n"};
     std::string s;
     switch (rng_() % 5) {
       case 0:
@@ -150,8 +162,8 @@ class MessageFuzzer {
 
   int64_t Int() {
     static const int64_t kInteresting[] = {
-        0, 1, -1, 2, 7, 60000, -60000, INT32_MAX, INT32_MIN,
-        INT64_MAX, INT64_MIN, 1 << 30};
+        0,      1,         -1,        2,         7,         60000,
+        -60000, INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, 1 << 30};
     return Chance(0.7) ? kInteresting[rng_() % std::size(kInteresting)]
                        : static_cast<int64_t>(rng_());
   }
@@ -263,21 +275,72 @@ class Fuzz {
       fuzzer_.SetAvoid({real_node_});
     }
     switch (rpc) {
-      case 0: Unary<v1::SubmitJobRequest, v1::SubmitJobResponse>(token, "SubmitJob", &v1::JobService::Stub::SubmitJob, jobs_.get()); break;
-      case 1: Unary<v1::GetJobStatusRequest, v1::JobStatus>(token, "GetJobStatus", &v1::JobService::Stub::GetJobStatus, jobs_.get()); break;
-      case 2: Unary<v1::CancelJobRequest, v1::JobStatus>(token, "CancelJob", &v1::JobService::Stub::CancelJob, jobs_.get()); break;
-      case 3: Unary<v1::ListJobsRequest, v1::ListJobsResponse>(token, "ListJobs", &v1::JobService::Stub::ListJobs, jobs_.get()); break;
-      case 4: Unary<v1::RegisterNodeRequest, v1::RegisterNodeResponse>(token, "RegisterNode", &v1::NodeService::Stub::RegisterNode, nodes_.get()); break;
-      case 5: Unary<v1::HeartbeatRequest, v1::HeartbeatResponse>(token, "Heartbeat", &v1::NodeService::Stub::Heartbeat, nodes_.get()); break;
-      case 6: Unary<v1::DeregisterNodeRequest, v1::DeregisterNodeResponse>(token, "DeregisterNode", &v1::NodeService::Stub::DeregisterNode, nodes_.get()); break;
-      case 7: Unary<v1::GetAssignmentRequest, v1::GetAssignmentResponse>(token, "GetAssignment", &v1::WorkService::Stub::GetAssignment, work_.get()); break;
-      case 8: Unary<v1::GetStepPlanRequest, v1::StepPlan>(token, "GetStepPlan", &v1::WorkService::Stub::GetStepPlan, work_.get()); break;
-      case 9: Unary<v1::ReduceRequest, v1::ReduceResponse>(token, "Reduce", &v1::WorkService::Stub::Reduce, work_.get()); break;
-      case 10: Unary<v1::FinishStepRequest, v1::FinishStepResponse>(token, "FinishStep", &v1::WorkService::Stub::FinishStep, work_.get()); break;
-      case 11: Unary<v1::ExchangeUpdatesRequest, v1::ExchangeUpdatesResponse>(token, "ExchangeUpdates", &v1::WorkService::Stub::ExchangeUpdates, work_.get()); break;
-      case 12: Unary<v1::StoreRequest, v1::StoreResponse>(token, "Store", &v1::WorkService::Stub::Store, work_.get()); break;
-      case 13: Publish(token); break;
-      default: ServerStream(token); break;
+      case 0:
+        Unary<v1::SubmitJobRequest, v1::SubmitJobResponse>(
+            token, "SubmitJob", &v1::JobService::Stub::SubmitJob, jobs_.get());
+        break;
+      case 1:
+        Unary<v1::GetJobStatusRequest, v1::JobStatus>(
+            token, "GetJobStatus", &v1::JobService::Stub::GetJobStatus,
+            jobs_.get());
+        break;
+      case 2:
+        Unary<v1::CancelJobRequest, v1::JobStatus>(
+            token, "CancelJob", &v1::JobService::Stub::CancelJob, jobs_.get());
+        break;
+      case 3:
+        Unary<v1::ListJobsRequest, v1::ListJobsResponse>(
+            token, "ListJobs", &v1::JobService::Stub::ListJobs, jobs_.get());
+        break;
+      case 4:
+        Unary<v1::RegisterNodeRequest, v1::RegisterNodeResponse>(
+            token, "RegisterNode", &v1::NodeService::Stub::RegisterNode,
+            nodes_.get());
+        break;
+      case 5:
+        Unary<v1::HeartbeatRequest, v1::HeartbeatResponse>(
+            token, "Heartbeat", &v1::NodeService::Stub::Heartbeat,
+            nodes_.get());
+        break;
+      case 6:
+        Unary<v1::DeregisterNodeRequest, v1::DeregisterNodeResponse>(
+            token, "DeregisterNode", &v1::NodeService::Stub::DeregisterNode,
+            nodes_.get());
+        break;
+      case 7:
+        Unary<v1::GetAssignmentRequest, v1::GetAssignmentResponse>(
+            token, "GetAssignment", &v1::WorkService::Stub::GetAssignment,
+            work_.get());
+        break;
+      case 8:
+        Unary<v1::GetStepPlanRequest, v1::StepPlan>(
+            token, "GetStepPlan", &v1::WorkService::Stub::GetStepPlan,
+            work_.get());
+        break;
+      case 9:
+        Unary<v1::ReduceRequest, v1::ReduceResponse>(
+            token, "Reduce", &v1::WorkService::Stub::Reduce, work_.get());
+        break;
+      case 10:
+        Unary<v1::FinishStepRequest, v1::FinishStepResponse>(
+            token, "FinishStep", &v1::WorkService::Stub::FinishStep,
+            work_.get());
+        break;
+      case 11:
+        Unary<v1::ExchangeUpdatesRequest, v1::ExchangeUpdatesResponse>(
+            token, "ExchangeUpdates", &v1::WorkService::Stub::ExchangeUpdates,
+            work_.get());
+        break;
+      case 12:
+        Unary<v1::StoreRequest, v1::StoreResponse>(
+            token, "Store", &v1::WorkService::Stub::Store, work_.get());
+        break;
+      case 13:
+        Publish(token);
+        break;
+      default:
+        ServerStream(token);
+        break;
     }
   }
 
@@ -351,7 +414,8 @@ class Fuzz {
     const absl::Time t0 = absl::Now();
     grpc::Status s;
     if (fuzzer_.Chance(0.5)) {
-      v1::FetchWeightsRequest req = Make<v1::FetchWeightsRequest>("FetchWeights");
+      v1::FetchWeightsRequest req =
+          Make<v1::FetchWeightsRequest>("FetchWeights");
       auto reader = weights_->FetchWeights(&ctx, req);
       v1::WeightChunk c;
       while (reader->Read(&c)) {
@@ -406,8 +470,8 @@ TEST(RpcFuzzTest, BadCallsNeitherCrashNorHangAndAJobStillFinishes) {
   wopts.threads = 1;
   wopts.auth_token = kToken;
   wopts.poll_interval = absl::Milliseconds(200);
-  Worker worker(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()),
-                wopts);
+  Worker worker(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()), wopts);
   std::atomic<bool> stop{false};
   absl::Status worker_status;
   std::thread worker_thread([&] { worker_status = worker.Run(&stop); });
@@ -420,7 +484,8 @@ TEST(RpcFuzzTest, BadCallsNeitherCrashNorHangAndAJobStillFinishes) {
   const std::string real_node = (*controller)->registry().List()[0].id;
 
   // The job the fuzzing must not disturb.
-  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
   auto jobs = v1::JobService::NewStub(channel);
   const std::string out = ::testing::TempDir() + "/rpc-fuzz-job";
   std::filesystem::remove_all(out);
@@ -441,8 +506,9 @@ TEST(RpcFuzzTest, BadCallsNeitherCrashNorHangAndAJobStillFinishes) {
   for (int t = 0; t < 2; ++t) {
     fuzzers.emplace_back([&, t] {
       // Each thread on its own channel, like separate clients.
-      Fuzz fuzz(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()),
-                /*seed=*/1000 + t, real_node, job_id, tally);
+      Fuzz fuzz(
+          grpc::CreateChannel(address, grpc::InsecureChannelCredentials()),
+          /*seed=*/1000 + t, real_node, job_id, tally);
       std::mt19937_64 pick(t);
       while (absl::Now() < until) fuzz.Once(/*token=*/pick() % 2 == 0);
     });
@@ -452,7 +518,8 @@ TEST(RpcFuzzTest, BadCallsNeitherCrashNorHangAndAJobStillFinishes) {
   // Still answering at once.
   {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(2));
     ctx.AddMetadata("authorization", absl::StrCat("Bearer ", kToken));
     v1::ListJobsResponse list;
     EXPECT_TRUE(jobs->ListJobs(&ctx, {}, &list).ok());
