@@ -382,6 +382,16 @@ enum class OverStalePolicy { kRegenerate, kDrop };
 absl::StatusOr<OverStalePolicy> ParseOverStalePolicy(absl::string_view name);
 const char* OverStalePolicyName(OverStalePolicy policy);
 
+// Which policy version a fused or disaggregated rollout samples a step
+// from (stalesync.rollout_version; docs/stalesync.md#which-version-samples):
+// lagged = exactly the oldest the lag allows, so the versions, and with
+// them the whole run, depend on the config alone; newest = the newest
+// version published when the step's rollout starts (fresher samples, but
+// timing decides which version samples what).
+enum class RolloutVersion { kLagged, kNewest };
+absl::StatusOr<RolloutVersion> ParseRolloutVersion(absl::string_view name);
+const char* RolloutVersionName(RolloutVersion rule);
+
 // StaleSync: bounded staleness (placement.mode fused).
 struct StaleSyncConfig {
   // s: a sample may be trained on only if trainer version - behaviour
@@ -396,6 +406,15 @@ struct StaleSyncConfig {
   // sampled again from the current weights; drop = the group is masked out
   // of the step. Counted per step (over_stale_samples in metrics.jsonl).
   OverStalePolicy over_stale = OverStalePolicy::kRegenerate;
+  // lagged: the rollout of the i-th step after the start (or a reset at
+  // version v0) samples from version max(v0, v0 + i - s): every sample is
+  // exactly s versions old once the pipeline is full, two runs of a config
+  // are the same run, and a checkpoint carries the batches sampled ahead so
+  // a resume continues exactly. newest: from the newest version published
+  // when the step's rollout starts (staleness <= s, often less; which
+  // version samples what depends on timing, so neither runs nor resumes
+  // repeat bit for bit; no prompt group is lost or trained twice).
+  RolloutVersion rollout_version = RolloutVersion::kLagged;
   // k: across super nodes, a super node that finished step c starts step
   // c + 1 only while c - min(clocks of the other super nodes) <= k, and
   // applies the other super nodes' gradient updates as they arrive (those

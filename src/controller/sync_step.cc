@@ -167,8 +167,10 @@ StepPlan JobManager::TrainPlanLocked(const Job& job, const Attempt& a, int k,
     plan.eval_before = a.step == job.first_step && job.resume_dir.empty();
     plan.eval_after = (run.eval_every > 0 && a.step % run.eval_every == 0) ||
                       a.step == run.total_steps;
-    if (checkpoint) plan.checkpoint_name = absl::StrCat("step_", a.step);
   }
+  // Every card: the lead writes the checkpoint, each fused or disaggregated
+  // card what it sampled ahead (worker/rollout_prefetch.h).
+  if (checkpoint) plan.checkpoint_name = absl::StrCat("step_", a.step);
   if (job.skewed) {
     // Checkpoints and the last step are taken from one set of weights.
     const bool sync = IsSyncStep(job, a.step);
@@ -249,6 +251,12 @@ absl::StatusOr<StepPlan> JobManager::GetStepPlan(const std::string& job_id,
       plan.message =
           absl::StrCat(job->id, " ended: ", v1::JobPhase_Name(job->end_phase),
                        " ", job->end_message);
+      if (job->ending && job->end_phase != v1::JOB_PHASE_FAILED) {
+        // It ended with its end checkpoint after this step: the cards keep
+        // what they sampled ahead of it (worker/rollout_prefetch.h).
+        plan.step = job->last_committed + 1;
+        plan.checkpoint_name = job->end_checkpoint;
+      }
       return plan;
     }
     if (job->ending) {

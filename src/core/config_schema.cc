@@ -74,6 +74,8 @@ constexpr Spelling<PlacementMode> kPlacementModes[] = {
 constexpr Spelling<OverStalePolicy> kOverStalePolicies[] = {
     {OverStalePolicy::kRegenerate, "regenerate"},
     {OverStalePolicy::kDrop, "drop"}};
+constexpr Spelling<RolloutVersion> kRolloutVersions[] = {
+    {RolloutVersion::kLagged, "lagged"}, {RolloutVersion::kNewest, "newest"}};
 
 }  // namespace
 
@@ -131,6 +133,13 @@ absl::StatusOr<OverStalePolicy> ParseOverStalePolicy(absl::string_view name) {
 }
 const char* OverStalePolicyName(OverStalePolicy policy) {
   return NameOf(policy, kOverStalePolicies);
+}
+
+absl::StatusOr<RolloutVersion> ParseRolloutVersion(absl::string_view name) {
+  return ParseName<RolloutVersion>(name, kRolloutVersions);
+}
+const char* RolloutVersionName(RolloutVersion rule) {
+  return NameOf(rule, kRolloutVersions);
 }
 
 namespace config_internal {

@@ -237,6 +237,8 @@ void VisitStaleSync(StaleSyncConfig& c, V& v) {
   v.Int("max_policy_lag", &c.max_policy_lag, Closed(0, 1024));
   v.Enum("over_stale", &c.over_stale, ParseOverStalePolicy,
          OverStalePolicyName);
+  v.Enum("rollout_version", &c.rollout_version, ParseRolloutVersion,
+         RolloutVersionName);
   v.Int("max_clock_skew", &c.max_clock_skew, Closed(0, 1024));
 }
 

@@ -714,6 +714,13 @@ TEST(ConfigTest, ModesAndEstimatorsAreParsedOnceAsEnums) {
        },
        "resample",
        "must be one of regenerate, drop; got 'resample'"},
+      {"stalesync.rollout_version",
+       {"lagged", "newest"},
+       [](const JobConfig& c) {
+         return RolloutVersionName(c.stalesync.rollout_version);
+       },
+       "latest",
+       "must be one of lagged, newest; got 'latest'"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.key);
@@ -1060,6 +1067,7 @@ TEST(ConfigTest, ToYamlIsReadable) {
                               "behaviour_weight_mode: truncate\n"));
   EXPECT_THAT(yaml, HasSubstr("stalesync:\n  max_policy_lag: 0\n  "
                               "over_stale: regenerate\n  "
+                              "rollout_version: lagged\n  "
                               "max_clock_skew: 0\n"));
   EXPECT_THAT(yaml, HasSubstr("memory:\n  card_budget_mib: 0.0\n  "
                               "offload_optimizer: auto\n"));

@@ -55,8 +55,11 @@ struct StepPlan {
   std::vector<uint64_t> groups;  // prompt groups this card samples and trains
   bool eval_before = false;
   bool eval_after = false;
-  // "" = none after this step. The checkpoint holds the policy; the
-  // controller adds the run totals (run.json) when it commits the step.
+  // "" = none after this step. The checkpoint holds the policy (written by
+  // rank 0; every fused or disaggregated card adds what it sampled ahead);
+  // the controller adds the run totals (run.json) when it commits the step.
+  // kAbandon: set (with step = its step + 1) when the job ended with this
+  // end checkpoint, for the cards' part.
   std::string checkpoint_name;
   std::string message;             // kAbandon: why
   uint64_t data_cursor_after = 0;  // the next unseen prompt group

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <iterator>
 #include <map>
 #include <optional>
@@ -28,6 +29,7 @@
 #include "worker/fused_rollout.h"
 #include "worker/group_sampler.h"
 #include "worker/hier_sync.h"
+#include "worker/rollout_prefetch.h"
 #include "worker/staleness_filter.h"
 #include "worker/step_snapshot.h"
 
@@ -80,6 +82,17 @@ class CardRunner {
   // Keeps this card's state after the weight sync of `step` (on the host),
   // dropping syncs after it and all but the newest before it.
   absl::Status KeepSyncPoint(int64_t step);
+  // Fused or disaggregated with rollout_version lagged: writes what this
+  // card's rollout sampled ahead of the checkpoint of `step`
+  // (worker/rollout_prefetch.h).
+  absl::Status SavePrefetch(int64_t step);
+  // The same for the job's end checkpoint after `step` (once; a failure is
+  // logged: the checkpoint stands, a resume samples afresh).
+  void SaveEndPrefetch(int64_t step);
+  // After a resume, before the first batch is taken: continues the rollout
+  // pipeline the checkpoint's prefetch file of this card describes, or
+  // says why the coming steps are sampled afresh.
+  void RestorePrefetch(const StepPlan& plan);
 
   const CardJob& job_;
   const Clock& clock_;
@@ -101,6 +114,10 @@ class CardRunner {
   // the attempt of the last skewed plan.
   std::map<int64_t, StepSnapshot> sync_points_;
   int skewed_attempt_ = 0;
+  // Resumed: the checkpoint's step and weights (RestorePrefetch).
+  int64_t resumed_step_ = -1;
+  uint32_t resumed_crc32c_ = 0;
+  bool end_prefetch_saved_ = false;
 };
 
 StepReport CardRunner::NewReport(int64_t step, int attempt) const {
@@ -169,9 +186,9 @@ absl::Status CardRunner::Setup() {
                                   node_rank, nodes, timeout_);
       });
   sync_->set_activity_hook([this](const char* what, int64_t round) {
-    Doing(what == nullptr ? absl::StrCat("training step ", plan_step_)
-                          : absl::StrCat(what, " round ", round, " of step ",
-                                         plan_step_));
+    Doing(what == nullptr
+              ? absl::StrCat("training step ", plan_step_)
+              : absl::StrCat(what, " round ", round, " of step ", plan_step_));
   });
   FUSIONRL_ASSIGN_OR_RETURN(
       trainer_, Trainer::Create(policy, reference_.get(), cfg,
@@ -190,6 +207,8 @@ absl::Status CardRunner::Setup() {
         CheckpointMeta meta,
         ReadCheckpoint(job_.resume_checkpoint, policy, trainer_.get()));
     trainer_->set_version(meta.policy_version);
+    resumed_step_ = meta.step;
+    resumed_crc32c_ = WeightsCrc32c(policy);
   }
   FUSIONRL_ASSIGN_OR_RETURN(
       memory_, CardMemoryManager::Create(job_.local_rank, cfg.memory));
@@ -212,6 +231,7 @@ absl::Status CardRunner::Setup() {
 
   FusedRollout::Options fo;
   fo.max_policy_lag = cfg.stalesync.max_policy_lag;
+  fo.lagged = cfg.stalesync.rollout_version == RolloutVersion::kLagged;
   fo.prompts_per_step = cfg.rollout.prompts_per_step;
   fo.snapshot_version = trainer_->version();
   fo.timeout = timeout_;
@@ -307,11 +327,14 @@ absl::Status CardRunner::Run() {
         if (job_.local_rank == 0) {
           spdlog::info("{}: {}", job_.node_id, plan.message);
         }
+        if (!plan.checkpoint_name.empty()) SaveEndPrefetch(plan.step - 1);
         return absl::OkStatus();
       case PlanKind::kEnd: {
         // Only card 0 goes on: it writes the last checkpoint if it is the
         // job's lead, or waits for the end (it may become the lead if the
-        // lead node is lost first).
+        // lead node is lost first). Every card first keeps what its rollout
+        // sampled ahead, for a resume from the end checkpoint.
+        SaveEndPrefetch(plan.step - 1);
         if (job_.local_rank != 0) return absl::OkStatus();
         next = plan.step;
         while (plan.kind == PlanKind::kEnd &&
@@ -449,6 +472,66 @@ absl::Status CardRunner::KeepSyncPoint(int64_t step) {
   return absl::OkStatus();
 }
 
+absl::Status CardRunner::SavePrefetch(int64_t step) {
+  if (fused_ == nullptr) return absl::OkStatus();
+  Doing(absl::StrCat("keeping the rollout sampled ahead of step ", step));
+  FUSIONRL_ASSIGN_OR_RETURN(std::optional<RolloutPrefetch> pending,
+                            fused_->Pending(step, trainer_->version()));
+  if (!pending) return absl::OkStatus();
+  pending->checkpoint_step = step;
+  pending->weights_crc32c = WeightsCrc32c(*ctx_.policy);
+  return WriteRolloutPrefetch(
+      RolloutPrefetchPath(config().output_dir + "/checkpoints", step,
+                          pending->rank),
+      *pending);
+}
+
+void CardRunner::SaveEndPrefetch(int64_t step) {
+  if (end_prefetch_saved_) return;
+  end_prefetch_saved_ = true;
+  if (absl::Status s = SavePrefetch(step); !s.ok()) {
+    spdlog::warn("{} card {}: {}; a resume samples the steps after {} afresh",
+                 job_.node_id, job_.local_rank, s.ToString(), step);
+  }
+}
+
+void CardRunner::RestorePrefetch(const StepPlan& plan) {
+  const JobConfig& cfg = config();
+  if (cfg.stalesync.rollout_version != RolloutVersion::kLagged) return;
+  const std::string path = RolloutPrefetchPath(
+      std::filesystem::path(job_.resume_checkpoint).parent_path().string(),
+      resumed_step_, plan.rank);
+  absl::StatusOr<RolloutPrefetch> saved = ReadRolloutPrefetch(path);
+  std::string why;
+  if (!saved.ok()) {
+    why = std::string(saved.status().message());
+  } else if (saved->checkpoint_step != resumed_step_ ||
+             saved->rank != plan.rank ||
+             saved->weights_crc32c != resumed_crc32c_) {
+    why = absl::StrCat(path, " is not this checkpoint's (step ",
+                       saved->checkpoint_step, ", rank ", saved->rank,
+                       ", weights CRC ", saved->weights_crc32c, ")");
+  } else if (saved->max_policy_lag != cfg.stalesync.max_policy_lag ||
+             saved->prompts_per_step != cfg.rollout.prompts_per_step) {
+    why = absl::StrCat(path, " was sampled with max_policy_lag ",
+                       saved->max_policy_lag, " and prompts_per_step ",
+                       saved->prompts_per_step);
+  }
+  if (!why.empty()) {
+    spdlog::warn(
+        "{} card {}: sampling the steps after {} afresh from the "
+        "checkpoint's weights ({}): every prompt group is still trained "
+        "once, but from other policy versions than an uninterrupted run",
+        job_.node_id, job_.local_rank, resumed_step_, why);
+    return;
+  }
+  spdlog::info(
+      "{} card {}: continuing the rollout pipeline of step {} ({} "
+      "batch(es) sampled ahead)",
+      job_.node_id, job_.local_rank, resumed_step_, saved->batches.size());
+  fused_->Restore(*std::move(saved));
+}
+
 absl::Status CardRunner::EnterSkewedStep(const StepPlan& plan) {
   if (sync_points_.empty()) {
     // Every super node starts from the same weights: the first sync point.
@@ -464,10 +547,10 @@ absl::Status CardRunner::EnterSkewedStep(const StepPlan& plan) {
     for (const auto& [step, point] : sync_points_) {
       absl::StrAppend(&kept, kept.empty() ? "" : ", ", step);
     }
-    return absl::InternalError(absl::StrCat(
-        "StaleSync roll-back to the weight sync of step ",
-        plan.rollback_to_step, ": this card kept those of steps ", kept,
-        " only"));
+    return absl::InternalError(
+        absl::StrCat("StaleSync roll-back to the weight sync of step ",
+                     plan.rollback_to_step, ": this card kept those of steps ",
+                     kept, " only"));
   }
   if (job_.local_rank == 0) {
     spdlog::warn("{}: rolling back to the weight sync of step {} (attempt {})",
@@ -569,13 +652,17 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   double wait_s = 0;
   int64_t thread_samples = 0;  // sampled by the rollout thread
   if (fused_ != nullptr) {
+    if (resumed_step_ >= 0) {
+      RestorePrefetch(plan);
+      resumed_step_ = -1;
+    }
     Doing(absl::StrCat("waiting for the rollout of step ", plan.step));
     FUSIONRL_ASSIGN_OR_RETURN(batch, fused_->Take(plan));
     wait_s = SecondsSince(t0);
     thread_samples = static_cast<int64_t>(batch.samples.size());
   } else {
-    Doing(absl::StrCat("rollout of step ", plan.step, " (",
-                       plan.groups.size(), " prompt groups)"));
+    Doing(absl::StrCat("rollout of step ", plan.step, " (", plan.groups.size(),
+                       " prompt groups)"));
     FUSIONRL_ASSIGN_OR_RETURN(batch, SampleHere(plan.groups, plan));
   }
   std::vector<Sample>& samples = batch.samples;
@@ -653,6 +740,12 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
     totals[hist_at + (trainer_->version() - 1 - smp.behaviour_version)] += 1;
   }
   totals.push_back(static_cast<double>(over_stale));
+  const bool checkpoint = !plan.checkpoint_name.empty();
+  if (checkpoint && !plan.exchange_updates) {
+    // Before the step's sum: every card's file is on disk before the lead
+    // writes the checkpoint.
+    FUSIONRL_RETURN_IF_ERROR(SavePrefetch(plan.step));
+  }
   FUSIONRL_RETURN_IF_ERROR(SumAcrossRanks(sync_.get(), totals));
   double sync_s = 0;
   int64_t sync_bytes = 0;
@@ -661,6 +754,10 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
     Doing(absl::StrCat("weight sync after step ", plan.step));
     FUSIONRL_ASSIGN_OR_RETURN(sync_bytes, SyncWeights(plan));
     sync_s = SecondsSince(ts0);
+  }
+  if (checkpoint && plan.exchange_updates) {
+    // Across super nodes the checkpoint holds the synced weights.
+    FUSIONRL_RETURN_IF_ERROR(SavePrefetch(plan.step));
   }
   if (plan.exchange_updates && job_.local_rank == 0) {
     // Each super node reports its own tokens; the controller adds them up.

@@ -20,6 +20,7 @@
 #include "worker/fake_work_client.h"
 #include "worker/fused_rollout.h"
 #include "worker/plan_rendezvous.h"
+#include "worker/rollout_prefetch.h"
 #include "worker/staleness_filter.h"
 
 namespace fusionrl {
@@ -360,6 +361,186 @@ TEST(FusedRolloutTest, TakeTimesOutNamingTheStep) {
   ASSERT_FALSE(b.ok());
   EXPECT_TRUE(absl::IsDeadlineExceeded(b.status())) << b.status();
   EXPECT_TRUE(absl::StrContains(b.status().message(), "step 2"));
+}
+
+// Weights whose every element is `v`: a version whose snapshot is
+// recognisable by any one of its values.
+std::vector<at::Tensor> WeightsOf(PolicyModel& policy, float v) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& p : policy.parameters()) {
+    out.push_back(at::full_like(p, v));
+  }
+  return out;
+}
+
+// Samples nothing, records (step, the snapshot's weights' value) and tags
+// the samples with the version it was told.
+class SnapshotSampler {
+ public:
+  explicit SnapshotSampler(PolicyModel* snapshot) : snapshot_(snapshot) {}
+  FusedRollout::SampleFn Fn() {
+    return [this](RolloutEngine&, const std::vector<uint64_t>& groups,
+                  int64_t step, int,
+                  int64_t version) -> absl::StatusOr<RolloutBatch> {
+      const float value =
+          snapshot_->parameters().front().flatten()[0].item<float>();
+      absl::MutexLock l(&mu_);
+      sampled_.push_back({step, value});
+      RolloutBatch b;
+      b.groups = groups;
+      for (uint64_t g : groups) {
+        Sample s;
+        s.group_id = g;
+        s.behaviour_version = version;
+        s.response_ids = {static_cast<int>(step), 7};
+        s.behaviour_logp = {-0.5f, -float(step)};
+        s.reward = static_cast<double>(version);
+        b.samples.push_back(s);
+      }
+      b.Recount();
+      return b;
+    };
+  }
+  std::vector<std::pair<int64_t, float>> WaitFor(size_t n) {
+    absl::MutexLock l(&mu_);
+    auto enough = [this, n] { return sampled_.size() >= n; };
+    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
+    return sampled_;
+  }
+
+ private:
+  PolicyModel* snapshot_;
+  absl::Mutex mu_;
+  std::vector<std::pair<int64_t, float>> sampled_ ABSL_GUARDED_BY(mu_);
+};
+
+// rollout_version lagged: step t samples from exactly version t - 1 - s,
+// even when newer versions were published before its round started; the
+// snapshot holds that version's weights, not just its number.
+TEST(FusedRolloutTest, LaggedSamplesFromTheOldestVersionTheLagAllows) {
+  auto policy = testing_util::TinyModel();
+  auto snapshot = policy->CloneFrozen();
+  PolicyModel* snap = snapshot.get();
+  auto engine =
+      std::make_unique<RolloutEngine>(*snapshot, 0, std::vector<int>{1});
+  SnapshotSampler sampler(snap);
+  FusedRollout::Options o;
+  o.max_policy_lag = 2;
+  o.prompts_per_step = 1;
+  o.timeout = absl::Seconds(10);
+  o.snapshot_version = -1;  // the snapshot holds none of the versions below
+  FusedRollout fused(std::move(snapshot), std::move(engine), o, sampler.Fn(),
+                     nullptr, RealClock());
+  fused.Publish(WeightsOf(*policy, 0), 0);
+  ASSERT_TRUE(fused.Take(TrainPlan(1, 1)).ok());
+  // Steps 1..3 sample from version 0; step 4 waits for version 1.
+  ASSERT_EQ(sampler.WaitFor(3).size(), 3u);
+  for (int v = 1; v <= 3; ++v) fused.Publish(WeightsOf(*policy, v), v);
+  const auto seen = sampler.WaitFor(6);
+  ASSERT_GE(seen.size(), 6u);
+  const std::vector<std::pair<int64_t, float>> want = {{1, 0}, {2, 0}, {3, 0},
+                                                       {4, 1}, {5, 2}, {6, 3}};
+  const std::vector<std::pair<int64_t, float>> first6(seen.begin(),
+                                                      seen.begin() + 6);
+  EXPECT_EQ(first6, want);
+  for (int64_t step = 2; step <= 6; ++step) {
+    absl::StatusOr<RolloutBatch> b = fused.Take(TrainPlan(step, 1));
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(b->samples.front().behaviour_version,
+              std::max<int64_t>(0, step - 3));
+  }
+  fused.Stop();
+}
+
+// A checkpoint after step 1 at version 1 (lag 2): Pending() hands out the
+// batches of steps 2 and 3 (sampled from version 0, which a resume no
+// longer has) and not step 4's (version 1, the checkpoint's own). A new
+// rollout restored from them serves steps 2 and 3 without sampling and
+// samples step 4 from version 1; the file in between keeps every field.
+TEST(FusedRolloutTest, PendingAndRestoreContinueThePipeline) {
+  auto policy = testing_util::TinyModel();
+  FusedRollout::Options o;
+  o.max_policy_lag = 2;
+  o.prompts_per_step = 1;
+  o.timeout = absl::Seconds(10);
+  auto make = [&](SnapshotSampler** out_sampler) {
+    auto snapshot = policy->CloneFrozen();
+    auto engine =
+        std::make_unique<RolloutEngine>(*snapshot, 0, std::vector<int>{1});
+    *out_sampler = new SnapshotSampler(snapshot.get());
+    return std::make_unique<FusedRollout>(
+        std::move(snapshot), std::move(engine), o, (*out_sampler)->Fn(),
+        nullptr, RealClock());
+  };
+  SnapshotSampler* first_sampler = nullptr;
+  auto first = make(&first_sampler);
+  std::unique_ptr<SnapshotSampler> own_first(first_sampler);
+  first->Publish(WeightsOf(*policy, 0), 0);
+  ASSERT_TRUE(first->Take(TrainPlan(1, 1)).ok());
+  absl::StatusOr<std::optional<RolloutPrefetch>> pending = first->Pending(1, 1);
+  ASSERT_TRUE(pending.ok()) << pending.status();
+  ASSERT_TRUE(pending->has_value());
+  RolloutPrefetch saved = **pending;
+  first->Stop();
+  ASSERT_EQ(saved.batches.size(), 2u);
+  EXPECT_EQ(saved.batches.begin()->first, 2);
+  EXPECT_EQ(saved.base_step, 1);
+  EXPECT_EQ(saved.frame_version, 0);
+  saved.checkpoint_step = 1;
+  saved.weights_crc32c = 1234;
+
+  const std::string path = RolloutPrefetchPath(
+      ::testing::TempDir() + "/prefetch-roundtrip/checkpoints", 1, 0);
+  ASSERT_TRUE(WriteRolloutPrefetch(path, saved).ok());
+  absl::StatusOr<RolloutPrefetch> read = ReadRolloutPrefetch(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->weights_crc32c, 1234u);
+  EXPECT_EQ(read->base_groups, saved.base_groups);
+  ASSERT_EQ(read->batches.size(), 2u);
+  for (const auto& [step, batch] : saved.batches) {
+    const RolloutBatch& got = read->batches.at(step);
+    ASSERT_EQ(got.samples.size(), batch.samples.size());
+    EXPECT_EQ(got.samples[0].response_ids, batch.samples[0].response_ids);
+    EXPECT_EQ(got.samples[0].behaviour_logp, batch.samples[0].behaviour_logp);
+    EXPECT_EQ(got.samples[0].behaviour_version, 0);
+    EXPECT_EQ(got.tokens, batch.tokens);
+  }
+
+  SnapshotSampler* second_sampler = nullptr;
+  auto second = make(&second_sampler);
+  std::unique_ptr<SnapshotSampler> own_second(second_sampler);
+  second->Publish(WeightsOf(*policy, 1), 1);
+  second->Restore(*std::move(read));
+  for (int64_t step = 2; step <= 3; ++step) {
+    absl::StatusOr<RolloutBatch> b = second->Take(TrainPlan(step, 1));
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(b->samples[0].response_ids[0], step);
+    EXPECT_EQ(b->samples[0].behaviour_version, 0);
+  }
+  const auto seen = second_sampler->WaitFor(1);
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.front(), std::make_pair(int64_t{4}, 1.0f));
+  second->Stop();
+}
+
+TEST(RolloutPrefetchTest, DamagedOrMissingFilesAreNamed) {
+  const std::string dir = ::testing::TempDir() + "/prefetch-damaged";
+  std::filesystem::remove_all(dir);
+  const std::string path = RolloutPrefetchPath(dir, 4, 1);
+  EXPECT_TRUE(absl::StrContains(path, "rollout/step_4/card_1.pb")) << path;
+  EXPECT_TRUE(absl::IsNotFound(ReadRolloutPrefetch(path).status()));
+  RolloutPrefetch p;
+  p.checkpoint_step = 4;
+  p.batches[5].groups = {1};
+  p.batches[7].groups = {3};  // step 6 missing
+  ASSERT_TRUE(WriteRolloutPrefetch(path, p).ok());
+  absl::Status st = ReadRolloutPrefetch(path).status();
+  EXPECT_TRUE(absl::IsDataLoss(st)) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "step 7")) << st;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << "\xff\xff\xff";
+  st = ReadRolloutPrefetch(path).status();
+  EXPECT_TRUE(absl::IsDataLoss(st)) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), path)) << st;
 }
 
 // --- StalenessFilter --------------------------------------------------------

@@ -38,9 +38,16 @@ void FusedRollout::Publish(const std::vector<at::Tensor>& weights,
   copy.reserve(weights.size());
   for (const at::Tensor& p : weights) copy.push_back(p.detach().clone());
   absl::MutexLock lock(&mu_);
-  published_ = std::move(copy);
+  if (version <= published_version_) {
+    // A roll-back published an older state again: the versions after it,
+    // and a snapshot taken from them, belong to the abandoned timeline.
+    published_.clear();
+    snapshot_version_ = -1;
+  }
+  if (!options_.lagged) published_.clear();
+  published_[version] = std::move(copy);
   published_version_ = version;
-  if (gate_ != nullptr) gate_->OnVersion(version);
+  PruneLocked();
   changed_.SignalAll();
   if (!thread_.joinable() && !stop_) {
     thread_ = std::thread([this] { Loop(); });
@@ -52,22 +59,39 @@ void FusedRollout::Stop() {
     absl::MutexLock lock(&mu_);
     stop_ = true;
     ++generation_;
-    if (gate_ != nullptr) gate_->Close();
     changed_.SignalAll();
   }
   if (thread_.joinable()) thread_.join();
+}
+
+int64_t FusedRollout::AdmitVersionLocked(int64_t step) const {
+  return frame_version_ + (step - base_step_) - options_.max_policy_lag;
+}
+
+int64_t FusedRollout::SampleVersionLocked(int64_t step) const {
+  if (!options_.lagged) return published_version_;
+  return std::max(frame_version_, AdmitVersionLocked(step));
+}
+
+void FusedRollout::PruneLocked() {
+  if (!options_.lagged || published_.empty()) return;
+  // Coming rounds sample from versions >= that of the next step (or, with
+  // no frame, from the newest: a reset starts the frame there).
+  const int64_t keep =
+      base_groups_.empty()
+          ? published_version_
+          : std::min(published_version_, SampleVersionLocked(next_step_));
+  published_.erase(published_.begin(), published_.lower_bound(keep));
 }
 
 void FusedRollout::ResetLocked(int64_t base_step) {
   next_step_ = base_step;
   ready_.clear();
   ++generation_;
-  // Admission restarts at the trainer's current version: the i-th step
-  // from here may start once the published version is >= v0 + i - s.
-  gate_ = std::make_unique<PolicyLagGate>(
-      options_.max_policy_lag,
-      std::max<int>(1, static_cast<int>(base_groups_.size())),
-      std::max<int64_t>(0, published_version_));
+  // The i-th step from here may start once the published version is
+  // >= v0 + i - s, v0 the trainer's current version.
+  frame_version_ = std::max<int64_t>(0, published_version_);
+  PruneLocked();
   changed_.SignalAll();
 }
 
@@ -75,30 +99,85 @@ void FusedRollout::Reset() {
   absl::MutexLock lock(&mu_);
   base_groups_.clear();
   ready_.clear();
-  gate_.reset();
   ++generation_;
   changed_.SignalAll();
+}
+
+void FusedRollout::Restore(RolloutPrefetch saved) {
+  absl::MutexLock lock(&mu_);
+  base_groups_ = std::move(saved.base_groups);
+  base_step_ = saved.base_step;
+  frame_version_ = saved.frame_version;
+  rank_ = saved.rank;
+  ready_ = std::move(saved.batches);
+  next_step_ =
+      ready_.empty() ? saved.checkpoint_step + 1 : ready_.rbegin()->first + 1;
+  ++generation_;
+  PruneLocked();
+  changed_.SignalAll();
+}
+
+absl::StatusOr<std::optional<RolloutPrefetch>> FusedRollout::Pending(
+    int64_t step, int64_t version) {
+  absl::MutexLock lock(&mu_);
+  if (!options_.lagged || base_groups_.empty()) return std::nullopt;
+  RolloutPrefetch out;
+  out.max_policy_lag = options_.max_policy_lag;
+  out.prompts_per_step = options_.prompts_per_step;
+  out.rank = rank_;
+  out.base_step = base_step_;
+  out.base_groups = base_groups_;
+  out.frame_version = frame_version_;
+  const uint64_t generation = generation_;
+  const absl::Time deadline = clock_.Now() + options_.timeout;
+  for (int64_t t = step + 1; SampleVersionLocked(t) < version; ++t) {
+    while (ready_.count(t) == 0 && error_.ok() && generation == generation_ &&
+           !WaitOnClock(changed_, mu_, clock_, deadline)) {
+    }
+    if (!error_.ok()) return error_;
+    if (generation != generation_) return std::nullopt;  // reset meanwhile
+    auto it = ready_.find(t);
+    if (it == ready_.end()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "fused rollout: the batch of step ", t,
+          " (sampled ahead for the checkpoint of step ", step,
+          ") not ready within ", absl::FormatDuration(options_.timeout),
+          " (run.collective_timeout_seconds)"));
+    }
+    out.batches.emplace(t, it->second);
+  }
+  return std::optional<RolloutPrefetch>(std::move(out));
 }
 
 std::optional<FusedRollout::Round> FusedRollout::NextRound() {
   absl::MutexLock lock(&mu_);
   while (!stop_) {
-    const int wanted = static_cast<int>(base_groups_.size());
-    if (wanted == 0 || gate_ == nullptr || gate_->Admissible() < wanted) {
+    if (base_groups_.empty() ||
+        published_version_ < AdmitVersionLocked(next_step_) ||
+        published_version_ < SampleVersionLocked(next_step_)) {
       const auto w0 = std::chrono::steady_clock::now();
       changed_.Wait(&mu_);
       if (!base_groups_.empty()) gate_wait_seconds_ += SecondsSince(w0);
       continue;
     }
-    for (int i = 0; i < wanted; ++i) gate_->TryAdmit();
-    if (snapshot_version_ != published_version_ &&
+    const int64_t want = SampleVersionLocked(next_step_);
+    if (snapshot_version_ != want &&
         next_step_ >= options_.freeze_snapshot_before_step) {
+      auto weights = published_.find(want);
+      if (weights == published_.end()) {
+        error_ = absl::InternalError(absl::StrCat(
+            "fused rollout: step ", next_step_, " samples from version ", want,
+            ", which is no longer kept (kept from ",
+            published_.empty() ? -1 : published_.begin()->first, ")"));
+        changed_.SignalAll();
+        return std::nullopt;
+      }
       at::NoGradGuard no_grad;
       std::vector<at::Tensor> params = snapshot_->parameters();
       for (size_t i = 0; i < params.size(); ++i) {
-        params[i].copy_(published_[i]);
+        params[i].copy_(weights->second[i]);
       }
-      snapshot_version_ = published_version_;
+      snapshot_version_ = want;
       snapshot_updates_.fetch_add(1);
     }
     Round round;
@@ -131,6 +210,7 @@ bool FusedRollout::Deliver(const Round& round,
   gate_wait_seconds_ = 0;
   ready_[round.step] = *std::move(batch);
   next_step_ = round.step + 1;
+  PruneLocked();
   changed_.SignalAll();
   return true;
 }

@@ -7,17 +7,26 @@
 // (one copy); the thread takes them into its snapshot before its next
 // sampling round (one more copy), only when they are newer.
 //
-// Admission is StaleSync's policy-lag rule, PolicyLagGate (core/stalesync.h),
-// at the granularity of the card's prompt groups: the groups of the i-th
-// step after a reset start only while the gate admits them all, i.e. once
-// the published version is at least v0 + i - s (v0: the trainer's version
-// at the reset), so every sample is trained with staleness <= s. The
-// trainer checks it again (StalenessFilter).
+// Admission is StaleSync's policy-lag rule (PolicyLagGate, core/stalesync.h,
+// at the granularity of a step's prompt groups): the i-th step after a
+// reset starts only once the published version is at least v0 + i - s (v0:
+// the trainer's version at the reset), so every sample is trained with
+// staleness <= s. The trainer checks it again (StalenessFilter).
+//
+// Which version samples the step (stalesync.rollout_version): lagged =
+// exactly max(v0, v0 + i - s), so the versions follow from the config and
+// not from timing (the thread keeps the published versions it will still
+// need: one copy when it is ahead of the trainer, at most s + 1 when the
+// trainer waits for it); newest = the newest published one.
 //
 // Predictions: the thread samples base_groups advanced by prompts_per_step
 // per step (the controller's plan when nothing fails). A plan that differs
 // (the first step, a replanned attempt, a rollback) resets the thread: what
 // it sampled is dropped and it starts over from the plan.
+//
+// Checkpoints (lagged): Pending() hands out the batches sampled from
+// versions older than the checkpoint's, with the frame; Restore() continues
+// from them after a resume (worker/rollout_prefetch.h).
 //
 // Thread safety: Publish/Take/Reset/Stop are called by the card's main
 // thread; the rollout thread is internal. Every shared field is guarded by
@@ -41,8 +50,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/clock.h"
-#include "core/stalesync.h"
 #include "worker/group_sampler.h"
+#include "worker/rollout_prefetch.h"
 #include "worker/work_client.h"
 
 namespace fusionrl {
@@ -60,6 +69,7 @@ class FusedRollout {
 
   struct Options {
     int64_t max_policy_lag = 0;    // s
+    bool lagged = true;            // stalesync.rollout_version
     int prompts_per_step = 1;      // the job's, to advance predicted groups
     int rollout_threads = 1;       // intra-op threads of the rollout thread
     int64_t snapshot_version = 0;  // the policy version `snapshot` holds
@@ -98,6 +108,22 @@ class FusedRollout {
   // next Take() starts over.
   void Reset();
 
+  // Lagged only, after the trainer reached version `version` at the end of
+  // step `step`: waits for the batches of the steps after `step` that
+  // sample from versions below `version` (a resume from that checkpoint
+  // could not sample them again) and returns them with the frame (fields
+  // checkpoint_step and weights_crc32c left for the caller).
+  // nullopt without a frame (nothing taken since the last reset) or with
+  // rollout_version newest. DeadlineExceeded after `timeout`.
+  absl::StatusOr<std::optional<RolloutPrefetch>> Pending(int64_t step,
+                                                         int64_t version);
+
+  // Continues the pipeline of `saved` (a checkpoint's): its batches are
+  // taken first, and later steps sample from the versions its frame says.
+  // Call after the first Publish() of the checkpoint's version and before
+  // the first Take().
+  void Restore(RolloutPrefetch saved);
+
   // Stops and joins the thread (idempotent).
   void Stop();
 
@@ -119,15 +145,23 @@ class FusedRollout {
   };
 
   void Loop();
-  // Waits until the gate admits the next step's groups, refreshes the
-  // snapshot if a newer version was published, and says what to sample;
-  // nullopt once stopping.
+  // Waits until the next step may start, brings the snapshot to the
+  // version it samples from, and says what to sample; nullopt once
+  // stopping.
   std::optional<Round> NextRound() ABSL_LOCKS_EXCLUDED(mu_);
   // Hands a sampled batch over (dropped if a reset came meanwhile); false
   // when the thread must end (the sampling failed).
   bool Deliver(const Round& round, absl::StatusOr<RolloutBatch> batch)
       ABSL_LOCKS_EXCLUDED(mu_);
   void ResetLocked(int64_t base_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The version step `step` of the frame may start at (v0 + i - s) and the
+  // one it samples from (lagged: that, at least v0; newest: the newest).
+  int64_t AdmitVersionLocked(int64_t step) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t SampleVersionLocked(int64_t step) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops published versions no coming round samples from.
+  void PruneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   const SampleFn sample_;
@@ -143,16 +177,17 @@ class FusedRollout {
   std::unique_ptr<PolicyModel> snapshot_;
   std::unique_ptr<RolloutEngine> engine_;
   int64_t snapshot_version_ ABSL_GUARDED_BY(mu_) = -1;
-  std::vector<at::Tensor> published_ ABSL_GUARDED_BY(mu_);
+  // Published weights by version (newest: the newest only).
+  std::map<int64_t, std::vector<at::Tensor>> published_ ABSL_GUARDED_BY(mu_);
   int64_t published_version_ ABSL_GUARDED_BY(mu_) = -1;
-  // What to sample: base_groups_ at base_step_, each group index advancing
-  // by prompts_per_step per step.
+  // The frame: base_groups_ at base_step_, each group index advancing by
+  // prompts_per_step per step; versions counted from frame_version_ (v0).
   std::vector<uint64_t> base_groups_ ABSL_GUARDED_BY(mu_);
   int64_t base_step_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t frame_version_ ABSL_GUARDED_BY(mu_) = 0;
   int rank_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // bumped on every reset
   int64_t next_step_ ABSL_GUARDED_BY(mu_) = 0;
-  std::unique_ptr<PolicyLagGate> gate_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, RolloutBatch> ready_ ABSL_GUARDED_BY(mu_);
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   // Time the thread waited on the gate since its last delivered batch.
