@@ -244,6 +244,8 @@ int RunWorker(const ClusterArgs& args, const std::atomic<bool>& stop) {
   options.device = args.device;
   options.threads = args.threads;
   options.debug_step_delay = absl::Milliseconds(args.debug_step_delay_ms);
+  options.debug_checkpoint_delay =
+      absl::Milliseconds(args.debug_checkpoint_delay_ms);
   options.reconnect_timeout = absl::Seconds(args.reconnect_timeout_s);
   options.auth_token = *token;
   Worker worker(*channel, options);
@@ -453,6 +455,12 @@ ClusterCommands AddClusterCommands(CLI::App& app, ClusterArgs& args) {
       ->add_option("--debug-step-delay-ms", args.debug_step_delay_ms,
                    "fault injection for tests: sleep after every step (a "
                    "slow super node)")
+      ->check(CLI::Range(0, 600000));
+  c.worker
+      ->add_option("--debug-checkpoint-delay-ms",
+                   args.debug_checkpoint_delay_ms,
+                   "fault injection for tests: pause inside every checkpoint "
+                   "write, before it is moved into place")
       ->check(CLI::Range(0, 600000));
 
   c.submit = app.add_subcommand("submit", "submit a job; prints its id");

@@ -31,6 +31,7 @@ struct ClusterArgs {
   std::string device = "cpu";
   int threads = 0;
   int debug_step_delay_ms = 0;
+  int debug_checkpoint_delay_ms = 0;
   std::string tls_ca;
   // all
   std::string token_file, token_env;

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "core/checkpoint_meta.h"
 #include "core/metrics.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -223,6 +224,40 @@ TEST(JobOutputsTest, RunTotalsOfAnOlderCheckpointComeFromItsMeta) {
   // A meta.json of today (no totals) has none to give.
   std::ofstream(ckpt + "/meta.json") << "{\"kind\":\"rl\",\"step\":3}";
   EXPECT_EQ(ReadRunTotals(ckpt).status().code(), absl::StatusCode::kNotFound);
+}
+
+// The lead writes a step's checkpoint before the step commits; run.json
+// comes with the commit. A resume takes the newest committed checkpoint:
+// one whose step was aborted afterwards (found by the chaos soak: a node
+// lost during step 72 left checkpoints/step_72, and the resume skipped
+// step 72's record and prompt groups) is skipped and named.
+TEST(JobOutputsTest, AResumeSkipsACheckpointWhoseStepNeverCommitted) {
+  const std::string dir = Dir("uncommitted") + "/checkpoints";
+  auto checkpoint = [&](const std::string& name, int step, bool committed) {
+    const std::string ckpt = dir + "/" + name;
+    std::filesystem::create_directories(ckpt);
+    std::ofstream(ckpt + "/meta.json")
+        << "{\"kind\":\"rl\",\"step\":" << step << "}";
+    if (committed) std::ofstream(ckpt + "/run.json") << "{}";
+    return ckpt;
+  };
+  const std::string step4 = checkpoint("step_4", 4, true);
+  const std::string step8 = checkpoint("step_8", 8, false);
+  std::vector<std::string> skipped;
+  absl::StatusOr<std::string> latest =
+      FindLatestCheckpoint(dir, /*committed_only=*/true, &skipped);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, step4);
+  EXPECT_EQ(skipped, std::vector<std::string>{step8});
+  // Without the filter (an SFT or export lookup) the newest is step 8.
+  EXPECT_EQ(FindLatestCheckpoint(dir).value(), step8);
+  // Nothing committed: NotFound naming what was there.
+  std::filesystem::remove(step4 + "/run.json");
+  absl::Status st = FindLatestCheckpoint(dir, true).status();
+  EXPECT_TRUE(absl::IsNotFound(st)) << st;
+  EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("step_8"));
+  EXPECT_THAT(std::string(st.message()),
+              ::testing::HasSubstr("never committed"));
 }
 
 TEST(FormatStepRecordTest, TypedMetricsAndTheirJsonGiveTheSameLine) {

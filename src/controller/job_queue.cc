@@ -3,9 +3,12 @@
 // nodes released, the next queued job let in).
 #include <algorithm>
 #include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "controller/job_manager.h"
 #include "controller/job_state.h"
 #include "core/checkpoint_meta.h"
@@ -49,9 +52,12 @@ absl::StatusOr<std::string> JobManager::Submit(
   std::optional<CheckpointMeta> resume_meta;
   absl::StatusOr<RunTotals> resume_totals = RunTotals();
   std::string resume_dir;
+  std::vector<std::string> uncommitted;  // newer checkpoints, never committed
   if (request.resume()) {
     FUSIONRL_ASSIGN_OR_RETURN(
-        resume_dir, FindLatestCheckpoint(config.output_dir + "/checkpoints"));
+        resume_dir,
+        FindLatestCheckpoint(config.output_dir + "/checkpoints",
+                             /*committed_only=*/true, &uncommitted));
     FUSIONRL_ASSIGN_OR_RETURN(CheckpointMeta meta,
                               ReadCheckpointMeta(resume_dir));
     if (meta.kind != "rl") {
@@ -61,9 +67,7 @@ absl::StatusOr<std::string> JobManager::Submit(
     }
     resume_meta = meta;
     resume_totals = ReadRunTotals(resume_dir);
-    if (!resume_totals.ok() && !absl::IsNotFound(resume_totals.status())) {
-      return resume_totals.status();
-    }
+    if (!resume_totals.ok()) return resume_totals.status();
   }
   FlushOnExit flush(*this);
   absl::MutexLock lock(&mu_);
@@ -102,11 +106,10 @@ absl::StatusOr<std::string> JobManager::Submit(
       j, absl::StrCat("submitted (", j.config.run.total_steps, " steps x ",
                       j.config.rollout.prompts_per_step, " prompt groups",
                       resume_meta ? ", resuming from " + resume_dir : "", ")"));
-  if (resume_meta && !resume_totals.ok()) {
-    // The controller stopped between the card's checkpoint and its commit.
-    EventLocked(j, absl::StrCat(resume_totals.status().message(),
-                                ": the run totals (tokens, time, eval) "
-                                "restart from this resume"));
+  if (!uncommitted.empty()) {
+    EventLocked(
+        j, absl::StrCat("resume: skipped ", absl::StrJoin(uncommitted, ", "),
+                        ": written by a step that never committed"));
   }
   TryPlaceLocked(j);
   return j.id;

@@ -1,26 +1,29 @@
 #include "core/checkpoint_meta.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <system_error>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 
 namespace fusionrl {
 namespace fs = std::filesystem;
 
 absl::StatusOr<std::string> FindLatestCheckpoint(
-    const std::string& checkpoints_dir) {
+    const std::string& checkpoints_dir, bool committed_only,
+    std::vector<std::string>* skipped) {
   std::error_code ec;
   fs::directory_iterator it(checkpoints_dir, ec);
   if (ec) {
     return absl::NotFoundError(absl::StrCat(
         "no checkpoints in '", checkpoints_dir, "': ", ec.message()));
   }
-  std::string best;
-  int64_t best_step = -1;
+  // (step, dir) of every complete checkpoint, newest first.
+  std::vector<std::pair<int64_t, std::string>> found;
   for (const auto& entry : it) {
     const std::string name = entry.path().filename().string();
     // Skip half-written (.tmp) and superseded (.old) directories.
@@ -36,17 +39,28 @@ absl::StatusOr<std::string> FindLatestCheckpoint(
         !j["step"].is_number_integer()) {
       continue;
     }
-    const int64_t step = j["step"].get<int64_t>();
-    if (step > best_step) {
-      best_step = step;
-      best = entry.path().string();
-    }
+    found.emplace_back(j["step"].get<int64_t>(), entry.path().string());
   }
-  if (best.empty()) {
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  std::vector<std::string> uncommitted;
+  for (const auto& [step, dir] : found) {
+    if (committed_only && absl::IsNotFound(ReadRunTotals(dir).status())) {
+      uncommitted.push_back(dir);
+      continue;
+    }
+    if (skipped != nullptr) *skipped = uncommitted;
+    return dir;
+  }
+  if (found.empty()) {
     return absl::NotFoundError(
         absl::StrCat("no checkpoints in '", checkpoints_dir, "'"));
   }
-  return best;
+  return absl::NotFoundError(
+      absl::StrCat("no committed checkpoint in '", checkpoints_dir, "' (",
+                   absl::StrJoin(uncommitted, ", "),
+                   " have no run.json: their step never committed)"));
 }
 
 absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json_fwd.hpp"
@@ -48,8 +49,15 @@ absl::StatusOr<RunTotals> ReadRunTotals(const std::string& dir);
 
 // The newest checkpoint directory under `checkpoints_dir` (the one with the
 // highest meta.json step; "final" included). NotFound if there is none.
+// `committed_only` (what a resume wants): only checkpoints whose step the
+// controller committed, i.e. with run totals (ReadRunTotals). The lead
+// writes a step's checkpoint before the step commits; if the step is then
+// aborted (a node lost, the controller killed), the checkpoint holds a
+// step no record and no ledger knows. Such newer checkpoints are skipped
+// and named in `*skipped` when it is given.
 absl::StatusOr<std::string> FindLatestCheckpoint(
-    const std::string& checkpoints_dir);
+    const std::string& checkpoints_dir, bool committed_only = false,
+    std::vector<std::string>* skipped = nullptr);
 
 // The fields above from <dir>/meta.json. NotFound when there is no
 // meta.json, DataLoss when it does not parse.

@@ -142,8 +142,8 @@ absl::StatusOr<CheckpointModel> ReadCheckpointModel(const std::string& dir) {
 }
 
 absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,
-                             const Trainer* trainer,
-                             const CheckpointMeta& meta) {
+                             const Trainer* trainer, const CheckpointMeta& meta,
+                             const std::function<void()>& before_swap) {
   const fs::path final_dir(dir);
   const fs::path tmp_dir = fs::path(dir + ".tmp");
   std::error_code ec;
@@ -174,6 +174,7 @@ absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,
   }
   FUSIONRL_RETURN_IF_ERROR(
       WriteFileAtomic((tmp_dir / "meta.json").string(), j.dump(2) + "\n"));
+  if (before_swap) before_swap();
   // Swap into place: the old checkpoint is removed only once the new one is
   // complete on disk.
   const fs::path old_dir = fs::path(dir + ".old");

@@ -13,6 +13,7 @@
 #define FUSIONRL_ENGINE_CHECKPOINT_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -23,10 +24,13 @@
 
 namespace fusionrl {
 
-// `trainer` may be null (no optim.pt is written).
+// `trainer` may be null (no optim.pt is written). `before_swap`, when set,
+// is called once every file is written and before the directory is moved
+// into place (fault injection: a crash there must leave the previous
+// checkpoints as they were).
 absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,
-                             const Trainer* trainer,
-                             const CheckpointMeta& meta);
+                             const Trainer* trainer, const CheckpointMeta& meta,
+                             const std::function<void()>& before_swap = {});
 
 // Reads meta.json, checks its model config against `model`'s, loads the
 // weights and, when `trainer` is non-null and optim.pt exists, the optimizer.

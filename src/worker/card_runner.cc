@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <optional>
@@ -72,6 +73,8 @@ class CardRunner {
   void ReportFailure(const absl::Status& status, int64_t step, int attempt);
   StepReport NewReport(int64_t step, int attempt) const;
   void PublishToRollout();
+  // The checkpoint writer's fault-injection pause (debug_checkpoint_delay).
+  std::function<void()> CheckpointPause() const;
   // What the card does now (heartbeats report it; docs/cluster.md#hangs).
   void Doing(std::string what) { job_.counters->SetActivity(std::move(what)); }
   // StaleSync across super nodes, before a step: keeps the weights every
@@ -139,6 +142,11 @@ void CardRunner::ReportFailure(const absl::Status& status, int64_t step,
   StepReport report = NewReport(step, attempt);
   report.error = status;
   Finish(report).IgnoreError();
+}
+
+std::function<void()> CardRunner::CheckpointPause() const {
+  if (job_.debug_checkpoint_delay <= absl::ZeroDuration()) return {};
+  return [this] { SleepOnClock(clock_, job_.debug_checkpoint_delay); };
 }
 
 void CardRunner::PublishToRollout() {
@@ -843,7 +851,7 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
         cfg.output_dir + "/checkpoints/" + plan.checkpoint_name;
     Doing(absl::StrCat("writing checkpoint ", plan.checkpoint_name));
     FUSIONRL_RETURN_IF_ERROR(
-        WriteCheckpoint(dir, policy, trainer_.get(), meta));
+        WriteCheckpoint(dir, policy, trainer_.get(), meta, CheckpointPause()));
     report.checkpoint_dir = dir;
   }
   report.metrics = std::move(rec);
@@ -861,8 +869,8 @@ absl::Status CardRunner::WriteEndCheckpoint(const StepPlan& plan,
   CheckpointMeta meta{"rl", cfg.name, plan.step - 1, trainer_->version(),
                       plan.data_cursor_after};
   *dir = cfg.output_dir + "/checkpoints/" + plan.checkpoint_name;
-  FUSIONRL_RETURN_IF_ERROR(
-      WriteCheckpoint(*dir, *ctx_.policy, trainer_.get(), meta));
+  FUSIONRL_RETURN_IF_ERROR(WriteCheckpoint(*dir, *ctx_.policy, trainer_.get(),
+                                           meta, CheckpointPause()));
   // A job that ran to its end (not one stopped early) is exported.
   if (cfg.run.export_final && plan.checkpoint_name == "final") {
     FUSIONRL_RETURN_IF_ERROR(

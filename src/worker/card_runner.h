@@ -57,6 +57,9 @@ struct CardJob {
   std::string rollout_device;
   // Fault injection for tests: sleep this long after every trained step.
   absl::Duration debug_step_delay = absl::ZeroDuration();
+  // Fault injection for tests: pause inside every checkpoint write, before
+  // the written directory is moved into place.
+  absl::Duration debug_checkpoint_delay = absl::ZeroDuration();
   // Fault injection for tests (fused, disaggregated): the rollout thread
   // samples the steps before this one without taking published weights
   // into its snapshot, as if they never arrived, so samples come over the

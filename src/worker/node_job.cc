@@ -104,6 +104,7 @@ absl::Status RunNodeJob(const NodeContext& node, const Assignment& assignment) {
     job.rollout_cards = rollout_cards;
     job.threads = node.threads > 0 ? node.threads : config->num_threads;
     job.debug_step_delay = node.debug_step_delay;
+    job.debug_checkpoint_delay = node.debug_checkpoint_delay;
     if (rollout_cards > 0) {
       const int rollout_index = assignment.card_indices[r % rollout_cards];
       job.rollout_counters = counters_of(rollout_index);

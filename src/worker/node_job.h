@@ -28,6 +28,7 @@ struct NodeContext {
   std::string device = "cpu";  // cpu | cuda: card i of a cuda node is cuda:i
   int threads = 0;             // 0 = the job's num_threads
   absl::Duration debug_step_delay = absl::ZeroDuration();
+  absl::Duration debug_checkpoint_delay = absl::ZeroDuration();
   std::vector<std::unique_ptr<CardCounters>>* cards = nullptr;
   std::function<bool()> stopping;  // the worker is shutting down
   const Clock* clock = &RealClock();

@@ -195,6 +195,7 @@ absl::Status Worker::Run(const std::atomic<bool>* stop) {
   node.device = s.options.device;
   node.threads = s.options.threads;
   node.debug_step_delay = s.options.debug_step_delay;
+  node.debug_checkpoint_delay = s.options.debug_checkpoint_delay;
   node.cards = &s.cards;
   node.stopping = [&s] { return s.Stopping(); };
   absl::Status result;

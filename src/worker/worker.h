@@ -54,6 +54,10 @@ struct WorkerOptions {
   // Fault injection for tests: sleep this long after every trained step
   // (a slow super node).
   absl::Duration debug_step_delay = absl::ZeroDuration();
+  // Fault injection for tests: pause this long inside every checkpoint
+  // write, when its files are written and before it is moved into place
+  // (a SIGKILL then lands mid-write).
+  absl::Duration debug_checkpoint_delay = absl::ZeroDuration();
   // Time source of the worker's deadlines (borrowed; tests pass a fake).
   const Clock* clock = &RealClock();
   // What the cards ask of the controller (borrowed; must outlive the
