@@ -74,10 +74,6 @@ reap_workers() {
     start_worker "$sn"
   done
 }
-phase_of() {  # phase_of JOB: the job's phase, "" when status fails
-  "$BIN" status --controller "$ADDR" --job "$1" --json 2>>"$OUT/status.log" |
-    python3 -c 'import json,sys; print(json.load(sys.stdin).get("phase", ""))' 2>/dev/null || true
-}
 JOB_ARGS=(--set placement.super_nodes=3 --set rollout.prompts_per_step=12
           --set run.total_steps=$STEPS --set run.checkpoint_every=4
           --set run.eval_every=0 --output-dir "$OUT/job")
@@ -90,7 +86,7 @@ submit() {  # submit [--resume]: sets JOB
 # lost); returns 0 once it succeeded.
 drive_job() {
   local phase
-  phase=$(phase_of "$JOB")
+  phase=$(phase_of "$ADDR" "$JOB" "$OUT/job-status.json")
   case "$phase" in
     JOB_PHASE_SUCCEEDED) return 0 ;;
     JOB_PHASE_FAILED)
@@ -180,7 +176,7 @@ done
 kill_hard "$wd_pid"
 echo "ok   worker d killed (SIGKILL) while writing checkpoint step_8 of $ckpt_job"
 deadline=$((SECONDS + 60))
-until [ "$(phase_of "$ckpt_job")" = JOB_PHASE_FAILED ]; do
+until [ "$(phase_of "$ADDR" "$ckpt_job" "$OUT/ckpt-status.json")" = JOB_PHASE_FAILED ]; do
   [ "$SECONDS" -lt "$deadline" ] || fail "$ckpt_job did not fail after losing its only node"
   sleep 0.5
 done

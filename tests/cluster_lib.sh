@@ -42,6 +42,13 @@ wait_steps() {
     sleep 0.1
   done
 }
+# phase_of ADDR JOB STATUS_JSON: writes `status --json` of JOB to
+# STATUS_JSON and prints its phase ("" when the call fails).
+phase_of() {
+  "$BIN" status --controller "$1" --job "$2" --json >"$3" 2>>"$OUT/status.log" || true
+  python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("phase", ""))' \
+    "$3" 2>/dev/null || true
+}
 # wait_job ADDR JOB STATUS_JSON SECONDS: polls `status --json` into
 # STATUS_JSON until the job ends (calls that fail, e.g. while a controller
 # restarts, are retried).
@@ -49,9 +56,7 @@ wait_job() {
   local addr=$1 job=$2 out=$3 limit=$4 phase
   local deadline=$((SECONDS + limit))
   while :; do
-    "$BIN" status --controller "$addr" --job "$job" --json >"$out" 2>>"$OUT/status.log" || true
-    phase=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("phase", ""))' \
-            "$out" 2>/dev/null || true)
+    phase=$(phase_of "$addr" "$job" "$out")
     case "$phase" in JOB_PHASE_SUCCEEDED|JOB_PHASE_FAILED|JOB_PHASE_CANCELLED) return ;; esac
     [ "$SECONDS" -lt "$deadline" ] || fail "$job not finished within $limit s (phase '$phase')"
     sleep 0.5

@@ -1,8 +1,6 @@
 #include "worker/rollout_prefetch.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
@@ -63,15 +61,10 @@ absl::Status WriteRolloutPrefetch(const std::string& path,
 }
 
 absl::StatusOr<RolloutPrefetch> ReadRolloutPrefetch(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    return absl::NotFoundError(
-        absl::StrCat("rollout prefetch: no file '", path, "'"));
-  }
-  std::ostringstream bytes;
-  bytes << file.rdbuf();
+  absl::StatusOr<std::string> bytes = ReadTextFile(path, "rollout prefetch");
+  if (!bytes.ok()) return bytes.status();
   v1::RolloutPrefetch in;
-  if (file.bad() || !in.ParseFromString(bytes.str())) {
+  if (!in.ParseFromString(*bytes)) {
     return absl::DataLossError(absl::StrCat(
         "rollout prefetch '", path, "': not a RolloutPrefetch message"));
   }
