@@ -9,8 +9,9 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
   libabsl-dev libspdlog-dev libfmt-dev libyaml-cpp-dev libcli11-dev
   nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libpcre2-dev libutf8proc-dev
-  python3 openssl
+  libpcre2-dev libutf8proc-dev libcpp-httplib-dev
+  python3 openssl curl
+  chromium  # the dashboard test drives the page headless
   python3-torch
 )
 

@@ -329,6 +329,9 @@ struct RunConfig {
   // export_dtype (float32 | bfloat16).
   bool export_final = false;
   std::string export_dtype = "float32";
+  // Also write every metrics record's numbers as TensorBoard scalars to
+  // <output_dir>/tensorboard/ (RL jobs; docs/observability.md).
+  bool tensorboard = false;
 };
 
 // Supervised warm start (`fusionrl sft`).

@@ -9,7 +9,8 @@
 //   config.yaml          the resolved config
 //   checkpoints/<name>/  model.pt, optim.pt, meta.json (atomic directories)
 //   summary.json         the JobSummary below, written last
-// Calls block until the job ends; they may run concurrently on different
+// RunRlJob, RunSftJob and EvaluateJob block until the job ends; Job (below)
+// runs an RL job without blocking. Jobs may run concurrently on different
 // output directories.
 #ifndef FUSIONRL_JOB_H_
 #define FUSIONRL_JOB_H_
@@ -17,10 +18,13 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "fusionrl/config.h"
+#include "fusionrl/observer.h"
 
 namespace fusionrl {
 
@@ -56,9 +60,101 @@ struct RunOptions {
   // step, writes a checkpoint and summary.json (interrupted: true) and
   // returns. Must outlive the call. May be null.
   const std::atomic<bool>* stop_requested = nullptr;
+  // Sees every step, evaluation and checkpoint (fusionrl/observer.h) on the
+  // job's observer thread. Borrowed: must outlive the job. May be null.
+  StepObserver* observer = nullptr;
+  // Job::Submit only: the controller's shared token ("" = none).
+  std::string auth_token;
+  // The handle hears of every change of the job as it happens (a watch
+  // stream); it renews the stream, and checks stop_requested, this often.
+  absl::Duration poll_interval = absl::Seconds(1);
 };
 
-// The synchronous on-policy RL loop: rollout a batch, score, train, repeat.
+// Where a job is in its life (JobStatus.phase in proto/fusionrl/v1/job.proto).
+enum class JobPhase {
+  kPending,             // accepted, not placed yet
+  kWaitingForCapacity,  // its placement cannot be met yet (see message)
+  kRunning,
+  kSucceeded,  // all steps done
+  kFailed,     // stopped by an error (see message)
+  kCancelled,  // stopped on request, with a checkpoint
+};
+const char* JobPhaseName(JobPhase phase);  // "pending", "running", ...
+
+// A snapshot of a job, as the controller last reported it.
+struct JobProgress {
+  std::string job_id;
+  JobPhase phase = JobPhase::kPending;
+  std::string message;  // why it waits or failed
+  int64_t step = 0;     // steps committed
+  int64_t total_steps = 0;
+  int64_t policy_version = 0;
+  double reward_mean = 0;    // last step's samples
+  double eval_accuracy = 0;  // latest held-out accuracy
+  double tokens_per_second = 0;
+  int64_t groups_trained = 0;
+};
+
+// A running RL job that the program can watch, stop and wait for while it
+// does other work: the non-blocking form of RunRlJob. Modelled on
+// LevelDB's DB: an abstract class made by a static factory that returns a
+// status; every method is thread-safe.
+//
+//   auto job = fusionrl::Job::Start(config, options);
+//   if (!job.ok()) { ... }
+//   while (...) { auto p = (*job)->Progress(); ... }
+//   absl::StatusOr<fusionrl::JobSummary> summary = (*job)->Wait();
+//
+// Destroying a handle whose job still runs stops the job as Cancel() does
+// and waits for it (bounded by run.collective_timeout_seconds per step).
+class Job {
+ public:
+  // Validates `config` (InvalidArgument / NotFound naming the key, as
+  // RunRlJob), then starts an in-process controller and one worker per
+  // super node and submits the job to them; returns once it is submitted.
+  // The workers run on threads of this process, so tasks and rewards
+  // registered here are used.
+  static absl::StatusOr<std::unique_ptr<Job>> Start(
+      const JobConfig& config, const RunOptions& options = {});
+
+  // Submits `config` to a running controller (`fusionrl controller`, or a
+  // ControllerServer of fusionrl/cluster.h) at "host:port" over plain-text
+  // gRPC, with options.auth_token. Errors: Unavailable when the controller
+  // cannot be reached, InvalidArgument for a config it rejects (its
+  // message names the key). `options.resume`, `observer`, `stop_requested`
+  // and `poll_interval` apply as for Start.
+  static absl::StatusOr<std::unique_ptr<Job>> Submit(
+      const std::string& controller_address, const JobConfig& config,
+      const RunOptions& options = {});
+
+  Job() = default;
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+  virtual ~Job() = default;
+
+  // "job-<n>", as the controller named it.
+  virtual std::string id() const = 0;
+
+  // The latest progress the handle has seen (at most one poll interval
+  // old). Does not block on the job.
+  virtual JobProgress Progress() const = 0;
+
+  // Asks the job to stop after its current step with a checkpoint (it ends
+  // CANCELLED; a job not placed yet ends at once). Returns at once;
+  // Wait() tells when it has stopped. Idempotent. Unavailable when the
+  // controller cannot be told.
+  virtual absl::Status Cancel() = 0;
+
+  // Blocks until the job ends and every observer callback has run, or
+  // `timeout` passes (DeadlineExceeded; the job goes on). Returns the
+  // summary of a SUCCEEDED or CANCELLED job (interrupted: true for the
+  // latter) and the job's error for a FAILED one (its canonical code:
+  // InvalidArgument for bad input, Internal/Unavailable for faults).
+  virtual absl::StatusOr<JobSummary> Wait(
+      absl::Duration timeout = absl::InfiniteDuration()) = 0;
+};
+
+// The RL job, blocking: Job::Start(config, options) then Wait().
 absl::StatusOr<JobSummary> RunRlJob(const JobConfig& config,
                                     const RunOptions& options = {});
 

@@ -3,7 +3,9 @@
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
+#include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -211,6 +213,7 @@ int RunController(const ClusterArgs& args, const std::atomic<bool>& stop) {
   options.state_dir = args.state_dir;
   options.stall_timeout = absl::Seconds(args.stall_timeout_s);
   options.stall_fails = args.on_stall == "fail";
+  options.http_address = args.http;
   auto token = Token(args, nullptr);
   if (!token.ok()) return Fail(token.status());
   options.auth_token = *token;
@@ -223,6 +226,11 @@ int RunController(const ClusterArgs& args, const std::atomic<bool>& stop) {
   spdlog::info("controller: listening on {}:{}{}{}", host,
                (*controller)->port(), token->empty() ? "" : ", token required",
                args.tls_cert.empty() ? "" : ", TLS");
+  if (!args.http.empty()) {
+    // The second line scripts read: where the dashboard is.
+    std::cout << "http on " << args.http.substr(0, args.http.rfind(':')) << ":"
+              << (*controller)->http_port() << std::endl;
+  }
   while (!stop.load()) absl::SleepFor(absl::Milliseconds(100));
   spdlog::info(
       "controller: stopping: running jobs end after their current step "
@@ -310,74 +318,128 @@ int RunSubmit(const ClusterArgs& args) {
   return WatchUntilDone(*stub, *token, response.job_id(), /*json=*/false);
 }
 
-int RunStatus(const ClusterArgs& args) {
+// The cluster, with or without jobs: super nodes, nodes, cards and what
+// each card is doing, then the jobs.
+std::string FormatCluster(const v1::ClusterStatus& c) {
+  std::string out = absl::StrFormat(
+      "controller %s, up %s, %d node(s)\n", c.version(),
+      absl::FormatDuration(absl::Seconds(std::floor(c.uptime_seconds()))),
+      c.nodes_size());
+  std::map<std::string, std::pair<int, int>> super_nodes;  // nodes, cards
+  for (const v1::NodeStatus& n : c.nodes()) {
+    if (n.state() != "alive") continue;
+    auto& [nodes, cards] = super_nodes[n.super_node()];
+    ++nodes;
+    cards += n.cards_size();
+  }
+  if (!super_nodes.empty()) {
+    absl::StrAppend(&out, "super nodes:");
+    for (const auto& [name, counts] : super_nodes) {
+      absl::StrAppendFormat(&out, "  %s (%d node(s), %d card(s))", name,
+                            counts.first, counts.second);
+    }
+    absl::StrAppend(&out, "\n");
+  }
+  if (c.nodes_size() == 0) {
+    absl::StrAppend(&out, "no workers registered\n");
+  } else {
+    absl::StrAppendFormat(&out, "%-10s %-12s %-16s %-6s %-9s %-8s %s\n", "NODE",
+                          "SUPER NODE", "HOST", "STATE", "HEARTBEAT", "JOB",
+                          "VERSION");
+  }
+  for (const v1::NodeStatus& n : c.nodes()) {
+    absl::StrAppendFormat(&out, "%-10s %-12s %-16s %-6s %-9s %-8s %s\n",
+                          n.node_id(), n.super_node(), n.host(), n.state(),
+                          absl::StrFormat("%.1fs", n.heartbeat_age_ms() / 1e3),
+                          n.job_id().empty() ? "-" : n.job_id(),
+                          n.version().empty() ? "?" : n.version());
+    for (int i = 0; i < n.cards_size(); ++i) {
+      const v1::CardState& card = n.cards(i);
+      const std::string device =
+          i < n.card_specs_size() ? n.card_specs(i).device() : "";
+      std::string line = absl::StrFormat(
+          "  card %d %-5s %-9s busy %3.0f%%", card.index(), device,
+          RoleName(card.role()), 100 * card.busy_fraction());
+      if (!card.activity().empty()) {
+        absl::StrAppendFormat(&line, "  %s for %.0f s", card.activity(),
+                              card.activity_seconds());
+      }
+      absl::StrAppend(&out, line, "\n");
+      if (!card.memory_bytes().empty()) {
+        const std::map<std::string, int64_t> memory(card.memory_bytes().begin(),
+                                                    card.memory_bytes().end());
+        absl::StrAppend(&out, "    ", FormatCardMemory(card.index(), memory),
+                        "\n");
+      }
+    }
+  }
+  if (c.jobs_size() == 0) absl::StrAppend(&out, "no jobs\n");
+  for (const v1::JobStatus& j : c.jobs()) {
+    if (Terminal(j.phase())) {
+      absl::StrAppendFormat(&out, "%s  %s  %s  step %d/%d%s\n", j.job_id(),
+                            j.name(), PhaseName(j.phase()), j.step(),
+                            j.total_steps(),
+                            j.message().empty() ? "" : "  " + j.message());
+    } else {
+      absl::StrAppend(&out, FormatStatus(j));
+    }
+  }
+  return out;
+}
+
+int RunStatus(const ClusterArgs& args, const std::atomic<bool>& stop) {
   auto token = Token(args, nullptr);
   if (!token.ok()) return Fail(token.status());
   auto channel = Connect(args);
   if (!channel.ok()) return Fail(channel.status());
   auto stub = v1::JobService::NewStub(*channel);
-  std::string job_id = args.job_id;
-  if (args.watch && job_id.empty()) {
-    // The newest job.
-    v1::ListJobsResponse list;
-    grpc::ClientContext ctx;
-    Prepare(ctx, *token, absl::Seconds(30));
-    grpc::Status st = stub->ListJobs(&ctx, v1::ListJobsRequest(), &list);
-    if (!st.ok()) return Fail(FromGrpc(st, "ListJobs"));
-    if (list.jobs_size() == 0) {
-      return Fail(absl::NotFoundError("no jobs on this controller"));
-    }
-    job_id = list.jobs(list.jobs_size() - 1).job_id();
-  }
-  if (args.watch) {
-    grpc::ClientContext ctx;
-    rpc::AttachToken(ctx, *token);
-    v1::WatchJobRequest request;
-    request.set_job_id(job_id);
-    auto reader = stub->WatchJob(&ctx, request);
-    v1::JobStatus status;
-    while (reader->Read(&status)) {
-      if (args.json) {
-        std::cout << ToJson(status) << std::endl;
-      } else {
-        std::cout << FormatStatus(status) << std::endl;
-      }
-    }
-    grpc::Status st = reader->Finish();
-    if (!st.ok()) return Fail(FromGrpc(st, "WatchJob"));
-    return kExitOk;
-  }
-  std::vector<v1::JobStatus> jobs;
-  if (!job_id.empty()) {
-    v1::GetJobStatusRequest request;
-    request.set_job_id(job_id);
-    v1::JobStatus status;
-    grpc::ClientContext ctx;
-    Prepare(ctx, *token, absl::Seconds(30));
-    grpc::Status st = stub->GetJobStatus(&ctx, request, &status);
-    if (!st.ok()) return Fail(FromGrpc(st, "GetJobStatus"));
-    jobs.push_back(status);
-  } else {
-    v1::ListJobsResponse list;
-    grpc::ClientContext ctx;
-    Prepare(ctx, *token, absl::Seconds(30));
-    grpc::Status st = stub->ListJobs(&ctx, v1::ListJobsRequest(), &list);
-    if (!st.ok()) return Fail(FromGrpc(st, "ListJobs"));
-    jobs.assign(list.jobs().begin(), list.jobs().end());
-  }
-  if (args.json) {
-    if (!job_id.empty()) {
-      std::cout << ToJson(jobs.front()) << std::endl;
+  const bool tty = isatty(STDOUT_FILENO) != 0;
+  for (bool first = true;; first = false) {
+    std::string text;
+    bool ended = false;
+    if (!args.job_id.empty()) {
+      v1::GetJobStatusRequest request;
+      request.set_job_id(args.job_id);
+      v1::JobStatus status;
+      grpc::ClientContext ctx;
+      Prepare(ctx, *token, absl::Seconds(30));
+      grpc::Status st = stub->GetJobStatus(&ctx, request, &status);
+      if (!st.ok()) return Fail(FromGrpc(st, "GetJobStatus"));
+      text = args.json ? ToJson(status) + "\n" : FormatStatus(status);
+      ended = Terminal(status.phase());
     } else {
-      v1::ListJobsResponse all;
-      for (const auto& j : jobs) *all.add_jobs() = j;
-      std::cout << ToJson(all) << std::endl;
+      v1::ClusterStatus status;
+      grpc::ClientContext ctx;
+      Prepare(ctx, *token, absl::Seconds(30));
+      grpc::Status st =
+          stub->GetClusterStatus(&ctx, v1::GetClusterStatusRequest(), &status);
+      if (!st.ok()) return Fail(FromGrpc(st, "GetClusterStatus"));
+      text = args.json ? ToJson(status) + "\n" : FormatCluster(status);
     }
-    return kExitOk;
+    if (!args.watch) {
+      std::cout << text << std::flush;
+      return kExitOk;
+    }
+    if (args.json) {
+      std::cout << text << std::flush;  // one JSON document per refresh
+    } else if (tty) {
+      // Refresh in place: home, clear the screen, draw.
+      std::cout << "\x1b[H\x1b[2J"
+                << absl::FormatTime("%H:%M:%S", absl::Now(),
+                                    absl::LocalTimeZone())
+                << "  (every " << args.watch_interval_s
+                << " s; Ctrl-C to stop)\n"
+                << text << std::flush;
+    } else {
+      std::cout << (first ? "" : "\n") << text << std::flush;
+    }
+    if (ended) return kExitOk;
+    const absl::Time next = absl::Now() + absl::Seconds(args.watch_interval_s);
+    while (absl::Now() < next) {
+      if (stop.load()) return kExitOk;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
   }
-  if (jobs.empty()) std::cout << "no jobs\n";
-  for (const auto& j : jobs) std::cout << FormatStatus(j) << "\n";
-  return kExitOk;
 }
 
 void AddAuthFlags(CLI::App* cmd, ClusterArgs& args) {
@@ -428,6 +490,11 @@ ClusterCommands AddClusterCommands(CLI::App& app, ClusterArgs& args) {
   c.controller->add_option("--drain-timeout", args.drain_timeout_s,
                            "on SIGINT/SIGTERM, seconds to wait for running "
                            "jobs to checkpoint (default 600)");
+  c.controller->add_option(
+      "--http", args.http,
+      "HOST:PORT of the dashboard (/), /api/status and Prometheus /metrics "
+      "(port 0 = any; prints 'http on HOST:PORT'); the auth token protects "
+      "it too (docs/observability.md)");
   c.controller->add_option("--tls-cert", args.tls_cert,
                            "PEM certificate chain: serve TLS");
   c.controller->add_option("--tls-key", args.tls_key, "PEM private key");
@@ -478,12 +545,19 @@ ClusterCommands AddClusterCommands(CLI::App& app, ClusterArgs& args) {
                      "follow the job to its end (exit 0 succeeded, 1 failed, "
                      "130 cancelled)");
 
-  c.status = app.add_subcommand("status", "show jobs, nodes and cards");
+  c.status = app.add_subcommand(
+      "status", "show the cluster (nodes, cards, what they do) and its jobs");
   AddClientFlags(c.status, args);
-  c.status->add_option("--job", args.job_id, "one job (default: all)");
+  c.status->add_option("--job", args.job_id,
+                       "one job (default: the whole cluster)");
   c.status->add_flag("--json", args.json, "JSON instead of a table");
   c.status->add_flag("--watch", args.watch,
-                     "stream updates until the job ends");
+                     "refresh in place until Ctrl-C (with --job: until the "
+                     "job ends)");
+  c.status
+      ->add_option("--interval", args.watch_interval_s,
+                   "seconds between --watch refreshes (default 2)")
+      ->check(CLI::Range(0.1, 3600.0));
   return c;
 }
 
@@ -492,7 +566,7 @@ int RunClusterCommand(const ClusterCommands& commands, const ClusterArgs& args,
   if (commands.controller->parsed()) return RunController(args, stop);
   if (commands.worker->parsed()) return RunWorker(args, stop);
   if (commands.submit->parsed()) return RunSubmit(args);
-  return RunStatus(args);
+  return RunStatus(args, stop);
 }
 
 }  // namespace fusionrl::cli

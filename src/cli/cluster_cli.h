@@ -24,6 +24,7 @@ struct ClusterArgs {
   double stall_timeout_s = 1800;
   std::string on_stall = "replan";
   std::string tls_cert, tls_key;
+  std::string http;  // --http HOST:PORT
   // worker / clients
   std::string controller;
   int cards = 1;
@@ -45,6 +46,7 @@ struct ClusterArgs {
   std::string job_id;
   bool json = false;
   bool watch = false;
+  double watch_interval_s = 2;
 };
 
 struct ClusterCommands {

@@ -17,6 +17,7 @@
 //   fusionrl worker --controller HOST:PORT [--cards N] [--super-node NAME]
 //   fusionrl submit <job.yaml> --controller HOST:PORT [--wait]
 //   fusionrl status --controller HOST:PORT [--job ID] [--json] [--watch]
+//   fusionrl plot <run_dir | bench.json> [--out report.html]
 //
 // Exit codes: 0 success; 2 bad input (config file, key, value, a missing or
 // mismatching file, command-line usage); 1 the job failed while running;
@@ -40,11 +41,13 @@
 #include "cli/cluster_cli.h"
 #include "cli/exit_codes.h"
 #include "cli/model_cli.h"
+#include "cli/plot_cli.h"
 #include "cli/simulate_cli.h"
 #include "cli/tokenize_cli.h"
 #include "core/config_override.h"
 #include "fusionrl/config.h"
 #include "fusionrl/job.h"
+#include "fusionrl/version.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -126,6 +129,7 @@ int main(int argc, char** argv) {
       "FusionRL: reinforcement-learning post-training of language "
       "models"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", FUSIONRL_VERSION);
   JobArgs args;
   CLI::App* run = app.add_subcommand("run",
                                      "run an RL job (synchronous "
@@ -149,6 +153,8 @@ int main(int argc, char** argv) {
   fusionrl::cli::ClusterArgs cluster_args;
   const fusionrl::cli::ClusterCommands cluster =
       fusionrl::cli::AddClusterCommands(app, cluster_args);
+  fusionrl::cli::PlotArgs plot_args;
+  CLI::App* plot = fusionrl::cli::AddPlotCommand(app, plot_args);
   fusionrl::cli::BenchArgs bench_args;
   CLI::App* bench = fusionrl::cli::AddBenchCommand(app, bench_args);
   fusionrl::cli::BenchMemoryArgs bench_memory_args;
@@ -184,6 +190,7 @@ int main(int argc, char** argv) {
     return fusionrl::cli::RunExport(export_args);
   }
   if (bench->parsed()) return fusionrl::cli::RunBench(bench_args);
+  if (plot->parsed()) return fusionrl::cli::RunPlot(plot_args);
   if (simulate->parsed()) return fusionrl::cli::RunSimulate(simulate_args);
   if (bench_weights->parsed()) {
     return fusionrl::cli::RunBenchWeights(bench_weights_args);

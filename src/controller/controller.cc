@@ -5,14 +5,17 @@
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
+#include <grpcpp/support/server_interceptor.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "controller/controller_state.h"
+#include "controller/http_server.h"
 #include "controller/services.h"
 #include "core/clock.h"
 #include "core/metrics.h"
 #include "core/weight_store.h"
+#include "fusionrl/version.h"
 #include "rpc/node_service.h"
 #include "rpc/weight_service.h"
 #include "spdlog/spdlog.h"
@@ -27,7 +30,8 @@ struct Controller::Services {
   std::unique_ptr<WorkServiceImpl> work;
 };
 
-Controller::Controller(const ControllerOptions& options) : options_(options) {}
+Controller::Controller(const ControllerOptions& options)
+    : options_(options), started_(absl::Now()) {}
 
 absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(
     const ControllerOptions& options) {
@@ -80,7 +84,8 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(
   weight_options.auth_token = options.auth_token;
   s.weight =
       std::make_unique<rpc::WeightServiceImpl>(*s.weight_store, weight_options);
-  s.job = std::make_unique<JobServiceImpl>(*c->jobs_, options.auth_token);
+  s.job = std::make_unique<JobServiceImpl>(
+      *c->jobs_, options.auth_token, [self] { return self->ClusterStatus(); });
   s.work = std::make_unique<WorkServiceImpl>(*c->jobs_, options.auth_token);
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -109,12 +114,38 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(
   builder.RegisterService(s.weight.get());
   builder.RegisterService(s.job.get());
   builder.RegisterService(s.work.get());
+  std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(RpcStats::MakeInterceptorFactory(c->rpc_stats_));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   c->server_ = builder.BuildAndStart();
   if (c->server_ == nullptr ||
       (!options.listen_address.empty() && c->port_ == 0)) {
     return absl::UnavailableError(
         absl::StrCat("controller: cannot listen on '", options.listen_address,
                      "' (address in use, or not a valid host:port)"));
+  }
+  if (!options.http_address.empty()) {
+    HttpSources sources;
+    sources.cluster = [self] { return self->ClusterStatus(); };
+    sources.history = [self](const std::string& job_id, int64_t after_seq) {
+      return self->jobs_->History(job_id, after_seq);
+    };
+    sources.rpc = [self] { return self->rpc_stats_.Get(); };
+    sources.grpc_address =
+        options.listen_address.empty()
+            ? std::string("in-process")
+            : absl::StrCat(options.listen_address.substr(
+                               0, options.listen_address.rfind(':')),
+                           ":", c->port_);
+    absl::StatusOr<std::unique_ptr<HttpServer>> http = HttpServer::Start(
+        options.http_address, options.auth_token, std::move(sources));
+    if (!http.ok()) {
+      c->server_->Shutdown();
+      return http.status();
+    }
+    c->http_ = *std::move(http);
   }
   c->sweeper_ = std::thread([self] { self->SweepLoop(); });
   return c;
@@ -123,6 +154,19 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(
 Controller::~Controller() { Shutdown(); }
 
 WeightStore& Controller::weights() { return *services_->weight_store; }
+
+int Controller::http_port() const {
+  return http_ == nullptr ? 0 : http_->port();
+}
+
+v1::ClusterStatus Controller::ClusterStatus() const {
+  v1::ClusterStatus status = jobs_->ClusterStatus();
+  status.set_version(FUSIONRL_VERSION);
+  const absl::Time now = absl::Now();
+  status.set_time_us(absl::ToUnixMicros(now));
+  status.set_uptime_seconds(absl::ToDoubleSeconds(now - started_));
+  return status;
+}
 
 std::shared_ptr<grpc::Channel> Controller::InProcessChannel() {
   grpc::ChannelArguments args;
@@ -185,6 +229,7 @@ void Controller::Shutdown() {
     sweeper_cv_.SignalAll();
   }
   if (sweeper_.joinable()) sweeper_.join();
+  if (http_ != nullptr) http_->Stop();
   // Waiting calls end within their deadlines; give them a short one.
   if (server_)
     server_->Shutdown(std::chrono::system_clock::now() +

@@ -24,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "controller/job_manager.h"
+#include "controller/rpc_stats.h"
 
 namespace grpc {
 class Server;
@@ -32,6 +33,7 @@ class Server;
 namespace fusionrl {
 
 class ControllerState;
+class HttpServer;
 
 class WeightStore;
 
@@ -62,6 +64,10 @@ struct ControllerOptions {
   // default here; `fusionrl controller` turns it on, 30 min).
   absl::Duration stall_timeout = absl::ZeroDuration();
   bool stall_fails = false;
+  // "host:port" of the dashboard, /api/status and /metrics
+  // (controller/http_server.h; port 0 picks a free one, see http_port());
+  // "" = no HTTP server. The same auth_token protects it.
+  std::string http_address;
 };
 
 class Controller {
@@ -75,6 +81,11 @@ class Controller {
 
   // The bound port (0 when serving in-process only).
   int port() const { return port_; }
+  // The HTTP port (0 without http_address).
+  int http_port() const;
+  // What GetClusterStatus answers: every node, every job, the version and
+  // uptime.
+  v1::ClusterStatus ClusterStatus() const;
   // A channel to this server that never leaves the process.
   std::shared_ptr<grpc::Channel> InProcessChannel();
   JobManager& jobs() { return *jobs_; }
@@ -106,6 +117,9 @@ class Controller {
   std::unique_ptr<Services> services_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  RpcStats rpc_stats_;
+  std::unique_ptr<HttpServer> http_;
+  absl::Time started_;
   std::atomic<bool> workers_shutdown_{false};
   absl::Mutex sweeper_mu_;
   absl::CondVar sweeper_cv_;

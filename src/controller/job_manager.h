@@ -114,6 +114,16 @@ class JobManager {
   absl::StatusOr<v1::JobStatus> Status(const std::string& job_id) const
       ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<v1::JobStatus> List() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Every node the registry knows (with the unfinished job it works for and
+  // its cards' last states) and every job, newest first; the caller fills
+  // version, time and uptime.
+  v1::ClusterStatus ClusterStatus() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The job's step records with seq > after_seq (JobHistory's comment).
+  absl::StatusOr<v1::JobHistory> History(const std::string& job_id,
+                                         int64_t after_seq) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Records kept per job (the newest).
+  static constexpr size_t kHistoryLimit = 4096;
   // Stops the job gracefully: after the current step the lead writes a
   // checkpoint ("step_<n>") and the job ends CANCELLED (resumable).
   absl::StatusOr<v1::JobStatus> Cancel(const std::string& job_id,
@@ -327,6 +337,10 @@ class JobManager {
   void CommitLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Run totals, the metrics record and the progress line of a committed
   // attempt's lead report.
+  // Appends a StepRecord (nothing when it carries nothing).
+  void AddHistoryLocked(Job& job, int64_t step, std::string metrics_json,
+                        double eval_accuracy, std::string checkpoint_dir)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordStepLocked(Job& job, const Attempt& a)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BeginEndLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -5,8 +5,10 @@
 #include <fstream>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "core/job_summary.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
@@ -31,7 +33,7 @@ absl::Status TruncateMetrics(const std::string& path, int64_t last_step) {
 
 // The last value named `name` (a later duplicate wins, as in the JSON
 // object), 0 when absent or not finite.
-double Find(const StepMetrics& metrics, const std::string& name) {
+double Find(const MetricFields& metrics, const std::string& name) {
   for (auto it = metrics.rbegin(); it != metrics.rend(); ++it) {
     if (it->first == name) return std::isfinite(it->second) ? it->second : 0.0;
   }
@@ -127,6 +129,29 @@ void JobOutputs::Flush(absl::FunctionRef<void(const Result&)> on_result) {
   }
 }
 
+namespace {
+
+// Every number of a metrics record but "step", as TensorBoard scalars of
+// that step.
+absl::Status WriteScalars(TensorBoardWriter& tb, const std::string& line) {
+  nlohmann::json j =
+      nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("step") || !j["step"].is_number()) {
+    return absl::InvalidArgumentError("a record without a step");
+  }
+  std::vector<std::pair<std::string, double>> scalars;
+  for (const auto& [key, value] : j.items()) {
+    if (key != "step" && value.is_number()) {
+      scalars.emplace_back(key, value.get<double>());
+    }
+  }
+  return tb.WriteScalars(j["step"].get<int64_t>(),
+                         absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()),
+                         scalars);
+}
+
+}  // namespace
+
 std::optional<JobOutputs::Result> JobOutputs::Perform(Op& op) {
   switch (op.kind) {
     case Op::Kind::kOpen: {
@@ -155,6 +180,21 @@ std::optional<JobOutputs::Result> JobOutputs::Perform(Op& op) {
         return r;
       }
       logs_[op.job_id] = *std::move(log);
+      tensorboard_.erase(op.job_id);
+      if (op.open.tensorboard) {
+        absl::StatusOr<std::unique_ptr<TensorBoardWriter>> tb =
+            TensorBoardWriter::Open(
+                out + "/tensorboard",
+                absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+        if (!tb.ok()) {
+          logs_.erase(op.job_id);
+          r.status = absl::Status(
+              tb.status().code(),
+              absl::StrCat("run.tensorboard: ", tb.status().message()));
+          return r;
+        }
+        tensorboard_[op.job_id] = *std::move(tb);
+      }
       return r;
     }
     case Op::Kind::kAppend: {
@@ -163,6 +203,13 @@ std::optional<JobOutputs::Result> JobOutputs::Perform(Op& op) {
       absl::Status s = it->second->AppendLine(op.line);
       if (!s.ok()) {
         spdlog::warn("[{}] metrics: {}", op.job_id, std::string(s.message()));
+      }
+      if (auto tb = tensorboard_.find(op.job_id); tb != tensorboard_.end()) {
+        s = WriteScalars(*tb->second, op.line);
+        if (!s.ok()) {
+          spdlog::warn("[{}] tensorboard: {}", op.job_id,
+                       std::string(s.message()));
+        }
       }
       return std::nullopt;
     }
@@ -203,6 +250,7 @@ std::optional<JobOutputs::Result> JobOutputs::Perform(Op& op) {
       auto it = logs_.find(op.job_id);
       const bool opened = it != logs_.end();
       if (opened) logs_.erase(it);
+      tensorboard_.erase(op.job_id);
       if (op.summary.has_value()) {
         if (!opened) {
           r.status = absl::FailedPreconditionError(
@@ -223,9 +271,9 @@ std::optional<JobOutputs::Result> JobOutputs::Perform(Op& op) {
   return std::nullopt;
 }
 
-StepRecordLine FormatStepRecord(const StepMetrics& metrics,
+StepRecordLine FormatStepRecord(const MetricFields& metrics,
                                 const std::string& metrics_json,
-                                const StepMetrics& job_fields) {
+                                const MetricFields& job_fields) {
   StepRecordLine out;
   if (!metrics.empty()) {
     MetricRecord rec = metrics;

@@ -47,6 +47,7 @@
 #include "core/checkpoint_meta.h"
 #include "core/metrics.h"
 #include "core/step_protocol.h"
+#include "core/tensorboard.h"
 #include "fusionrl/job.h"
 
 namespace fusionrl {
@@ -60,6 +61,10 @@ class JobOutputs {
     // Resuming: keep the metrics records of steps <= this one and append;
     // unset: start metrics.jsonl afresh.
     std::optional<int64_t> resume_after_step;
+    // run.tensorboard: also write every record's numbers as TensorBoard
+    // scalars to <output_dir>/tensorboard/events.out.tfevents.* (a new file
+    // per Open; core/tensorboard.h).
+    bool tensorboard = false;
   };
 
   // What an Open or a Close did, for the manager.
@@ -132,6 +137,8 @@ class JobOutputs {
   // Held by the one thread performing ops.
   absl::Mutex write_mu_;
   // Open metrics logs by job id (a job whose Open failed has none).
+  std::map<std::string, std::unique_ptr<TensorBoardWriter>> tensorboard_
+      ABSL_GUARDED_BY(write_mu_);
   std::map<std::string, std::unique_ptr<MetricsLog>> logs_
       ABSL_GUARDED_BY(write_mu_);
 
@@ -156,9 +163,9 @@ struct StepRecordLine {
 // the same line for the same values (integral values without a fraction,
 // non-finite ones as null). No line when there are no metrics, or when
 // `metrics_json` is not a JSON object.
-StepRecordLine FormatStepRecord(const StepMetrics& metrics,
+StepRecordLine FormatStepRecord(const MetricFields& metrics,
                                 const std::string& metrics_json,
-                                const StepMetrics& job_fields);
+                                const MetricFields& job_fields);
 
 }  // namespace fusionrl
 

@@ -261,11 +261,11 @@ TEST(JobOutputsTest, AResumeSkipsACheckpointWhoseStepNeverCommitted) {
 }
 
 TEST(FormatStepRecordTest, TypedMetricsAndTheirJsonGiveTheSameLine) {
-  const StepMetrics metrics = {{"step", 3},
-                               {"reward_mean", 0.25},
-                               {"kl", 0.125},
-                               {"response_len_mean", 4.5},
-                               {"nan", std::nan("")}};
+  const MetricFields metrics = {{"step", 3},
+                                {"reward_mean", 0.25},
+                                {"kl", 0.125},
+                                {"response_len_mean", 4.5},
+                                {"nan", std::nan("")}};
   const StepRecordLine typed = FormatStepRecord(metrics, "", {});
   EXPECT_EQ(typed.json,
             "{\"step\":3,\"reward_mean\":0.25,\"kl\":0.125,"
@@ -279,7 +279,7 @@ TEST(FormatStepRecordTest, TypedMetricsAndTheirJsonGiveTheSameLine) {
   EXPECT_EQ(wire.kl, typed.kl);
   // The controller's fields go last, the same either way; one the record
   // already has keeps its place and takes the controller's value.
-  const StepMetrics job_fields = {
+  const MetricFields job_fields = {
       {"tokens_per_second", 12.5}, {"clock_skew", 1}, {"kl", 0.5}};
   const std::string merged = FormatStepRecord(metrics, "", job_fields).json;
   EXPECT_EQ(merged,

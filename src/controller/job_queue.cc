@@ -211,6 +211,7 @@ absl::Status JobManager::StartLocked(Job& job) {
   outputs.output_dir = job.config.output_dir;
   outputs.config_yaml = job.config_yaml;
   if (!job.resume_dir.empty()) outputs.resume_after_step = job.first_step - 1;
+  outputs.tensorboard = job.config.run.tensorboard;
   outputs_.Open(job.id, std::move(outputs));
   job.has_outputs = true;
   const int64_t k = job.config.stalesync.max_clock_skew;

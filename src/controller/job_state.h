@@ -165,7 +165,11 @@ struct JobManager::Job {
   std::string checkpoint_dir;
   std::string summary_json;       // summary.json's text once written
   std::string last_metrics_json;  // the last committed step's record
-  int error_code = 0;             // FAILED: absl/gRPC canonical code
+  // Step records for observers and curves (the newest kHistoryLimit; in
+  // memory only: a restarted controller starts a new history).
+  std::deque<v1::StepRecord> history;
+  int64_t history_seq = 0;  // seq of the newest record
+  int error_code = 0;       // FAILED: absl/gRPC canonical code
 
   // StaleSync across super nodes (stalesync.max_clock_skew > 0 and several
   // nodes): each node runs ahead of the slowest by at most k steps (the

@@ -266,6 +266,7 @@ absl::Status JobManager::RestoreJobLocked(const v1::JobState& s) {
     outputs.output_dir = j.config.output_dir;
     outputs.config_yaml = j.config_yaml;
     outputs.resume_after_step = j.last_committed;
+    outputs.tensorboard = j.config.run.tensorboard;
     outputs_.Open(j.id, std::move(outputs));
     j.has_outputs = true;
   }

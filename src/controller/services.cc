@@ -37,8 +37,11 @@ grpc::Status CheckId(const std::string& value, const char* field) {
 
 }  // namespace
 
-JobServiceImpl::JobServiceImpl(JobManager& jobs, std::string auth_token)
-    : jobs_(jobs), auth_token_(std::move(auth_token)) {}
+JobServiceImpl::JobServiceImpl(JobManager& jobs, std::string auth_token,
+                               std::function<v1::ClusterStatus()> cluster)
+    : jobs_(jobs),
+      auth_token_(std::move(auth_token)),
+      cluster_(std::move(cluster)) {}
 
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
                                        const v1::SubmitJobRequest* request,
@@ -122,6 +125,30 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
                                       v1::ListJobsResponse* response) {
   FUSIONRL_GRPC_RETURN_IF_ERROR(CheckAuth(*context, auth_token_));
   for (v1::JobStatus& s : jobs_.List()) *response->add_jobs() = std::move(s);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::GetClusterStatus(
+    grpc::ServerContext* context, const v1::GetClusterStatusRequest* request,
+    v1::ClusterStatus* response) {
+  FUSIONRL_GRPC_RETURN_IF_ERROR(CheckAuth(*context, auth_token_));
+  *response = cluster_();
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::GetJobHistory(
+    grpc::ServerContext* context, const v1::GetJobHistoryRequest* request,
+    v1::JobHistory* response) {
+  FUSIONRL_GRPC_RETURN_IF_ERROR(CheckAuth(*context, auth_token_));
+  FUSIONRL_GRPC_RETURN_IF_ERROR(CheckId(request->job_id(), "job_id"));
+  if (request->after_seq() < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "after_seq: must be >= 0");
+  }
+  absl::StatusOr<v1::JobHistory> history =
+      jobs_.History(request->job_id(), request->after_seq());
+  if (!history.ok()) return ToGrpcStatus(history.status());
+  *response = *std::move(history);
   return grpc::Status::OK;
 }
 

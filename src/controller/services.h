@@ -12,6 +12,7 @@
 #ifndef FUSIONRL_CONTROLLER_SERVICES_H_
 #define FUSIONRL_CONTROLLER_SERVICES_H_
 
+#include <functional>
 #include <string>
 
 #include "controller/job_manager.h"
@@ -22,7 +23,10 @@ namespace fusionrl {
 
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  JobServiceImpl(JobManager& jobs, std::string auth_token);
+  // `cluster` makes GetClusterStatus's answer (the Controller's
+  // ClusterStatus(): the manager's view plus version and uptime).
+  JobServiceImpl(JobManager& jobs, std::string auth_token,
+                 std::function<v1::ClusterStatus()> cluster);
 
   grpc::Status SubmitJob(grpc::ServerContext* context,
                          const v1::SubmitJobRequest* request,
@@ -39,10 +43,17 @@ class JobServiceImpl final : public v1::JobService::Service {
   grpc::Status ListJobs(grpc::ServerContext* context,
                         const v1::ListJobsRequest* request,
                         v1::ListJobsResponse* response) override;
+  grpc::Status GetClusterStatus(grpc::ServerContext* context,
+                                const v1::GetClusterStatusRequest* request,
+                                v1::ClusterStatus* response) override;
+  grpc::Status GetJobHistory(grpc::ServerContext* context,
+                             const v1::GetJobHistoryRequest* request,
+                             v1::JobHistory* response) override;
 
  private:
   JobManager& jobs_;
   std::string auth_token_;
+  std::function<v1::ClusterStatus()> cluster_;
 };
 
 class WorkServiceImpl final : public v1::WorkService::Service {

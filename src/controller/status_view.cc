@@ -41,6 +41,67 @@ absl::StatusOr<v1::JobStatus> JobManager::WaitForUpdate(
   return StatusLocked(*job);
 }
 
+v1::ClusterStatus JobManager::ClusterStatus() const {
+  v1::ClusterStatus out;
+  absl::MutexLock lock(&mu_);
+  for (const NodeView& view : registry_.List()) {
+    v1::NodeStatus* n = out.add_nodes();
+    n->set_node_id(view.id);
+    n->set_host(view.spec.host);
+    n->set_super_node(view.spec.super_node);
+    n->set_state(std::string(NodeStateName(view.state)));
+    n->set_heartbeat_age_ms(absl::ToInt64Milliseconds(view.heartbeat_age));
+    n->set_version(view.spec.version);
+    if (auto job = node_job_.find(view.id); job != node_job_.end()) {
+      const Job* j = FindLocked(job->second);
+      if (j != nullptr && !Terminal(*j)) {
+        n->set_job_id(j->id);
+        if (j->skewed) {
+          for (const Job::Part& part : j->parts) {
+            if (part.node_id == view.id) n->set_clock(part.clock);
+          }
+        }
+      }
+    }
+    auto states = card_states_.find(view.id);
+    for (const CardSpec& card : view.spec.cards) {
+      v1::Card* spec = n->add_card_specs();
+      spec->set_index(card.index);
+      spec->set_device(card.device);
+      spec->set_memory_bytes(card.memory_bytes);
+      v1::CardState state;
+      state.set_index(card.index);
+      state.set_role(v1::CARD_ROLE_IDLE);
+      if (states != card_states_.end() && view.state == NodeState::kAlive) {
+        for (const v1::CardState& c : states->second) {
+          if (c.index() == card.index) state = c;
+        }
+      }
+      *n->add_cards() = std::move(state);
+    }
+  }
+  for (auto it = jobs_.rbegin(); it != jobs_.rend(); ++it) {
+    *out.add_jobs() = StatusLocked(*it->second);
+  }
+  return out;
+}
+
+absl::StatusOr<v1::JobHistory> JobManager::History(const std::string& job_id,
+                                                   int64_t after_seq) const {
+  absl::MutexLock lock(&mu_);
+  const Job* job = FindLocked(job_id);
+  if (job == nullptr) {
+    return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
+  }
+  v1::JobHistory out;
+  out.set_first_seq(job->history.empty() ? job->history_seq + 1
+                                         : job->history.front().seq());
+  for (const v1::StepRecord& r : job->history) {
+    if (r.seq() > after_seq) *out.add_records() = r;
+  }
+  return out;
+}
+
 v1::JobStatus JobManager::StatusLocked(const Job& job) const {
   v1::JobStatus s;
   s.set_job_id(job.id);
@@ -94,6 +155,7 @@ v1::JobStatus JobManager::StatusLocked(const Job& job) const {
   s.set_error_code(job.error_code);
   s.set_last_metrics_json(job.last_metrics_json);
   s.set_controller_tensor_bytes(job.tensor_bytes);
+  s.set_placement(PlacementModeName(job.config.placement.mode));
   if (job.skewed) {
     s.set_max_clock_skew(job.config.stalesync.max_clock_skew);
     s.set_max_clock_skew_seen(job.skew_gate->MaxSkewSeen());

@@ -330,6 +330,8 @@ absl::StatusOr<bool> JobManager::FinishStepImpl(ReportedStep r,
       job->checkpoint_dir = r.report.checkpoint_dir;
       outputs_.SaveRunTotals(job->id, r.report.checkpoint_dir,
                              RunTotalsLocked(*job));
+      AddHistoryLocked(*job, job->last_committed, "", -1,
+                       r.report.checkpoint_dir);
     }
     FinishJobLocked(
         *job,
@@ -437,6 +439,23 @@ void JobManager::CommitLocked(Job& job) {
   changed_.SignalAll();
 }
 
+void JobManager::AddHistoryLocked(Job& job, int64_t step,
+                                  std::string metrics_json,
+                                  double eval_accuracy,
+                                  std::string checkpoint_dir) {
+  if (metrics_json.empty() && eval_accuracy < 0 && checkpoint_dir.empty()) {
+    return;
+  }
+  v1::StepRecord& rec = job.history.emplace_back();
+  rec.set_seq(++job.history_seq);
+  rec.set_step(step);
+  rec.set_time_us(absl::ToUnixMicros(clock_.Now()));
+  rec.set_metrics_json(std::move(metrics_json));
+  rec.set_eval_accuracy(eval_accuracy);
+  rec.set_checkpoint_dir(std::move(checkpoint_dir));
+  while (job.history.size() > kHistoryLimit) job.history.pop_front();
+}
+
 void JobManager::RecordStepLocked(Job& job, const Attempt& a) {
   const StepReport& r = a.lead_report.report;
   if (r.initial_eval_accuracy >= 0) {
@@ -460,11 +479,17 @@ void JobManager::RecordStepLocked(Job& job, const Attempt& a) {
     job.checkpoint_dir = r.checkpoint_dir;
     outputs_.SaveRunTotals(job.id, r.checkpoint_dir, RunTotalsLocked(job));
   }
-  if (r.metrics.empty() && a.lead_report.metrics_json.empty()) return;
+  if (r.initial_eval_accuracy >= 0) {
+    AddHistoryLocked(job, 0, "", r.initial_eval_accuracy, "");
+  }
+  if (r.metrics.empty() && a.lead_report.metrics_json.empty()) {
+    AddHistoryLocked(job, a.step, "", r.eval_accuracy, r.checkpoint_dir);
+    return;
+  }
   const double tps =
       job.loop_seconds > 0 ? job.summary.rollout_tokens / job.loop_seconds : 0;
   // The run-level fields of the record come from the controller's totals.
-  StepMetrics job_fields = {{"tokens_per_second", tps}};
+  MetricFields job_fields = {{"tokens_per_second", tps}};
   if (job.parts.size() > 1) {
     // What of the job's tensors went through this process so far (0 on
     // the c10d data plane, docs/cluster.md).
@@ -486,6 +511,7 @@ void JobManager::RecordStepLocked(Job& job, const Attempt& a) {
   // after the lock is released, in commit order.
   StepRecordLine line =
       FormatStepRecord(r.metrics, a.lead_report.metrics_json, job_fields);
+  AddHistoryLocked(job, a.step, line.json, r.eval_accuracy, r.checkpoint_dir);
   if (!line.json.empty()) {
     job.last_metrics_json = line.json;
     outputs_.Append(job.id, std::move(line.json));

@@ -207,6 +207,7 @@ void VisitRun(RunConfig& r, V& v) {
   v.String("data_plane", &r.data_plane, OneOf(kDataPlanes));
   static constexpr absl::string_view kExportDtypes[] = {"float32", "bfloat16"};
   v.Bool("export_final", &r.export_final);
+  v.Bool("tensorboard", &r.tensorboard);
   v.String("export_dtype", &r.export_dtype, OneOf(kExportDtypes));
 }
 

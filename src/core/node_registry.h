@@ -31,6 +31,7 @@ struct NodeSpec {
   std::string super_node;  // fast-interconnect group: [A-Za-z0-9._-]{1,64}
   std::vector<CardSpec> cards;    // 1..1024 cards
   int64_t host_memory_bytes = 0;  // host RAM; 0 = unknown
+  std::string version;            // the worker's FusionRL version
 };
 
 // kAlive: registered and heard from within the timeout (as of the last

@@ -87,7 +87,7 @@ struct StepPlan {
 
 // The card's typed metrics of one step (formatted to JSON once, where the
 // record is written).
-using StepMetrics = std::vector<std::pair<std::string, double>>;
+using MetricFields = std::vector<std::pair<std::string, double>>;
 
 // Card -> controller at the end of an attempt (the lead card reports the
 // metrics; the first card of every other node reports its outcome).
@@ -96,7 +96,7 @@ struct StepReport {
   std::string node_id;
   int64_t step = 0;
   int attempt = 0;
-  StepMetrics metrics;  // empty unless the lead card
+  MetricFields metrics;  // empty unless the lead card
   int64_t rollout_tokens = 0;
   double loop_seconds = 0;
   double initial_eval_accuracy = -1;  // >= 0 when evaluated before the step

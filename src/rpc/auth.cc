@@ -12,6 +12,8 @@ namespace {
 
 constexpr absl::string_view kBearer = "Bearer ";
 
+}  // namespace
+
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
   unsigned char diff = a.size() == b.size() ? 0 : 1;
   const size_t n = std::min(a.size(), b.size());
@@ -20,8 +22,6 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
   }
   return diff == 0;
 }
-
-}  // namespace
 
 grpc::Status CheckAuth(const grpc::ServerContextBase& context,
                        const std::string& token) {

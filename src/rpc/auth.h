@@ -18,6 +18,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace fusionrl::rpc {
 
@@ -26,6 +27,10 @@ inline constexpr char kAuthMetadataKey[] = "authorization";
 // OK when `token` is empty (authentication off) or the call carries it.
 grpc::Status CheckAuth(const grpc::ServerContextBase& context,
                        const std::string& token);
+
+// a == b, in time that depends on the lengths only (token checks; the
+// controller's HTTP endpoints use it too).
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 
 // Adds the token to an outgoing call (nothing when `token` is empty).
 void AttachToken(grpc::ClientContext& context, const std::string& token);

@@ -21,6 +21,7 @@ NodeSpec ToNodeSpec(const fusionrl::v1::RegisterNodeRequest& request) {
   spec.host = request.host();
   spec.super_node = request.super_node();
   spec.host_memory_bytes = request.host_memory_bytes();
+  spec.version = request.version();
   for (const auto& card : request.cards()) {
     spec.cards.push_back(
         CardSpec{card.index(), card.device(), card.memory_bytes()});

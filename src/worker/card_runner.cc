@@ -782,7 +782,7 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   step_tokens = static_cast<int64_t>(totals[3]);
   const double n = totals[4];
   const double reward_mean = totals[0] / n;
-  StepMetrics rec = {
+  MetricFields rec = {
       {"step", static_cast<double>(plan.step)},
       {"policy_version", static_cast<double>(trainer_->version())},
       {"reward_mean", reward_mean},

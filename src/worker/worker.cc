@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "fusionrl/v1/node.grpc.pb.h"
+#include "fusionrl/version.h"
 #include "rpc/auth.h"
 #include "rpc/status_convert.h"
 #include "spdlog/spdlog.h"
@@ -101,7 +102,7 @@ absl::Status Worker::Run(const std::atomic<bool>* stop) {
   v1::RegisterNodeRequest reg;
   reg.set_host(s.options.host);
   reg.set_super_node(s.options.super_node);
-  reg.set_version("fusionrl-0.3");
+  reg.set_version(FUSIONRL_VERSION);
   for (int i = 0; i < s.options.cards; ++i) {
     v1::Card* card = reg.add_cards();
     card->set_index(i);
