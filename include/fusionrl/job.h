@@ -63,6 +63,9 @@ struct RunOptions {
   // Sees every step, evaluation and checkpoint (fusionrl/observer.h) on the
   // job's observer thread. Borrowed: must outlive the job. May be null.
   StepObserver* observer = nullptr;
+  // Job::Start only: "host:port" where its in-process controller serves the
+  // dashboard, /api/status and /metrics (docs/observability.md); "" = none.
+  std::string http_address;
   // Job::Submit only: the controller's shared token ("" = none).
   std::string auth_token;
   // The handle hears of every change of the job as it happens (a watch

@@ -78,6 +78,7 @@ struct JobArgs {
   std::string output_dir;
   std::string checkpoint;
   std::vector<std::string> overrides;
+  std::string http;  // run --http
 };
 
 void AddJobArgs(CLI::App* cmd, JobArgs* args, bool with_output_dir) {
@@ -135,6 +136,9 @@ int main(int argc, char** argv) {
                                      "run an RL job (synchronous "
                                      "on-policy loop)");
   AddJobArgs(run, &args, true);
+  run->add_option("--http", args.http,
+                  "HOST:PORT: serve the dashboard, /api/status and /metrics "
+                  "of this run (docs/observability.md)");
   run->add_flag("--resume", args.resume,
                 "continue from the newest checkpoint in the output directory");
   CLI::App* sft = app.add_subcommand("sft",
@@ -228,6 +232,7 @@ int main(int argc, char** argv) {
   fusionrl::RunOptions options;
   options.resume = args.resume;
   options.stop_requested = &g_stop_requested;
+  options.http_address = args.http;
   auto summary = sft->parsed() ? fusionrl::RunSftJob(*config)
                                : fusionrl::RunRlJob(*config, options);
   if (!summary.ok()) return Fail(summary.status());

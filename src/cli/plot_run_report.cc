@@ -312,7 +312,9 @@ std::string RenderRunReport(const RunReportInput& in) {
     learning.push_back(FigureHtml(
         LineChartSvg(c),
         absl::StrCat(Code("tokens_per_second"),
-                     ": rollout tokens of the step over its step_seconds.")));
+                     ": response tokens sampled so far over the run's rollout "
+                     "+ training "
+                     "seconds (cumulative, as the controller reports it).")));
   } else {
     missing("tokens_per_second");
   }

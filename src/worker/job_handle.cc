@@ -408,6 +408,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Start(const JobConfig& config,
   ControllerOptions copts;  // in-process only
   copts.heartbeat_interval = absl::Seconds(1);
   copts.heartbeat_timeout = absl::Seconds(30);
+  copts.http_address = options.http_address;
   FUSIONRL_ASSIGN_OR_RETURN(embedded->controller, Controller::Start(copts));
   Controller& controller = *embedded->controller;
   std::shared_ptr<grpc::Channel> channel = controller.InProcessChannel();
