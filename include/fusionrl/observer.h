@@ -17,8 +17,10 @@
 // Threading: every callback of one job runs on that job's observer thread
 // (a thread the Job handle owns, named in docs/embedding.md), one at a time,
 // in the order things happened, and never while a lock of the job or the
-// controller is held: a callback may block, call the Job handle (Status(),
-// Cancel()) or do I/O. A slow callback delays later callbacks, not the job.
+// controller is held: a callback may block, call the Job handle
+// (Progress(), Cancel()) or do I/O, but not Wait() or destroy the handle
+// (both wait for the callbacks to finish). A slow callback delays later
+// callbacks, not the job.
 // Callbacks run after the fact: when OnStep(k) runs, step k is committed
 // and written to metrics.jsonl, and step k + 1 may already be running.
 #ifndef FUSIONRL_OBSERVER_H_

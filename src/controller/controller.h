@@ -113,11 +113,14 @@ class Controller {
   std::unique_ptr<JobManager> jobs_;
   // After jobs_: it goes first and unhooks itself from the manager.
   std::unique_ptr<ControllerState> state_;
+  // Before the server: its interceptors record here until the server is
+  // gone (members are destroyed in reverse order).
+  RpcStats rpc_stats_;
   struct Services;
   std::unique_ptr<Services> services_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
-  RpcStats rpc_stats_;
+  // After jobs_ and registry_, which its handlers read; stopped first.
   std::unique_ptr<HttpServer> http_;
   absl::Time started_;
   std::atomic<bool> workers_shutdown_{false};
