@@ -118,6 +118,7 @@ for name in ("fused+stalesync:2", "disaggregated:1"):
         rows = [json.loads(l) for l in open(run["output_dir"] + "/metrics.jsonl")]
         assert rows and all(r["over_stale_samples"] == 0 for r in rows), (name, run)
 assert b["omp_wait_policy"], b["omp_wait_policy"]
+assert b["fresh_process_per_run"] is True, b
 print(f"ok   bench JSON: fused+stalesync:2 at {fused['ratio_to_colocated_sync']:.2f}x "
       f"of colocated-sync, max staleness {fused['max_staleness']}")
 PY
@@ -158,6 +159,35 @@ for v in ("dense", "moe"):
           f"auto:50% {auto['held_ratio_to_none']:.2f}: {auto['planner']['plan']}; "
           f"max |grad - none|: recompute {d['recompute']:.1e}, swap {d['swap']:.1e}, "
           f"auto {d['auto:50%']:.1e}")
+PY
+
+# fusionrl bench-rollout: the engine next to the Python reference loop, each
+# measurement a fresh process; the fused path computes what the composite
+# one does (the unit tests check samples), here the JSON's shape and costs.
+timeout 300 "$BIN" bench-rollout "$CFG" --repeats 1 --iterations 1 \
+  --engines fused,composite,python --out "$OUT/bench-rollout.json" \
+  >/dev/null 2>"$OUT/bench-rollout.log" ||
+  { echo "FAIL fusionrl bench-rollout"; tail -20 "$OUT/bench-rollout.log"; exit 1; }
+python3 - "$OUT/bench-rollout.json" <<'PY'
+import json, sys
+b = json.load(open(sys.argv[1]))
+e = b["engines"]
+assert set(e) == {"fused", "composite", "python"}, list(e)
+for name, v in e.items():
+    assert len(v["runs"]) == 1 and v["median_rollout_tokens_per_second"] > 0, (name, v)
+    assert v["median_step_tokens_per_second"] > 0, (name, v)
+f, c = e["fused"]["runs"][0], e["composite"]["runs"][0]
+assert f["fused_path"] is True and c["fused_path"] is False, (f, c)
+assert f["tokens_per_iteration"] == c["tokens_per_iteration"] == e["python"]["runs"][0]["tokens_per_iteration"]
+# The fused decode step dispatches a fixed handful of ops and allocates
+# (almost) nothing; the composite one dispatches far more.
+fd, cd = f["decode"], c["decode"]
+assert 0 < fd["ops_per_decode_step"] < cd["ops_per_decode_step"], (fd, cd)
+assert fd["allocations_per_decode_step"] < cd["allocations_per_decode_step"], (fd, cd)
+assert set(b["ratios"]) == {"fused/python", "composite/python", "fused/composite"}, b["ratios"]
+print(f"ok   bench-rollout: fused {b['ratios']['fused/python']['rollout']:.2f}x the Python "
+      f"loop's rollout tokens/s; ops per decode step {fd['ops_per_decode_step']:.0f} "
+      f"(composite {cd['ops_per_decode_step']:.0f})")
 PY
 
 # fusionrl bench-logits: the chunked LM head against the materialised one on

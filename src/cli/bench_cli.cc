@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cli/bench_common.h"
+#include "cli/child_process.h"
 #include "cli/exit_codes.h"
 #include "fusionrl/config.h"
 #include "fusionrl/job.h"
@@ -88,8 +89,74 @@ CLI::App* AddBenchCommand(CLI::App& app, BenchArgs& args) {
       ->add_option("--set", args.overrides,
                    "override a config key: key.path=value (repeatable)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  bench->add_option("--timeout", args.timeout_seconds,
+                    "seconds per run (default 7200)")
+      ->check(CLI::Range(10, 1000000));
+  bench->add_option("--run-one", args.run_one, "internal: one run here")
+      ->group("");
   return bench;
 }
+
+namespace {
+
+// The config of `mode`'s run number `r`.
+JobConfig RunConfig(const JobConfig& base, const Mode& mode,
+                    const std::string& init, const std::string& work, int r) {
+  JobConfig c = base;
+  c.init_checkpoint = init;
+  c.placement.mode = mode.placement;
+  if (mode.placement == PlacementMode::kDisaggregated) {
+    // One rollout card next to each training card, sharing the same
+    // threads: the same compute, split by role instead of fused.
+    c.placement.rollout_cards_per_super_node =
+        base.placement.cards_per_super_node;
+    c.placement.cards_per_super_node = 2 * base.placement.cards_per_super_node;
+  }
+  c.stalesync.max_policy_lag = mode.lag;
+  if (mode.lag > 0) c.algorithm.decoupled_loss = true;
+  std::string dir_name = mode.name;
+  std::replace(dir_name.begin(), dir_name.end(), ':', '_');
+  c.output_dir = absl::StrCat(work, "/", dir_name, "-", r);
+  return c;
+}
+
+// One run in this process: its JSON line on stdout.
+int RunOneHere(const BenchArgs& args, const JobConfig& base) {
+  LogToStderr();
+  absl::StatusOr<Mode> mode = ParseMode(args.modes);
+  if (!mode.ok()) return Fail(mode.status());
+  if (args.init_checkpoint.empty() || args.work_dir.empty()) {
+    return Fail(absl::InvalidArgumentError(
+        "--run-one needs --init-checkpoint and --work-dir"));
+  }
+  const JobConfig c =
+      RunConfig(base, *mode, args.init_checkpoint, args.work_dir, args.run_one);
+  absl::StatusOr<JobSummary> s = RunRlJob(c, RunOptions{});
+  if (!s.ok()) return Fail(s.status());
+  double train = 0, rollout = 0, step = 0;
+  int64_t stale = 0;
+  std::ifstream in(c.output_dir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_object()) continue;
+    train += j.value("train_seconds", 0.0);
+    rollout += j.value("rollout_seconds", 0.0);
+    step += j.value("step_seconds", 0.0);
+    stale = std::max<int64_t>(stale, j.value("max_staleness", 0.0));
+  }
+  nlohmann::ordered_json run = {
+      {"tokens_per_second", s->tokens_per_second},
+      {"final_eval_accuracy", s->final_eval_accuracy},
+      {"max_staleness", stale},
+      {"trainer_busy_fraction", step > 0 ? train / step : 0},
+      {"rollout_busy_fraction", step > 0 ? rollout / step : 0},
+      {"output_dir", c.output_dir}};
+  std::cout << run.dump() << std::endl;
+  return kExitOk;
+}
+
+}  // namespace
 
 int RunBench(const BenchArgs& args) {
   // OpenMP's wait policy is left to the environment, the same for every
@@ -108,6 +175,7 @@ int RunBench(const BenchArgs& args) {
   if (!base.ok()) return Fail(base.status());
   if (args.steps > 0) base->run.total_steps = args.steps;
   base->run.eval_every = 0;
+  if (args.run_one > 0) return RunOneHere(args, *base);
   const std::string work =
       args.work_dir.empty() ? "runs/bench-" + base->name : args.work_dir;
   std::string init = args.init_checkpoint;
@@ -119,11 +187,14 @@ int RunBench(const BenchArgs& args) {
     if (!s.ok()) return Fail(s.status());
     init = s->checkpoint_dir;
   }
+  absl::StatusOr<std::string> self = SelfExecutable();
+  if (!self.ok()) return Fail(self.status());
   nlohmann::ordered_json result;
   result["config"] = args.config_path;
   result["steps"] = base->run.total_steps;
   result["repeats"] = args.repeats;
   result["init_checkpoint"] = init;
+  result["fresh_process_per_run"] = true;
   result["omp_wait_policy"] = std::getenv("OMP_WAIT_POLICY")
                                   ? std::getenv("OMP_WAIT_POLICY")
                                   : "default";
@@ -135,49 +206,35 @@ int RunBench(const BenchArgs& args) {
   std::vector<Acc> acc(modes.size());
   for (int r = 1; r <= args.repeats; ++r) {
     for (size_t i = 0; i < modes.size(); ++i) {
-      JobConfig c = *base;
-      c.init_checkpoint = init;
-      c.placement.mode = modes[i].placement;
-      if (modes[i].placement == PlacementMode::kDisaggregated) {
-        // One rollout card next to each training card, sharing the same
-        // threads: the same compute, split by role instead of fused.
-        c.placement.rollout_cards_per_super_node =
-            base->placement.cards_per_super_node;
-        c.placement.cards_per_super_node =
-            2 * base->placement.cards_per_super_node;
-      }
-      c.stalesync.max_policy_lag = modes[i].lag;
-      if (modes[i].lag > 0) c.algorithm.decoupled_loss = true;
-      std::string dir_name = modes[i].name;
-      std::replace(dir_name.begin(), dir_name.end(), ':', '_');
-      c.output_dir = absl::StrCat(work, "/", dir_name, "-", r);
       spdlog::info("bench: {} run {}/{}", modes[i].name, r, args.repeats);
-      absl::StatusOr<JobSummary> s = RunRlJob(c, RunOptions{});
-      if (!s.ok()) return Fail(s.status());
-      double train = 0, rollout = 0, step = 0;
-      int64_t stale = 0;
-      std::ifstream in(c.output_dir + "/metrics.jsonl");
-      std::string line;
-      while (std::getline(in, line)) {
-        auto j = nlohmann::json::parse(line, nullptr, false);
-        if (!j.is_object()) continue;
-        train += j.value("train_seconds", 0.0);
-        rollout += j.value("rollout_seconds", 0.0);
-        step += j.value("step_seconds", 0.0);
-        stale = std::max<int64_t>(stale, j.value("max_staleness", 0.0));
+      std::vector<std::string> argv = {
+          *self, "bench", args.config_path, "--modes", modes[i].name,
+          "--run-one", std::to_string(r), "--init-checkpoint", init,
+          "--work-dir", work};
+      if (args.steps > 0) {
+        argv.push_back("--steps");
+        argv.push_back(std::to_string(args.steps));
+      }
+      for (const auto& o : args.overrides) {
+        argv.push_back("--set");
+        argv.push_back(o);
+      }
+      absl::StatusOr<nlohmann::ordered_json> run =
+          RunJsonChild(argv, args.timeout_seconds);
+      if (!run.ok()) {
+        return Fail(absl::Status(
+            run.status().code(),
+            absl::StrCat("bench: ", modes[i].name, " run ", r, ": ",
+                         run.status().message())));
       }
       Acc& a = acc[i];
-      a.tps.push_back(s->tokens_per_second);
-      a.acc.push_back(s->final_eval_accuracy);
-      a.trainer_busy.push_back(step > 0 ? train / step : 0);
-      a.rollout_busy.push_back(step > 0 ? rollout / step : 0);
-      a.max_staleness = std::max(a.max_staleness, stale);
-      a.runs.push_back({{"tokens_per_second", s->tokens_per_second},
-                        {"final_eval_accuracy", s->final_eval_accuracy},
-                        {"max_staleness", stale},
-                        {"trainer_busy_fraction", a.trainer_busy.back()},
-                        {"rollout_busy_fraction", a.rollout_busy.back()},
-                        {"output_dir", c.output_dir}});
+      a.tps.push_back(run->value("tokens_per_second", 0.0));
+      a.acc.push_back(run->value("final_eval_accuracy", 0.0));
+      a.trainer_busy.push_back(run->value("trainer_busy_fraction", 0.0));
+      a.rollout_busy.push_back(run->value("rollout_busy_fraction", 0.0));
+      a.max_staleness =
+          std::max<int64_t>(a.max_staleness, run->value("max_staleness", 0));
+      a.runs.push_back(*run);
     }
   }
   double base_tps = 0;

@@ -1,6 +1,9 @@
 // `fusionrl bench`: one job under several placement modes, side by side,
 // repeated and interleaved; writes JSON with every run and, per mode, the
-// medians and the ratio to colocated-sync (docs/BENCHMARKS.md).
+// medians and the ratio to colocated-sync (docs/BENCHMARKS.md). Every run
+// is a fresh process (this binary, `bench --run-one`): runs in one process
+// slowed run after run (allocator and thread-pool state carried over), which
+// biased every ratio towards the modes run first.
 #ifndef FUSIONRL_CLI_BENCH_CLI_H_
 #define FUSIONRL_CLI_BENCH_CLI_H_
 
@@ -22,11 +25,15 @@ struct BenchArgs {
   std::string work_dir;
   std::string init_checkpoint;
   std::vector<std::string> overrides;
+  int timeout_seconds = 7200;  // per run
+  // Internal: run `modes` (one mode) once here as run number `run_one` and
+  // print its JSON line; init_checkpoint and work_dir must be set.
+  int run_one = 0;
 };
 
 CLI::App* AddBenchCommand(CLI::App& app, BenchArgs& args);
 
-// Runs the benchmark (every mode in this process, interleaved per repeat).
+// Runs the benchmark (each run in a child process, interleaved per repeat).
 // Returns the exit code.
 int RunBench(const BenchArgs& args);
 

@@ -37,6 +37,7 @@
 #include "cli/bench_cli.h"
 #include "cli/bench_logits_cli.h"
 #include "cli/bench_memory_cli.h"
+#include "cli/bench_rollout_cli.h"
 #include "cli/bench_weights_cli.h"
 #include "cli/cluster_cli.h"
 #include "cli/exit_codes.h"
@@ -164,6 +165,9 @@ int main(int argc, char** argv) {
   fusionrl::cli::BenchMemoryArgs bench_memory_args;
   CLI::App* bench_memory =
       fusionrl::cli::AddBenchMemoryCommand(app, bench_memory_args);
+  fusionrl::cli::BenchRolloutArgs bench_rollout_args;
+  CLI::App* bench_rollout =
+      fusionrl::cli::AddBenchRolloutCommand(app, bench_rollout_args);
   fusionrl::cli::BenchLogitsArgs bench_logits_args;
   CLI::App* bench_logits =
       fusionrl::cli::AddBenchLogitsCommand(app, bench_logits_args);
@@ -201,6 +205,9 @@ int main(int argc, char** argv) {
   }
   if (bench_memory->parsed()) {
     return fusionrl::cli::RunBenchMemory(bench_memory_args);
+  }
+  if (bench_rollout->parsed()) {
+    return fusionrl::cli::RunBenchRollout(bench_rollout_args);
   }
   if (bench_logits->parsed()) {
     return fusionrl::cli::RunBenchLogits(bench_logits_args);

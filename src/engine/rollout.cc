@@ -1,13 +1,17 @@
 #include "engine/rollout.h"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
+#include <map>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/seed.h"
+#include "engine/cpu_decoder.h"
 #include "engine/vocab_kernels.h"
 
 namespace fusionrl {
@@ -45,12 +49,65 @@ bool RolloutEngine::IsStop(int id) const {
   return std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end();
 }
 
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Tokens [n] (int64) and their log-probs [n] (float) drawn from logits
+// [n, V] with one uniform per row (u: CPU float [n]): the fused vocabulary
+// kernel on a CPU without top-k/top-p, else the composite ops.
+std::pair<at::Tensor, at::Tensor> SampleNext(const at::Tensor& logits,
+                                             const at::Tensor& u,
+                                             const SamplingParams& params) {
+  const bool greedy = params.temperature <= 0.0;
+  const bool unfiltered = greedy || (params.top_k <= 0 && params.top_p >= 1.0);
+  if (unfiltered && logits.device().is_cpu()) {
+    SampledRows rows = SampleRows(logits, greedy ? at::Tensor() : u,
+                                  params.temperature);
+    return {rows.tokens, rows.logp};
+  }
+  auto scaled = greedy ? logits.to(at::kFloat)
+                       : logits.to(at::kFloat) / params.temperature;
+  auto logp_all = at::log_softmax(scaled, -1);
+  at::Tensor next;
+  if (greedy) {
+    next = scaled.argmax(-1);
+  } else {
+    auto probs =
+        at::softmax(FilterLogits(scaled, params.top_k, params.top_p), -1);
+    auto cdf = probs.cumsum(-1);
+    // Inverse-CDF draw with u in (0, 1]: the first token whose cumulative
+    // mass reaches u; zero-probability tokens can never be chosen.
+    auto ud = u.to(logits.device()).unsqueeze(1);
+    next = (cdf < ud * cdf.narrow(-1, cdf.size(-1) - 1, 1))
+               .sum(-1)
+               .clamp_max(cdf.size(-1) - 1);
+  }
+  auto token_logp = logp_all.gather(-1, next.unsqueeze(-1)).squeeze(-1);
+  return {next, token_logp};
+}
+
+}  // namespace
+
+float RowUniform(uint64_t seed, int64_t i, int64_t t) {
+  const uint64_t bits = MixSeed(MixSeed(seed, static_cast<uint64_t>(i)),
+                                static_cast<uint64_t>(t));
+  // 24 random bits: a float in (0, 1].
+  return 1.0f - static_cast<float>(bits >> 40) * (1.0f / 16777216.0f);
+}
+
+bool RolloutEngine::fused() const {
+  return path_ == DecodePath::kFused && CpuDecoder::Supports(model_);
+}
+
 absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(
     const std::vector<std::vector<int>>& prompts, const SamplingParams& params,
     uint64_t seed) {
-  std::vector<Completion> completions(prompts.size());
-  if (prompts.empty()) return completions;
-  const int64_t batch = static_cast<int64_t>(prompts.size());
+  stats_ = DecodeStats{};
+  if (prompts.empty()) return std::vector<Completion>{};
   int64_t prompt_len = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
     if (prompts[i].empty()) {
@@ -60,36 +117,188 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(
     prompt_len = std::max<int64_t>(prompt_len, prompts[i].size());
   }
   const int64_t max_new = params.max_new_tokens;
-  const int64_t total = prompt_len + max_new;
-  if (total > model_.config().max_seq_len) {
+  if (max_new < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rollout: max_new_tokens must be >= 1 (got ", max_new, ")"));
+  }
+  if (prompt_len + max_new > model_.config().max_seq_len) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rollout: longest prompt (", prompt_len, " tokens) + max_new_tokens (",
         max_new, ") exceeds model.max_seq_len (", model_.config().max_seq_len,
         ")"));
   }
-
+  const auto t0 = Clock::now();
   c10::InferenceMode inference;
   model_.set_training(false);
-  const auto device = model_.device();
-  const auto long_opts = at::TensorOptions().dtype(at::kLong);
+  auto out = fused() ? GenerateFused(prompts, params, seed)
+                     : GenerateComposite(prompts, params, seed);
+  stats_.total_seconds = Since(t0);
+  stats_.host_seconds =
+      std::max(0.0, stats_.total_seconds - stats_.prefill_seconds -
+                        stats_.model_seconds - stats_.sample_seconds);
+  if (out.ok()) {
+    stats_.sequences = static_cast<int64_t>(out->size());
+    for (const Completion& c : *out) {
+      stats_.tokens += static_cast<int64_t>(c.tokens.size());
+    }
+    tokens_generated_ += stats_.tokens;
+  }
+  return out;
+}
 
-  // Left-padded prompt batch, built on the host and moved once.
-  auto prompt_tokens = at::full({batch, prompt_len}, pad_id_, long_opts);
-  auto valid = at::zeros({batch, total}, long_opts.dtype(at::kBool));
-  {
-    auto tok_acc = prompt_tokens.accessor<int64_t, 2>();
-    auto valid_acc = valid.accessor<bool, 2>();
-    for (int64_t b = 0; b < batch; ++b) {
-      const auto& p = prompts[b];
-      const int64_t offset = prompt_len - static_cast<int64_t>(p.size());
-      for (size_t j = 0; j < p.size(); ++j) {
-        tok_acc[b][offset + j] = p[j];
-        valid_acc[b][offset + j] = true;
-      }
+// Left-padded batch of `prompts` [n, len] and its validity [n, len + extra]
+// (the prompt part set), on `device`.
+static std::pair<at::Tensor, at::Tensor> LeftPadded(
+    const std::vector<const std::vector<int>*>& prompts, int64_t len,
+    int64_t extra, int pad_id, c10::Device device) {
+  const int64_t n = static_cast<int64_t>(prompts.size());
+  const auto long_opts = at::TensorOptions().dtype(at::kLong);
+  auto tokens = at::full({n, len}, pad_id, long_opts);
+  auto valid = at::zeros({n, len + extra}, long_opts.dtype(at::kBool));
+  auto tok_acc = tokens.accessor<int64_t, 2>();
+  auto valid_acc = valid.accessor<bool, 2>();
+  for (int64_t b = 0; b < n; ++b) {
+    const auto& p = *prompts[b];
+    const int64_t offset = len - static_cast<int64_t>(p.size());
+    for (size_t j = 0; j < p.size(); ++j) {
+      tok_acc[b][offset + j] = p[j];
+      valid_acc[b][offset + j] = true;
     }
   }
-  prompt_tokens = prompt_tokens.to(device);
-  valid = valid.to(device);
+  return {tokens.to(device), valid.to(device)};
+}
+
+absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateFused(
+    const std::vector<std::vector<int>>& prompts, const SamplingParams& params,
+    uint64_t seed) {
+  const int64_t batch = static_cast<int64_t>(prompts.size());
+  const int64_t max_new = params.max_new_tokens;
+  stats_.fused = true;
+  auto t = Clock::now();
+
+  // Prefix sharing: each distinct prompt is prefilled once.
+  std::map<std::vector<int>, int64_t> index;
+  std::vector<const std::vector<int>*> unique;
+  std::vector<int64_t> prompt_of(batch);
+  int64_t prompt_len = 0;
+  for (int64_t i = 0; i < batch; ++i) {
+    auto [it, added] =
+        index.emplace(prompts[i], static_cast<int64_t>(unique.size()));
+    if (added) unique.push_back(&prompts[i]);
+    prompt_of[i] = it->second;
+    prompt_len = std::max<int64_t>(prompt_len, prompts[i].size());
+  }
+  const int64_t n_unique = static_cast<int64_t>(unique.size());
+  auto [prompt_tokens, prompt_valid] =
+      LeftPadded(unique, prompt_len, 0, pad_id_, model_.device());
+  KvCache prefill = model_.NewCache(n_unique, prompt_len);
+  at::Tensor prefill_logits =
+      model_
+          .ForwardCached(prompt_tokens, PositionsFromValid(prompt_valid),
+                         prompt_valid, prefill, /*last_only=*/true)
+          .select(1, 0);
+  // Every sequence's first token comes from its prompt's prefill logits.
+  auto u = at::empty({batch}, at::TensorOptions().dtype(at::kFloat));
+  float* u_data = u.data_ptr<float>();
+  for (int64_t i = 0; i < batch; ++i) u_data[i] = RowUniform(seed, i, 0);
+  auto rows = at::tensor(prompt_of, at::TensorOptions().dtype(at::kLong));
+  auto [first, first_logp] =
+      SampleNext(prefill_logits.index_select(0, rows), u, params);
+  first = first.contiguous();
+  first_logp = first_logp.to(at::kFloat).contiguous();
+  stats_.prefill_rows = n_unique;
+  stats_.prefill_seconds = Since(t);
+
+  std::vector<Completion> completions(batch);
+  auto record = [&](int64_t seq, int64_t token, float logp) {
+    Completion& c = completions[seq];
+    c.tokens.push_back(static_cast<int>(token));
+    c.logp.push_back(logp);
+    c.finished = IsStop(static_cast<int>(token));
+    return c.finished || static_cast<int64_t>(c.tokens.size()) == max_new;
+  };
+  std::vector<char> done(batch, 0);
+  for (int64_t i = 0; i < batch; ++i) {
+    done[i] = record(i, first.data_ptr<int64_t>()[i],
+                     first_logp.data_ptr<float>()[i]);
+  }
+
+  const int64_t slots = max_batch_ > 0 ? std::min(max_batch_, batch) : batch;
+  CpuDecoder decoder(model_, slots, prompt_len + max_new);
+  std::vector<int64_t> slot_seq(slots, -1), pending(slots, 0);
+  int64_t live = 0, next = 0;
+  auto step_u = at::empty({slots}, at::TensorOptions().dtype(at::kFloat));
+  while (true) {
+    // Admit waiting sequences into free slots (they are the last ones).
+    while (live < slots && next < batch) {
+      const int64_t seq = next++;
+      if (done[seq]) continue;
+      const auto& p = *unique[prompt_of[seq]];
+      const int64_t len = static_cast<int64_t>(p.size());
+      decoder.LoadPrefill(prefill, prompt_of[seq], prompt_len - len, len,
+                          live);
+      slot_seq[live] = seq;
+      pending[live] = completions[seq].tokens.back();
+      ++live;
+    }
+    if (live == 0) break;
+    t = Clock::now();
+    const at::Tensor& logits = decoder.Step(pending.data(), live);
+    stats_.model_seconds += Since(t);
+    ++stats_.decode_steps;
+    stats_.rows_computed += live;
+    t = Clock::now();
+    float* su = step_u.data_ptr<float>();
+    for (int64_t s = 0; s < live; ++s) {
+      const int64_t seq = slot_seq[s];
+      su[s] = RowUniform(seed, seq,
+                         static_cast<int64_t>(completions[seq].tokens.size()));
+    }
+    auto [tokens, logp] = SampleNext(logits, step_u.narrow(0, 0, live), params);
+    tokens = tokens.contiguous();
+    logp = logp.to(at::kFloat).contiguous();
+    stats_.sample_seconds += Since(t);
+    const int64_t* tok = tokens.data_ptr<int64_t>();
+    const float* lp = logp.data_ptr<float>();
+    // From the last slot down, so that a finished slot is filled by a slot
+    // already handled this step.
+    for (int64_t s = live - 1; s >= 0; --s) {
+      const int64_t seq = slot_seq[s];
+      if (!record(seq, tok[s], lp[s])) {
+        pending[s] = tok[s];
+        continue;
+      }
+      done[seq] = 1;
+      const int64_t last = live - 1;
+      if (s != last) {
+        decoder.MoveSlot(last, s);
+        slot_seq[s] = slot_seq[last];
+        pending[s] = pending[last];
+      }
+      --live;
+    }
+  }
+  return completions;
+}
+
+absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateComposite(
+    const std::vector<std::vector<int>>& prompts, const SamplingParams& params,
+    uint64_t seed) {
+  std::vector<Completion> completions(prompts.size());
+  const int64_t batch = static_cast<int64_t>(prompts.size());
+  int64_t prompt_len = 0;
+  std::vector<const std::vector<int>*> all;
+  for (const auto& p : prompts) {
+    all.push_back(&p);
+    prompt_len = std::max<int64_t>(prompt_len, p.size());
+  }
+  const int64_t max_new = params.max_new_tokens;
+  const int64_t total = prompt_len + max_new;
+  const auto device = model_.device();
+  const auto long_opts = at::TensorOptions().dtype(at::kLong);
+  auto t = Clock::now();
+  auto [prompt_tokens, valid] =
+      LeftPadded(all, prompt_len, max_new, pad_id_, device);
   auto prompt_valid = valid.narrow(1, 0, prompt_len);
   auto next_pos = prompt_valid.sum(1, /*keepdim=*/true);  // [B, 1]
 
@@ -99,49 +308,21 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(
           .ForwardCached(prompt_tokens, PositionsFromValid(prompt_valid),
                          prompt_valid, cache, /*last_only=*/true)
           .select(1, 0);
+  stats_.prefill_rows = batch;
+  stats_.prefill_seconds = Since(t);
 
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   auto out_tokens =
       at::full({batch, max_new}, pad_id_, long_opts.device(device));
   auto out_logp = at::zeros(
       {batch, max_new}, at::TensorOptions().dtype(at::kFloat).device(device));
   auto alive = at::ones({batch}, long_opts.dtype(at::kBool).device(device));
+  auto u = at::empty({batch}, at::TensorOptions().dtype(at::kFloat));
   int64_t steps = 0;
-  const bool greedy = params.temperature <= 0.0;
-  const bool unfiltered = greedy || (params.top_k <= 0 && params.top_p >= 1.0);
   for (int64_t step = 0; step < max_new; ++step) {
-    at::Tensor next, token_logp;
-    if (unfiltered && device.is_cpu()) {
-      // One fused pass per row: no [B, V] temporaries (vocab_kernels.h).
-      // The same uniforms are drawn as on the composite path below.
-      at::Tensor u;
-      if (!greedy) {
-        u = 1.0 - at::rand({batch}, gen, at::TensorOptions().dtype(at::kFloat));
-      }
-      SampledRows rows = SampleRows(logits, u, params.temperature);
-      next = rows.tokens;
-      token_logp = rows.logp;
-    } else {
-      auto scaled = greedy ? logits.to(at::kFloat)
-                           : logits.to(at::kFloat) / params.temperature;
-      auto logp_all = at::log_softmax(scaled, -1);
-      if (greedy) {
-        next = scaled.argmax(-1);
-      } else {
-        auto probs =
-            at::softmax(FilterLogits(scaled, params.top_k, params.top_p), -1);
-        auto cdf = probs.cumsum(-1);
-        // Inverse-CDF draw with u in (0, 1]: the first token whose cumulative
-        // mass reaches u; zero-probability tokens can never be chosen.
-        auto u = (1.0 - at::rand({batch, 1}, gen,
-                                 at::TensorOptions().dtype(at::kFloat)))
-                     .to(device);
-        next = (cdf < u * cdf.narrow(-1, cdf.size(-1) - 1, 1))
-                   .sum(-1)
-                   .clamp_max(cdf.size(-1) - 1);
-      }
-      token_logp = logp_all.gather(-1, next.unsqueeze(-1)).squeeze(-1);
-    }
+    t = Clock::now();
+    float* ud = u.data_ptr<float>();
+    for (int64_t b = 0; b < batch; ++b) ud[b] = RowUniform(seed, b, step);
+    auto [next, token_logp] = SampleNext(logits, u, params);
     next = at::where(alive, next, at::full_like(next, pad_id_));
     out_tokens.select(1, step).copy_(next);
     out_logp.select(1, step).copy_(
@@ -149,13 +330,19 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(
     valid.select(1, prompt_len + step).copy_(alive);
     for (int id : stop_ids_) alive = alive & (next != id);
     steps = step + 1;
-    if (step + 1 == max_new || !alive.any().item<bool>()) break;
+    const bool last = step + 1 == max_new || !alive.any().item<bool>();
+    stats_.sample_seconds += Since(t);
+    if (last) break;
+    t = Clock::now();
     logits =
         model_
             .ForwardCached(next.unsqueeze(1), next_pos,
                            valid.narrow(1, 0, prompt_len + step + 1), cache)
             .select(1, 0);
     next_pos = next_pos + 1;
+    stats_.model_seconds += Since(t);
+    ++stats_.decode_steps;
+    stats_.rows_computed += batch;
   }
 
   auto tokens_cpu = out_tokens.narrow(1, 0, steps).to(at::kCPU).contiguous();
@@ -173,7 +360,6 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(
         break;
       }
     }
-    tokens_generated_ += static_cast<int64_t>(c.tokens.size());
   }
   return completions;
 }

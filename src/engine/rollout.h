@@ -1,15 +1,33 @@
 // RolloutEngine: batched autoregressive sampling with a KV cache.
 //
-// Prompts are left-padded into one batch, prefilled in one forward pass, then
-// decoded one token per step for every live sequence; a sequence stops at
-// eos or after max_new_tokens, and the batch stops when all have stopped.
-// Sampling is temperature / top-k / top-p; temperature 0 is greedy. The
-// log-prob recorded for each token is log softmax(logits / temperature) before
+// A sequence stops at a stop id or after max_new_tokens. Sampling is
+// temperature / top-k / top-p; temperature 0 is greedy. The log-prob
+// recorded for each token is log softmax(logits / temperature) before
 // top-k/top-p filtering (temperature 1 when greedy): the quantity the trainer
 // recomputes, so on-policy ratios start at exactly 1 without filtering.
-// Randomness comes only from `seed` (a CPU generator; uniforms are moved to
-// the device), so a (weights, prompts, params, seed) tuple always yields the
-// same samples on the same device.
+//
+// Randomness: token t of sequence i is drawn by the inverse CDF with the
+// uniform RowUniform(seed, i, t), a counter-based hash. A sequence's samples
+// depend on its prompt, the weights and (seed, i) only, not on which other
+// sequences share its batch or in which slot it runs: a (weights, prompts,
+// params, seed) tuple always yields the same samples on the same device,
+// whichever decode path and batch size produced them (up to float rounding
+// of the logits, docs/BENCHMARKS.md).
+//
+// Two decode paths:
+//  * fused (the default where CpuDecoder::Supports the model: a float32
+//    dense policy on a CPU): each distinct prompt is prefilled once and its
+//    KV entries copied to every sample of it (prefix sharing: a GRPO group
+//    prefills once, not group_size times); decoding runs in preallocated
+//    buffers with fused kernels (engine/cpu_decoder.h); a finished
+//    sequence's slot is refilled from the waiting sequences (continuous
+//    batching, with max_batch slots) or, with none waiting, compacted away,
+//    so a step computes only live sequences.
+//  * composite (MoE, bfloat16, other devices, or asked for): prompts are
+//    left-padded into one batch, prefilled in one forward pass, then decoded
+//    one token per step for every sequence through PolicyModel::
+//    ForwardCached until all have stopped. It is the reference the fused
+//    path is tested against.
 //
 // Threads: not thread-safe; borrows the model, which must outlive the engine
 // and must not be modified during Generate().
@@ -39,8 +57,31 @@ struct Completion {
   bool finished = false;    // produced a stop id
 };
 
+// Where the time of the last Generate() went (RolloutEngine::last_stats).
+struct DecodeStats {
+  bool fused = false;          // the fused path ran
+  int64_t sequences = 0;       // completions produced
+  int64_t prefill_rows = 0;    // prompts prefilled (distinct ones when fused)
+  int64_t decode_steps = 0;    // forward calls after the prefill
+  int64_t rows_computed = 0;   // sum over decode steps of the rows computed
+  int64_t tokens = 0;          // tokens sampled (the stop ids included)
+  double prefill_seconds = 0;  // prefill forward (+ the first sampling)
+  double model_seconds = 0;    // decode forwards
+  double sample_seconds = 0;   // sampling of decode steps
+  double host_seconds = 0;     // the rest: bookkeeping, copies, setup
+  double total_seconds = 0;
+};
+
+// The uniform in (0, 1] that draws token `t` of sequence `i`.
+float RowUniform(uint64_t seed, int64_t i, int64_t t);
+
 class RolloutEngine {
  public:
+  enum class DecodePath {
+    kFused,      // CpuDecoder where it supports the model, else composite
+    kComposite,  // always the composite reference path
+  };
+
   // A sequence stops at the first of `stop_ids` it samples (the model's
   // eos ids: generation_config.json may list several, and a chat format's
   // end-of-turn token).
@@ -57,13 +98,33 @@ class RolloutEngine {
   // Tokens produced by all Generate() calls so far (eos included).
   int64_t tokens_generated() const { return tokens_generated_; }
 
+  void set_decode_path(DecodePath path) { path_ = path; }
+  // Fused path: sequences decoded at once (0 = all of a Generate() call's).
+  // With fewer slots than sequences, each finished sequence's slot takes the
+  // next waiting one (continuous batching). The KV cache is slots x
+  // (longest prompt + max_new_tokens) entries, plus one prefill entry per
+  // distinct prompt token.
+  void set_max_batch(int64_t slots) { max_batch_ = slots; }
+  // Whether Generate() would take the fused path for this engine's model.
+  bool fused() const;
+  const DecodeStats& last_stats() const { return stats_; }
+
  private:
   bool IsStop(int id) const;
+  absl::StatusOr<std::vector<Completion>> GenerateComposite(
+      const std::vector<std::vector<int>>& prompts,
+      const SamplingParams& params, uint64_t seed);
+  absl::StatusOr<std::vector<Completion>> GenerateFused(
+      const std::vector<std::vector<int>>& prompts,
+      const SamplingParams& params, uint64_t seed);
 
   PolicyModel& model_;
   int pad_id_;
   std::vector<int> stop_ids_;
   int64_t tokens_generated_ = 0;
+  DecodePath path_ = DecodePath::kFused;
+  int64_t max_batch_ = 0;
+  DecodeStats stats_;
 };
 
 // Sets logits outside the top-k (k > 0) and outside the smallest set whose

@@ -60,9 +60,17 @@ absl::StatusOr<RolloutBatch> GroupSampler::Sample(
   // may first move the optimizer state to host memory.
   size_t longest = 0;
   for (const auto& p : prompts) longest = std::max(longest, p.size());
-  const MemoryDecision kv = memory.RequestKvCache(
+  // The fused decode path also holds one prefill entry per prompt token of
+  // each group (prefix sharing), next to the slots' cache.
+  int64_t kv_bytes =
       KvCacheBytesFor(config_.model, static_cast<int64_t>(prompts.size()),
-                      static_cast<int64_t>(longest) + rc.max_new_tokens));
+                      static_cast<int64_t>(longest) + rc.max_new_tokens);
+  if (engine.fused()) {
+    kv_bytes += KvCacheBytesFor(config_.model,
+                                static_cast<int64_t>(groups.size()),
+                                static_cast<int64_t>(longest));
+  }
+  const MemoryDecision kv = memory.RequestKvCache(kv_bytes);
   if (!kv.granted()) return absl::ResourceExhaustedError(kv.message);
   if (kv.outcome == MemoryDecision::Outcome::kGrantedAfterOffload) {
     FUSIONRL_RETURN_IF_ERROR(on_offload(kv));

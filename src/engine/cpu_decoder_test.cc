@@ -1,0 +1,238 @@
+// The fused decode path (CpuDecoder, decode_kernels) against the composite
+// reference path: logits within float tolerance, identical samples for a
+// seed; continuous batching and prefix sharing change nothing but speed.
+#include "engine/cpu_decoder.h"
+
+#include <torch/types.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "engine/rollout.h"
+#include "engine/test_util.h"
+#include "gtest/gtest.h"
+
+namespace fusionrl {
+namespace {
+
+constexpr int kPad = 0, kBos = 1, kEos = 2;
+
+struct Variant {
+  std::string name;
+  int n_kv_heads = 0;
+  bool qk_norm = false;
+  bool qkv_bias = false;
+  bool tie_embeddings = false;
+};
+
+std::unique_ptr<PolicyModel> MakeModel(const Variant& v, uint64_t seed = 7) {
+  ModelConfig c = testing_util::TinyModelConfig();
+  c.d_model = 48;  // not a multiple of the kernels' 8 lanes per head: tails
+  c.n_heads = 4;   // head_dim 12
+  c.n_kv_heads = v.n_kv_heads;
+  c.qk_norm = v.qk_norm;
+  c.qkv_bias = v.qkv_bias;
+  c.tie_embeddings = v.tie_embeddings;
+  c.d_ff = 72;
+  auto m = PolicyModel::Create(c, 98, c10::Device("cpu"), seed).value();
+  if (v.qkv_bias) {  // biases start at 0: give them values
+    torch::NoGradGuard no_grad;
+    for (auto& [name, t] : m->named_parameters()) {
+      if (name.find(".bias") != std::string::npos) t.normal_(0, 0.3);
+    }
+  }
+  return m;
+}
+
+std::vector<Variant> Variants() {
+  return {{"plain"},
+          {"gqa", 2},
+          {"qk_norm_bias_tied", 1, true, true, true}};
+}
+
+std::vector<std::vector<int>> Prompts() {
+  // Different lengths (left padding on the composite path), and repeats of
+  // a prompt as a GRPO group has them.
+  std::vector<std::vector<int>> p = {{kBos, 20, 21, 22},
+                                     {kBos, 40},
+                                     {kBos, 50, 51},
+                                     {kBos, 60, 61, 62, 63, 64, 65}};
+  std::vector<std::vector<int>> out;
+  for (const auto& x : p) {
+    for (int g = 0; g < 3; ++g) out.push_back(x);
+  }
+  return out;
+}
+
+// Step logits of the decoder equal the uncached forward's, token by token.
+TEST(CpuDecoderTest, StepLogitsMatchFullForward) {
+  for (const Variant& v : Variants()) {
+    SCOPED_TRACE(v.name);
+    auto model = MakeModel(v);
+    ASSERT_TRUE(CpuDecoder::Supports(*model));
+    torch::NoGradGuard no_grad;
+    const std::vector<int> prompt = {kBos, 30, 31, 32, 33};
+    const std::vector<int64_t> cont = {40, 41, 42, 43, 44, 45};
+    const int64_t p = static_cast<int64_t>(prompt.size());
+    KvCache prefill = model->NewCache(1, p);
+    auto tokens = torch::tensor(std::vector<int64_t>(prompt.begin(),
+                                                     prompt.end()))
+                      .unsqueeze(0);
+    auto valid = torch::ones_like(tokens, torch::kBool);
+    model->ForwardCached(tokens, PositionsFromValid(valid), valid, prefill,
+                         true);
+    CpuDecoder decoder(*model, /*slots=*/2, p + 8);
+    // Slot 1 holds the sequence; slot 0 another copy (rows independent).
+    decoder.LoadPrefill(prefill, 0, 0, p, 0);
+    decoder.LoadPrefill(prefill, 0, 0, p, 1);
+    std::vector<int64_t> seq(prompt.begin(), prompt.end());
+    for (int64_t tok : cont) {
+      const int64_t feed[2] = {tok, tok};
+      at::Tensor logits = decoder.Step(feed, 2).clone();
+      seq.push_back(tok);
+      auto all = torch::tensor(seq).unsqueeze(0);
+      auto all_valid = torch::ones_like(all, torch::kBool);
+      auto ref = model->Forward(all, PositionsFromValid(all_valid),
+                                all_valid)[0][-1];
+      EXPECT_TRUE(torch::allclose(logits[0], ref, 1e-4, 1e-5))
+          << "max diff " << (logits[0] - ref).abs().max().item<float>();
+      EXPECT_TRUE(torch::equal(logits[0], logits[1]));
+      EXPECT_EQ(decoder.length(1), static_cast<int64_t>(seq.size()));
+    }
+  }
+}
+
+void ExpectSame(const std::vector<Completion>& a,
+                const std::vector<Completion>& b, double tol) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].tokens, b[i].tokens) << "sequence " << i;
+    EXPECT_EQ(a[i].finished, b[i].finished) << "sequence " << i;
+    ASSERT_EQ(a[i].logp.size(), b[i].logp.size());
+    for (size_t t = 0; t < a[i].logp.size(); ++t) {
+      EXPECT_NEAR(a[i].logp[t], b[i].logp[t], tol)
+          << "sequence " << i << " token " << t;
+    }
+  }
+}
+
+TEST(CpuDecoderTest, FusedPathSamplesWhatTheCompositePathSamples) {
+  for (const Variant& v : Variants()) {
+    for (double temperature : {0.0, 1.0, 0.7}) {
+      SCOPED_TRACE(v.name + " T=" + std::to_string(temperature));
+      auto model = MakeModel(v);
+      RolloutEngine fused(*model, kPad, kEos);
+      RolloutEngine composite(*model, kPad, kEos);
+      composite.set_decode_path(RolloutEngine::DecodePath::kComposite);
+      ASSERT_TRUE(fused.fused());
+      ASSERT_FALSE(composite.fused());
+      SamplingParams p;
+      p.temperature = temperature;
+      p.max_new_tokens = 12;
+      auto a = fused.Generate(Prompts(), p, 5).value();
+      auto b = composite.Generate(Prompts(), p, 5).value();
+      ExpectSame(a, b, 2e-5);
+      EXPECT_TRUE(fused.last_stats().fused);
+      // Prefix sharing: 4 distinct prompts prefilled, not 12.
+      EXPECT_EQ(fused.last_stats().prefill_rows, 4);
+      EXPECT_EQ(composite.last_stats().prefill_rows, 12);
+      EXPECT_EQ(fused.last_stats().tokens, composite.last_stats().tokens);
+    }
+  }
+}
+
+TEST(CpuDecoderTest, TopKTopPSamplingAgrees) {
+  auto model = MakeModel(Variants()[1]);
+  RolloutEngine fused(*model, kPad, kEos);
+  RolloutEngine composite(*model, kPad, kEos);
+  composite.set_decode_path(RolloutEngine::DecodePath::kComposite);
+  SamplingParams p;
+  p.temperature = 1.0;
+  p.top_k = 5;
+  p.top_p = 0.8;
+  p.max_new_tokens = 10;
+  ExpectSame(fused.Generate(Prompts(), p, 9).value(),
+             composite.Generate(Prompts(), p, 9).value(), 2e-5);
+}
+
+TEST(CpuDecoderTest, ContinuousBatchingEqualsStaticBatching) {
+  auto model = MakeModel(Variants()[0]);
+  RolloutEngine all(*model, kPad, kEos);
+  SamplingParams p;
+  p.temperature = 1.0;
+  p.max_new_tokens = 14;
+  const auto prompts = Prompts();
+  const auto reference = all.Generate(prompts, p, 3).value();
+  const DecodeStats one_batch = all.last_stats();
+  for (int64_t slots : {1, 3, 5}) {
+    SCOPED_TRACE("slots " + std::to_string(slots));
+    RolloutEngine continuous(*model, kPad, kEos);
+    continuous.set_max_batch(slots);
+    // Tokens identical; log-probs to float rounding (a GEMM of fewer rows
+    // may sum in another order).
+    ExpectSame(continuous.Generate(prompts, p, 3).value(), reference, 1e-5);
+    // Never more rows at once than slots.
+    EXPECT_LE(continuous.last_stats().rows_computed,
+              slots * continuous.last_stats().decode_steps);
+  }
+  // Sequences of different lengths: compaction computes fewer rows than
+  // static batching would (every row for every step).
+  int64_t finished = 0;
+  for (const auto& c : reference) finished += c.finished;
+  ASSERT_GT(finished, 0) << "no sequence stopped early: pick another seed";
+  EXPECT_LT(one_batch.rows_computed,
+            one_batch.decode_steps * static_cast<int64_t>(prompts.size()));
+}
+
+TEST(CpuDecoderTest, SamplesDoNotDependOnTheBatch) {
+  // A sequence's samples depend on (seed, its index), not on its companions.
+  auto model = MakeModel(Variants()[0]);
+  RolloutEngine engine(*model, kPad, kEos);
+  SamplingParams p;
+  p.max_new_tokens = 10;
+  const auto prompts = Prompts();
+  const auto whole = engine.Generate(prompts, p, 21).value();
+  std::vector<std::vector<int>> prefix(prompts.begin(), prompts.begin() + 5);
+  ExpectSame(engine.Generate(prefix, p, 21).value(),
+             std::vector<Completion>(whole.begin(), whole.begin() + 5), 1e-5);
+}
+
+TEST(CpuDecoderTest, StopIdsAndLengthLimit) {
+  auto model = MakeModel(Variants()[0]);
+  // Every id is a stop id but one: most sequences end at once.
+  std::vector<int> stops;
+  for (int i = 0; i < 98; ++i) {
+    if (i != 50) stops.push_back(i);
+  }
+  RolloutEngine engine(*model, kPad, stops);
+  SamplingParams p;
+  p.temperature = 1.5;
+  p.max_new_tokens = 4;
+  auto out = engine.Generate(Prompts(), p, 1).value();
+  for (const auto& c : out) {
+    ASSERT_FALSE(c.tokens.empty());
+    ASSERT_LE(c.tokens.size(), 4u);
+    for (size_t t = 0; t + 1 < c.tokens.size(); ++t) EXPECT_EQ(c.tokens[t], 50);
+    EXPECT_EQ(c.finished, c.tokens.back() != 50);
+  }
+  RolloutEngine composite(*model, kPad, stops);
+  composite.set_decode_path(RolloutEngine::DecodePath::kComposite);
+  ExpectSame(out, composite.Generate(Prompts(), p, 1).value(), 2e-5);
+}
+
+TEST(CpuDecoderTest, UnsupportedModelsTakeTheCompositePath) {
+  ModelConfig c = testing_util::TinyModelConfig();
+  c.moe_experts = 4;
+  c.moe_top_k = 2;
+  auto moe = PolicyModel::Create(c, 98, c10::Device("cpu"), 1).value();
+  EXPECT_FALSE(CpuDecoder::Supports(*moe));
+  RolloutEngine engine(*moe, kPad, kEos);
+  EXPECT_FALSE(engine.fused());
+  auto out = engine.Generate(Prompts(), SamplingParams{}, 1);
+  ASSERT_TRUE(out.ok());
+  EXPECT_FALSE(engine.last_stats().fused);
+}
+
+}  // namespace
+}  // namespace fusionrl

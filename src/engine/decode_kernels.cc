@@ -1,0 +1,219 @@
+#include "engine/decode_kernels.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+// The hot loops, compiled twice: for AVX2 + FMA (x86-64-v3, every x86 server
+// of the last decade) and generic; the loader picks one (ifunc). Other
+// architectures get the generic build only.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FUSIONRL_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#else
+#define FUSIONRL_CLONES
+#endif
+
+namespace fusionrl::decode {
+namespace {
+
+constexpr int kLanes = 8;  // independent partial sums: lets loops vectorise
+
+// exp(x) for float, to ~2 ulp (Cephes' expf: range reduction by ln 2 in two
+// parts and a degree-6 polynomial), written so that a loop over it
+// vectorises; glibc's expf does not. Inputs are clamped to [-87.3, 88.3]
+// (exp(-87.3) ~ 1e-38: 0 for a softmax or a sigmoid).
+inline float Exp(float x) {
+  const float kMax = 88.3762626647949f, kMin = -87.3365478515625f;
+  x = std::max(std::min(x, kMax), kMin);
+  const float t = x * 1.44269504088896341f + 0.5f;
+  int32_t i = static_cast<int32_t>(t);
+  i -= t < static_cast<float>(i) ? 1 : 0;  // floor
+  const float fx = static_cast<float>(i);
+  x -= fx * 0.693359375f;
+  x -= fx * -2.12194440e-4f;
+  const float z = x * x;
+  float y = 1.9875691500e-4f;
+  y = y * x + 1.3981999507e-3f;
+  y = y * x + 8.3334519073e-3f;
+  y = y * x + 4.1665795894e-2f;
+  y = y * x + 1.6666665459e-1f;
+  y = y * x + 5.0000001201e-1f;
+  y = y * z + x + 1.0f;
+  const int32_t bits = (i + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return y * scale;
+}
+
+inline float SumSquares(const float* x, int64_t d) {
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= d; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) acc[l] += x[i + l] * x[i + l];
+  }
+  float s = 0;
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  for (; i < d; ++i) s += x[i] * x[i];
+  return s;
+}
+
+FUSIONRL_CLONES void RmsNormRange(const float* x, const float* w, float* y,
+                                  int64_t r0, int64_t r1, int64_t d,
+                                  float eps) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * d;
+    float* yr = y + r * d;
+    const float inv =
+        1.0f / std::sqrt(SumSquares(xr, d) / static_cast<float>(d) + eps);
+    for (int64_t i = 0; i < d; ++i) yr[i] = xr[i] * inv * w[i];
+  }
+}
+
+// RMSNorm of one head vector in place (qk_norm).
+inline void NormHead(float* x, const float* w, int64_t d, float eps) {
+  const float inv =
+      1.0f / std::sqrt(SumSquares(x, d) / static_cast<float>(d) + eps);
+  for (int64_t i = 0; i < d; ++i) x[i] = x[i] * inv * w[i];
+}
+
+// Half-split rotation of one head vector in place.
+inline void RotateHead(float* x, const float* c, const float* s, int64_t half) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float x1 = x[i], x2 = x[i + half];
+    x[i] = x1 * c[i] - x2 * s[i];
+    x[i + half] = x1 * s[i] + x2 * c[i];
+  }
+}
+
+FUSIONRL_CLONES void RotaryRange(float* q, float* k, const float* v,
+                                 const float* cos, const float* sin,
+                                 const int64_t* pos, const int64_t* len,
+                                 const float* q_norm, const float* k_norm,
+                                 float eps, const KvLayout& lo, float* cache_k,
+                                 float* cache_v, int64_t r0, int64_t r1) {
+  const int64_t dh = lo.head_dim, half = dh / 2;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* c = cos + pos[r] * half;
+    const float* s = sin + pos[r] * half;
+    for (int64_t h = 0; h < lo.heads; ++h) {
+      float* qh = q + (r * lo.heads + h) * dh;
+      if (q_norm != nullptr) NormHead(qh, q_norm, dh, eps);
+      RotateHead(qh, c, s, half);
+    }
+    for (int64_t h = 0; h < lo.kv_heads; ++h) {
+      float* kh = k + (r * lo.kv_heads + h) * dh;
+      if (k_norm != nullptr) NormHead(kh, k_norm, dh, eps);
+      RotateHead(kh, c, s, half);
+      const int64_t slot = ((r * lo.kv_heads + h) * lo.capacity + len[r]) * dh;
+      std::memcpy(cache_k + slot, kh, dh * sizeof(float));
+      std::memcpy(cache_v + slot, v + (r * lo.kv_heads + h) * dh,
+                  dh * sizeof(float));
+    }
+  }
+}
+
+// One query head of one row over `n` keys/values [n, dh]; `scores` has room
+// for n floats.
+FUSIONRL_CLONES void AttendRange(const float* q, const float* cache_k,
+                                 const float* cache_v, const int64_t* len,
+                                 const KvLayout& lo, float* out, int64_t i0,
+                                 int64_t i1) {
+  const int64_t dh = lo.head_dim;
+  const int64_t rep = lo.heads / lo.kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
+  std::vector<float> scores(lo.capacity);
+  for (int64_t item = i0; item < i1; ++item) {
+    const int64_t r = item / lo.heads, h = item % lo.heads;
+    const int64_t n = len[r];
+    const float* qh = q + item * dh;
+    const int64_t base = (r * lo.kv_heads + h / rep) * lo.capacity * dh;
+    const float* keys = cache_k + base;
+    const float* values = cache_v + base;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < n; ++j) {
+      const float* kj = keys + j * dh;
+      float acc[kLanes] = {};
+      int64_t i = 0;
+      for (; i + kLanes <= dh; i += kLanes) {
+        for (int l = 0; l < kLanes; ++l) acc[l] += qh[i + l] * kj[i + l];
+      }
+      float s = 0;
+      for (int l = 0; l < kLanes; ++l) s += acc[l];
+      for (; i < dh; ++i) s += qh[i] * kj[i];
+      scores[j] = s * scale;
+      m = std::max(m, scores[j]);
+    }
+    float total = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      scores[j] = Exp(scores[j] - m);
+      total += scores[j];
+    }
+    const float inv = 1.0f / total;
+    float* o = out + item * dh;
+    std::fill(o, o + dh, 0.0f);
+    for (int64_t j = 0; j < n; ++j) {
+      const float p = scores[j] * inv;
+      const float* vj = values + j * dh;
+      for (int64_t i = 0; i < dh; ++i) o[i] += p * vj[i];
+    }
+  }
+}
+
+FUSIONRL_CLONES void SwiGluRange(float* g, const float* u, int64_t i0,
+                                 int64_t i1) {
+  for (int64_t i = i0; i < i1; ++i) {
+    const float x = g[i];
+    g[i] = x / (1.0f + Exp(-x)) * u[i];
+  }
+}
+
+// Items per task so that each carries about `work` multiply-adds.
+int64_t Grain(int64_t work_per_item) {
+  constexpr int64_t kWork = 1 << 15;
+  return std::max<int64_t>(1, kWork / std::max<int64_t>(1, work_per_item));
+}
+
+}  // namespace
+
+void RmsNormRows(const float* x, const float* w, float* y, int64_t n,
+                 int64_t d, float eps) {
+  at::parallel_for(0, n, Grain(2 * d), [&](int64_t r0, int64_t r1) {
+    RmsNormRange(x, w, y, r0, r1, d, eps);
+  });
+}
+
+void RotaryAppendKv(float* q, float* k, const float* v, const float* cos,
+                    const float* sin, const int64_t* pos, const int64_t* len,
+                    const float* q_norm, const float* k_norm, float norm_eps,
+                    const KvLayout& layout, float* cache_k, float* cache_v,
+                    int64_t n) {
+  const int64_t per_row = (layout.heads + 2 * layout.kv_heads) *
+                          layout.head_dim * (q_norm != nullptr ? 3 : 2);
+  at::parallel_for(0, n, Grain(per_row), [&](int64_t r0, int64_t r1) {
+    RotaryRange(q, k, v, cos, sin, pos, len, q_norm, k_norm, norm_eps, layout,
+                cache_k, cache_v, r0, r1);
+  });
+}
+
+void DecodeAttention(const float* q, const float* cache_k,
+                     const float* cache_v, const int64_t* len,
+                     const KvLayout& layout, float* out, int64_t n) {
+  int64_t longest = 1;
+  for (int64_t r = 0; r < n; ++r) longest = std::max(longest, len[r]);
+  at::parallel_for(0, n * layout.heads, Grain(2 * longest * layout.head_dim),
+                   [&](int64_t i0, int64_t i1) {
+                     AttendRange(q, cache_k, cache_v, len, layout, out, i0, i1);
+                   });
+}
+
+void SwiGluInPlace(float* g, const float* u, int64_t count) {
+  at::parallel_for(0, count, Grain(8), [&](int64_t i0, int64_t i1) {
+    SwiGluRange(g, u, i0, i1);
+  });
+}
+
+}  // namespace fusionrl::decode
