@@ -32,7 +32,13 @@ namespace fusionrl {
 //              same memory, so swap frees nothing there.
 // Sub-blocks: attention (q/k/v/o projections, rotary, softmax), mlp (the
 // SwiGLU, or the whole MoE block: router, experts, shared expert) and norm
-// (both RMSNorms of the block).
+// (both RMSNorms of the block). A finer unit, attention_core (keep or
+// recompute), is the part of attention between the projections: scores,
+// mask, softmax and the weighted sum of values, whose saved activations grow
+// with the square of the sequence length while its compute is a small part
+// of the layer's (Megatron-LM's selective recompute). Recomputing it keeps
+// q, k and v (the projections are not run again); it applies where attention
+// itself is kept or swapped.
 struct ActivationConfig {
   // keep | recompute | swap: the action of every sub-block not set below.
   // auto: at the first training step a planner measures each sub-block and
@@ -42,8 +48,10 @@ struct ActivationConfig {
   std::string attention;  // "" = policy; else keep | recompute | swap
   std::string mlp;        // "" = policy; else keep | recompute | swap
   std::string norm;       // "" = policy; else keep | recompute | swap
+  std::string attention_core;  // "" = keep; else keep | recompute
   // Per-layer overrides, applied last: entries "<layer>: <sub>=<action>,
-  // <sub>=<action>" separated by ';', e.g. "0: mlp=keep; 3: attention=swap".
+  // <sub>=<action>" separated by ';', e.g. "0: mlp=keep; 3: attention=swap"
+  // (sub: attention, mlp, norm, attention_core).
   // Layer indices must be < model.n_layers, each layer listed once.
   std::string layers;
   double budget_mib = 0;  // auto only (> 0 there): activation budget, MiB
@@ -56,6 +64,7 @@ struct LayerActivationPlan {
   ActivationAction attention = ActivationAction::kKeep;
   ActivationAction mlp = ActivationAction::kKeep;
   ActivationAction norm = ActivationAction::kKeep;
+  ActivationAction attention_core = ActivationAction::kKeep;  // keep|recompute
 };
 
 // The plan of each of `n_layers` layers: defaults, then per-sub-block
@@ -181,6 +190,15 @@ struct RolloutConfig {
   double temperature = 1.0;   // 0 = greedy
   int top_k = 0;              // 0 = off
   double top_p = 1.0;         // 1 = off
+  // Decode path (engine/rollout.h): fused = the CPU decoder with fused
+  // kernels, prefix sharing and continuous batching where it supports the
+  // policy (a float32 dense model on a CPU), else composite; composite = the
+  // reference path always.
+  std::string decode = "fused";
+  // Fused path: sequences decoded at once; a finished one's slot takes the
+  // next waiting one (continuous batching). 0 = all of a step's sequences.
+  // Bounds the KV cache at decode_slots x (prompt + max_new_tokens).
+  int decode_slots = 0;
 };
 
 // Every string-valued mode of the config below is an enum, parsed once by
@@ -302,6 +320,10 @@ struct OptimConfig {
   // of only this many tokens exist at a time (forward and backward), never
   // batch x sequence x vocabulary; 0 = the whole micro-batch at once.
   int logits_chunk_tokens = 512;
+  // Dense policies: a mini-batch's micro-batches take its sequences longest
+  // first, each trimmed to its own longest prompt and response (less
+  // padding computed; the same update up to float rounding).
+  bool length_bucketing = true;
 };
 
 // The RL loop (`fusionrl run`).

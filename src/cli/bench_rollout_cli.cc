@@ -88,6 +88,37 @@ absl::StatusOr<GenerateCost> CountGenerate(
 
 double MedianOf(std::vector<double> v) { return Median(std::move(v)); }
 
+// This machine's sgemm at the job's threads: a 512^3 float matmul, median
+// GFLOP/s of 5 after a warm-up (the figure the training step is put next
+// to).
+double SgemmGflops() {
+  const auto a = at::randn({512, 512}), b = at::randn({512, 512});
+  auto c = at::empty({512, 512});
+  std::vector<double> g;
+  for (int i = 0; i < 6; ++i) {
+    const auto t0 = Clock::now();
+    at::mm_out(c, a, b);
+    const double s = Since(t0);
+    if (i > 0) g.push_back(2.0 * 512 * 512 * 512 / s / 1e9);
+  }
+  return MedianOf(g);
+}
+
+// Multiply-adds x 2 of one training forward per token position of a
+// sequence of `t` positions: every projection, the feed-forward, the LM head
+// and the attention's two T x T products (the composite path computes the
+// full square).
+double ForwardFlopsPerToken(const ModelConfig& m, int vocab, int64_t t) {
+  const double d = m.d_model;
+  const double head_dim =
+      m.head_dim > 0 ? m.head_dim : static_cast<double>(m.d_model) / m.n_heads;
+  const double q = m.n_heads * head_dim;
+  const double kv = (m.n_kv_heads > 0 ? m.n_kv_heads : m.n_heads) * head_dim;
+  const double per_layer =
+      2 * (d * q + 2 * d * kv + q * d + 3 * d * m.d_ff) + 4 * t * q;
+  return m.n_layers * per_layer + 2 * d * vocab;
+}
+
 // One engine, measured in this process; prints its JSON.
 int MeasureHere(const BenchRolloutArgs& args, bool fused) {
   LogToStderr();
@@ -126,7 +157,7 @@ int MeasureHere(const BenchRolloutArgs& args, bool fused) {
     return prompts;
   };
   std::vector<double> rollout_s, train_s, prefill_s, model_s, sample_s,
-      host_s, rows;
+      host_s, rows, train_flops;
   int64_t tokens = 0;
   for (int it = 0; it <= args.iterations; ++it) {
     const auto prompts = make_prompts();
@@ -153,6 +184,11 @@ int MeasureHere(const BenchRolloutArgs& args, bool fused) {
     if (!stats.ok()) return Fail(stats.status());
     const double t = Since(t0);
     if (it == 0) continue;  // warm-up
+    // Forward + backward = 3 forwards' multiply-adds.
+    train_flops.push_back(
+        3.0 * static_cast<double>(stats->computed_tokens) *
+        ForwardFlopsPerToken(config->model, policy.vocab_size(),
+                             args.prompt_len + rc.max_new_tokens));
     rollout_s.push_back(r);
     train_s.push_back(t);
     prefill_s.push_back(st.prefill_seconds);
@@ -173,6 +209,8 @@ int MeasureHere(const BenchRolloutArgs& args, bool fused) {
   const double steps =
       std::max<int64_t>(1, full->decode_steps - base->decode_steps);
   const double r = MedianOf(rollout_s), t = MedianOf(train_s);
+  const double sgemm = SgemmGflops();
+  const double train_gflops = MedianOf(train_flops) / t / 1e9;
   nlohmann::ordered_json j = {
       {"engine", fused ? "fused" : "composite"},
       {"fused_path", engine.fused()},
@@ -183,6 +221,9 @@ int MeasureHere(const BenchRolloutArgs& args, bool fused) {
       {"rollout_tokens_per_second", tokens / r},
       {"step_tokens_per_second", tokens / (r + t)},
       {"iterations", args.iterations},
+      {"train_gflops", train_gflops},
+      {"sgemm_gflops", sgemm},
+      {"train_fraction_of_sgemm", sgemm > 0 ? train_gflops / sgemm : 0},
       {"decode",
        {{"prefill_seconds", MedianOf(prefill_s)},
         {"model_seconds", MedianOf(model_s)},

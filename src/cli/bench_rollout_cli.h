@@ -12,9 +12,10 @@
 // Each measurement is the median of --iterations synchronous steps (rollout
 // then one trainer step) after a warm-up one. JSON out: per engine the runs
 // and medians of rollout tokens/s and whole-step tokens/s, the decode cost
-// breakdown (ops dispatched and allocations per decode step, seconds in
-// prefill / model / sampling / host), and the ratios fused/python,
-// composite/python and fused/composite.
+// breakdown (ops dispatched, on any thread, and allocations, on the calling
+// thread, per decode step; seconds in prefill / model / sampling / host),
+// the training step's achieved GFLOP/s next to this machine's 512^3 sgemm,
+// and the ratios fused/python, composite/python and fused/composite.
 #ifndef FUSIONRL_CLI_BENCH_ROLLOUT_CLI_H_
 #define FUSIONRL_CLI_BENCH_ROLLOUT_CLI_H_
 

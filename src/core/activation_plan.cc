@@ -50,7 +50,7 @@ absl::StatusOr<std::vector<LayerActivationPlan>> ResolveActivationPlan(
         absl::StrCat("unknown policy '", config.policy,
                      "' (keep, recompute, swap or auto)"));
   }
-  LayerActivationPlan base{*policy, *policy, *policy};
+  LayerActivationPlan base{*policy, *policy, *policy, ActivationAction::kKeep};
   struct Field {
     const char* name;
     const std::string* value;
@@ -59,15 +59,26 @@ absl::StatusOr<std::vector<LayerActivationPlan>> ResolveActivationPlan(
   const Field fields[] = {
       {"attention", &config.attention, &LayerActivationPlan::attention},
       {"mlp", &config.mlp, &LayerActivationPlan::mlp},
-      {"norm", &config.norm, &LayerActivationPlan::norm}};
+      {"norm", &config.norm, &LayerActivationPlan::norm},
+      {"attention_core", &config.attention_core,
+       &LayerActivationPlan::attention_core}};
+  // attention_core is keep or recompute, and not set by the policy (a
+  // recomputed attention sub-block already recomputes its core).
+  auto parse = [](const Field& f, absl::string_view value)
+      -> absl::StatusOr<ActivationAction> {
+    const auto action = ParseAction(value);
+    const bool core = f.member == &LayerActivationPlan::attention_core;
+    if (!action || (core && *action == ActivationAction::kSwap)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown action '", value, "' for ", f.name,
+          core ? " (keep or recompute)" : " (keep, recompute or swap)"));
+    }
+    return *action;
+  };
   for (const Field& f : fields) {
     if (f.value->empty()) continue;
-    const auto action = ParseAction(*f.value);
-    if (!action) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown action '", *f.value, "' for ", f.name,
-                       " (keep, recompute or swap)"));
-    }
+    absl::StatusOr<ActivationAction> action = parse(f, *f.value);
+    if (!action.ok()) return action.status();
     base.*f.member = *action;
   }
   std::vector<LayerActivationPlan> plan(std::max(n_layers, 0), base);
@@ -105,14 +116,13 @@ absl::StatusOr<std::vector<LayerActivationPlan>> ResolveActivationPlan(
       if (kv.size() != 2 || field == nullptr) {
         return absl::InvalidArgumentError(absl::StrCat(
             "layer ", layer, ": bad item '", absl::StripAsciiWhitespace(item),
-            "': expected attention|mlp|norm=<action>"));
+            "': expected attention|mlp|norm|attention_core=<action>"));
       }
       const absl::string_view value = absl::StripAsciiWhitespace(kv[1]);
-      const auto action = ParseAction(value);
-      if (!action) {
+      absl::StatusOr<ActivationAction> action = parse(*field, value);
+      if (!action.ok()) {
         return absl::InvalidArgumentError(
-            absl::StrCat("layer ", layer, ": unknown action '", value, "' for ",
-                         key, " (keep, recompute or swap)"));
+            absl::StrCat("layer ", layer, ": ", action.status().message()));
       }
       plan[layer].*field->member = *action;
     }

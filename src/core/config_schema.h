@@ -79,6 +79,7 @@ void VisitActivations(ActivationConfig& a, V& v) {
   v.String("attention", &a.attention, AnyString());
   v.String("mlp", &a.mlp, AnyString());
   v.String("norm", &a.norm, AnyString());
+  v.String("attention_core", &a.attention_core, AnyString());
   v.String("layers", &a.layers, AnyString());
   v.Double("budget_mib", &a.budget_mib, AtLeast(0));
 }
@@ -156,6 +157,9 @@ void VisitRollout(RolloutConfig& r, V& v) {
   v.Double("temperature", &r.temperature, AtLeast(0));
   v.Int("top_k", &r.top_k, AtLeast(0));
   v.Double("top_p", &r.top_p, OpenClosed(0, 1));
+  static constexpr absl::string_view kDecode[] = {"fused", "composite"};
+  v.String("decode", &r.decode, OneOf(kDecode));
+  v.Int("decode_slots", &r.decode_slots, AtLeast(0));
 }
 
 template <class V>
@@ -193,6 +197,7 @@ void VisitOptim(OptimConfig& o, V& v) {
   v.Int("mini_batch_size", &o.mini_batch_size, AtLeast(0));
   v.Int("micro_batch_size", &o.micro_batch_size, AtLeast(1));
   v.Int("logits_chunk_tokens", &o.logits_chunk_tokens, AtLeast(0));
+  v.Bool("length_bucketing", &o.length_bucketing);
 }
 
 template <class V>

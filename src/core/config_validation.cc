@@ -186,11 +186,20 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                                   *value, "'"));
     }
   }
-  if (act.policy == "auto" && !(act.attention.empty() && act.mlp.empty() &&
-                                act.norm.empty() && act.layers.empty())) {
+  if (!act.attention_core.empty() && act.attention_core != "keep" &&
+      act.attention_core != "recompute") {
+    return Invalid("model.activations.attention_core",
+                   absl::StrCat("must be keep or recompute (empty = keep); "
+                                "got '",
+                                act.attention_core, "'"));
+  }
+  if (act.policy == "auto" &&
+      !(act.attention.empty() && act.mlp.empty() && act.norm.empty() &&
+        act.attention_core.empty() && act.layers.empty())) {
     return Invalid("model.activations",
                    "under policy auto the planner chooses every sub-block: "
-                   "leave attention, mlp, norm and layers unset");
+                   "leave attention, mlp, norm, attention_core and layers "
+                   "unset");
   }
   if (act.policy != "auto") {
     auto plan = ResolveActivationPlan(act, m.n_layers);

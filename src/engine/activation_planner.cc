@@ -21,10 +21,14 @@
 namespace fusionrl {
 namespace {
 
-constexpr const char* kSubBlockNames[3] = {"attention", "mlp", "norm"};
-constexpr ActivationAction LayerActivationPlan::*kMembers[3] = {
+// The planner's units per layer; the timer's slots are in the same order.
+constexpr int kUnits = 4;
+constexpr int kAttention = 0, kCore = 3;
+constexpr const char* kSubBlockNames[kUnits] = {"attention", "mlp", "norm",
+                                                "attention_core"};
+constexpr ActivationAction LayerActivationPlan::*kMembers[kUnits] = {
     &LayerActivationPlan::attention, &LayerActivationPlan::mlp,
-    &LayerActivationPlan::norm};
+    &LayerActivationPlan::norm, &LayerActivationPlan::attention_core};
 
 // Bytes held for backward by one training forward of `batch` under `plan`.
 absl::StatusOr<int64_t> HeldUnder(PolicyModel& model,
@@ -42,7 +46,7 @@ absl::StatusOr<int64_t> HeldUnder(PolicyModel& model,
 struct TimedProfile {
   double step_seconds = 0;  // median forward + backward
   // [layer][sub-block] median forward seconds.
-  std::vector<std::array<double, 3>> sub_block_seconds;
+  std::vector<std::array<double, kUnits>> sub_block_seconds;
 };
 
 // `repeats` timed forward + backward steps under `plan` (after one warm-up),
@@ -64,7 +68,7 @@ absl::StatusOr<TimedProfile> TimeSteps(PolicyModel& model,
     timer.sync = [device] { at::zeros({1}, at::device(device)).item(); };
   }
   std::vector<double> steps;
-  std::vector<std::vector<double>> per(layers * 3);
+  std::vector<std::vector<double>> per(layers * kUnits);
   model.set_training(true);
   try {
     for (int i = 0; i <= repeats; ++i) {
@@ -87,8 +91,8 @@ absl::StatusOr<TimedProfile> TimeSteps(PolicyModel& model,
       if (i == 0) continue;  // warm-up
       steps.push_back(seconds);
       for (size_t l = 0; l < layers; ++l) {
-        for (int k = 0; k < 3; ++k) {
-          per[l * 3 + k].push_back(timer.seconds[l][k]);
+        for (int k = 0; k < kUnits; ++k) {
+          per[l * kUnits + k].push_back(timer.seconds[l][k]);
         }
       }
     }
@@ -101,15 +105,15 @@ absl::StatusOr<TimedProfile> TimeSteps(PolicyModel& model,
   out.step_seconds = Median(steps);
   out.sub_block_seconds.resize(layers);
   for (size_t l = 0; l < layers; ++l) {
-    for (int k = 0; k < 3; ++k) {
-      out.sub_block_seconds[l][k] = Median(per[l * 3 + k]);
+    for (int k = 0; k < kUnits; ++k) {
+      out.sub_block_seconds[l][k] = Median(per[l * kUnits + k]);
     }
   }
   return out;
 }
 
 struct Candidate {
-  size_t unit;  // layer * 3 + sub-block
+  size_t unit;  // layer * kUnits + sub-block
   ActivationAction action;
   int64_t freed;
   double extra;
@@ -131,7 +135,7 @@ std::string FormatActivationPlan(const std::vector<LayerActivationPlan>& plan) {
   std::vector<std::string> layers;
   for (size_t l = 0; l < plan.size(); ++l) {
     std::vector<std::string> items;
-    for (int k = 0; k < 3; ++k) {
+    for (int k = 0; k < kUnits; ++k) {
       items.push_back(absl::StrCat(kSubBlockNames[k], "=",
                                    ActivationActionName(plan[l].*kMembers[k])));
     }
@@ -169,7 +173,7 @@ absl::StatusOr<ActivationPlanReport> PlanActivations(
     std::vector<LayerActivationPlan> all_swap(
         layers,
         LayerActivationPlan{ActivationAction::kSwap, ActivationAction::kSwap,
-                            ActivationAction::kSwap});
+                            ActivationAction::kSwap, ActivationAction::kKeep});
     FUSIONRL_ASSIGN_OR_RETURN(
         swapped, TimeSteps(model, batch, all_swap, options.repeats));
   }
@@ -177,7 +181,7 @@ absl::StatusOr<ActivationPlanReport> PlanActivations(
   // 2. Candidates, each measured alone.
   std::vector<Candidate> candidates;
   for (size_t l = 0; l < layers; ++l) {
-    for (int k = 0; k < 3; ++k) {
+    for (int k = 0; k < kUnits; ++k) {
       SubBlockProfile p;
       p.layer = static_cast<int>(l);
       p.sub_block = kSubBlockNames[k];
@@ -188,10 +192,10 @@ absl::StatusOr<ActivationPlanReport> PlanActivations(
           int64_t held, HeldUnder(model, batch, one, &report.measurements));
       p.recompute_freed_bytes = report.keep_held_bytes - held;
       p.recompute_extra_seconds = p.forward_seconds;
-      candidates.push_back({l * 3 + k, ActivationAction::kRecompute,
+      candidates.push_back({l * kUnits + k, ActivationAction::kRecompute,
                             p.recompute_freed_bytes,
                             p.recompute_extra_seconds});
-      if (swap_frees) {
+      if (swap_frees && k != kCore) {  // the core is keep or recompute
         one[l].*kMembers[k] = ActivationAction::kSwap;
         FUSIONRL_ASSIGN_OR_RETURN(
             held, HeldUnder(model, batch, one, &report.measurements));
@@ -200,7 +204,7 @@ absl::StatusOr<ActivationPlanReport> PlanActivations(
         p.swap_extra_seconds =
             2 *
             std::max(0.0, swapped.sub_block_seconds[l][k] - p.forward_seconds);
-        candidates.push_back({l * 3 + k, ActivationAction::kSwap,
+        candidates.push_back({l * kUnits + k, ActivationAction::kSwap,
                               p.swap_freed_bytes, p.swap_extra_seconds});
       }
       report.sub_blocks.push_back(std::move(p));
@@ -216,12 +220,12 @@ absl::StatusOr<ActivationPlanReport> PlanActivations(
   std::vector<LayerActivationPlan> plan = keep;
   int64_t held = report.keep_held_bytes;
   std::vector<Candidate> chosen;
-  std::vector<bool> taken(layers * 3, false);
+  std::vector<bool> taken(layers * kUnits, false);
   for (const Candidate& c : candidates) {
     if (held <= options.budget_bytes) break;
     if (taken[c.unit]) continue;
     taken[c.unit] = true;
-    plan[c.unit / 3].*kMembers[c.unit % 3] = c.action;
+    plan[c.unit / kUnits].*kMembers[c.unit % kUnits] = c.action;
     FUSIONRL_ASSIGN_OR_RETURN(
         held, HeldUnder(model, batch, plan, &report.measurements));
     chosen.push_back(c);
@@ -239,7 +243,8 @@ absl::StatusOr<ActivationPlanReport> PlanActivations(
   }
   // Pruning: drop the least efficient picks while the plan still fits.
   for (auto it = chosen.rbegin(); it != chosen.rend(); ++it) {
-    ActivationAction& slot = plan[it->unit / 3].*kMembers[it->unit % 3];
+    ActivationAction& slot =
+        plan[it->unit / kUnits].*kMembers[it->unit % kUnits];
     slot = ActivationAction::kKeep;
     FUSIONRL_ASSIGN_OR_RETURN(
         int64_t without, HeldUnder(model, batch, plan, &report.measurements));
@@ -254,8 +259,14 @@ absl::StatusOr<ActivationPlanReport> PlanActivations(
   FUSIONRL_RETURN_IF_ERROR(model.SetActivationPlan(plan));
   report.planned_held_bytes = held;
   for (const Candidate& c : chosen) {
-    if (plan[c.unit / 3].*kMembers[c.unit % 3] != c.action) continue;
+    const LayerActivationPlan& layer = plan[c.unit / kUnits];
+    if (layer.*kMembers[c.unit % kUnits] != c.action) continue;
     report.sub_blocks[c.unit].chosen = c.action;
+    // A core inside a recomputed attention sub-block costs nothing more.
+    if (c.unit % kUnits == kCore &&
+        layer.*kMembers[kAttention] == ActivationAction::kRecompute) {
+      continue;
+    }
     report.estimated_extra_seconds += c.extra;
   }
   report.estimated_step_time_ratio =

@@ -10,7 +10,10 @@
 //     sub-block's own forward time (SubBlockTimer, median).
 //  2. Candidates: for every (layer, sub-block), recompute costs one more
 //     forward of the sub-block (backward runs it again) and frees what the
-//     plan "only this sub-block recomputed" measures as no longer held.
+//     plan "only this sub-block recomputed" measures as no longer held. The
+//     sub-blocks are attention, mlp, norm and the finer attention_core (the
+//     scores-to-weighted-sum part of attention, recompute only): its
+//     forward is timed inside the attention sub-block's.
 //     Swap is a candidate only where it frees device memory
 //     (SwapFreesDeviceMemory: never on a CPU, where the host pool is the
 //     same memory); its cost is measured as the extra forward time of the
@@ -46,7 +49,7 @@ struct CollatedBatch;
 // One (layer, sub-block) as the planner measured it.
 struct SubBlockProfile {
   int layer = 0;
-  std::string sub_block;       // attention | mlp | norm
+  std::string sub_block;       // attention | mlp | norm | attention_core
   double forward_seconds = 0;  // its forward with every sub-block kept
   // Recompute: bytes no longer held when only this sub-block recomputes,
   // and the extra time (one more forward of it).

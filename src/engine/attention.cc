@@ -2,8 +2,14 @@
 // RMSNorm, the attention mask, rotary tables and grouped-query attention.
 #include "engine/attention.h"
 
+#include <ATen/core/grad_mode.h>
+
+#include <chrono>
 #include <cmath>
 #include <limits>
+#include <vector>
+
+#include "engine/recompute.h"
 
 namespace fusionrl {
 namespace {
@@ -115,6 +121,37 @@ torch::Tensor AttentionImpl::forward(
     k = cache_k->narrow(2, 0, cache_start + t);
     v = cache_v->narrow(2, 0, cache_start + t);
   }
+  torch::Tensor out;
+  const bool timed = timer != nullptr && cache_k == nullptr;
+  std::chrono::steady_clock::time_point start;
+  if (timed) {
+    if (timer->sync) timer->sync();
+    start = std::chrono::steady_clock::now();
+  }
+  if (recompute_core && cache_k == nullptr && at::GradMode::is_enabled()) {
+    out = RunRecomputed(
+              [this, mask](const std::vector<torch::Tensor>& in) {
+                return std::vector<torch::Tensor>{
+                    Core(in[0], in[1], in[2], mask)};
+              },
+              {q, k, v}, {})[0];
+  } else {
+    out = Core(q, k, v, mask);
+  }
+  if (timed) {
+    if (timer->sync) timer->sync();
+    timer->seconds[layer][3] += std::chrono::duration<double>(
+                                    std::chrono::steady_clock::now() - start)
+                                    .count();
+  }
+  return wo(out.transpose(1, 2).reshape({b, t, n_heads_ * head_dim_}));
+}
+
+torch::Tensor AttentionImpl::Core(const torch::Tensor& q,
+                                  const torch::Tensor& k_in,
+                                  const torch::Tensor& v_in,
+                                  const torch::Tensor& mask) const {
+  torch::Tensor k = k_in, v = v_in;
   if (n_kv_heads_ != n_heads_) {
     const int64_t rep = n_heads_ / n_kv_heads_;
     k = k.repeat_interleave(rep, 1);
@@ -125,8 +162,7 @@ torch::Tensor AttentionImpl::forward(
   scores = scores.masked_fill(mask.logical_not(),
                               -std::numeric_limits<float>::infinity());
   auto probs = torch::softmax(scores, -1, torch::kFloat).to(v.scalar_type());
-  auto out = torch::matmul(probs, v);
-  return wo(out.transpose(1, 2).reshape({b, t, n_heads_ * head_dim_}));
+  return torch::matmul(probs, v);
 }
 
 }  // namespace fusionrl

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "engine/model.h"
 #include "fusionrl/config.h"
 
 namespace fusionrl {
@@ -70,7 +71,21 @@ class AttentionImpl : public torch::nn::Module {
   torch::nn::Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};  // qk_norm only
 
+  // Selective recompute of the core (model.activations.attention_core): in a
+  // forward with autograd on and no cache, the scores, mask, softmax and
+  // weighted sum run as one recompute node that saves only q, k and v.
+  bool recompute_core = false;
+  // Profiling (PolicyModel::set_sub_block_timer): the core's forward time
+  // goes to timer->seconds[layer][3].
+  SubBlockTimer* timer = nullptr;
+  int layer = 0;
+
  private:
+  // softmax(q k^T / sqrt(Dh), masked) v for q [B, H, T, Dh] and k, v
+  // [B, KvH, K, Dh] -> [B, H, T, Dh].
+  torch::Tensor Core(const torch::Tensor& q, const torch::Tensor& k,
+                     const torch::Tensor& v, const torch::Tensor& mask) const;
+
   int64_t n_heads_;
   int64_t n_kv_heads_;
   int64_t head_dim_;

@@ -82,6 +82,10 @@ void BlockImpl::SetPlan(const LayerActivationPlan& p) {
   static const std::vector<int> kWrites[4] = {
       {kN1}, {kH}, {kN2}, {kY, kAux, kZ}};
   plan_ = p;
+  // The core runs inside the attention sub-block: under a recomputed
+  // sub-block it is recomputed already.
+  attn->recompute_core = p.attention_core == ActivationAction::kRecompute &&
+                         p.attention != ActivationAction::kRecompute;
   const ActivationAction action[4] = {p.norm, p.attention, p.norm, p.mlp};
   segments_.clear();
   for (int i = 0; i < 4;) {

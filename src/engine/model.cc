@@ -237,9 +237,13 @@ absl::Status PolicyModel::SetActivationPlan(
 void PolicyModel::set_sub_block_timer(SubBlockTimer* timer) {
   auto& blocks = impl_->decoder->blocks;
   if (timer != nullptr) {
-    timer->seconds.assign(blocks.size(), {0.0, 0.0, 0.0});
+    timer->seconds.assign(blocks.size(), {0.0, 0.0, 0.0, 0.0});
   }
-  for (auto& b : blocks) b->timer = timer;
+  for (auto& b : blocks) {
+    b->timer = timer;
+    b->attn->timer = timer;
+    b->attn->layer = b->layer;
+  }
 }
 
 const std::vector<LayerActivationPlan>& PolicyModel::activation_plan() const {

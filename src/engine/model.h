@@ -41,9 +41,10 @@ class ActivationHostPool;
 // while the timer is set (PolicyModel::set_sub_block_timer), for the
 // activation planner (engine/activation_planner.h).
 struct SubBlockTimer {
-  // [layer][0 attention, 1 mlp (SwiGLU or MoE block), 2 norms (both)],
-  // seconds summed over the forwards; zeroed when the timer is set.
-  std::vector<std::array<double, 3>> seconds;
+  // [layer][0 attention, 1 mlp (SwiGLU or MoE block), 2 norms (both),
+  // 3 the attention core (inside 0)], seconds summed over the forwards;
+  // zeroed when the timer is set.
+  std::vector<std::array<double, 4>> seconds;
   // Waits for the device before each reading (CUDA); null on a CPU.
   std::function<void()> sync;
 };

@@ -99,6 +99,12 @@ float RowUniform(uint64_t seed, int64_t i, int64_t t) {
   return 1.0f - static_cast<float>(bits >> 40) * (1.0f / 16777216.0f);
 }
 
+void RolloutEngine::Configure(const RolloutConfig& config) {
+  path_ = config.decode == "composite" ? DecodePath::kComposite
+                                       : DecodePath::kFused;
+  max_batch_ = config.decode_slots;
+}
+
 bool RolloutEngine::fused() const {
   return path_ == DecodePath::kFused && CpuDecoder::Supports(model_);
 }

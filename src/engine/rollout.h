@@ -98,6 +98,8 @@ class RolloutEngine {
   // Tokens produced by all Generate() calls so far (eos included).
   int64_t tokens_generated() const { return tokens_generated_; }
 
+  // The job's choices: rollout.decode and rollout.decode_slots.
+  void Configure(const RolloutConfig& config);
   void set_decode_path(DecodePath path) { path_ = path; }
   // Fused path: sequences decoded at once (0 = all of a Generate() call's).
   // With fewer slots than sequences, each finished sequence's slot takes the

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -133,6 +134,35 @@ CollatedBatch Slice(const CollatedBatch& b, int64_t start, int64_t n) {
   s.response_ids = b.response_ids.narrow(0, start, n);
   s.response_mask = b.response_mask.narrow(0, start, n);
   s.behaviour_logp = b.behaviour_logp.narrow(0, start, n);
+  return s;
+}
+
+// `b` without the padding columns no row uses: prompts trimmed to the
+// longest `p` tokens (they are left-padded), responses to the longest `r`.
+// Positions are kept, so every real token computes what it did untrimmed.
+CollatedBatch Trim(const CollatedBatch& b, int64_t p, int64_t r) {
+  CollatedBatch s;
+  const int64_t cut = b.prompt_len - p;
+  s.prompt_len = p;
+  s.input_ids = b.input_ids.narrow(1, cut, p + r);
+  s.valid = b.valid.narrow(1, cut, p + r);
+  s.positions = b.positions.narrow(1, cut, p + r);
+  s.response_ids = b.response_ids.narrow(1, 0, r);
+  s.response_mask = b.response_mask.narrow(1, 0, r);
+  s.behaviour_logp = b.behaviour_logp.narrow(1, 0, r);
+  return s;
+}
+
+// Rows `index` (int64, on the batch's device) of every tensor in the batch.
+CollatedBatch Rows(const CollatedBatch& b, const at::Tensor& index) {
+  CollatedBatch s;
+  s.prompt_len = b.prompt_len;
+  s.input_ids = b.input_ids.index_select(0, index);
+  s.valid = b.valid.index_select(0, index);
+  s.positions = b.positions.index_select(0, index);
+  s.response_ids = s.input_ids.narrow(1, b.prompt_len, b.response_ids.size(1));
+  s.response_mask = b.response_mask.index_select(0, index);
+  s.behaviour_logp = b.behaviour_logp.index_select(0, index);
   return s;
 }
 
@@ -322,6 +352,52 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
   stats.advantage_abs_mean = MaskedMean(advantages.abs(), mask);
   stats.tokens = static_cast<int64_t>(mask.sum().item<double>());
   const int64_t micro = std::max<int64_t>(1, optim_.micro_batch_size);
+
+  // Length-bucketed micro-batches: within each mini-batch the sequences are
+  // ordered longest first, and each micro-batch is trimmed to its own
+  // longest prompt and response, so short sequences stop paying for the
+  // padding of a long tail. Every loss term is a sum over tokens normalised
+  // by the mini-batch's totals, so the order of sequences within a
+  // mini-batch changes nothing but float rounding; the mini-batches (the
+  // optimizer steps) keep their samples.
+  std::vector<int64_t> p_lens(batch), r_lens(batch);
+  for (int64_t b = 0; b < batch; ++b) {
+    p_lens[b] = static_cast<int64_t>(samples[b].prompt_ids.size());
+    r_lens[b] = static_cast<int64_t>(samples[b].response_ids.size());
+  }
+  CollatedBatch work = full;
+  // Not for a MoE policy: capacity drops depend on which tokens share a
+  // forward, so its micro-batches keep their samples (trimmed only).
+  if (optim_.length_bucketing && micro < mini &&
+      policy_.config().moe_experts == 0) {
+    std::vector<int64_t> order(batch);
+    std::iota(order.begin(), order.end(), 0);
+    for (int64_t m0 = 0; m0 < batch; m0 += mini) {
+      std::stable_sort(order.begin() + m0,
+                       order.begin() + std::min(batch, m0 + mini),
+                       [&](int64_t a, int64_t b) {
+                         return p_lens[a] + r_lens[a] > p_lens[b] + r_lens[b];
+                       });
+    }
+    if (!std::is_sorted(order.begin(), order.end())) {
+      const at::Tensor index =
+          at::tensor(order, at::TensorOptions().dtype(at::kLong)).to(device);
+      work = Rows(full, index);
+      advantages = advantages.index_select(0, index);
+      old_logp = old_logp.index_select(0, index);
+      if (behaviour_weight.defined()) {
+        behaviour_weight = behaviour_weight.index_select(0, index);
+      }
+      if (ref_logp.defined()) ref_logp = ref_logp.index_select(0, index);
+      std::vector<int64_t> p(batch), r(batch);
+      for (int64_t i = 0; i < batch; ++i) {
+        p[i] = p_lens[order[i]];
+        r[i] = r_lens[order[i]];
+      }
+      p_lens.swap(p);
+      r_lens.swap(r);
+    }
+  }
   auto& adamw = *optim_state_->adamw;
   policy_.set_training(true);
   double loss_sum = 0, pg_sum = 0, kl_sum = 0, ent_sum = 0, clip_sum = 0;
@@ -337,7 +413,7 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
       // configured response cap, the same on every rank and every step.
       // Sequences count only if they have a trained token (an excluded,
       // over-stale sample has none).
-      const at::Tensor m_mask = mask.narrow(0, m0, m_n);
+      const at::Tensor m_mask = work.response_mask.narrow(0, m0, m_n);
       std::vector<double> totals = {m_mask.sum().item<double>(),
                                     (m_mask.sum(1) > 0).sum().item<double>()};
       FUSIONRL_RETURN_IF_ERROR(SumAcrossRanks(sync_, totals));
@@ -368,15 +444,27 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
       for (int64_t u0 = m0; trained && u0 < m0 + m_n; u0 += micro) {
         const int64_t u_n = std::min(micro, m0 + m_n - u0);
         if (compute_hook_) compute_hook_();
-        const CollatedBatch mb = Slice(full, u0, u_n);
-        const auto adv = advantages.narrow(0, u0, u_n);
+        int64_t mb_p = work.prompt_len, mb_r = r_len;
+        if (optim_.length_bucketing) {
+          mb_p = mb_r = 1;
+          for (int64_t i = u0; i < u0 + u_n; ++i) {
+            mb_p = std::max(mb_p, p_lens[i]);
+            mb_r = std::max(mb_r, r_lens[i]);
+          }
+        }
+        const CollatedBatch mb = Trim(Slice(work, u0, u_n), mb_p, mb_r);
+        if (epoch == 0) stats.computed_tokens += u_n * (mb_p + mb_r);
+        auto rows = [&](const at::Tensor& t) {
+          return t.narrow(0, u0, u_n).narrow(1, 0, mb_r);
+        };
+        const auto adv = rows(advantages);
         const bool entropy_grad = algo_.entropy_coef > 0;
         ResponseTokenStats tok = ResponseTokenLogProbs(
             policy_, mb, temperature_, logits_chunk_tokens_, true);
         const at::Tensor& logp = tok.logp;
-        at::Tensor old_mb = old_logp.narrow(0, u0, u_n);
+        at::Tensor old_mb = rows(old_logp);
         at::Tensor weight_mb = behaviour_weight.defined()
-                                   ? behaviour_weight.narrow(0, u0, u_n)
+                                   ? rows(behaviour_weight)
                                    : at::Tensor();
         if (prox_in_forward) {
           at::NoGradGuard no_grad;
@@ -397,8 +485,8 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
         auto loss = pg.loss;
         const double mb_tokens = mb.response_mask.sum().item<double>();
         if (use_kl) {
-          auto kl_tok = algo::KlPenalty(logp, ref_logp.narrow(0, u0, u_n),
-                                        algo_.kl_estimator);
+          auto kl_tok =
+              algo::KlPenalty(logp, rows(ref_logp), algo_.kl_estimator);
           if (algo_.kl_mode == KlMode::kLoss) {
             loss =
                 loss + algo_.kl_coef * algo::AggLoss(kl_tok, mb.response_mask,

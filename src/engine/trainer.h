@@ -12,6 +12,9 @@
 //   3. for ppo_epochs passes, splits the batch into mini-batches (one
 //      optimizer step each) and micro-batches (gradient accumulation; losses
 //      are normalised by the mini-batch's totals so accumulation is exact);
+//      a dense policy's micro-batches take a mini-batch's sequences longest
+//      first, and every micro-batch is trimmed to its own longest prompt and
+//      response (length bucketing: less padding computed);
 //      loss = clipped surrogate (+ kl_coef * KL when kl_mode is loss)
 //      - entropy_coef * entropy (+ a MoE policy's router auxiliary loss,
 //      PolicyModel::AuxLoss(), weighted by the micro-batch's share of the
@@ -64,6 +67,9 @@ struct TrainStats {
   double lr = 0;                  // learning rate used (last optimizer step)
   double advantage_abs_mean = 0;  // mean |A| over valid tokens
   int64_t tokens = 0;             // response tokens trained on (per epoch)
+  // Token positions the training forwards computed in one epoch, padding
+  // included (length-bucketed micro-batches leave less of it).
+  int64_t computed_tokens = 0;
   // Decoupled loss only: token-mean behaviour importance weight as applied
   // (masked tokens count 0) and the fraction of tokens whose raw weight
   // exceeded the cap, i.e. truncated (truncate) or dropped (mask); 1 and 0

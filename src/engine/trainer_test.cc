@@ -116,6 +116,35 @@ TEST(TrainerTest, MicroBatchAccumulationMatchesFullBatch) {
   }
 }
 
+// Length bucketing: micro-batches of similar lengths, trimmed, compute less
+// padding than one padded batch (and, above, the same gradients).
+TEST(TrainerTest, LengthBucketedMicroBatchesComputeLessPadding) {
+  JobConfig c = TinyJob();
+  c.optim.micro_batch_size = 16;
+  auto one_model = TinyModel(3);
+  auto one = Trainer::Create(*one_model, nullptr, c, kPad).value();
+  const TrainStats whole = one->Step(FourGroupsOfFour()).value();
+  c.optim.micro_batch_size = 4;
+  auto bucket_model = TinyModel(3);
+  auto bucketed = Trainer::Create(*bucket_model, nullptr, c, kPad).value();
+  const TrainStats b = bucketed->Step(FourGroupsOfFour()).value();
+  // 16 sequences of prompt 2 and responses of 2..6 tokens: 16 x 8 padded.
+  EXPECT_EQ(whole.computed_tokens, 16 * 8);
+  int64_t real = 0;
+  for (const Sample& s : FourGroupsOfFour()) {
+    real += static_cast<int64_t>(s.prompt_ids.size() + s.response_ids.size());
+  }
+  EXPECT_LT(b.computed_tokens, whole.computed_tokens);
+  EXPECT_GE(b.computed_tokens, real);
+  EXPECT_EQ(b.tokens, whole.tokens);
+  EXPECT_NEAR(b.loss, whole.loss, 1e-6);
+  // Off: every micro-batch computes the batch's padded width.
+  c.optim.length_bucketing = false;
+  auto plain_model = TinyModel(3);
+  auto plain = Trainer::Create(*plain_model, nullptr, c, kPad).value();
+  EXPECT_EQ(plain->Step(FourGroupsOfFour()).value().computed_tokens, 16 * 8);
+}
+
 // Sets every sample's behaviour log-probs to `model`'s own log-probs plus
 // `shift` (shift 0: the samples are exactly on-policy).
 void SetBehaviourLogProbs(PolicyModel& model, std::vector<Sample>& samples,

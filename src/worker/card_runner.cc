@@ -203,6 +203,7 @@ absl::Status CardRunner::Setup() {
                                 ctx_.tokenizer->pad_id(), sync_.get()));
   rollout_ = std::make_unique<RolloutEngine>(policy, ctx_.tokenizer->pad_id(),
                                              ctx_.stop_ids);
+  rollout_->Configure(cfg.rollout);
   if (job_.local_rank == 0) {
     spdlog::info(
         "[{}] {}: policy {} parameters on {} x {} card(s), task {} "
@@ -272,6 +273,7 @@ absl::Status CardRunner::Setup() {
   at::set_num_threads(train_threads);
   auto engine = std::make_unique<RolloutEngine>(
       *snapshot, ctx_.tokenizer->pad_id(), ctx_.stop_ids);
+  engine->Configure(cfg.rollout);
   CardCounters* counters =
       job_.rollout_counters != nullptr ? job_.rollout_counters : job_.counters;
   CardMemoryManager* rollout_memory = rollout_memory_.get();
