@@ -49,17 +49,20 @@ inline float Exp(float x) {
   return y * scale;
 }
 
-inline float SumSquares(const float* x, int64_t d) {
+// sum_i a[i] b[i] in kLanes partial sums (inlined into each clone below).
+inline float Dot(const float* a, const float* b, int64_t n) {
   float acc[kLanes] = {};
   int64_t i = 0;
-  for (; i + kLanes <= d; i += kLanes) {
-    for (int l = 0; l < kLanes; ++l) acc[l] += x[i + l] * x[i + l];
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) acc[l] += a[i + l] * b[i + l];
   }
   float s = 0;
   for (int l = 0; l < kLanes; ++l) s += acc[l];
-  for (; i < d; ++i) s += x[i] * x[i];
+  for (; i < n; ++i) s += a[i] * b[i];
   return s;
 }
+
+inline float SumSquares(const float* x, int64_t d) { return Dot(x, x, d); }
 
 FUSIONRL_CLONES void RmsNormRange(const float* x, const float* w, float* y,
                                   int64_t r0, int64_t r1, int64_t d,
@@ -116,8 +119,8 @@ FUSIONRL_CLONES void RotaryRange(float* q, float* k, const float* v,
   }
 }
 
-// One query head of one row over `n` keys/values [n, dh]; `scores` has room
-// for n floats.
+// Items [i0, i1) of rows x query heads: each query head of a row over the
+// row's cache entries of its key/value head.
 FUSIONRL_CLONES void AttendRange(const float* q, const float* cache_k,
                                  const float* cache_v, const int64_t* len,
                                  const KvLayout& lo, float* out, int64_t i0,
@@ -135,16 +138,7 @@ FUSIONRL_CLONES void AttendRange(const float* q, const float* cache_k,
     const float* values = cache_v + base;
     float m = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < n; ++j) {
-      const float* kj = keys + j * dh;
-      float acc[kLanes] = {};
-      int64_t i = 0;
-      for (; i + kLanes <= dh; i += kLanes) {
-        for (int l = 0; l < kLanes; ++l) acc[l] += qh[i + l] * kj[i + l];
-      }
-      float s = 0;
-      for (int l = 0; l < kLanes; ++l) s += acc[l];
-      for (; i < dh; ++i) s += qh[i] * kj[i];
-      scores[j] = s * scale;
+      scores[j] = Dot(qh, keys + j * dh, dh) * scale;
       m = std::max(m, scores[j]);
     }
     float total = 0;

@@ -90,6 +90,28 @@ std::pair<at::Tensor, at::Tensor> SampleNext(const at::Tensor& logits,
   return {next, token_logp};
 }
 
+// Left-padded batch of `prompts` [n, len] and its validity [n, len + extra]
+// (the prompt part set), on `device`.
+std::pair<at::Tensor, at::Tensor> LeftPadded(
+    const std::vector<const std::vector<int>*>& prompts, int64_t len,
+    int64_t extra, int pad_id, c10::Device device) {
+  const int64_t n = static_cast<int64_t>(prompts.size());
+  const auto long_opts = at::TensorOptions().dtype(at::kLong);
+  auto tokens = at::full({n, len}, pad_id, long_opts);
+  auto valid = at::zeros({n, len + extra}, long_opts.dtype(at::kBool));
+  auto tok_acc = tokens.accessor<int64_t, 2>();
+  auto valid_acc = valid.accessor<bool, 2>();
+  for (int64_t b = 0; b < n; ++b) {
+    const auto& p = *prompts[b];
+    const int64_t offset = len - static_cast<int64_t>(p.size());
+    for (size_t j = 0; j < p.size(); ++j) {
+      tok_acc[b][offset + j] = p[j];
+      valid_acc[b][offset + j] = true;
+    }
+  }
+  return {tokens.to(device), valid.to(device)};
+}
+
 }  // namespace
 
 float RowUniform(uint64_t seed, int64_t i, int64_t t) {
@@ -150,28 +172,6 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(
     tokens_generated_ += stats_.tokens;
   }
   return out;
-}
-
-// Left-padded batch of `prompts` [n, len] and its validity [n, len + extra]
-// (the prompt part set), on `device`.
-static std::pair<at::Tensor, at::Tensor> LeftPadded(
-    const std::vector<const std::vector<int>*>& prompts, int64_t len,
-    int64_t extra, int pad_id, c10::Device device) {
-  const int64_t n = static_cast<int64_t>(prompts.size());
-  const auto long_opts = at::TensorOptions().dtype(at::kLong);
-  auto tokens = at::full({n, len}, pad_id, long_opts);
-  auto valid = at::zeros({n, len + extra}, long_opts.dtype(at::kBool));
-  auto tok_acc = tokens.accessor<int64_t, 2>();
-  auto valid_acc = valid.accessor<bool, 2>();
-  for (int64_t b = 0; b < n; ++b) {
-    const auto& p = *prompts[b];
-    const int64_t offset = len - static_cast<int64_t>(p.size());
-    for (size_t j = 0; j < p.size(); ++j) {
-      tok_acc[b][offset + j] = p[j];
-      valid_acc[b][offset + j] = true;
-    }
-  }
-  return {tokens.to(device), valid.to(device)};
 }
 
 absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateFused(
