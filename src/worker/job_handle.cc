@@ -17,6 +17,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "controller/controller.h"
 #include "core/job_summary.h"
 #include "core/status_macros.h"
@@ -94,11 +96,22 @@ struct Embedded {
   std::unique_ptr<Controller> controller;
   std::unique_ptr<InProcessWorkClient> work;
   std::atomic<bool> stop_workers{false};
+  // Jobs the workers are still running: the controller may report the job
+  // ended while a card of another node is still writing its part of the
+  // final checkpoint (its rollout prefetch); stopping the workers then would
+  // cut that off.
+  std::atomic<int> running_jobs{0};
   std::vector<std::unique_ptr<Worker>> workers;
   std::vector<std::thread> threads;
   std::vector<absl::Status> worker_status;
 
   void Stop() {
+    // A job that ended lets every card finish within moments; a grace
+    // period bounds the wait when one cannot (a failed peer, a hang).
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (running_jobs.load() > 0 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
     stop_workers = true;
     for (auto& t : threads) {
       if (t.joinable()) t.join();
@@ -427,6 +440,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Start(const JobConfig& config,
     wopts.device = config.device.rfind("cuda", 0) == 0 ? "cuda" : "cpu";
     wopts.poll_interval = absl::Milliseconds(200);
     wopts.work_client = embedded->work.get();
+    wopts.running_jobs = &embedded->running_jobs;
     // The in-process workers share the job's threads.
     wopts.threads = std::max(1, config.num_threads / super_nodes);
     embedded->workers.push_back(std::make_unique<Worker>(channel, wopts));

@@ -217,7 +217,9 @@ absl::Status Worker::Run(const std::atomic<bool>* stop) {
       continue;
     }
     if (assignment->job_id.empty()) continue;
+    if (s.options.running_jobs != nullptr) ++*s.options.running_jobs;
     absl::Status job = RunNodeJob(node, *assignment);
+    if (s.options.running_jobs != nullptr) --*s.options.running_jobs;
     if (!job.ok() && !absl::IsCancelled(job)) {
       spdlog::error("worker {}: {}", s.node_id, std::string(job.message()));
     }

@@ -64,6 +64,12 @@ struct WorkerOptions {
   // worker). Null: the WorkService and WeightService over `channel`.
   // `fusionrl run` passes an InProcessWorkClient (no serialisation).
   WorkClient* work_client = nullptr;
+  // Jobs this worker is running now (borrowed; may be null): incremented
+  // before a job starts on the node, decremented when all its cards are
+  // done, including their end-of-job writes. An embedding process that
+  // stops its workers once the controller says the job ended waits for
+  // this to reach 0 first (Job::Start does).
+  std::atomic<int>* running_jobs = nullptr;
 };
 
 class Worker {
