@@ -158,7 +158,9 @@ const at::Tensor& CpuDecoder::Step(const int64_t* tokens, int64_t n) {
     StepRows(tokens, r0, r1);
   });
   for (int64_t s = 0; s < n; ++s) length_[s] = count_[s];
-  if (logits_rows_.size(0) != n) logits_rows_ = logits_.narrow(0, 0, n);
+  if (!logits_rows_.defined() || logits_rows_.size(0) != n) {
+    logits_rows_ = logits_.narrow(0, 0, n);
+  }
   return logits_rows_;
 }
 
