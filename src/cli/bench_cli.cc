@@ -89,8 +89,9 @@ CLI::App* AddBenchCommand(CLI::App& app, BenchArgs& args) {
       ->add_option("--set", args.overrides,
                    "override a config key: key.path=value (repeatable)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  bench->add_option("--timeout", args.timeout_seconds,
-                    "seconds per run (default 7200)")
+  bench
+      ->add_option("--timeout", args.timeout_seconds,
+                   "seconds per run (default 7200)")
       ->check(CLI::Range(10, 1000000));
   bench->add_option("--run-one", args.run_one, "internal: one run here")
       ->group("");
@@ -207,10 +208,17 @@ int RunBench(const BenchArgs& args) {
   for (int r = 1; r <= args.repeats; ++r) {
     for (size_t i = 0; i < modes.size(); ++i) {
       spdlog::info("bench: {} run {}/{}", modes[i].name, r, args.repeats);
-      std::vector<std::string> argv = {
-          *self, "bench", args.config_path, "--modes", modes[i].name,
-          "--run-one", std::to_string(r), "--init-checkpoint", init,
-          "--work-dir", work};
+      std::vector<std::string> argv = {*self,
+                                       "bench",
+                                       args.config_path,
+                                       "--modes",
+                                       modes[i].name,
+                                       "--run-one",
+                                       std::to_string(r),
+                                       "--init-checkpoint",
+                                       init,
+                                       "--work-dir",
+                                       work};
       if (args.steps > 0) {
         argv.push_back("--steps");
         argv.push_back(std::to_string(args.steps));
@@ -222,10 +230,10 @@ int RunBench(const BenchArgs& args) {
       absl::StatusOr<nlohmann::ordered_json> run =
           RunJsonChild(argv, args.timeout_seconds);
       if (!run.ok()) {
-        return Fail(absl::Status(
-            run.status().code(),
-            absl::StrCat("bench: ", modes[i].name, " run ", r, ": ",
-                         run.status().message())));
+        return Fail(
+            absl::Status(run.status().code(),
+                         absl::StrCat("bench: ", modes[i].name, " run ", r,
+                                      ": ", run.status().message())));
       }
       Acc& a = acc[i];
       a.tps.push_back(run->value("tokens_per_second", 0.0));

@@ -51,13 +51,11 @@ class OpCounter {
  public:
   OpCounter() {
     handle_ = at::addGlobalCallback(
-        at::RecordFunctionCallback(
-            [](const at::RecordFunction&)
-                -> std::unique_ptr<at::ObserverContext> {
-              g_ops.fetch_add(1, std::memory_order_relaxed);
-              return nullptr;
-            })
-            .scopes({at::RecordScope::FUNCTION}));
+        at::RecordFunctionCallback([](const at::RecordFunction&)
+                                       -> std::unique_ptr<at::ObserverContext> {
+          g_ops.fetch_add(1, std::memory_order_relaxed);
+          return nullptr;
+        }).scopes({at::RecordScope::FUNCTION}));
   }
   ~OpCounter() { at::removeCallback(handle_); }
 
@@ -86,8 +84,6 @@ absl::StatusOr<GenerateCost> CountGenerate(
   return cost;
 }
 
-double MedianOf(std::vector<double> v) { return Median(std::move(v)); }
-
 // This machine's sgemm at the job's threads: a 512^3 float matmul, median
 // GFLOP/s of 5 after a warm-up (the figure the training step is put next
 // to).
@@ -101,7 +97,7 @@ double SgemmGflops() {
     const double s = Since(t0);
     if (i > 0) g.push_back(2.0 * 512 * 512 * 512 / s / 1e9);
   }
-  return MedianOf(g);
+  return Median(g);
 }
 
 // Multiply-adds x 2 of one training forward per token position of a
@@ -140,8 +136,7 @@ int MeasureHere(const BenchRolloutArgs& args, bool fused) {
   SamplingParams sampling;
   sampling.temperature = rc.temperature;
   sampling.max_new_tokens = rc.max_new_tokens;
-  const int vocab =
-      std::min(ctx->tokenizer->vocab_size(), policy.vocab_size());
+  const int vocab = std::min(ctx->tokenizer->vocab_size(), policy.vocab_size());
   std::mt19937_64 rng(config->seed);
   std::uniform_int_distribution<int> token(0, vocab - 1);
   auto make_prompts = [&] {
@@ -156,8 +151,8 @@ int MeasureHere(const BenchRolloutArgs& args, bool fused) {
     }
     return prompts;
   };
-  std::vector<double> rollout_s, train_s, prefill_s, model_s, sample_s,
-      host_s, rows, train_flops;
+  std::vector<double> rollout_s, train_s, prefill_s, model_s, sample_s, host_s,
+      rows, train_flops;
   int64_t tokens = 0;
   for (int it = 0; it <= args.iterations; ++it) {
     const auto prompts = make_prompts();
@@ -208,9 +203,9 @@ int MeasureHere(const BenchRolloutArgs& args, bool fused) {
   if (!base.ok()) return Fail(base.status());
   const double steps =
       std::max<int64_t>(1, full->decode_steps - base->decode_steps);
-  const double r = MedianOf(rollout_s), t = MedianOf(train_s);
+  const double r = Median(rollout_s), t = Median(train_s);
   const double sgemm = SgemmGflops();
-  const double train_gflops = MedianOf(train_flops) / t / 1e9;
+  const double train_gflops = Median(train_flops) / t / 1e9;
   nlohmann::ordered_json j = {
       {"engine", fused ? "fused" : "composite"},
       {"fused_path", engine.fused()},
@@ -225,12 +220,12 @@ int MeasureHere(const BenchRolloutArgs& args, bool fused) {
       {"sgemm_gflops", sgemm},
       {"train_fraction_of_sgemm", sgemm > 0 ? train_gflops / sgemm : 0},
       {"decode",
-       {{"prefill_seconds", MedianOf(prefill_s)},
-        {"model_seconds", MedianOf(model_s)},
-        {"sample_seconds", MedianOf(sample_s)},
-        {"host_seconds", MedianOf(host_s)},
+       {{"prefill_seconds", Median(prefill_s)},
+        {"model_seconds", Median(model_s)},
+        {"sample_seconds", Median(sample_s)},
+        {"host_seconds", Median(host_s)},
         {"decode_steps", full->decode_steps},
-        {"rows_computed", MedianOf(rows)},
+        {"rows_computed", Median(rows)},
         {"ops_per_decode_step", (full->ops - base->ops) / steps},
         {"allocations_per_decode_step",
          (full->allocations - base->allocations) / steps},
@@ -269,28 +264,46 @@ std::vector<std::string> PythonArgv(const BenchRolloutArgs& args,
                                     const std::string& script,
                                     const JobConfig& c, int vocab) {
   const ModelConfig& m = c.model;
-  std::vector<std::string> a = {
-      args.python,
-      script,
-      "--vocab", std::to_string(vocab),
-      "--d-model", std::to_string(m.d_model),
-      "--n-layers", std::to_string(m.n_layers),
-      "--n-heads", std::to_string(m.n_heads),
-      "--n-kv-heads", std::to_string(m.n_kv_heads),
-      "--head-dim", std::to_string(m.head_dim),
-      "--d-ff", std::to_string(m.d_ff),
-      "--max-seq-len", std::to_string(m.max_seq_len),
-      "--rope-theta", absl::StrCat(m.rope_theta),
-      "--prompts", std::to_string(c.rollout.prompts_per_step),
-      "--group-size", std::to_string(c.rollout.group_size),
-      "--prompt-len", std::to_string(args.prompt_len),
-      "--max-new-tokens", std::to_string(c.rollout.max_new_tokens),
-      "--temperature", absl::StrCat(c.rollout.temperature),
-      "--micro-batch-size", std::to_string(c.optim.micro_batch_size),
-      "--lr", absl::StrCat(c.optim.lr),
-      "--threads", std::to_string(c.num_threads),
-      "--iterations", std::to_string(args.iterations),
-      "--seed", std::to_string(c.seed)};
+  std::vector<std::string> a = {args.python,
+                                script,
+                                "--vocab",
+                                std::to_string(vocab),
+                                "--d-model",
+                                std::to_string(m.d_model),
+                                "--n-layers",
+                                std::to_string(m.n_layers),
+                                "--n-heads",
+                                std::to_string(m.n_heads),
+                                "--n-kv-heads",
+                                std::to_string(m.n_kv_heads),
+                                "--head-dim",
+                                std::to_string(m.head_dim),
+                                "--d-ff",
+                                std::to_string(m.d_ff),
+                                "--max-seq-len",
+                                std::to_string(m.max_seq_len),
+                                "--rope-theta",
+                                absl::StrCat(m.rope_theta),
+                                "--prompts",
+                                std::to_string(c.rollout.prompts_per_step),
+                                "--group-size",
+                                std::to_string(c.rollout.group_size),
+                                "--prompt-len",
+                                std::to_string(args.prompt_len),
+                                "--max-new-tokens",
+                                std::to_string(c.rollout.max_new_tokens),
+                                "--temperature",
+                                absl::StrCat(c.rollout.temperature),
+                                "--micro-batch-size",
+                                std::to_string(c.optim.micro_batch_size),
+                                "--lr",
+                                absl::StrCat(c.optim.lr),
+                                "--threads",
+                                std::to_string(c.num_threads),
+                                "--iterations",
+                                std::to_string(args.iterations),
+                                "--seed",
+                                std::to_string(c.seed)};
   if (m.tie_embeddings) a.push_back("--tie-embeddings");
   return a;
 }
@@ -302,7 +315,8 @@ CLI::App* AddBenchRolloutCommand(CLI::App& app, BenchRolloutArgs& args) {
       "bench-rollout",
       "rollout and synchronous-step tokens/s of the engine next to a "
       "PyTorch-Python loop of the same shape; JSON out");
-  cmd->add_option("config", args.config_path, "job YAML (its model, rollout "
+  cmd->add_option("config", args.config_path,
+                  "job YAML (its model, rollout "
                   "and optim sections give the shape)")
       ->required();
   cmd->add_option("--engines", args.engines,
@@ -313,8 +327,7 @@ CLI::App* AddBenchRolloutCommand(CLI::App& app, BenchRolloutArgs& args) {
   cmd->add_option("--iterations", args.iterations,
                   "timed steps per measurement, after one warm-up (default 5)")
       ->check(CLI::Range(1, 1000));
-  cmd->add_option("--prompt-len", args.prompt_len,
-                  "prompt tokens (default 12)")
+  cmd->add_option("--prompt-len", args.prompt_len, "prompt tokens (default 12)")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--python", args.python,
                   "interpreter with torch (default /usr/bin/python3)");
@@ -346,9 +359,9 @@ int RunBenchRollout(const BenchRolloutArgs& args) {
   for (const absl::string_view e : absl::StrSplit(args.engines, ',')) {
     const std::string name(e);
     if (name != "fused" && name != "composite" && name != "python") {
-      return Fail(absl::InvalidArgumentError(absl::StrCat(
-          "--engines: unknown engine '", name,
-          "' (fused, composite, python)")));
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--engines: unknown engine '", name,
+                       "' (fused, composite, python)")));
     }
     if (std::find(engines.begin(), engines.end(), name) != engines.end()) {
       return Fail(absl::InvalidArgumentError(
@@ -369,9 +382,8 @@ int RunBenchRollout(const BenchRolloutArgs& args) {
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
       LoadJobTokenizer(config->model);
   if (!tokenizer.ok()) return Fail(tokenizer.status());
-  const int vocab = config->model.vocab_size > 0
-                        ? config->model.vocab_size
-                        : (*tokenizer)->vocab_size();
+  const int vocab = config->model.vocab_size > 0 ? config->model.vocab_size
+                                                 : (*tokenizer)->vocab_size();
   std::string script;
   if (std::find(engines.begin(), engines.end(), "python") != engines.end()) {
     absl::StatusOr<std::string> s = FindReferenceScript(args.reference_script);
@@ -392,9 +404,15 @@ int RunBenchRollout(const BenchRolloutArgs& args) {
       if (e == "python") {
         argv = PythonArgv(args, script, *config, vocab);
       } else {
-        argv = {*self, "bench-rollout", args.config_path, "--measure", e,
-                "--iterations", std::to_string(args.iterations),
-                "--prompt-len", std::to_string(args.prompt_len)};
+        argv = {*self,
+                "bench-rollout",
+                args.config_path,
+                "--measure",
+                e,
+                "--iterations",
+                std::to_string(args.iterations),
+                "--prompt-len",
+                std::to_string(args.prompt_len)};
         for (const auto& o : args.overrides) {
           argv.push_back("--set");
           argv.push_back(o);
@@ -404,9 +422,9 @@ int RunBenchRollout(const BenchRolloutArgs& args) {
       absl::StatusOr<nlohmann::ordered_json> j =
           RunJsonChild(argv, args.timeout_seconds);
       if (!j.ok()) {
-        return Fail(absl::Status(j.status().code(),
-                                 absl::StrCat("bench-rollout: ", e, ": ",
-                                              j.status().message())));
+        return Fail(absl::Status(
+            j.status().code(),
+            absl::StrCat("bench-rollout: ", e, ": ", j.status().message())));
       }
       Acc& a = acc[e];
       a.rollout.push_back(j->value("rollout_tokens_per_second", 0.0));

@@ -66,9 +66,8 @@ absl::StatusOr<nlohmann::ordered_json> RunJsonChild(
         "timed out after ", timeout_seconds, " s: ", argv[0], "\n", tail));
   }
   if (code != 0) {
-    return absl::InternalError(absl::StrCat("exited with code ", code, ": ",
-                                            absl::StrJoin(argv, " "), "\n",
-                                            tail));
+    return absl::InternalError(absl::StrCat(
+        "exited with code ", code, ": ", absl::StrJoin(argv, " "), "\n", tail));
   }
   std::istringstream lines(output);
   std::string line;

@@ -64,8 +64,8 @@ absl::StatusOr<std::vector<LayerActivationPlan>> ResolveActivationPlan(
        &LayerActivationPlan::attention_core}};
   // attention_core is keep or recompute, and not set by the policy (a
   // recomputed attention sub-block already recomputes its core).
-  auto parse = [](const Field& f, absl::string_view value)
-      -> absl::StatusOr<ActivationAction> {
+  auto parse = [](const Field& f,
+                  absl::string_view value) -> absl::StatusOr<ActivationAction> {
     const auto action = ParseAction(value);
     const bool core = f.member == &LayerActivationPlan::attention_core;
     if (!action || (core && *action == ActivationAction::kSwap)) {

@@ -130,19 +130,18 @@ torch::Tensor AttentionImpl::forward(
   }
   if (recompute_core && cache_k == nullptr && at::GradMode::is_enabled()) {
     out = RunRecomputed(
-              [this, mask](const std::vector<torch::Tensor>& in) {
-                return std::vector<torch::Tensor>{
-                    Core(in[0], in[1], in[2], mask)};
-              },
-              {q, k, v}, {})[0];
+        [this, mask](const std::vector<torch::Tensor>& in) {
+          return std::vector<torch::Tensor>{Core(in[0], in[1], in[2], mask)};
+        },
+        {q, k, v}, {})[0];
   } else {
     out = Core(q, k, v, mask);
   }
   if (timed) {
     if (timer->sync) timer->sync();
-    timer->seconds[layer][3] += std::chrono::duration<double>(
-                                    std::chrono::steady_clock::now() - start)
-                                    .count();
+    timer->seconds[layer][3] +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
   }
   return wo(out.transpose(1, 2).reshape({b, t, n_heads_ * head_dim_}));
 }

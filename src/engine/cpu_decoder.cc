@@ -15,8 +15,7 @@ namespace fusionrl {
 
 bool CpuDecoder::Supports(const PolicyModel& model) {
   const ModelConfig& c = model.config();
-  return model.device().is_cpu() && c.dtype == "float32" &&
-         c.moe_experts == 0;
+  return model.device().is_cpu() && c.dtype == "float32" && c.moe_experts == 0;
 }
 
 CpuDecoder::CpuDecoder(const PolicyModel& model, int64_t slots,
@@ -64,8 +63,8 @@ CpuDecoder::CpuDecoder(const PolicyModel& model, int64_t slots,
     l.w1_t = get(p + "mlp.w1.weight").t();
     l.w3_t = get(p + "mlp.w3.weight").t();
     l.w2_t = get(p + "mlp.w2.weight").t();
-    l.cache_k = at::empty(
-        {slots, layout_.kv_heads, capacity, layout_.head_dim}, f32);
+    l.cache_k =
+        at::empty({slots, layout_.kv_heads, capacity, layout_.head_dim}, f32);
     l.cache_v = at::empty_like(l.cache_k);
     layers_.push_back(std::move(l));
   }
@@ -154,9 +153,8 @@ const at::Tensor& CpuDecoder::Step(const int64_t* tokens, int64_t n) {
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
   const int64_t grain =
       std::max<int64_t>(kMinRowsPerThread, (n + threads - 1) / threads);
-  at::parallel_for(0, n, grain, [&](int64_t r0, int64_t r1) {
-    StepRows(tokens, r0, r1);
-  });
+  at::parallel_for(0, n, grain,
+                   [&](int64_t r0, int64_t r1) { StepRows(tokens, r0, r1); });
   for (int64_t s = 0; s < n; ++s) length_[s] = count_[s];
   if (!logits_rows_.defined() || logits_rows_.size(0) != n) {
     logits_rows_ = logits_.narrow(0, 0, n);
@@ -206,8 +204,7 @@ void CpuDecoder::StepRows(const int64_t* tokens, int64_t r0, int64_t r1) {
                           n * d_ff_);
     x.addmm_(gate, l.w2_t);
   }
-  decode::RmsNormRows(xp, final_norm_.data_ptr<float>(), hp, n, d_model_,
-                      eps_);
+  decode::RmsNormRows(xp, final_norm_.data_ptr<float>(), hp, n, d_model_, eps_);
   at::mm_out(logits, h, head_t_);
 }
 

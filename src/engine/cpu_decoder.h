@@ -77,7 +77,7 @@ class CpuDecoder {
   at::Tensor embed_, final_norm_, head_t_, cos_, sin_;
   std::vector<Layer> layers_;
   at::Tensor x_, h_, q_, k_, v_, attn_, gate_, up_, logits_;  // [slots, ...]
-  at::Tensor logits_rows_;  // logits_ narrowed to the last step's rows
+  at::Tensor logits_rows_;       // logits_ narrowed to the last step's rows
   std::vector<int64_t> length_;  // cache entries per slot
   std::vector<int64_t> count_;   // length + 1 during a step
 };

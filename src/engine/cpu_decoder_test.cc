@@ -46,9 +46,7 @@ std::unique_ptr<PolicyModel> MakeModel(const Variant& v, uint64_t seed = 7) {
 }
 
 std::vector<Variant> Variants() {
-  return {{"plain"},
-          {"gqa", 2},
-          {"qk_norm_bias_tied", 1, true, true, true}};
+  return {{"plain"}, {"gqa", 2}, {"qk_norm_bias_tied", 1, true, true, true}};
 }
 
 std::vector<std::vector<int>> Prompts() {
@@ -76,9 +74,9 @@ TEST(CpuDecoderTest, StepLogitsMatchFullForward) {
     const std::vector<int64_t> cont = {40, 41, 42, 43, 44, 45};
     const int64_t p = static_cast<int64_t>(prompt.size());
     KvCache prefill = model->NewCache(1, p);
-    auto tokens = torch::tensor(std::vector<int64_t>(prompt.begin(),
-                                                     prompt.end()))
-                      .unsqueeze(0);
+    auto tokens =
+        torch::tensor(std::vector<int64_t>(prompt.begin(), prompt.end()))
+            .unsqueeze(0);
     auto valid = torch::ones_like(tokens, torch::kBool);
     model->ForwardCached(tokens, PositionsFromValid(valid), valid, prefill,
                          true);
@@ -93,8 +91,8 @@ TEST(CpuDecoderTest, StepLogitsMatchFullForward) {
       seq.push_back(tok);
       auto all = torch::tensor(seq).unsqueeze(0);
       auto all_valid = torch::ones_like(all, torch::kBool);
-      auto ref = model->Forward(all, PositionsFromValid(all_valid),
-                                all_valid)[0][-1];
+      auto ref =
+          model->Forward(all, PositionsFromValid(all_valid), all_valid)[0][-1];
       EXPECT_TRUE(torch::allclose(logits[0], ref, 1e-4, 1e-5))
           << "max diff " << (logits[0] - ref).abs().max().item<float>();
       EXPECT_TRUE(torch::equal(logits[0], logits[1]));

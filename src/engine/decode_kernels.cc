@@ -12,7 +12,8 @@
 // of the last decade) and generic; the loader picks one (ifunc). Other
 // architectures get the generic build only.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define FUSIONRL_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#define FUSIONRL_CLONES \
+  __attribute__((target_clones("arch=haswell", "default")))
 #else
 #define FUSIONRL_CLONES
 #endif
@@ -173,8 +174,8 @@ int64_t Grain(int64_t work_per_item) {
 
 }  // namespace
 
-void RmsNormRows(const float* x, const float* w, float* y, int64_t n,
-                 int64_t d, float eps) {
+void RmsNormRows(const float* x, const float* w, float* y, int64_t n, int64_t d,
+                 float eps) {
   at::parallel_for(0, n, Grain(2 * d), [&](int64_t r0, int64_t r1) {
     RmsNormRange(x, w, y, r0, r1, d, eps);
   });
@@ -193,9 +194,9 @@ void RotaryAppendKv(float* q, float* k, const float* v, const float* cos,
   });
 }
 
-void DecodeAttention(const float* q, const float* cache_k,
-                     const float* cache_v, const int64_t* len,
-                     const KvLayout& layout, float* out, int64_t n) {
+void DecodeAttention(const float* q, const float* cache_k, const float* cache_v,
+                     const int64_t* len, const KvLayout& layout, float* out,
+                     int64_t n) {
   int64_t longest = 1;
   for (int64_t r = 0; r < n; ++r) longest = std::max(longest, len[r]);
   at::parallel_for(0, n * layout.heads, Grain(2 * longest * layout.head_dim),
@@ -205,9 +206,8 @@ void DecodeAttention(const float* q, const float* cache_k,
 }
 
 void SwiGluInPlace(float* g, const float* u, int64_t count) {
-  at::parallel_for(0, count, Grain(8), [&](int64_t i0, int64_t i1) {
-    SwiGluRange(g, u, i0, i1);
-  });
+  at::parallel_for(0, count, Grain(8),
+                   [&](int64_t i0, int64_t i1) { SwiGluRange(g, u, i0, i1); });
 }
 
 }  // namespace fusionrl::decode

@@ -30,8 +30,8 @@
 namespace fusionrl::decode {
 
 // x, y [n, d]; w [d]. y may equal x.
-void RmsNormRows(const float* x, const float* w, float* y, int64_t n,
-                 int64_t d, float eps);
+void RmsNormRows(const float* x, const float* w, float* y, int64_t n, int64_t d,
+                 float eps);
 
 struct KvLayout {
   int64_t heads = 0;     // query heads H
@@ -53,9 +53,9 @@ void RotaryAppendKv(float* q, float* k, const float* v, const float* cos,
 
 // out [n, H*Dh] = softmax(q k^T / sqrt(Dh)) v per row and head over the
 // row's cache slots [0, len[r]) (len[r] >= 1, the new token included).
-void DecodeAttention(const float* q, const float* cache_k,
-                     const float* cache_v, const int64_t* len,
-                     const KvLayout& layout, float* out, int64_t n);
+void DecodeAttention(const float* q, const float* cache_k, const float* cache_v,
+                     const int64_t* len, const KvLayout& layout, float* out,
+                     int64_t n);
 
 // g[i] = silu(g[i]) * u[i], i < count.
 void SwiGluInPlace(float* g, const float* u, int64_t count);

@@ -65,8 +65,8 @@ std::pair<at::Tensor, at::Tensor> SampleNext(const at::Tensor& logits,
   const bool greedy = params.temperature <= 0.0;
   const bool unfiltered = greedy || (params.top_k <= 0 && params.top_p >= 1.0);
   if (unfiltered && logits.device().is_cpu()) {
-    SampledRows rows = SampleRows(logits, greedy ? at::Tensor() : u,
-                                  params.temperature);
+    SampledRows rows =
+        SampleRows(logits, greedy ? at::Tensor() : u, params.temperature);
     return {rows.tokens, rows.logp};
   }
   auto scaled = greedy ? logits.to(at::kFloat)
@@ -241,8 +241,7 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateFused(
       if (done[seq]) continue;
       const auto& p = *unique[prompt_of[seq]];
       const int64_t len = static_cast<int64_t>(p.size());
-      decoder.LoadPrefill(prefill, prompt_of[seq], prompt_len - len, len,
-                          live);
+      decoder.LoadPrefill(prefill, prompt_of[seq], prompt_len - len, len, live);
       slot_seq[live] = seq;
       pending[live] = completions[seq].tokens.back();
       ++live;

@@ -463,9 +463,8 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
             policy_, mb, temperature_, logits_chunk_tokens_, true);
         const at::Tensor& logp = tok.logp;
         at::Tensor old_mb = rows(old_logp);
-        at::Tensor weight_mb = behaviour_weight.defined()
-                                   ? rows(behaviour_weight)
-                                   : at::Tensor();
+        at::Tensor weight_mb =
+            behaviour_weight.defined() ? rows(behaviour_weight) : at::Tensor();
         if (prox_in_forward) {
           at::NoGradGuard no_grad;
           old_mb = logp.detach();

@@ -66,9 +66,9 @@ absl::StatusOr<RolloutBatch> GroupSampler::Sample(
       KvCacheBytesFor(config_.model, static_cast<int64_t>(prompts.size()),
                       static_cast<int64_t>(longest) + rc.max_new_tokens);
   if (engine.fused()) {
-    kv_bytes += KvCacheBytesFor(config_.model,
-                                static_cast<int64_t>(groups.size()),
-                                static_cast<int64_t>(longest));
+    kv_bytes +=
+        KvCacheBytesFor(config_.model, static_cast<int64_t>(groups.size()),
+                        static_cast<int64_t>(longest));
   }
   const MemoryDecision kv = memory.RequestKvCache(kv_bytes);
   if (!kv.granted()) return absl::ResourceExhaustedError(kv.message);
