@@ -28,6 +28,7 @@
 #include "absl/strings/strip.h"
 #include "core/config_schema.h"
 #include "core/hf_config.h"
+#include "core/yaml_load.h"
 #include "fusionrl/config.h"
 
 namespace fusionrl {
@@ -308,7 +309,7 @@ absl::StatusOr<Override> ParseOverride(const std::string& text) {
         absl::StrCat(source, ": expected key.path=value"));
   }
   try {
-    o.tree = YAML::Load(text.substr(eq + 1));
+    o.tree = LoadYaml(text.substr(eq + 1));
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": invalid YAML value: ", e.msg));
@@ -400,7 +401,7 @@ absl::StatusOr<JobConfig> ParseImpl(const std::string& yaml_text,
                                     const std::vector<std::string>& overrides) {
   std::vector<YAML::Node> docs;
   try {
-    docs = YAML::LoadAll(yaml_text);
+    docs = LoadAllYaml(yaml_text);
   } catch (const YAML::ParserException& e) {
     const std::string where = e.mark.is_null()
                                   ? source

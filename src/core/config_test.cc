@@ -824,6 +824,19 @@ TEST(ConfigTest, ReportsYamlSyntaxErrorWithLineAndColumn) {
               {"job.yaml:", "invalid YAML: end of sequence flow not found"});
 }
 
+// yaml-cpp 0.7 alone never returns on these (it allocates null nodes until
+// the process is killed); the job description must fail with a position.
+TEST(ConfigTest, RejectsAStrayFlowEntryInsteadOfParsingForever) {
+  ExpectError(",", absl::StatusCode::kInvalidArgument,
+              {"job.yaml:1:1: invalid YAML: ", "a ',' outside [ ] or { }"});
+  ExpectError("  , name: a\n", absl::StatusCode::kInvalidArgument,
+              {"job.yaml:1:3: invalid YAML: "});
+  ExpectError("- a\n,\n", absl::StatusCode::kInvalidArgument,
+              {"job.yaml:2:1: invalid YAML: "});
+  ExpectError("{}", absl::StatusCode::kInvalidArgument,
+              {"--set name=,: invalid YAML value"}, {"name=,"});
+}
+
 TEST(ConfigTest, RejectsMissingInitCheckpoint) {
   const std::string ckpt = MissingPath("x.pt");
   absl::StatusOr<JobConfig> config =

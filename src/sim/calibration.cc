@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <sstream>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/yaml_load.h"
 #include "nlohmann/json.hpp"
 
 namespace fusionrl::sim {
@@ -55,15 +57,19 @@ Fit FitLine(const std::vector<double>& x, const std::vector<double>& y) {
 absl::StatusOr<Calibration> CalibrateFromRun(const std::string& run_dir,
                                              const CostModel& base) {
   const std::string config_path = run_dir + "/config.yaml";
-  YAML::Node cfg;
-  try {
-    cfg = YAML::LoadFile(config_path);
-  } catch (const YAML::BadFile&) {
+  std::ifstream file(config_path, std::ios::binary);
+  if (!file) {
     return absl::NotFoundError(
         absl::StrCat("--calibrate-from: ", config_path,
                      ": cannot open the file (a "
                      "`fusionrl run` output directory holds config.yaml and "
                      "metrics.jsonl)"));
+  }
+  std::ostringstream text;
+  text << file.rdbuf();
+  YAML::Node cfg;
+  try {
+    cfg = LoadYaml(text.str());
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("--calibrate-from: ", config_path, ": ", e.what()));

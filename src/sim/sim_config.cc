@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "core/metrics.h"
 #include "core/status_macros.h"
+#include "core/yaml_load.h"
 
 namespace fusionrl::sim {
 
@@ -17,7 +18,7 @@ absl::StatusOr<SimConfig> ParseSimConfig(
     const std::vector<std::string>& job_overrides) {
   YAML::Node root;
   try {
-    root = YAML::Load(text);
+    root = LoadYaml(text);
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": not valid YAML: ", e.what()));
@@ -75,7 +76,7 @@ absl::StatusOr<CostModel> ApplyCostOverrides(
     std::vector<std::string> path = absl::StrSplit(o.substr(0, eq), '.');
     YAML::Node value;
     try {
-      value = YAML::Load(o.substr(eq + 1));
+      value = LoadYaml(o.substr(eq + 1));
     } catch (const YAML::Exception& e) {
       return absl::InvalidArgumentError(
           absl::StrCat("--cost: '", o, "': ", e.what()));
