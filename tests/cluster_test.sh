@@ -702,6 +702,12 @@ check([r["step"] for r in rows] == list(range(1, 17)), f"metrics.jsonl has steps
 check(max(r.get("max_staleness", 0) for r in rows) <= 1, "no sample trained above the policy lag")
 crcs = json.load(open(os.path.join(out, "restart-skew", "summary.json"))).get("final_weights_crc32c", {})
 check(sorted(crcs) == ["a", "b"] and len(set(crcs.values())) == 1, f"both super nodes end with equal weights ({crcs})")
+if bad:
+    # What the controller saw: every event and where each node ended.
+    for t in texts:
+        print(f"     event: {t}")
+    for n in st.get("nodes", []):
+        print(f"     node: {n.get('node_id', '?')} super node {n.get('super_node')} {n.get('state')}")
 sys.exit(1 if bad else 0)
 PY
 

@@ -118,6 +118,12 @@ struct ModelConfig {
   // Compute and parameter dtype: float32 | bfloat16. Stored weights of any
   // of F32/BF16/F16 are converted to it on load.
   std::string dtype = "float32";
+  // Attention core of whole sequences (training, prefill; engine/
+  // attention_kernels.h): fused = one CPU kernel per (sequence, head) for
+  // forward and backward, keeping one log-sum-exp per query instead of the
+  // probabilities, where it supports the policy (float32 on CPU), else
+  // composite; composite = the reference ATen ops.
+  std::string attention_kernel = "fused";
   int vocab_size = 0;           // [arch] embedding rows; 0 = the tokenizer's
   int d_model = 128;            // [arch] hidden width
   int n_layers = 4;             // [arch] transformer blocks

@@ -122,6 +122,8 @@ int MeasureHere(const BenchRolloutArgs& args, bool fused) {
       LoadBenchConfig(args.config_path, args.overrides);
   if (!config.ok()) return Fail(config.status());
   config->algorithm.kl_coef = 0;  // the Python loop has no reference policy
+  // composite: the reference paths everywhere (decode and attention core).
+  if (!fused) config->model.attention_kernel = "composite";
   absl::StatusOr<JobContext> ctx = PrepareJob(*config, "");
   if (!ctx.ok()) return Fail(ctx.status());
   PolicyModel& policy = *ctx->policy;
@@ -209,6 +211,7 @@ int MeasureHere(const BenchRolloutArgs& args, bool fused) {
   nlohmann::ordered_json j = {
       {"engine", fused ? "fused" : "composite"},
       {"fused_path", engine.fused()},
+      {"attention_kernel", config->model.attention_kernel},
       {"threads", config->num_threads},
       {"tokens_per_iteration", tokens},
       {"rollout_seconds", r},

@@ -5,8 +5,9 @@
 // alternating, --repeats times:
 //   fused      FusionRL's rollout engine (CpuDecoder where it applies) and
 //              trainer;
-//   composite  the same with the composite decode path (the engine before
-//              the fused path: the reference it is tested against);
+//   composite  the same with the composite decode path and attention core
+//              (model.attention_kernel: composite): the engine before the
+//              fused paths, the reference they are tested against;
 //   python     scripts/rollout_reference.py, a PyTorch loop of the same
 //              shape (Debian's python3-torch).
 // Each measurement is the median of --iterations synchronous steps (rollout

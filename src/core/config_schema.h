@@ -105,6 +105,9 @@ void VisitModel(ModelConfig& m, V& v) {
   v.String("architecture", &m.architecture, OneOf(kArchitectures));
   v.String("tokenizer", &m.tokenizer, ExistingFile());
   v.String("dtype", &m.dtype, OneOf(kDtypes));
+  static constexpr absl::string_view kAttentionKernels[] = {"fused",
+                                                            "composite"};
+  v.String("attention_kernel", &m.attention_kernel, OneOf(kAttentionKernels));
   v.Int("vocab_size", &m.vocab_size, AtLeast(0));
   v.Int("d_model", &m.d_model, AtLeast(8));
   v.Int("n_layers", &m.n_layers, AtLeast(1));

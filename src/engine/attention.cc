@@ -3,12 +3,14 @@
 #include "engine/attention.h"
 
 #include <ATen/core/grad_mode.h>
+#include <torch/autograd.h>
 
 #include <chrono>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "engine/attention_kernels.h"
 #include "engine/recompute.h"
 
 namespace fusionrl {
@@ -48,7 +50,117 @@ torch::Tensor Rotate(const torch::Tensor& x, const torch::Tensor& cos,
       .to(x.scalar_type());
 }
 
+namespace ak = attention_kernels;
+
+ak::Strides StridesOf(const torch::Tensor& t) {
+  return {t.stride(0), t.stride(1), t.stride(2)};
+}
+
+// Whether the fused kernels take these operands: float32 on CPU, [B, H, T,
+// Dh] / [B, KvH, K, Dh], a bool mask [B or 1, 1, T, K].
+bool FusedCoreSupports(const torch::Tensor& q, const torch::Tensor& k,
+                       const torch::Tensor& v, const torch::Tensor& mask) {
+  for (const torch::Tensor* t : {&q, &k, &v}) {
+    if (!t->device().is_cpu() || t->scalar_type() != torch::kFloat ||
+        t->dim() != 4) {
+      return false;
+    }
+  }
+  return mask.device().is_cpu() && mask.scalar_type() == torch::kBool &&
+         mask.dim() == 4 && mask.size(1) == 1 &&
+         (mask.size(0) == q.size(0) || mask.size(0) == 1) &&
+         mask.size(2) == q.size(2) && mask.size(3) == k.size(2) &&
+         k.sizes() == v.sizes() && q.size(1) % k.size(1) == 0;
+}
+
+// The last dimension contiguous, as the kernels read it.
+torch::Tensor InnerContiguous(const torch::Tensor& t) {
+  return t.stride(-1) == 1 ? t : t.contiguous();
+}
+
+ak::CoreInputs CoreInputsOf(const torch::Tensor& q, const torch::Tensor& k,
+                            const torch::Tensor& v, const torch::Tensor& mask) {
+  ak::CoreInputs in;
+  in.batch = q.size(0);
+  in.heads = q.size(1);
+  in.kv_heads = k.size(1);
+  in.queries = q.size(2);
+  in.keys = k.size(2);
+  in.head_dim = q.size(3);
+  in.scale = 1.0f / std::sqrt(static_cast<float>(in.head_dim));
+  in.q = q.data_ptr<float>();
+  in.q_strides = StridesOf(q);
+  in.k = k.data_ptr<float>();
+  in.k_strides = StridesOf(k);
+  in.v = v.data_ptr<float>();
+  in.v_strides = StridesOf(v);
+  in.mask = mask.data_ptr<bool>();
+  in.mask_batch_stride = mask.size(0) == 1 ? 0 : mask.stride(0);
+  in.mask_query_stride = mask.stride(2);
+  return in;
+}
+
+// The attention core as one autograd node over the fused kernels. Saves q,
+// k, v, the mask, the output and the log-sum-exp per query.
+class FusedCore : public torch::autograd::Function<FusedCore> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx,
+                               const torch::Tensor& q_in,
+                               const torch::Tensor& k_in,
+                               const torch::Tensor& v_in,
+                               const torch::Tensor& mask_in) {
+    const torch::Tensor q = InnerContiguous(q_in), k = InnerContiguous(k_in),
+                        v = InnerContiguous(v_in),
+                        mask = InnerContiguous(mask_in);
+    const int64_t b = q.size(0), h = q.size(1), t = q.size(2);
+    // [B, T, H, Dh] storage: the caller's transpose + reshape to [B, T, D]
+    // is then a view.
+    torch::Tensor out =
+        torch::empty({b, t, h, q.size(3)}, q.options()).transpose(1, 2);
+    torch::Tensor lse = torch::empty({b, h, t}, q.options());
+    ak::CoreForward(CoreInputsOf(q, k, v, mask), out.data_ptr<float>(),
+                    StridesOf(out), lse.data_ptr<float>());
+    ctx->save_for_backward({q, k, v, mask, out, lse});
+    return out;
+  }
+
+  static torch::autograd::tensor_list backward(
+      torch::autograd::AutogradContext* ctx,
+      torch::autograd::tensor_list grads) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor &q = saved[0], &k = saved[1], &v = saved[2],
+                        &mask = saved[3], &out = saved[4], &lse = saved[5];
+    const torch::Tensor grad_out = InnerContiguous(grads[0]);
+    // Gradients in the [B, T, heads, Dh] layout their producers (views of
+    // the q/k/v projections) have.
+    auto like = [](const torch::Tensor& x) {
+      return torch::empty({x.size(0), x.size(2), x.size(1), x.size(3)},
+                          x.options())
+          .transpose(1, 2);
+    };
+    torch::Tensor dq = like(q), dk = like(k), dv = like(v);
+    ak::CoreGrads g;
+    g.dq = dq.data_ptr<float>();
+    g.dq_strides = StridesOf(dq);
+    g.dk = dk.data_ptr<float>();
+    g.dk_strides = StridesOf(dk);
+    g.dv = dv.data_ptr<float>();
+    g.dv_strides = StridesOf(dv);
+    ak::CoreBackward(CoreInputsOf(q, k, v, mask), out.data_ptr<float>(),
+                     StridesOf(out), lse.data_ptr<float>(),
+                     grad_out.data_ptr<float>(), StridesOf(grad_out), g);
+    return {dq, dk, dv, torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+torch::Tensor FusedAttentionCore(const torch::Tensor& q, const torch::Tensor& k,
+                                 const torch::Tensor& v,
+                                 const torch::Tensor& mask) {
+  if (!FusedCoreSupports(q, k, v, mask)) return torch::Tensor();
+  return FusedCore::apply(q, k, v, mask);
+}
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
   weight = register_parameter("weight", torch::ones({dim}));
@@ -83,7 +195,10 @@ std::pair<torch::Tensor, torch::Tensor> RotaryTables(const ModelConfig& c) {
 }
 
 AttentionImpl::AttentionImpl(const ModelConfig& c)
-    : n_heads_(c.n_heads), n_kv_heads_(KvHeads(c)), head_dim_(HeadDim(c)) {
+    : fused_core(c.attention_kernel == "fused"),
+      n_heads_(c.n_heads),
+      n_kv_heads_(KvHeads(c)),
+      head_dim_(HeadDim(c)) {
   auto linear = [&](const char* name, int64_t in, int64_t out, bool bias) {
     return register_module(
         name, torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias)));
@@ -150,6 +265,10 @@ torch::Tensor AttentionImpl::Core(const torch::Tensor& q,
                                   const torch::Tensor& k_in,
                                   const torch::Tensor& v_in,
                                   const torch::Tensor& mask) const {
+  if (fused_core) {
+    torch::Tensor out = FusedAttentionCore(q, k_in, v_in, mask);
+    if (out.defined()) return out;
+  }
   torch::Tensor k = k_in, v = v_in;
   if (n_kv_heads_ != n_heads_) {
     const int64_t rep = n_heads_ / n_kv_heads_;

@@ -45,6 +45,14 @@ torch::Tensor AttentionMask(const torch::Tensor& key_valid, int64_t start,
 // wavelength, transformers' _compute_llama3_parameters).
 std::pair<torch::Tensor, torch::Tensor> RotaryTables(const ModelConfig& c);
 
+// softmax(q k^T / sqrt(Dh), masked) v through the fused CPU kernels
+// (engine/attention_kernels.h) as one autograd node, for q [B, H, T, Dh],
+// k and v [B, KvH, K, Dh] and a bool mask [B or 1, 1, T, K]; an undefined
+// tensor where they do not apply (not float32 on CPU).
+torch::Tensor FusedAttentionCore(const torch::Tensor& q, const torch::Tensor& k,
+                                 const torch::Tensor& v,
+                                 const torch::Tensor& mask);
+
 // Grouped-query attention: n_heads query heads share n_kv_heads key/value
 // heads (query head h reads kv head h / (n_heads / n_kv_heads), as Hugging
 // Face's repeat_kv), each of head_dim. Qwen2 adds biases to q/k/v; Qwen3
@@ -71,6 +79,9 @@ class AttentionImpl : public torch::nn::Module {
   torch::nn::Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};  // qk_norm only
 
+  // The core through FusedAttentionCore where it applies
+  // (model.attention_kernel: fused), else the composite ATen ops.
+  bool fused_core = true;
   // Selective recompute of the core (model.activations.attention_core): in a
   // forward with autograd on and no cache, the scores, mask, softmax and
   // weighted sum run as one recompute node that saves only q, k and v.
@@ -82,7 +93,7 @@ class AttentionImpl : public torch::nn::Module {
 
  private:
   // softmax(q k^T / sqrt(Dh), masked) v for q [B, H, T, Dh] and k, v
-  // [B, KvH, K, Dh] -> [B, H, T, Dh].
+  // [B, KvH, K, Dh] -> [B, H, T, Dh]: fused or composite (fused_core).
   torch::Tensor Core(const torch::Tensor& q, const torch::Tensor& k,
                      const torch::Tensor& v, const torch::Tensor& mask) const;
 

@@ -8,72 +8,38 @@
 #include <limits>
 #include <vector>
 
-// The hot loops, compiled twice: for AVX2 + FMA (x86-64-v3, every x86 server
-// of the last decade) and generic; the loader picks one (ifunc). Other
-// architectures get the generic build only.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define FUSIONRL_CLONES \
-  __attribute__((target_clones("arch=haswell", "default")))
-#else
-#define FUSIONRL_CLONES
-#endif
+#include "engine/kernel_math.h"
 
 namespace fusionrl::decode {
 namespace {
 
-constexpr int kLanes = 8;  // independent partial sums: lets loops vectorise
-
-// exp(x) for float, to ~2 ulp (Cephes' expf: range reduction by ln 2 in two
-// parts and a degree-6 polynomial), written so that a loop over it
-// vectorises; glibc's expf does not. Inputs are clamped to [-87.3, 88.3]
-// (exp(-87.3) ~ 1e-38: 0 for a softmax or a sigmoid).
-inline float Exp(float x) {
-  const float kMax = 88.3762626647949f, kMin = -87.3365478515625f;
-  x = std::max(std::min(x, kMax), kMin);
-  const float t = x * 1.44269504088896341f + 0.5f;
-  int32_t i = static_cast<int32_t>(t);
-  i -= t < static_cast<float>(i) ? 1 : 0;  // floor
-  const float fx = static_cast<float>(i);
-  x -= fx * 0.693359375f;
-  x -= fx * -2.12194440e-4f;
-  const float z = x * x;
-  float y = 1.9875691500e-4f;
-  y = y * x + 1.3981999507e-3f;
-  y = y * x + 8.3334519073e-3f;
-  y = y * x + 4.1665795894e-2f;
-  y = y * x + 1.6666665459e-1f;
-  y = y * x + 5.0000001201e-1f;
-  y = y * z + x + 1.0f;
-  const int32_t bits = (i + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return y * scale;
-}
-
-// sum_i a[i] b[i] in kLanes partial sums (inlined into each clone below).
-inline float Dot(const float* a, const float* b, int64_t n) {
-  float acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int l = 0; l < kLanes; ++l) acc[l] += a[i + l] * b[i + l];
-  }
-  float s = 0;
-  for (int l = 0; l < kLanes; ++l) s += acc[l];
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
+using kernel_math::Dot;
+using kernel_math::Exp;
 
 inline float SumSquares(const float* x, int64_t d) { return Dot(x, x, d); }
 
-FUSIONRL_CLONES void RmsNormRange(const float* x, const float* w, float* y,
-                                  int64_t r0, int64_t r1, int64_t d,
-                                  float eps) {
+FUSIONRL_KERNEL_BODY void RmsNormBody(const float* x, const float* w, float* y,
+                                      int64_t r0, int64_t r1, int64_t d,
+                                      float eps) {
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * d;
     float* yr = y + r * d;
     const float inv =
         1.0f / std::sqrt(SumSquares(xr, d) / static_cast<float>(d) + eps);
     for (int64_t i = 0; i < d; ++i) yr[i] = xr[i] * inv * w[i];
+  }
+}
+FUSIONRL_AVX2 void RmsNormRangeAvx2(const float* x, const float* w, float* y,
+                                    int64_t r0, int64_t r1, int64_t d,
+                                    float eps) {
+  RmsNormBody(x, w, y, r0, r1, d, eps);
+}
+void RmsNormRange(const float* x, const float* w, float* y, int64_t r0,
+                  int64_t r1, int64_t d, float eps) {
+  if (kernel_math::CpuHasAvx2Fma()) {
+    RmsNormRangeAvx2(x, w, y, r0, r1, d, eps);
+  } else {
+    RmsNormBody(x, w, y, r0, r1, d, eps);
   }
 }
 
@@ -93,12 +59,13 @@ inline void RotateHead(float* x, const float* c, const float* s, int64_t half) {
   }
 }
 
-FUSIONRL_CLONES void RotaryRange(float* q, float* k, const float* v,
-                                 const float* cos, const float* sin,
-                                 const int64_t* pos, const int64_t* len,
-                                 const float* q_norm, const float* k_norm,
-                                 float eps, const KvLayout& lo, float* cache_k,
-                                 float* cache_v, int64_t r0, int64_t r1) {
+FUSIONRL_KERNEL_BODY void RotaryBody(float* q, float* k, const float* v,
+                                     const float* cos, const float* sin,
+                                     const int64_t* pos, const int64_t* len,
+                                     const float* q_norm, const float* k_norm,
+                                     float eps, const KvLayout& lo,
+                                     float* cache_k, float* cache_v, int64_t r0,
+                                     int64_t r1) {
   const int64_t dh = lo.head_dim, half = dh / 2;
   for (int64_t r = r0; r < r1; ++r) {
     const float* c = cos + pos[r] * half;
@@ -119,13 +86,36 @@ FUSIONRL_CLONES void RotaryRange(float* q, float* k, const float* v,
     }
   }
 }
+FUSIONRL_AVX2 void RotaryRangeAvx2(float* q, float* k, const float* v,
+                                   const float* cos, const float* sin,
+                                   const int64_t* pos, const int64_t* len,
+                                   const float* q_norm, const float* k_norm,
+                                   float eps, const KvLayout& lo,
+                                   float* cache_k, float* cache_v, int64_t r0,
+                                   int64_t r1) {
+  RotaryBody(q, k, v, cos, sin, pos, len, q_norm, k_norm, eps, lo, cache_k,
+             cache_v, r0, r1);
+}
+void RotaryRange(float* q, float* k, const float* v, const float* cos,
+                 const float* sin, const int64_t* pos, const int64_t* len,
+                 const float* q_norm, const float* k_norm, float eps,
+                 const KvLayout& lo, float* cache_k, float* cache_v, int64_t r0,
+                 int64_t r1) {
+  if (kernel_math::CpuHasAvx2Fma()) {
+    RotaryRangeAvx2(q, k, v, cos, sin, pos, len, q_norm, k_norm, eps, lo,
+                    cache_k, cache_v, r0, r1);
+  } else {
+    RotaryBody(q, k, v, cos, sin, pos, len, q_norm, k_norm, eps, lo, cache_k,
+               cache_v, r0, r1);
+  }
+}
 
 // Items [i0, i1) of rows x query heads: each query head of a row over the
 // row's cache entries of its key/value head.
-FUSIONRL_CLONES void AttendRange(const float* q, const float* cache_k,
-                                 const float* cache_v, const int64_t* len,
-                                 const KvLayout& lo, float* out, int64_t i0,
-                                 int64_t i1) {
+FUSIONRL_KERNEL_BODY void AttendBody(const float* q, const float* cache_k,
+                                     const float* cache_v, const int64_t* len,
+                                     const KvLayout& lo, float* out, int64_t i0,
+                                     int64_t i1) {
   const int64_t dh = lo.head_dim;
   const int64_t rep = lo.heads / lo.kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
@@ -157,20 +147,42 @@ FUSIONRL_CLONES void AttendRange(const float* q, const float* cache_k,
     }
   }
 }
+FUSIONRL_AVX2 void AttendRangeAvx2(const float* q, const float* cache_k,
+                                   const float* cache_v, const int64_t* len,
+                                   const KvLayout& lo, float* out, int64_t i0,
+                                   int64_t i1) {
+  AttendBody(q, cache_k, cache_v, len, lo, out, i0, i1);
+}
+void AttendRange(const float* q, const float* cache_k, const float* cache_v,
+                 const int64_t* len, const KvLayout& lo, float* out, int64_t i0,
+                 int64_t i1) {
+  if (kernel_math::CpuHasAvx2Fma()) {
+    AttendRangeAvx2(q, cache_k, cache_v, len, lo, out, i0, i1);
+  } else {
+    AttendBody(q, cache_k, cache_v, len, lo, out, i0, i1);
+  }
+}
 
-FUSIONRL_CLONES void SwiGluRange(float* g, const float* u, int64_t i0,
-                                 int64_t i1) {
+FUSIONRL_KERNEL_BODY void SwiGluBody(float* g, const float* u, int64_t i0,
+                                     int64_t i1) {
   for (int64_t i = i0; i < i1; ++i) {
     const float x = g[i];
     g[i] = x / (1.0f + Exp(-x)) * u[i];
   }
 }
-
-// Items per task so that each carries about `work` multiply-adds.
-int64_t Grain(int64_t work_per_item) {
-  constexpr int64_t kWork = 1 << 15;
-  return std::max<int64_t>(1, kWork / std::max<int64_t>(1, work_per_item));
+FUSIONRL_AVX2 void SwiGluRangeAvx2(float* g, const float* u, int64_t i0,
+                                   int64_t i1) {
+  SwiGluBody(g, u, i0, i1);
 }
+void SwiGluRange(float* g, const float* u, int64_t i0, int64_t i1) {
+  if (kernel_math::CpuHasAvx2Fma()) {
+    SwiGluRangeAvx2(g, u, i0, i1);
+  } else {
+    SwiGluBody(g, u, i0, i1);
+  }
+}
+
+using kernel_math::Grain;
 
 }  // namespace
 

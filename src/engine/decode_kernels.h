@@ -18,7 +18,7 @@
 // The maths is the composite path's (engine/attention.cc, model.cc), summed
 // in another order: results agree to float rounding (tests in
 // cpu_decoder_test.cc). The inner loops are compiled for AVX2+FMA next to a
-// generic version and chosen at load time (GCC target_clones).
+// generic version and chosen at run time (engine/kernel_math.h).
 //
 // Thread safety: pure functions of their arguments; each parallelises over
 // rows (and heads) with at::parallel_for.
