@@ -16,6 +16,10 @@
 // in the AVX2 build, SSE pairs in the generic one) on blocks of kRows
 // queries: the scores S = Q K^T vectorised along keys, the weighted sums
 // P V and dS K along Dh, and dK += dS^T Q, dV += P^T dO along Dh.
+// 8-float vectors only travel between always-inline helpers here (see
+// kernel_math.h).
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 namespace fusionrl::attention_kernels {
 namespace {
 

@@ -24,6 +24,11 @@
 #endif
 #define FUSIONRL_KERNEL_BODY inline __attribute__((always_inline))
 
+// The generic build's note on passing 8-float vectors without AVX does
+// not apply: they only travel between always-inline helpers.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 namespace fusionrl::kernel_math {
 
 // Whether this CPU runs the FUSIONRL_AVX2 builds.
@@ -39,6 +44,20 @@ inline bool CpuHasAvx2Fma() {
 
 constexpr int kLanes = 8;  // independent partial sums: lets loops vectorise
 
+// exp(x) for |x| <= ln(2) / 2 (Cephes' degree-6 polynomial), for a float
+// or 8 lanes of them.
+template <class T>
+FUSIONRL_KERNEL_BODY T ExpReduced(T x) {
+  const T z = x * x;
+  T y = T{} + 1.9875691500e-4f;
+  y = y * x + 1.3981999507e-3f;
+  y = y * x + 8.3334519073e-3f;
+  y = y * x + 4.1665795894e-2f;
+  y = y * x + 1.6666665459e-1f;
+  y = y * x + 5.0000001201e-1f;
+  return y * z + x + 1.0f;
+}
+
 // exp(x) for float, to ~2 ulp (Cephes' expf: range reduction by ln 2 in two
 // parts and a degree-6 polynomial), written so that a loop over it
 // vectorises; glibc's expf does not. Inputs are clamped to [-87.3, 88.3]
@@ -52,14 +71,7 @@ FUSIONRL_KERNEL_BODY float Exp(float x) {
   const float fx = static_cast<float>(i);
   x -= fx * 0.693359375f;
   x -= fx * -2.12194440e-4f;
-  const float z = x * x;
-  float y = 1.9875691500e-4f;
-  y = y * x + 1.3981999507e-3f;
-  y = y * x + 8.3334519073e-3f;
-  y = y * x + 4.1665795894e-2f;
-  y = y * x + 1.6666665459e-1f;
-  y = y * x + 5.0000001201e-1f;
-  y = y * z + x + 1.0f;
+  const float y = ExpReduced(x);
   const int32_t bits = (i + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
@@ -81,10 +93,6 @@ FUSIONRL_KERNEL_BODY float Dot(const float* a, const float* b, int64_t n) {
 
 // 8 floats (or int32s) as one value: one AVX register in the AVX2 build,
 // two SSE registers in the generic one (GCC vector extensions).
-// The generic build's note on passing them without AVX does not apply:
-// they only travel between always-inline helpers.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpsabi"
 typedef float V8 __attribute__((vector_size(kLanes * sizeof(float))));
 typedef int32_t V8i __attribute__((vector_size(kLanes * sizeof(int32_t))));
 
@@ -97,7 +105,7 @@ FUSIONRL_KERNEL_BODY void Store8(float* p, V8 v) {
   std::memcpy(p, &v, sizeof(v));
 }
 
-// Exp on 8 lanes: the same steps as Exp above.
+// Exp on 8 lanes: the same range reduction as Exp above.
 FUSIONRL_KERNEL_BODY V8 Exp8(V8 x) {
   const V8 hi = V8{} + 88.3762626647949f, lo = V8{} - 87.3365478515625f;
   x = x < hi ? x : hi;
@@ -108,17 +116,8 @@ FUSIONRL_KERNEL_BODY V8 Exp8(V8 x) {
   const V8 fx = __builtin_convertvector(i, V8);
   x -= fx * 0.693359375f;
   x -= fx * -2.12194440e-4f;
-  const V8 z = x * x;
-  V8 y = V8{} + 1.9875691500e-4f;
-  y = y * x + 1.3981999507e-3f;
-  y = y * x + 8.3334519073e-3f;
-  y = y * x + 4.1665795894e-2f;
-  y = y * x + 1.6666665459e-1f;
-  y = y * x + 5.0000001201e-1f;
-  y = y * z + x + 1.0f;
-  return y * reinterpret_cast<V8>((i + 127) << 23);
+  return ExpReduced(x) * reinterpret_cast<V8>((i + 127) << 23);
 }
-#pragma GCC diagnostic pop
 
 // p[i] = exp(a * p[i] - c), i < n.
 FUSIONRL_KERNEL_BODY void ExpAffineInPlace(float* p, int64_t n, float a,
@@ -157,5 +156,7 @@ inline int64_t Grain(int64_t work_per_item) {
 }
 
 }  // namespace fusionrl::kernel_math
+
+#pragma GCC diagnostic pop
 
 #endif  // FUSIONRL_ENGINE_KERNEL_MATH_H_
