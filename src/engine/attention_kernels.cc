@@ -16,6 +16,7 @@
 // in the AVX2 build, SSE pairs in the generic one) on blocks of kRows
 // queries: the scores S = Q K^T vectorised along keys, the weighted sums
 // P V and dS K along Dh, and dK += dS^T Q, dV += P^T dO along Dh.
+//
 // 8-float vectors only travel between always-inline helpers here (see
 // kernel_math.h).
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -25,14 +26,14 @@ namespace {
 
 using kernel_math::ExpAffineInPlace;
 using kernel_math::Grain;
+using kernel_math::kLanes;
+using kernel_math::Load8;
+using kernel_math::Store8;
 using kernel_math::Sum;
 using kernel_math::V8;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr int64_t kLanes = 8;
 constexpr int64_t kRows = 4;  // queries per block
-
-#define FUSIONRL_INLINE inline __attribute__((always_inline))
 
 int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
@@ -81,46 +82,43 @@ void CopyTransposed(const float* base, const Strides& s, int64_t b,
 
 // s[r][j] = sum_e a[r][e] * bt[e][j] for the kRows rows of a ([kRows, dhp])
 // and keys j < n8 (a multiple of 8, <= kp); s is [kRows, kp].
-FUSIONRL_INLINE void Scores(const float* a, const float* bt, const Dims& d,
-                            int64_t n8, float* s) {
+FUSIONRL_KERNEL_BODY void Scores(const float* a, const float* bt, const Dims& d,
+                                 int64_t n8, float* s) {
   for (int64_t j = 0; j < n8; j += kLanes) {
     V8 acc[kRows] = {};
     for (int64_t e = 0; e < d.dhp; ++e) {
-      const V8 b = kernel_math::Load8(bt + e * d.kp + j);
+      const V8 b = Load8(bt + e * d.kp + j);
       for (int64_t r = 0; r < kRows; ++r) acc[r] += a[r * d.dhp + e] * b;
     }
-    for (int64_t r = 0; r < kRows; ++r)
-      kernel_math::Store8(s + r * d.kp + j, acc[r]);
+    for (int64_t r = 0; r < kRows; ++r) Store8(s + r * d.kp + j, acc[r]);
   }
 }
 
 // out[r] = sum_{j < n} w[r][j] * m[j] for [kRows, kp] weights and [*, dhp]
 // rows m; out is [kRows, dhp].
-FUSIONRL_INLINE void WeightedRows(const float* w, const float* m, const Dims& d,
-                                  int64_t n, float* out) {
+FUSIONRL_KERNEL_BODY void WeightedRows(const float* w, const float* m,
+                                       const Dims& d, int64_t n, float* out) {
   for (int64_t e = 0; e < d.dhp; e += kLanes) {
     V8 acc[kRows] = {};
     for (int64_t j = 0; j < n; ++j) {
-      const V8 x = kernel_math::Load8(m + j * d.dhp + e);
+      const V8 x = Load8(m + j * d.dhp + e);
       for (int64_t r = 0; r < kRows; ++r) acc[r] += w[r * d.kp + j] * x;
     }
-    for (int64_t r = 0; r < kRows; ++r)
-      kernel_math::Store8(out + r * d.dhp + e, acc[r]);
+    for (int64_t r = 0; r < kRows; ++r) Store8(out + r * d.dhp + e, acc[r]);
   }
 }
 
 // m[j] += sum_r w[r][j] * a[r] for j < n: [kRows, kp] weights, [kRows, dhp]
 // rows a, [*, dhp] rows m.
-FUSIONRL_INLINE void AddToKeys(const float* w, const float* a, const Dims& d,
-                               int64_t n, float* m) {
+FUSIONRL_KERNEL_BODY void AddToKeys(const float* w, const float* a,
+                                    const Dims& d, int64_t n, float* m) {
   for (int64_t e = 0; e < d.dhp; e += kLanes) {
     V8 ar[kRows];
-    for (int64_t r = 0; r < kRows; ++r)
-      ar[r] = kernel_math::Load8(a + r * d.dhp + e);
+    for (int64_t r = 0; r < kRows; ++r) ar[r] = Load8(a + r * d.dhp + e);
     for (int64_t j = 0; j < n; ++j) {
-      V8 acc = kernel_math::Load8(m + j * d.dhp + e);
+      V8 acc = Load8(m + j * d.dhp + e);
       for (int64_t r = 0; r < kRows; ++r) acc += w[r * d.kp + j] * ar[r];
-      kernel_math::Store8(m + j * d.dhp + e, acc);
+      Store8(m + j * d.dhp + e, acc);
     }
   }
 }

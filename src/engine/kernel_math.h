@@ -142,12 +142,6 @@ FUSIONRL_KERNEL_BODY float Sum(const float* a, int64_t n) {
   return s;
 }
 
-// y[i] += a * x[i], i < n.
-FUSIONRL_KERNEL_BODY void Axpy(float a, const float* __restrict x,
-                               float* __restrict y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
-
 // Items per at::parallel_for task so that each carries about 32k
 // multiply-adds.
 inline int64_t Grain(int64_t work_per_item) {
