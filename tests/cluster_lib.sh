@@ -4,7 +4,11 @@
 # (the fusionrl binary) and OUT (the test's work directory, which exists).
 
 # Every process started here is killed on exit, whatever the outcome; on a
-# failure the tails of their logs say why.
+# failure the tails of their logs say why, and then the failed checks are
+# repeated last (with the nodes' states a check block printed), where a
+# shortened CI log still shows them. The test's own output is copied to
+# $OUT/transcript.txt for that.
+exec > >(tee "$OUT/transcript.txt")
 PIDS=()
 on_exit() {
   local rc=$?
@@ -17,6 +21,8 @@ on_exit() {
       echo "---- last lines of $f"
       tail -n 20 "$f"
     done
+    echo "---- failed checks (repeated from above)"
+    grep -E '^(FAIL |     node: )' "$OUT/transcript.txt" || true
   fi
 }
 trap on_exit EXIT
