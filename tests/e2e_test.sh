@@ -124,10 +124,11 @@ print(f"ok   bench JSON: fused+stalesync:2 at {fused['ratio_to_colocated_sync']:
 PY
 
 # fusionrl bench-memory: a dense and a MoE variant under none / recompute /
-# swap / auto with a budget of half what none holds, JSON out.
+# swap / selective (the finer units) / auto with a budget of half what none
+# holds, JSON out.
 timeout 300 "$BIN" bench-memory "$CFG" --set model.moe_experts=4 \
   --set model.moe_shared_expert=true --repeats 1 \
-  --policies none,recompute,swap,auto:50% --out "$OUT/bench-memory.json" \
+  --policies none,recompute,swap,selective,auto:50% --out "$OUT/bench-memory.json" \
   >/dev/null 2>"$OUT/bench-memory.log" ||
   { echo "FAIL fusionrl bench-memory"; tail -20 "$OUT/bench-memory.log"; exit 1; }
 python3 - "$OUT/bench-memory.json" <<'PY'
@@ -150,14 +151,21 @@ for v in ("dense", "moe"):
     # both variants). The auto plan's selective recompute of the norm
     # sub-block (dense variant) measured 5.96e-08 = 2^-24, one float32 ulp
     # near 1; MoE 0. The bound is ~17x that.
-    d = {k: m[k]["max_abs_grad_diff_vs_none"] for k in ("recompute", "swap", "auto:50%")}
+    d = {k: m[k]["max_abs_grad_diff_vs_none"] for k in ("recompute", "swap", "selective", "auto:50%")}
     assert d["swap"] == 0.0, (v, d)
     assert d["recompute"] == 0.0, (v, d)
     assert d["auto:50%"] <= 1e-6, (v, d)
+    # The finer units hold less than none and more than whole sub-blocks
+    # recomputed; the SwiGLU node sums its gradients in another order.
+    sel = m["selective"]
+    assert rec["held_bytes"] < sel["held_bytes"] < none["held_bytes"], (v, sel)
+    assert d["selective"] <= 1e-6, (v, d)
     print(f"ok   bench-memory {v}: recompute holds {rec['held_ratio_to_none']:.2f} of none, "
           f"swap {swap['held_ratio_to_none']:.2f} (host pool {swap['host_pool_bytes']} B), "
+          f"selective {sel['held_ratio_to_none']:.2f}, "
           f"auto:50% {auto['held_ratio_to_none']:.2f}: {auto['planner']['plan']}; "
           f"max |grad - none|: recompute {d['recompute']:.1e}, swap {d['swap']:.1e}, "
+          f"selective {d['selective']:.1e}, "
           f"auto {d['auto:50%']:.1e}")
 PY
 

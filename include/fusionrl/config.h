@@ -38,7 +38,11 @@ namespace fusionrl {
 // with the square of the sequence length while its compute is a small part
 // of the layer's (Megatron-LM's selective recompute). Recomputing it keeps
 // q, k and v (the projections are not run again); it applies where attention
-// itself is kept or swapped.
+// itself is kept or swapped. The other finer unit, mlp_act (keep or
+// recompute), is the inside of each SwiGLU between its projections: the
+// SiLU and the product, and for a MoE expert also the gather of its tokens
+// and the gate's scaling. Recomputing it keeps w1 x and w3 x only (Megatron-
+// LM's moe_act); it applies where mlp itself is kept or swapped.
 struct ActivationConfig {
   // keep | recompute | swap: the action of every sub-block not set below.
   // auto: at the first training step a planner measures each sub-block and
@@ -49,9 +53,10 @@ struct ActivationConfig {
   std::string mlp;        // "" = policy; else keep | recompute | swap
   std::string norm;       // "" = policy; else keep | recompute | swap
   std::string attention_core;  // "" = keep; else keep | recompute
+  std::string mlp_act;         // "" = keep; else keep | recompute
   // Per-layer overrides, applied last: entries "<layer>: <sub>=<action>,
   // <sub>=<action>" separated by ';', e.g. "0: mlp=keep; 3: attention=swap"
-  // (sub: attention, mlp, norm, attention_core).
+  // (sub: attention, mlp, norm, attention_core, mlp_act).
   // Layer indices must be < model.n_layers, each layer listed once.
   std::string layers;
   double budget_mib = 0;  // auto only (> 0 there): activation budget, MiB
@@ -65,6 +70,7 @@ struct LayerActivationPlan {
   ActivationAction mlp = ActivationAction::kKeep;
   ActivationAction norm = ActivationAction::kKeep;
   ActivationAction attention_core = ActivationAction::kKeep;  // keep|recompute
+  ActivationAction mlp_act = ActivationAction::kKeep;         // keep|recompute
 };
 
 // The plan of each of `n_layers` layers: defaults, then per-sub-block

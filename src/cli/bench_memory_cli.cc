@@ -36,6 +36,9 @@ namespace {
 struct Policy {
   std::string name;    // as given
   std::string action;  // model.activations.policy
+  // selective: the finer units recomputed in every layer (attention_core
+  // and mlp_act), every sub-block kept.
+  bool finer_units = false;
   // auto: the budget in MiB, or with budget_is_percent in percent of what
   // none holds for the same variant (0..100].
   double budget_mib = 0;
@@ -53,6 +56,11 @@ absl::StatusOr<Policy> ParsePolicy(const std::string& text) {
     p.action = text;
     return p;
   }
+  if (text == "selective") {
+    p.action = "keep";
+    p.finer_units = true;
+    return p;
+  }
   if (text.rfind("auto:", 0) == 0) {
     std::string budget = text.substr(5);
     p.budget_is_percent = !budget.empty() && budget.back() == '%';
@@ -65,7 +73,7 @@ absl::StatusOr<Policy> ParsePolicy(const std::string& text) {
   }
   return absl::InvalidArgumentError(
       absl::StrCat("--policies: unknown policy '", text,
-                   "' (none, recompute, swap, auto:<budget MiB>, "
+                   "' (none, recompute, swap, selective, auto:<budget MiB>, "
                    "auto:<percent of none's held bytes>%)"));
 }
 
@@ -112,6 +120,10 @@ absl::StatusOr<std::vector<PolicyRun>> RunPolicies(
     JobConfig c = variant;
     c.model.activations.policy = policies[i].action;
     c.model.activations.budget_mib = policies[i].budget_mib;
+    if (policies[i].finer_units) {
+      c.model.activations.attention_core = "recompute";
+      c.model.activations.mlp_act = "recompute";
+    }
     FUSIONRL_ASSIGN_OR_RETURN(runs[i].ctx, PrepareJob(c, std::string()));
     FUSIONRL_ASSIGN_OR_RETURN(runs[i].batch,
                               SolutionBatch(runs[i].ctx, batch_size));
@@ -193,8 +205,9 @@ CLI::App* AddBenchMemoryCommand(CLI::App& app, BenchMemoryArgs& args) {
                   "job YAML (configs/bench-memory.yaml)")
       ->required();
   cmd->add_option("--policies", args.policies,
-                  "comma-separated: none, recompute, swap, auto:<MiB>, "
-                  "auto:<percent of none>% "
+                  "comma-separated: none, recompute, swap, selective (the "
+                  "attention core and the SwiGLUs' insides recomputed in "
+                  "every layer), auto:<MiB>, auto:<percent of none>% "
                   "(default none,recompute,swap)");
   cmd->add_option("--repeats", args.repeats,
                   "timed steps per variant and policy (default 5)")

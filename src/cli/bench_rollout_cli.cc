@@ -100,19 +100,32 @@ double SgemmGflops() {
   return Median(g);
 }
 
-// Multiply-adds x 2 of one training forward per token position of a
-// sequence of `t` positions: every projection, the feed-forward, the LM head
-// and the attention's two T x T products (the composite path computes the
-// full square).
-double ForwardFlopsPerToken(const ModelConfig& m, int vocab, int64_t t) {
+// Multiply-adds x 2 of one training forward of `rows` sequences of `p`
+// prompt and `r` response positions, as the trainer computes it: every
+// projection and the feed-forward at every position in every layer but the
+// last; in a dense policy's last layer the keys and values at every
+// position and the rest only at the r + 1 positions from the last prompt
+// token on (PolicyModel::ForwardHidden's window); the attention's two
+// T x T products per query (the composite path computes the full square);
+// the LM head at the r response positions.
+double TrainForwardFlops(const ModelConfig& m, int vocab, int64_t rows,
+                         int64_t p, int64_t r) {
   const double d = m.d_model;
   const double head_dim =
       m.head_dim > 0 ? m.head_dim : static_cast<double>(m.d_model) / m.n_heads;
   const double q = m.n_heads * head_dim;
   const double kv = (m.n_kv_heads > 0 ? m.n_kv_heads : m.n_heads) * head_dim;
-  const double per_layer =
-      2 * (d * q + 2 * d * kv + q * d + 3 * d * m.d_ff) + 4 * t * q;
-  return m.n_layers * per_layer + 2 * d * vocab;
+  const double t = static_cast<double>(p + r);
+  const double kv_proj = 2 * (2 * d * kv);
+  const double rest = 2 * (d * q + q * d + 3 * d * m.d_ff) + 4 * t * q;
+  const ActivationConfig& a = m.activations;
+  const bool window = m.moe_experts == 0 && p >= 1 && a.policy == "keep" &&
+                      a.attention.empty() && a.mlp.empty() && a.norm.empty() &&
+                      a.layers.empty();
+  const double last_rows = window ? static_cast<double>(r + 1) : t;
+  const double per_row = (m.n_layers - 1) * t * (kv_proj + rest) + t * kv_proj +
+                         last_rows * rest + r * 2 * d * vocab;
+  return static_cast<double>(rows) * per_row;
 }
 
 // One engine, measured in this process; prints its JSON.
@@ -181,11 +194,13 @@ int MeasureHere(const BenchRolloutArgs& args, bool fused) {
     if (!stats.ok()) return Fail(stats.status());
     const double t = Since(t0);
     if (it == 0) continue;  // warm-up
-    // Forward + backward = 3 forwards' multiply-adds.
+    // Forward + backward = 3 forwards' multiply-adds. Every sequence here
+    // has args.prompt_len + max_new_tokens positions.
+    const int64_t len = args.prompt_len + rc.max_new_tokens;
     train_flops.push_back(
-        3.0 * static_cast<double>(stats->computed_tokens) *
-        ForwardFlopsPerToken(config->model, policy.vocab_size(),
-                             args.prompt_len + rc.max_new_tokens));
+        3.0 * TrainForwardFlops(config->model, policy.vocab_size(),
+                                stats->computed_tokens / len, args.prompt_len,
+                                rc.max_new_tokens));
     rollout_s.push_back(r);
     train_s.push_back(t);
     prefill_s.push_back(st.prefill_seconds);

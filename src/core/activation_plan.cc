@@ -50,7 +50,8 @@ absl::StatusOr<std::vector<LayerActivationPlan>> ResolveActivationPlan(
         absl::StrCat("unknown policy '", config.policy,
                      "' (keep, recompute, swap or auto)"));
   }
-  LayerActivationPlan base{*policy, *policy, *policy, ActivationAction::kKeep};
+  LayerActivationPlan base{*policy, *policy, *policy, ActivationAction::kKeep,
+                           ActivationAction::kKeep};
   struct Field {
     const char* name;
     const std::string* value;
@@ -61,13 +62,15 @@ absl::StatusOr<std::vector<LayerActivationPlan>> ResolveActivationPlan(
       {"mlp", &config.mlp, &LayerActivationPlan::mlp},
       {"norm", &config.norm, &LayerActivationPlan::norm},
       {"attention_core", &config.attention_core,
-       &LayerActivationPlan::attention_core}};
-  // attention_core is keep or recompute, and not set by the policy (a
-  // recomputed attention sub-block already recomputes its core).
+       &LayerActivationPlan::attention_core},
+      {"mlp_act", &config.mlp_act, &LayerActivationPlan::mlp_act}};
+  // attention_core and mlp_act are keep or recompute, and not set by the
+  // policy (a recomputed sub-block already recomputes its inside).
   auto parse = [](const Field& f,
                   absl::string_view value) -> absl::StatusOr<ActivationAction> {
     const auto action = ParseAction(value);
-    const bool core = f.member == &LayerActivationPlan::attention_core;
+    const bool core = f.member == &LayerActivationPlan::attention_core ||
+                      f.member == &LayerActivationPlan::mlp_act;
     if (!action || (core && *action == ActivationAction::kSwap)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown action '", value, "' for ", f.name,
@@ -116,7 +119,7 @@ absl::StatusOr<std::vector<LayerActivationPlan>> ResolveActivationPlan(
       if (kv.size() != 2 || field == nullptr) {
         return absl::InvalidArgumentError(absl::StrCat(
             "layer ", layer, ": bad item '", absl::StripAsciiWhitespace(item),
-            "': expected attention|mlp|norm|attention_core=<action>"));
+            "': expected attention|mlp|norm|attention_core|mlp_act=<action>"));
       }
       const absl::string_view value = absl::StripAsciiWhitespace(kv[1]);
       absl::StatusOr<ActivationAction> action = parse(*field, value);

@@ -80,6 +80,7 @@ void VisitActivations(ActivationConfig& a, V& v) {
   v.String("mlp", &a.mlp, AnyString());
   v.String("norm", &a.norm, AnyString());
   v.String("attention_core", &a.attention_core, AnyString());
+  v.String("mlp_act", &a.mlp_act, AnyString());
   v.String("layers", &a.layers, AnyString());
   v.Double("budget_mib", &a.budget_mib, AtLeast(0));
 }

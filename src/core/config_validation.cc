@@ -186,20 +186,25 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                                   *value, "'"));
     }
   }
-  if (!act.attention_core.empty() && act.attention_core != "keep" &&
-      act.attention_core != "recompute") {
-    return Invalid("model.activations.attention_core",
-                   absl::StrCat("must be keep or recompute (empty = keep); "
-                                "got '",
-                                act.attention_core, "'"));
+  // The finer units: keep or recompute.
+  for (const auto& [key, value] : {std::pair<const char*, const std::string*>{
+                                       "attention_core", &act.attention_core},
+                                   {"mlp_act", &act.mlp_act}}) {
+    if (!value->empty() && *value != "keep" && *value != "recompute") {
+      return Invalid(absl::StrCat("model.activations.", key),
+                     absl::StrCat("must be keep or recompute (empty = keep); "
+                                  "got '",
+                                  *value, "'"));
+    }
   }
   if (act.policy == "auto" &&
       !(act.attention.empty() && act.mlp.empty() && act.norm.empty() &&
-        act.attention_core.empty() && act.layers.empty())) {
+        act.attention_core.empty() && act.mlp_act.empty() &&
+        act.layers.empty())) {
     return Invalid("model.activations",
                    "under policy auto the planner chooses every sub-block: "
-                   "leave attention, mlp, norm, attention_core and layers "
-                   "unset");
+                   "leave attention, mlp, norm, attention_core, mlp_act and "
+                   "layers unset");
   }
   if (act.policy != "auto") {
     auto plan = ResolveActivationPlan(act, m.n_layers);

@@ -22,13 +22,18 @@ namespace fusionrl {
 namespace {
 
 // The planner's units per layer; the timer's slots are in the same order.
-constexpr int kUnits = 4;
-constexpr int kAttention = 0, kCore = 3;
+constexpr int kUnits = 5;
+constexpr int kAttention = 0, kMlp = 1, kCore = kAttentionCoreSlot,
+              kMlpAct = kMlpActSlot;
 constexpr const char* kSubBlockNames[kUnits] = {"attention", "mlp", "norm",
-                                                "attention_core"};
+                                                "attention_core", "mlp_act"};
 constexpr ActivationAction LayerActivationPlan::*kMembers[kUnits] = {
     &LayerActivationPlan::attention, &LayerActivationPlan::mlp,
-    &LayerActivationPlan::norm, &LayerActivationPlan::attention_core};
+    &LayerActivationPlan::norm, &LayerActivationPlan::attention_core,
+    &LayerActivationPlan::mlp_act};
+// The finer unit inside each sub-block, keep or recompute only.
+bool IsFinerUnit(int k) { return k == kCore || k == kMlpAct; }
+int OuterUnit(int k) { return k == kCore ? kAttention : kMlp; }
 
 // Bytes held for backward by one training forward of `batch` under `plan`.
 absl::StatusOr<int64_t> HeldUnder(PolicyModel& model,
@@ -195,7 +200,7 @@ absl::StatusOr<ActivationPlanReport> PlanActivations(
       candidates.push_back({l * kUnits + k, ActivationAction::kRecompute,
                             p.recompute_freed_bytes,
                             p.recompute_extra_seconds});
-      if (swap_frees && k != kCore) {  // the core is keep or recompute
+      if (swap_frees && !IsFinerUnit(k)) {  // keep or recompute only
         one[l].*kMembers[k] = ActivationAction::kSwap;
         FUSIONRL_ASSIGN_OR_RETURN(
             held, HeldUnder(model, batch, one, &report.measurements));
@@ -262,9 +267,10 @@ absl::StatusOr<ActivationPlanReport> PlanActivations(
     const LayerActivationPlan& layer = plan[c.unit / kUnits];
     if (layer.*kMembers[c.unit % kUnits] != c.action) continue;
     report.sub_blocks[c.unit].chosen = c.action;
-    // A core inside a recomputed attention sub-block costs nothing more.
-    if (c.unit % kUnits == kCore &&
-        layer.*kMembers[kAttention] == ActivationAction::kRecompute) {
+    // A finer unit inside a recomputed sub-block costs nothing more.
+    const int k = static_cast<int>(c.unit % kUnits);
+    if (IsFinerUnit(k) &&
+        layer.*kMembers[OuterUnit(k)] == ActivationAction::kRecompute) {
       continue;
     }
     report.estimated_extra_seconds += c.extra;

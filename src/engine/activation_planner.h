@@ -11,9 +11,11 @@
 //  2. Candidates: for every (layer, sub-block), recompute costs one more
 //     forward of the sub-block (backward runs it again) and frees what the
 //     plan "only this sub-block recomputed" measures as no longer held. The
-//     sub-blocks are attention, mlp, norm and the finer attention_core (the
-//     scores-to-weighted-sum part of attention, recompute only): its
-//     forward is timed inside the attention sub-block's.
+//     sub-blocks are attention, mlp, norm and two finer units, recompute
+//     only: attention_core (the scores-to-weighted-sum part of attention,
+//     timed inside the attention sub-block's forward) and mlp_act (the
+//     SwiGLUs' SiLU and product, and a MoE expert's gather and gating:
+//     their forward is what backward runs again).
 //     Swap is a candidate only where it frees device memory
 //     (SwapFreesDeviceMemory: never on a CPU, where the host pool is the
 //     same memory); its cost is measured as the extra forward time of the
@@ -49,7 +51,7 @@ struct CollatedBatch;
 // One (layer, sub-block) as the planner measured it.
 struct SubBlockProfile {
   int layer = 0;
-  std::string sub_block;       // attention | mlp | norm | attention_core
+  std::string sub_block;  // attention | mlp | norm | attention_core | mlp_act
   double forward_seconds = 0;  // its forward with every sub-block kept
   // Recompute: bytes no longer held when only this sub-block recomputes,
   // and the extra time (one more forward of it).

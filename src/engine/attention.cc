@@ -216,20 +216,24 @@ AttentionImpl::AttentionImpl(const ModelConfig& c)
 torch::Tensor AttentionImpl::forward(
     const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
     const torch::Tensor& mask, torch::Tensor* cache_k, torch::Tensor* cache_v,
-    int64_t cache_start) {
-  const int64_t b = x.size(0), t = x.size(1);
-  auto split = [&](const torch::Tensor& y, int64_t heads) {
-    return y.view({b, t, heads, head_dim_});
+    int64_t cache_start, int64_t first_query) {
+  TORCH_CHECK(first_query == 0 || cache_k == nullptr,
+              "attention: first_query needs a forward without a cache");
+  const int64_t b = x.size(0), t = x.size(1), tq = t - first_query;
+  auto split = [&](const torch::Tensor& y, int64_t len, int64_t heads) {
+    return y.view({b, len, heads, head_dim_});
   };
-  auto q = split(wq(x), n_heads_);
-  auto k = split(wk(x), n_kv_heads_);
+  auto q = split(wq(first_query > 0 ? x.narrow(1, first_query, tq) : x), tq,
+                 n_heads_);
+  auto k = split(wk(x), t, n_kv_heads_);
   if (!q_norm.is_empty()) {
     q = q_norm(q);
     k = k_norm(k);
   }
-  q = Rotate(q.transpose(1, 2), cos, sin);
+  q = Rotate(q.transpose(1, 2), cos.narrow(2, first_query, tq),
+             sin.narrow(2, first_query, tq));
   k = Rotate(k.transpose(1, 2), cos, sin);
-  auto v = split(wv(x), n_kv_heads_).transpose(1, 2);
+  auto v = split(wv(x), t, n_kv_heads_).transpose(1, 2);
   if (cache_k != nullptr) {
     cache_k->narrow(2, cache_start, t).copy_(k);
     cache_v->narrow(2, cache_start, t).copy_(v);
@@ -254,11 +258,11 @@ torch::Tensor AttentionImpl::forward(
   }
   if (timed) {
     if (timer->sync) timer->sync();
-    timer->seconds[layer][3] +=
+    timer->seconds[layer][kAttentionCoreSlot] +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
             .count();
   }
-  return wo(out.transpose(1, 2).reshape({b, t, n_heads_ * head_dim_}));
+  return wo(out.transpose(1, 2).reshape({b, tq, n_heads_ * head_dim_}));
 }
 
 torch::Tensor AttentionImpl::Core(const torch::Tensor& q,

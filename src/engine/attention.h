@@ -64,10 +64,13 @@ class AttentionImpl : public torch::nn::Module {
   // x [B, T, D]; cos/sin [B, 1, T, Dh/2]; mask [B, 1, T, K].
   // With a cache, k/v are written at slots [cache_start, cache_start + T) of
   // cache_k/cache_v and attention runs over slots [0, cache_start + T).
+  // Without one, `first_query` > 0 computes the outputs of positions
+  // [first_query, T) only, over the keys of every position: [B, T -
+  // first_query, D], with mask [B, 1, T - first_query, T].
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos,
                         const torch::Tensor& sin, const torch::Tensor& mask,
                         torch::Tensor* cache_k, torch::Tensor* cache_v,
-                        int64_t cache_start);
+                        int64_t cache_start, int64_t first_query = 0);
 
   static int64_t KvHeads(const ModelConfig& c) {
     return c.n_kv_heads > 0 ? c.n_kv_heads : c.n_heads;
@@ -87,7 +90,7 @@ class AttentionImpl : public torch::nn::Module {
   // weighted sum run as one recompute node that saves only q, k and v.
   bool recompute_core = false;
   // Profiling (PolicyModel::set_sub_block_timer): the core's forward time
-  // goes to timer->seconds[layer][3].
+  // goes to timer->seconds[layer][kAttentionCoreSlot].
   SubBlockTimer* timer = nullptr;
   int layer = 0;
 

@@ -44,6 +44,23 @@ torch::Tensor BlockImpl::forward(
   return h + mlp(mlp_norm(h));
 }
 
+torch::Tensor BlockImpl::ForwardWindow(const torch::Tensor& x,
+                                       const torch::Tensor& cos,
+                                       const torch::Tensor& sin,
+                                       const torch::Tensor& mask,
+                                       int64_t first) {
+  aux_loss = torch::Tensor();
+  z_loss = torch::Tensor();
+  auto h =
+      x.narrow(1, first, x.size(1) - first) +
+      attn->forward(attn_norm(x), cos, sin, mask, nullptr, nullptr, 0, first);
+  return h + mlp(mlp_norm(h));
+}
+
+bool BlockImpl::WindowApplies() const {
+  return moe.is_empty() && AllKeep() && timer == nullptr;
+}
+
 bool BlockImpl::AllKeep() const {
   return plan_.attention == ActivationAction::kKeep &&
          plan_.mlp == ActivationAction::kKeep &&
@@ -86,6 +103,14 @@ void BlockImpl::SetPlan(const LayerActivationPlan& p) {
   // sub-block it is recomputed already.
   attn->recompute_core = p.attention_core == ActivationAction::kRecompute &&
                          p.attention != ActivationAction::kRecompute;
+  // Likewise the SwiGLUs' insides under a recomputed mlp sub-block.
+  const bool act = p.mlp_act == ActivationAction::kRecompute &&
+                   p.mlp != ActivationAction::kRecompute;
+  if (moe.is_empty()) {
+    mlp->recompute_act = act;
+  } else {
+    moe->SetRecomputeAct(act);
+  }
   const ActivationAction action[4] = {p.norm, p.attention, p.norm, p.mlp};
   segments_.clear();
   for (int i = 0; i < 4;) {

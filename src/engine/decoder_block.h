@@ -44,6 +44,19 @@ class BlockImpl : public torch::nn::Module {
                         int64_t cache_start, const torch::Tensor& token_valid,
                         bool apply_capacity);
 
+  // The block's outputs at positions [first, T) only, [B, T - first, D]:
+  // keys and values from every position, everything else from those only.
+  // mask [B, 1, T - first, T]. Dense blocks, and only where forward() would
+  // not run the plan (WindowApplies).
+  torch::Tensor ForwardWindow(const torch::Tensor& x, const torch::Tensor& cos,
+                              const torch::Tensor& sin,
+                              const torch::Tensor& mask, int64_t first);
+  // Whether ForwardWindow computes what forward() does at those positions:
+  // a dense block whose sub-blocks are all kept (the finer units may
+  // recompute) and that is not being profiled. A MoE block's capacity
+  // depends on the tokens routed together, so it never applies there.
+  bool WindowApplies() const;
+
   // Replaces the plan of this layer's sub-blocks.
   void SetPlan(const LayerActivationPlan& p);
 

@@ -52,9 +52,12 @@ class DecoderImpl : public torch::nn::Module {
     rope_sin = register_buffer("rope_sin", std::move(sin));
   }
 
+  // `first` > 0 (no cache): the outputs of positions [first, T) only; the
+  // last block computes only those where its WindowApplies().
   torch::Tensor forward(const torch::Tensor& tokens,
                         const torch::Tensor& positions,
-                        const torch::Tensor& key_valid, KvCache* cache) {
+                        const torch::Tensor& key_valid, KvCache* cache,
+                        int64_t first = 0) {
     const int64_t start = cache ? cache->length : 0;
     const int64_t t = tokens.size(1);
     auto pos = positions.clamp(0, config_.max_seq_len - 1);
@@ -74,12 +77,20 @@ class DecoderImpl : public torch::nn::Module {
                        config_.moe_capacity_factor > 0;
     }
     auto x = embed(tokens);
+    const bool window =
+        first > 0 && cache == nullptr && blocks.back()->WindowApplies();
     for (size_t i = 0; i < blocks.size(); ++i) {
       torch::Tensor* ck = cache ? &cache->keys[i] : nullptr;
       torch::Tensor* cv = cache ? &cache->values[i] : nullptr;
+      if (window && i + 1 == blocks.size()) {
+        x = blocks[i]->ForwardWindow(
+            x, cos, sin, AttentionMask(key_valid, first, t - first), first);
+        break;
+      }
       x = blocks[i]->forward(x, cos, sin, mask, ck, cv, start, token_valid,
                              apply_capacity);
     }
+    if (first > 0 && !window) x = x.narrow(1, first, t - first);
     if (cache) cache->length += t;
     if (hidden_only_) return norm(x);
     return Head(norm(x));
@@ -90,13 +101,14 @@ class DecoderImpl : public torch::nn::Module {
     return lm_head.is_empty() ? torch::linear(h, embed->weight) : lm_head(h);
   }
 
-  // Final hidden states [B, T, D] (after the last norm): forward() without
-  // the head, for callers that need logits at a few positions only.
+  // Final hidden states [B, T - first, D] of positions [first, T) (after
+  // the last norm): forward() without the head, for callers that need
+  // logits at a few positions only.
   torch::Tensor Hidden(const torch::Tensor& tokens,
                        const torch::Tensor& positions,
-                       const torch::Tensor& key_valid) {
+                       const torch::Tensor& key_valid, int64_t first) {
     hidden_only_ = true;
-    auto h = forward(tokens, positions, key_valid, nullptr);
+    auto h = forward(tokens, positions, key_valid, nullptr, first);
     hidden_only_ = false;
     return h;
   }
@@ -237,12 +249,18 @@ absl::Status PolicyModel::SetActivationPlan(
 void PolicyModel::set_sub_block_timer(SubBlockTimer* timer) {
   auto& blocks = impl_->decoder->blocks;
   if (timer != nullptr) {
-    timer->seconds.assign(blocks.size(), {0.0, 0.0, 0.0, 0.0});
+    timer->seconds.assign(blocks.size(), {0.0, 0.0, 0.0, 0.0, 0.0});
   }
   for (auto& b : blocks) {
     b->timer = timer;
     b->attn->timer = timer;
     b->attn->layer = b->layer;
+    if (b->moe.is_empty()) {
+      b->mlp->timer = timer;
+      b->mlp->layer = b->layer;
+    } else {
+      b->moe->SetTimer(timer, b->layer);
+    }
   }
 }
 
@@ -262,8 +280,12 @@ at::Tensor PolicyModel::Forward(const at::Tensor& tokens,
 
 at::Tensor PolicyModel::ForwardHidden(const at::Tensor& tokens,
                                       const at::Tensor& positions,
-                                      const at::Tensor& key_valid) {
-  return impl_->decoder->Hidden(tokens, positions, key_valid);
+                                      const at::Tensor& key_valid,
+                                      int64_t first_position) {
+  TORCH_CHECK(first_position >= 0 && first_position < tokens.size(1),
+              "ForwardHidden: first_position ", first_position, " outside [0, ",
+              tokens.size(1), ")");
+  return impl_->decoder->Hidden(tokens, positions, key_valid, first_position);
 }
 
 at::Tensor PolicyModel::Logits(const at::Tensor& hidden) {

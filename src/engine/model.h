@@ -37,14 +37,19 @@ namespace fusionrl {
 
 class ActivationHostPool;
 
+// SubBlockTimer's slots of the finer units.
+inline constexpr int kAttentionCoreSlot = 3;
+inline constexpr int kMlpActSlot = 4;
+
 // Wall time of each sub-block of each layer in the training forwards run
 // while the timer is set (PolicyModel::set_sub_block_timer), for the
 // activation planner (engine/activation_planner.h).
 struct SubBlockTimer {
   // [layer][0 attention, 1 mlp (SwiGLU or MoE block), 2 norms (both),
-  // 3 the attention core (inside 0)], seconds summed over the forwards;
-  // zeroed when the timer is set.
-  std::vector<std::array<double, 4>> seconds;
+  // 3 the attention core (inside 0), 4 the SwiGLUs' insides (inside 1: the
+  // SiLU and product, a MoE expert's gather and gating)], seconds summed
+  // over the forwards; zeroed when the timer is set.
+  std::vector<std::array<double, 5>> seconds;
   // Waits for the device before each reading (CUDA); null on a CPU.
   std::function<void()> sync;
 };
@@ -81,12 +86,21 @@ class PolicyModel {
                      const at::Tensor& key_valid);
 
   // Forward() split in two, for callers that need logits at a few positions
-  // only (large vocabularies): the final hidden states [B, T, D] after the
-  // last norm, and the logits [..., V] of any hidden states [..., D].
-  // Logits(ForwardHidden(...)) == Forward(...).
+  // only (large vocabularies): the final hidden states after the last norm,
+  // and the logits [..., V] of any hidden states [..., D].
+  // Logits(ForwardHidden(...)) == Forward(...). With `first_position` the
+  // hidden states of positions [first_position, T) only, [B, T -
+  // first_position, D] (the logits a trainer reads start at the last prompt
+  // position): the last layer then computes its queries, attention output
+  // and feed-forward at those positions only (keys and values at all), for
+  // a dense policy whose last layer keeps its sub-blocks; otherwise every
+  // position is computed and the result narrowed. Equal to the narrowed
+  // full forward up to float rounding of the smaller GEMMs.
+  // REQUIRES: 0 <= first_position < T.
   at::Tensor ForwardHidden(const at::Tensor& tokens,
                            const at::Tensor& positions,
-                           const at::Tensor& key_valid);
+                           const at::Tensor& key_valid,
+                           int64_t first_position = 0);
   at::Tensor Logits(const at::Tensor& hidden);
   // The parameters Logits() reads: lm_head's weight, or the embedding's
   // when the embeddings are tied.

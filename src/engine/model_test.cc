@@ -2,6 +2,10 @@
 
 #include <torch/types.h>
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "engine/test_util.h"
 #include "gtest/gtest.h"
 
@@ -62,6 +66,67 @@ TEST(ModelTest, CachedDecodingMatchesFullForward) {
         << (step.squeeze(1) - full.select(1, t)).abs().max().item<float>();
   }
   EXPECT_EQ(cache.length, 9);
+}
+
+// ForwardHidden from a position (the trainer's response window): the last
+// layer computes only those positions (dense) or the whole forward is
+// narrowed (MoE); either way the hidden states and every parameter's
+// gradient equal the full forward's, narrowed, up to float rounding. With
+// GQA, both attention kernels, and left padding.
+TEST(ModelTest, HiddenFromAPositionEqualsTheNarrowedFullForward) {
+  for (const char* kernel : {"fused", "composite"}) {
+    for (int experts : {0, 4}) {
+      SCOPED_TRACE(std::string(kernel) + " experts " + std::to_string(experts));
+      ModelConfig c = testing_util::TinyModelConfig();
+      c.n_kv_heads = 2;
+      c.attention_kernel = kernel;
+      c.moe_experts = experts;
+      c.moe_top_k = 2;
+      auto made = PolicyModel::Create(c, 98, c10::Device("cpu"), 3);
+      ASSERT_TRUE(made.ok()) << made.status();
+      PolicyModel& model = **made;
+      model.set_training(true);
+      auto tokens = torch::randint(3, 98, {3, 9}, torch::kLong);
+      auto valid = torch::ones({3, 9}, torch::kBool);
+      valid.index_put_({1, torch::indexing::Slice(0, 3)}, false);
+      const auto positions = PositionsFromValid(valid);
+      const auto weights = torch::randn({3, 5, c.d_model});
+      auto grads_of = [&](const torch::Tensor& h) {
+        for (auto& p : model.parameters()) p.mutable_grad() = torch::Tensor();
+        (h * weights).sum().backward();
+        std::vector<torch::Tensor> g;
+        // The LM head gets none: the hidden states do not reach it.
+        for (auto& p : model.parameters()) {
+          g.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
+        }
+        return g;
+      };
+      const auto full =
+          model.ForwardHidden(tokens, positions, valid).narrow(1, 4, 5);
+      const auto full_grads = grads_of(full);
+      const auto window = model.ForwardHidden(tokens, positions, valid, 4);
+      ASSERT_EQ(window.sizes(), full.sizes());
+      EXPECT_LE((window - full).abs().max().item<double>(), 1e-5);
+      const auto window_grads = grads_of(window);
+      ASSERT_EQ(window_grads.size(), full_grads.size());
+      for (size_t i = 0; i < full_grads.size(); ++i) {
+        ASSERT_EQ(window_grads[i].defined(), full_grads[i].defined()) << i;
+        if (!full_grads[i].defined()) continue;
+        // Float32 rounding of GEMMs over fewer rows, relative to the
+        // gradient's size (up to ~60 here).
+        const double scale = full_grads[i].abs().max().item<double>();
+        EXPECT_LE((window_grads[i] - full_grads[i]).abs().max().item<double>(),
+                  1e-6 * std::max(1.0, scale))
+            << "parameter " << i << " (largest " << scale << ")";
+      }
+    }
+  }
+  auto model = TinyModel();
+  auto tokens = torch::randint(3, 98, {1, 4}, torch::kLong);
+  auto valid = torch::ones({1, 4}, torch::kBool);
+  EXPECT_THROW(
+      model->ForwardHidden(tokens, PositionsFromValid(valid), valid, 4),
+      c10::Error);
 }
 
 TEST(ModelTest, InitIsDeterministicInSeed) {

@@ -1,13 +1,17 @@
 #include "engine/moe.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <string>
 #include <tuple>
 
+#include "engine/model.h"
 #include "engine/moe_module.h"
+#include "engine/swiglu.h"
 
 namespace fusionrl {
 namespace moe {
@@ -99,6 +103,25 @@ MoeFeedForwardImpl::MoeFeedForwardImpl(int64_t d_model, int64_t d_ff,
   }
 }
 
+void MoeFeedForwardImpl::SetRecomputeAct(bool on) {
+  recompute_act_ = on;
+  for (SwiGLU& e : experts) e->recompute_act = on;
+  if (!shared.is_empty()) shared->recompute_act = on;
+}
+
+void MoeFeedForwardImpl::SetTimer(SubBlockTimer* timer, int layer) {
+  timer_ = timer;
+  layer_ = layer;
+  for (SwiGLU& e : experts) {
+    e->timer = timer;
+    e->layer = layer;
+  }
+  if (!shared.is_empty()) {
+    shared->timer = timer;
+    shared->layer = layer;
+  }
+}
+
 torch::Tensor MoeFeedForwardImpl::forward(const torch::Tensor& x,
                                           const torch::Tensor& token_valid,
                                           bool apply_capacity) {
@@ -148,6 +171,21 @@ torch::Tensor MoeFeedForwardImpl::Dispatch(const torch::Tensor& x,
       torch::arange(m, x.options().dtype(torch::kLong)).repeat({top_k_});
   const auto gate = r.gates.t().reshape({-1});
   auto out = torch::zeros_like(x);
+  const bool recompute = recompute_act_ && at::GradMode::is_enabled();
+  // Profiling: the gathers and the gating, what mlp_act recomputes besides
+  // the experts' SiLUs and products (timed in SwiGLUImpl::forward).
+  double act_seconds = 0;
+  auto timed = [this, &act_seconds](auto&& fn) {
+    if (timer_ == nullptr) return fn();
+    if (timer_->sync) timer_->sync();
+    const auto t0 = std::chrono::steady_clock::now();
+    auto result = fn();
+    if (timer_->sync) timer_->sync();
+    act_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+            .count();
+    return result;
+  };
   int64_t start = 0;
   for (int i = 0; i < num_experts_; ++i) {
     const int64_t n = count[i];
@@ -156,8 +194,18 @@ torch::Tensor MoeFeedForwardImpl::Dispatch(const torch::Tensor& x,
     start += n;
     const auto rows = token.index_select(0, slots);
     const auto g = gate.index_select(0, slots).unsqueeze(1).to(x.scalar_type());
-    out.index_add_(0, rows, experts[i]->forward(x.index_select(0, rows)) * g);
+    if (recompute) {
+      const SwiGLU& e = experts[i];
+      out.index_add_(0, rows,
+                     SwiGLURecomputedAct(x, rows, g, e->w1->weight,
+                                         e->w3->weight, e->w2->weight));
+      continue;
+    }
+    const auto xs = timed([&] { return x.index_select(0, rows); });
+    const auto y = experts[i]->forward(xs);
+    out.index_add_(0, rows, timed([&] { return y * g; }));
   }
+  if (timer_ != nullptr) timer_->seconds[layer_][kMlpActSlot] += act_seconds;
   if (!shared.is_empty()) out = out + shared->forward(x);
   return out;
 }

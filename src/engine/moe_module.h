@@ -26,6 +26,8 @@
 
 namespace fusionrl {
 
+struct SubBlockTimer;
+
 // w2(silu(w1 x) * w3 x), no biases.
 class SwiGLUImpl : public torch::nn::Module {
  public:
@@ -40,10 +42,16 @@ class SwiGLUImpl : public torch::nn::Module {
         "w2",
         torch::nn::Linear(torch::nn::LinearOptions(d_ff, d_model).bias(false)));
   }
-  torch::Tensor forward(const torch::Tensor& x) {
-    return w2(torch::silu(w1(x)) * w3(x));
-  }
+  // With recompute_act and autograd on, one SwiGLURecomputedAct node
+  // (engine/swiglu.h); else the composite modules.
+  torch::Tensor forward(const torch::Tensor& x);
   torch::nn::Linear w1{nullptr}, w2{nullptr}, w3{nullptr};
+  // Selective recompute of the inside (model.activations.mlp_act).
+  bool recompute_act = false;
+  // Profiling (PolicyModel::set_sub_block_timer): the SiLU and product's
+  // forward time goes to timer->seconds[layer][kMlpActSlot].
+  SubBlockTimer* timer = nullptr;
+  int layer = 0;
 };
 TORCH_MODULE(SwiGLU);
 
@@ -70,6 +78,12 @@ class MoeFeedForwardImpl : public torch::nn::Module {
 
   // Statistics of the last forward; undefined tensors before the first.
   const MoeLayerStats& last_stats() const { return stats_; }
+  // model.activations.mlp_act for every expert: each runs, gather and gate
+  // included, as one SwiGLURecomputedAct node when autograd is on.
+  void SetRecomputeAct(bool on);
+  // Profiling: the experts' gathers, gating, SiLUs and products go to
+  // timer->seconds[layer][kMlpActSlot]; null stops it.
+  void SetTimer(SubBlockTimer* timer, int layer);
   int num_experts() const { return num_experts_; }
 
   torch::nn::Linear router{nullptr};
@@ -84,6 +98,9 @@ class MoeFeedForwardImpl : public torch::nn::Module {
   int top_k_;
   double capacity_factor_;
   MoeLayerStats stats_;
+  bool recompute_act_ = false;
+  SubBlockTimer* timer_ = nullptr;
+  int layer_ = 0;
 };
 TORCH_MODULE(MoeFeedForward);
 

@@ -91,9 +91,11 @@ ResponseTokenStats ResponseTokenLogProbs(PolicyModel& model,
   }
   const int64_t b = batch.response_ids.size(0);
   const int64_t r_len = batch.response_ids.size(1);
-  auto hidden =
-      model.ForwardHidden(batch.input_ids, batch.positions, batch.valid)
-          .narrow(1, batch.prompt_len - 1, r_len);
+  // The logits of response token j are at position prompt_len - 1 + j.
+  auto hidden = model
+                    .ForwardHidden(batch.input_ids, batch.positions,
+                                   batch.valid, batch.prompt_len - 1)
+                    .narrow(1, 0, r_len);
   const int64_t d = hidden.size(2);
   // Real response positions only (padding never reaches the head).
   const auto index = batch.valid.narrow(1, batch.prompt_len, r_len)

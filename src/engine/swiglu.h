@@ -1,0 +1,27 @@
+// The SwiGLU feed-forward with its inside recomputed (the mlp_act unit of
+// model.activations): one autograd node from the gathered input to the
+// gated output that keeps only the two projections. Internal to the engine.
+#ifndef FUSIONRL_ENGINE_SWIGLU_H_
+#define FUSIONRL_ENGINE_SWIGLU_H_
+
+#include <ATen/core/Tensor.h>
+
+namespace fusionrl {
+
+// y = gate * (silu(xs w1^T) * (xs w3^T)) w2^T with xs = x[rows] (x when
+// `rows` is undefined) and gate [n, 1] (1 when undefined); x [M, D] or, with
+// no rows, any [..., D]; w1, w3 [F, D], w2 [D, F]. Under autograd it is one
+// node that saves x, rows, gate, the weights and the two projections
+// (xs w1^T, xs w3^T): not xs, silu, the product or the ungated output,
+// which autograd's composite graph keeps (4F + 2D values per row against
+// 2F here). Its backward gathers xs and recomputes silu and the product
+// (no GEMM more); the gate's gradient is rowsum((dy w2) * product), which
+// needs no ungated output. Gradients reach x (scattered back to `rows`),
+// gate and the three weights. Not twice differentiable.
+at::Tensor SwiGLURecomputedAct(const at::Tensor& x, const at::Tensor& rows,
+                               const at::Tensor& gate, const at::Tensor& w1,
+                               const at::Tensor& w3, const at::Tensor& w2);
+
+}  // namespace fusionrl
+
+#endif  // FUSIONRL_ENGINE_SWIGLU_H_
