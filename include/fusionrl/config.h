@@ -49,9 +49,9 @@ struct ActivationConfig {
   // picks actions so the activations fit budget_mib at the least extra time
   // (engine/activation_planner.h); the other fields must then be empty.
   std::string policy = "keep";
-  std::string attention;  // "" = policy; else keep | recompute | swap
-  std::string mlp;        // "" = policy; else keep | recompute | swap
-  std::string norm;       // "" = policy; else keep | recompute | swap
+  std::string attention;       // "" = policy; else keep | recompute | swap
+  std::string mlp;             // "" = policy; else keep | recompute | swap
+  std::string norm;            // "" = policy; else keep | recompute | swap
   std::string attention_core;  // "" = keep; else keep | recompute
   std::string mlp_act;         // "" = keep; else keep | recompute
   // Per-layer overrides, applied last: entries "<layer>: <sub>=<action>,

@@ -5,13 +5,13 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/autograd.h>
 
-#include <chrono>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "engine/attention_kernels.h"
 #include "engine/recompute.h"
+#include "engine/sub_block_timing.h"
 
 namespace fusionrl {
 namespace {
@@ -240,28 +240,19 @@ torch::Tensor AttentionImpl::forward(
     k = cache_k->narrow(2, 0, cache_start + t);
     v = cache_v->narrow(2, 0, cache_start + t);
   }
-  torch::Tensor out;
-  const bool timed = timer != nullptr && cache_k == nullptr;
-  std::chrono::steady_clock::time_point start;
-  if (timed) {
-    if (timer->sync) timer->sync();
-    start = std::chrono::steady_clock::now();
-  }
-  if (recompute_core && cache_k == nullptr && at::GradMode::is_enabled()) {
-    out = RunRecomputed(
-        [this, mask](const std::vector<torch::Tensor>& in) {
-          return std::vector<torch::Tensor>{Core(in[0], in[1], in[2], mask)};
-        },
-        {q, k, v}, {})[0];
-  } else {
-    out = Core(q, k, v, mask);
-  }
-  if (timed) {
-    if (timer->sync) timer->sync();
-    timer->seconds[layer][kAttentionCoreSlot] +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-            .count();
-  }
+  const bool training = cache_k == nullptr;
+  const torch::Tensor out =
+      TimeSubBlock(training ? timer : nullptr, layer, kAttentionCoreSlot, [&] {
+        if (recompute_core && training && at::GradMode::is_enabled()) {
+          return RunRecomputed(
+              [this, mask](const std::vector<torch::Tensor>& in) {
+                return std::vector<torch::Tensor>{
+                    Core(in[0], in[1], in[2], mask)};
+              },
+              {q, k, v}, {})[0];
+        }
+        return Core(q, k, v, mask);
+      });
   return wo(out.transpose(1, 2).reshape({b, tq, n_heads_ * head_dim_}));
 }
 

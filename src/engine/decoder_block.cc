@@ -6,8 +6,9 @@
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
-#include <chrono>
 #include <utility>
+
+#include "engine/sub_block_timing.h"
 
 namespace fusionrl {
 
@@ -198,17 +199,9 @@ torch::Tensor BlockImpl::PlannedForward(const torch::Tensor& x,
 BlockImpl::Tensors BlockImpl::Run(int kind, ActivationAction action,
                                   RecomputeFn fn, const Tensors& inputs,
                                   std::vector<at::Tensor> params) {
-  if (timer == nullptr) {
+  return TimeSubBlock(timer, layer, kind, [&] {
     return RunAs(action, std::move(fn), inputs, std::move(params));
-  }
-  if (timer->sync) timer->sync();
-  const auto start = std::chrono::steady_clock::now();
-  Tensors out = RunAs(action, std::move(fn), inputs, std::move(params));
-  if (timer->sync) timer->sync();
-  timer->seconds[layer][kind] +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
-  return out;
+  });
 }
 
 BlockImpl::Tensors BlockImpl::RunAs(ActivationAction action, RecomputeFn fn,

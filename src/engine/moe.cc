@@ -4,13 +4,13 @@
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <string>
 #include <tuple>
 
 #include "engine/model.h"
 #include "engine/moe_module.h"
+#include "engine/sub_block_timing.h"
 #include "engine/swiglu.h"
 
 namespace fusionrl {
@@ -172,20 +172,6 @@ torch::Tensor MoeFeedForwardImpl::Dispatch(const torch::Tensor& x,
   const auto gate = r.gates.t().reshape({-1});
   auto out = torch::zeros_like(x);
   const bool recompute = recompute_act_ && at::GradMode::is_enabled();
-  // Profiling: the gathers and the gating, what mlp_act recomputes besides
-  // the experts' SiLUs and products (timed in SwiGLUImpl::forward).
-  double act_seconds = 0;
-  auto timed = [this, &act_seconds](auto&& fn) {
-    if (timer_ == nullptr) return fn();
-    if (timer_->sync) timer_->sync();
-    const auto t0 = std::chrono::steady_clock::now();
-    auto result = fn();
-    if (timer_->sync) timer_->sync();
-    act_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-            .count();
-    return result;
-  };
   int64_t start = 0;
   for (int i = 0; i < num_experts_; ++i) {
     const int64_t n = count[i];
@@ -201,11 +187,15 @@ torch::Tensor MoeFeedForwardImpl::Dispatch(const torch::Tensor& x,
                                          e->w3->weight, e->w2->weight));
       continue;
     }
-    const auto xs = timed([&] { return x.index_select(0, rows); });
+    // Profiling: the gather and the gating are what mlp_act recomputes
+    // besides the expert's SiLU and product (timed in SwiGLUImpl::forward).
+    const auto xs = TimeSubBlock(timer_, layer_, kMlpActSlot,
+                                 [&] { return x.index_select(0, rows); });
     const auto y = experts[i]->forward(xs);
-    out.index_add_(0, rows, timed([&] { return y * g; }));
+    out.index_add_(0, rows, TimeSubBlock(timer_, layer_, kMlpActSlot, [&] {
+                     return y * g;
+                   }));
   }
-  if (timer_ != nullptr) timer_->seconds[layer_][kMlpActSlot] += act_seconds;
   if (!shared.is_empty()) out = out + shared->forward(x);
   return out;
 }

@@ -4,11 +4,10 @@
 #include <ATen/Parallel.h>
 #include <torch/autograd.h>
 
-#include <chrono>
-
 #include "engine/kernel_math.h"
 #include "engine/model.h"
 #include "engine/moe_module.h"
+#include "engine/sub_block_timing.h"
 
 namespace fusionrl {
 namespace {
@@ -185,16 +184,9 @@ torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {
                                w3->weight, w2->weight);
   }
   const torch::Tensor a = w1(x), b = w3(x);
-  if (timer == nullptr) return w2(torch::silu(a) * b);
   // Profiling: what mlp_act would recompute.
-  if (timer->sync) timer->sync();
-  const auto start = std::chrono::steady_clock::now();
-  const torch::Tensor p = torch::silu(a) * b;
-  if (timer->sync) timer->sync();
-  timer->seconds[layer][kMlpActSlot] +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
-  return w2(p);
+  return w2(TimeSubBlock(timer, layer, kMlpActSlot,
+                         [&] { return torch::silu(a) * b; }));
 }
 
 }  // namespace fusionrl
