@@ -173,26 +173,32 @@ PY
 # measurement a fresh process; the fused path computes what the composite
 # one does (the unit tests check samples), here the JSON's shape and costs.
 timeout 300 "$BIN" bench-rollout "$CFG" --repeats 1 --iterations 1 \
-  --engines fused,composite,python --out "$OUT/bench-rollout.json" \
+  --engines fused,composite,static,python --out "$OUT/bench-rollout.json" \
   >/dev/null 2>"$OUT/bench-rollout.log" ||
   { echo "FAIL fusionrl bench-rollout"; tail -20 "$OUT/bench-rollout.log"; exit 1; }
 python3 - "$OUT/bench-rollout.json" <<'PY'
 import json, sys
 b = json.load(open(sys.argv[1]))
 e = b["engines"]
-assert set(e) == {"fused", "composite", "python"}, list(e)
+assert set(e) == {"fused", "composite", "static", "python"}, list(e)
 for name, v in e.items():
     assert len(v["runs"]) == 1 and v["median_rollout_tokens_per_second"] > 0, (name, v)
     assert v["median_step_tokens_per_second"] > 0, (name, v)
 f, c = e["fused"]["runs"][0], e["composite"]["runs"][0]
 assert f["fused_path"] is True and c["fused_path"] is False, (f, c)
-assert f["tokens_per_iteration"] == c["tokens_per_iteration"] == e["python"]["runs"][0]["tokens_per_iteration"]
+s = e["static"]["runs"][0]
+assert f["tokens_per_iteration"] == c["tokens_per_iteration"] == s["tokens_per_iteration"] == e["python"]["runs"][0]["tokens_per_iteration"]
+# Prefix sharing: the fused and composite paths prefill each prompt once,
+# the static reference every sample.
+shape = b["shape"]
+assert f["decode"]["prefill_rows"] == c["decode"]["prefill_rows"] == shape["prompts"], (f["decode"], c["decode"], shape)
+assert s["decode"]["prefill_rows"] == shape["prompts"] * shape["group_size"], (s["decode"], shape)
 # The fused decode step dispatches a fixed handful of ops and allocates
 # (almost) nothing; the composite one dispatches far more.
 fd, cd = f["decode"], c["decode"]
 assert 0 < fd["ops_per_decode_step"] < cd["ops_per_decode_step"], (fd, cd)
 assert fd["allocations_per_decode_step"] < cd["allocations_per_decode_step"], (fd, cd)
-assert set(b["ratios"]) == {"fused/python", "composite/python", "fused/composite"}, b["ratios"]
+assert set(b["ratios"]) == {"fused/python", "composite/python", "fused/composite", "composite/static"}, b["ratios"]
 print(f"ok   bench-rollout: fused {b['ratios']['fused/python']['rollout']:.2f}x the Python "
       f"loop's rollout tokens/s; ops per decode step {fd['ops_per_decode_step']:.0f} "
       f"(composite {cd['ops_per_decode_step']:.0f})")

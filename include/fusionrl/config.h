@@ -205,12 +205,19 @@ struct RolloutConfig {
   // Decode path (engine/rollout.h): fused = the CPU decoder with fused
   // kernels, prefix sharing and continuous batching where it supports the
   // policy (a float32 dense model on a CPU), else composite; composite = the
-  // reference path always.
+  // module graph with prefix sharing and row compaction (what MoE policies
+  // and CUDA devices run); static = the reference loop (every row prefilled
+  // and decoded to the end).
   std::string decode = "fused";
   // Fused path: sequences decoded at once; a finished one's slot takes the
   // next waiting one (continuous batching). 0 = all of a step's sequences.
   // Bounds the KV cache at decode_slots x (prompt + max_new_tokens).
   int decode_slots = 0;
+  // Fused and disaggregated placements, fused decode path: the rollout
+  // thread samples the steps StaleSync admits at once that share a policy
+  // version in one engine call, a finished sequence's slot taking the next
+  // waiting one of the same or a later step (worker/fused_rollout.h).
+  bool cross_step_batching = true;
 };
 
 // Every string-valued mode of the config below is an enum, parsed once by

@@ -65,7 +65,7 @@ class OpCounter {
 
 // Ops and allocations of one Generate() call.
 struct GenerateCost {
-  int64_t ops = 0, allocations = 0, decode_steps = 0;
+  int64_t ops = 0, allocations = 0, decode_steps = 0, prefill_rows = 0;
 };
 
 absl::StatusOr<GenerateCost> CountGenerate(
@@ -81,6 +81,7 @@ absl::StatusOr<GenerateCost> CountGenerate(
   cost.ops = g_ops.load();
   cost.allocations = allocations.allocations();
   cost.decode_steps = engine.last_stats().decode_steps;
+  cost.prefill_rows = engine.last_stats().prefill_rows;
   return cost;
 }
 
@@ -128,23 +129,33 @@ double TrainForwardFlops(const ModelConfig& m, int vocab, int64_t rows,
   return static_cast<double>(rows) * per_row;
 }
 
-// One engine, measured in this process; prints its JSON.
-int MeasureHere(const BenchRolloutArgs& args, bool fused) {
+// One engine (fused, composite or static), measured in this process;
+// prints its JSON.
+int MeasureHere(const BenchRolloutArgs& args, const std::string& name) {
+  const bool fused = name == "fused";
   LogToStderr();
   absl::StatusOr<JobConfig> config =
       LoadBenchConfig(args.config_path, args.overrides);
   if (!config.ok()) return Fail(config.status());
   config->algorithm.kl_coef = 0;  // the Python loop has no reference policy
-  // composite: the reference paths everywhere (decode and attention core).
+  // composite and static: the module graph's decode (with or without prefix
+  // sharing and compaction) and the reference attention core.
   if (!fused) config->model.attention_kernel = "composite";
   absl::StatusOr<JobContext> ctx = PrepareJob(*config, "");
   if (!ctx.ok()) return Fail(ctx.status());
   PolicyModel& policy = *ctx->policy;
   const int pad = ctx->tokenizer->pad_id();
-  // No stop id: every response is max_new_tokens long on both sides.
-  RolloutEngine engine(policy, pad, std::vector<int>{});
+  // No stop id by default: every response is max_new_tokens long on both
+  // sides. --stop-ids N: the N lowest ids but pad.
+  std::vector<int> stops;
+  for (int id = 0; static_cast<int>(stops.size()) < args.stop_ids; ++id) {
+    if (id != pad) stops.push_back(id);
+  }
+  RolloutEngine engine(policy, pad, stops);
   engine.set_decode_path(fused ? RolloutEngine::DecodePath::kFused
-                               : RolloutEngine::DecodePath::kComposite);
+                         : name == "composite"
+                             ? RolloutEngine::DecodePath::kComposite
+                             : RolloutEngine::DecodePath::kStatic);
   auto trainer = Trainer::Create(policy, nullptr, *config, pad);
   if (!trainer.ok()) return Fail(trainer.status());
   const auto& rc = config->rollout;
@@ -194,13 +205,16 @@ int MeasureHere(const BenchRolloutArgs& args, bool fused) {
     if (!stats.ok()) return Fail(stats.status());
     const double t = Since(t0);
     if (it == 0) continue;  // warm-up
-    // Forward + backward = 3 forwards' multiply-adds. Every sequence here
-    // has args.prompt_len + max_new_tokens positions.
+    // Forward + backward = 3 forwards' multiply-adds. Without stop ids
+    // every sequence has args.prompt_len + max_new_tokens positions; with
+    // them lengths vary and the figure is not counted.
     const int64_t len = args.prompt_len + rc.max_new_tokens;
     train_flops.push_back(
-        3.0 * TrainForwardFlops(config->model, policy.vocab_size(),
-                                stats->computed_tokens / len, args.prompt_len,
-                                rc.max_new_tokens));
+        args.stop_ids > 0
+            ? 0.0
+            : 3.0 * TrainForwardFlops(config->model, policy.vocab_size(),
+                                      stats->computed_tokens / len,
+                                      args.prompt_len, rc.max_new_tokens));
     rollout_s.push_back(r);
     train_s.push_back(t);
     prefill_s.push_back(st.prefill_seconds);
@@ -224,7 +238,7 @@ int MeasureHere(const BenchRolloutArgs& args, bool fused) {
   const double sgemm = SgemmGflops();
   const double train_gflops = Median(train_flops) / t / 1e9;
   nlohmann::ordered_json j = {
-      {"engine", fused ? "fused" : "composite"},
+      {"engine", name},
       {"fused_path", engine.fused()},
       {"attention_kernel", config->model.attention_kernel},
       {"threads", config->num_threads},
@@ -238,7 +252,8 @@ int MeasureHere(const BenchRolloutArgs& args, bool fused) {
       {"sgemm_gflops", sgemm},
       {"train_fraction_of_sgemm", sgemm > 0 ? train_gflops / sgemm : 0},
       {"decode",
-       {{"prefill_seconds", Median(prefill_s)},
+       {{"prefill_rows", full->prefill_rows},
+        {"prefill_seconds", Median(prefill_s)},
         {"model_seconds", Median(model_s)},
         {"sample_seconds", Median(sample_s)},
         {"host_seconds", Median(host_s)},
@@ -338,7 +353,8 @@ CLI::App* AddBenchRolloutCommand(CLI::App& app, BenchRolloutArgs& args) {
                   "and optim sections give the shape)")
       ->required();
   cmd->add_option("--engines", args.engines,
-                  "comma-separated: fused, composite, python (default all)");
+                  "comma-separated: fused, composite, static, python (default "
+                  "fused,composite,python)");
   cmd->add_option("--repeats", args.repeats,
                   "fresh-process measurements per engine (default 3)")
       ->check(CLI::Range(1, 100));
@@ -347,6 +363,11 @@ CLI::App* AddBenchRolloutCommand(CLI::App& app, BenchRolloutArgs& args) {
       ->check(CLI::Range(1, 1000));
   cmd->add_option("--prompt-len", args.prompt_len, "prompt tokens (default 12)")
       ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--stop-ids", args.stop_ids,
+                  "C++ engines: stop at the N lowest token ids but pad, so "
+                  "response lengths spread (default 0: every response is "
+                  "max_new_tokens long, as in the Python loop)")
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--python", args.python,
                   "interpreter with torch (default /usr/bin/python3)");
   cmd->add_option("--reference-script", args.reference_script,
@@ -360,26 +381,28 @@ CLI::App* AddBenchRolloutCommand(CLI::App& app, BenchRolloutArgs& args) {
                   "override a config key: key.path=value (repeatable)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd->add_option("--measure", args.measure,
-                  "internal: measure one engine (fused|composite) here")
+                  "internal: measure one engine (fused|composite|static) here")
       ->group("");
   return cmd;
 }
 
 int RunBenchRollout(const BenchRolloutArgs& args) {
   if (!args.measure.empty()) {
-    if (args.measure != "fused" && args.measure != "composite") {
-      return Fail(absl::InvalidArgumentError(
-          absl::StrCat("--measure: '", args.measure, "' (fused|composite)")));
+    if (args.measure != "fused" && args.measure != "composite" &&
+        args.measure != "static") {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "--measure: '", args.measure, "' (fused|composite|static)")));
     }
-    return MeasureHere(args, args.measure == "fused");
+    return MeasureHere(args, args.measure);
   }
   std::vector<std::string> engines;
   for (const absl::string_view e : absl::StrSplit(args.engines, ',')) {
     const std::string name(e);
-    if (name != "fused" && name != "composite" && name != "python") {
+    if (name != "fused" && name != "composite" && name != "static" &&
+        name != "python") {
       return Fail(absl::InvalidArgumentError(
           absl::StrCat("--engines: unknown engine '", name,
-                       "' (fused, composite, python)")));
+                       "' (fused, composite, static, python)")));
     }
     if (std::find(engines.begin(), engines.end(), name) != engines.end()) {
       return Fail(absl::InvalidArgumentError(
@@ -402,8 +425,18 @@ int RunBenchRollout(const BenchRolloutArgs& args) {
   if (!tokenizer.ok()) return Fail(tokenizer.status());
   const int vocab = config->model.vocab_size > 0 ? config->model.vocab_size
                                                  : (*tokenizer)->vocab_size();
+  if (args.stop_ids >= vocab) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--stop-ids ", args.stop_ids,
+        " leaves no token to sample (the vocabulary has ", vocab, " ids)")));
+  }
   std::string script;
   if (std::find(engines.begin(), engines.end(), "python") != engines.end()) {
+    if (args.stop_ids > 0) {
+      return Fail(absl::InvalidArgumentError(
+          "--stop-ids: the Python loop samples max_new_tokens tokens for "
+          "every response; leave 'python' out of --engines"));
+    }
     absl::StatusOr<std::string> s = FindReferenceScript(args.reference_script);
     if (!s.ok()) return Fail(s.status());
     script = *s;
@@ -430,7 +463,9 @@ int RunBenchRollout(const BenchRolloutArgs& args) {
                 "--iterations",
                 std::to_string(args.iterations),
                 "--prompt-len",
-                std::to_string(args.prompt_len)};
+                std::to_string(args.prompt_len),
+                "--stop-ids",
+                std::to_string(args.stop_ids)};
         for (const auto& o : args.overrides) {
           argv.push_back("--set");
           argv.push_back(o);
@@ -477,7 +512,8 @@ int RunBenchRollout(const BenchRolloutArgs& args) {
   for (const auto& [num, den] :
        {std::pair<std::string, std::string>{"fused", "python"},
         {"composite", "python"},
-        {"fused", "composite"}}) {
+        {"fused", "composite"},
+        {"composite", "static"}}) {
     if (!acc.count(num) || !acc.count(den)) continue;
     ratios[num + "/" + den] = {
         {"rollout", Median(acc[num].rollout) / Median(acc[den].rollout)},

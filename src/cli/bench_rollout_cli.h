@@ -35,6 +35,11 @@ struct BenchRolloutArgs {
   int repeats = 3;
   int iterations = 5;
   int prompt_len = 12;
+  // Stop ids of the C++ engines: the N lowest ids but pad. 0 = none, every
+  // response is max_new_tokens long (the Python loop's shape); N > 0 spreads
+  // response lengths (each token stops a sequence with about N / vocab
+  // probability), the long tail compaction and refills are for.
+  int stop_ids = 0;
   std::string python = "/usr/bin/python3";
   std::string reference_script;  // "" = found next to the binary or source
   int timeout_seconds = 900;     // per measurement

@@ -161,9 +161,11 @@ void VisitRollout(RolloutConfig& r, V& v) {
   v.Double("temperature", &r.temperature, AtLeast(0));
   v.Int("top_k", &r.top_k, AtLeast(0));
   v.Double("top_p", &r.top_p, OpenClosed(0, 1));
-  static constexpr absl::string_view kDecode[] = {"fused", "composite"};
+  static constexpr absl::string_view kDecode[] = {"fused", "composite",
+                                                  "static"};
   v.String("decode", &r.decode, OneOf(kDecode));
   v.Int("decode_slots", &r.decode_slots, AtLeast(0));
+  v.Bool("cross_step_batching", &r.cross_step_batching);
 }
 
 template <class V>

@@ -1,10 +1,13 @@
-// The fused decode path (CpuDecoder, decode_kernels) against the composite
-// reference path: logits within float tolerance, identical samples for a
-// seed; continuous batching and prefix sharing change nothing but speed.
+// The decode paths against the static reference loop: the fused one
+// (CpuDecoder, decode_kernels) and the composite one (the module graph with
+// prefix sharing and row compaction). Logits within float tolerance,
+// identical samples for a seed; continuous batching, compaction and prefix
+// sharing change nothing but speed.
 #include "engine/cpu_decoder.h"
 
 #include <torch/types.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -115,14 +118,14 @@ void ExpectSame(const std::vector<Completion>& a,
   }
 }
 
-TEST(CpuDecoderTest, FusedPathSamplesWhatTheCompositePathSamples) {
+TEST(CpuDecoderTest, FusedPathSamplesWhatTheStaticPathSamples) {
   for (const Variant& v : Variants()) {
     for (double temperature : {0.0, 1.0, 0.7}) {
       SCOPED_TRACE(v.name + " T=" + std::to_string(temperature));
       auto model = MakeModel(v);
       RolloutEngine fused(*model, kPad, kEos);
       RolloutEngine composite(*model, kPad, kEos);
-      composite.set_decode_path(RolloutEngine::DecodePath::kComposite);
+      composite.set_decode_path(RolloutEngine::DecodePath::kStatic);
       ASSERT_TRUE(fused.fused());
       ASSERT_FALSE(composite.fused());
       SamplingParams p;
@@ -144,7 +147,7 @@ TEST(CpuDecoderTest, TopKTopPSamplingAgrees) {
   auto model = MakeModel(Variants()[1]);
   RolloutEngine fused(*model, kPad, kEos);
   RolloutEngine composite(*model, kPad, kEos);
-  composite.set_decode_path(RolloutEngine::DecodePath::kComposite);
+  composite.set_decode_path(RolloutEngine::DecodePath::kStatic);
   SamplingParams p;
   p.temperature = 1.0;
   p.top_k = 5;
@@ -215,7 +218,7 @@ TEST(CpuDecoderTest, StopIdsAndLengthLimit) {
     EXPECT_EQ(c.finished, c.tokens.back() != 50);
   }
   RolloutEngine composite(*model, kPad, stops);
-  composite.set_decode_path(RolloutEngine::DecodePath::kComposite);
+  composite.set_decode_path(RolloutEngine::DecodePath::kStatic);
   ExpectSame(out, composite.Generate(Prompts(), p, 1).value(), 2e-5);
 }
 
@@ -230,6 +233,148 @@ TEST(CpuDecoderTest, UnsupportedModelsTakeTheCompositePath) {
   auto out = engine.Generate(Prompts(), SamplingParams{}, 1);
   ASSERT_TRUE(out.ok());
   EXPECT_FALSE(engine.last_stats().fused);
+}
+
+// A stop-id set that ends about one sequence in ten at every token: lengths
+// spread from 1 to max_new_tokens, as a real task's do.
+std::vector<int> SomeStopIds() {
+  std::vector<int> stops;
+  for (int id = 2; id < 12; ++id) stops.push_back(id);
+  return stops;
+}
+
+// Two calls' sequences merged into one, each with its call's key: the
+// merged call samples what the two did, and with one call's worth of slots
+// the second call's sequences take the slots the first's free (continuous
+// batching across calls: fewer decode steps than the two calls took).
+TEST(CpuDecoderTest, SequencesOfSeveralCallsShareTheSlots) {
+  auto model = MakeModel(Variants()[1]);
+  SamplingParams p;
+  p.temperature = 1.0;
+  p.max_new_tokens = 14;
+  const auto a_prompts = Prompts();
+  auto b_prompts = Prompts();
+  std::reverse(b_prompts.begin(), b_prompts.end());
+  RolloutEngine alone(*model, kPad, SomeStopIds());
+  const auto a = alone.Generate(a_prompts, p, 3).value();
+  const int64_t a_steps = alone.last_stats().decode_steps;
+  const auto b = alone.Generate(b_prompts, p, 4).value();
+  const int64_t b_steps = alone.last_stats().decode_steps;
+
+  std::vector<std::vector<int>> prompts = a_prompts;
+  prompts.insert(prompts.end(), b_prompts.begin(), b_prompts.end());
+  std::vector<SequenceKey> keys;
+  for (size_t i = 0; i < a_prompts.size(); ++i) {
+    keys.push_back({3, static_cast<int64_t>(i)});
+  }
+  for (size_t i = 0; i < b_prompts.size(); ++i) {
+    keys.push_back({4, static_cast<int64_t>(i)});
+  }
+  RolloutEngine merged(*model, kPad, SomeStopIds());
+  merged.set_max_batch(static_cast<int64_t>(a_prompts.size()));
+  std::vector<Completion> reported(prompts.size());
+  std::vector<int> calls(prompts.size(), 0);
+  std::vector<int64_t> order;
+  const auto out = merged
+                       .Generate(prompts, p, keys,
+                                 [&](int64_t i, const Completion& c) {
+                                   ++calls[i];
+                                   reported[i] = c;
+                                   order.push_back(i);
+                                 })
+                       .value();
+  std::vector<Completion> want = a;
+  want.insert(want.end(), b.begin(), b.end());
+  ExpectSame(out, want, 1e-5);
+  ExpectSame(reported, out, 0);
+  for (size_t i = 0; i < calls.size(); ++i) {
+    EXPECT_EQ(calls[i], 1) << "sequence " << i;
+  }
+  EXPECT_LE(merged.last_stats().rows_computed,
+            merged.last_stats().decode_steps *
+                static_cast<int64_t>(a_prompts.size()));
+  EXPECT_LT(merged.last_stats().decode_steps, a_steps + b_steps);
+  // Some sequence of the second call finished before the first call's
+  // last one: the calls' sequences were decoded side by side.
+  const auto first_b = std::find_if(order.begin(), order.end(), [&](int64_t i) {
+    return i >= static_cast<int64_t>(a_prompts.size());
+  });
+  const auto last_a = std::find_if(
+      order.rbegin(), order.rend(),
+      [&](int64_t i) { return i < static_cast<int64_t>(a_prompts.size()); });
+  ASSERT_NE(first_b, order.end());
+  EXPECT_LT(first_b - order.begin(), order.rend() - last_a - 1);
+}
+
+TEST(CompositePathTest, EqualsTheStaticReference) {
+  ModelConfig moe = testing_util::TinyModelConfig();
+  moe.moe_experts = 4;
+  moe.moe_top_k = 2;
+  moe.moe_shared_expert = true;
+  struct Case {
+    std::string name;
+    std::unique_ptr<PolicyModel> model;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"dense", MakeModel(Variants()[0])});
+  cases.push_back({"dense_gqa_qk_norm_bias_tied", MakeModel(Variants()[2])});
+  cases.push_back(
+      {"moe", PolicyModel::Create(moe, 98, c10::Device("cpu"), 3).value()});
+  for (Case& c : cases) {
+    for (double temperature : {0.0, 1.0}) {
+      SCOPED_TRACE(c.name + " T=" + std::to_string(temperature));
+      RolloutEngine composite(*c.model, kPad, SomeStopIds());
+      RolloutEngine reference(*c.model, kPad, SomeStopIds());
+      composite.set_decode_path(RolloutEngine::DecodePath::kComposite);
+      reference.set_decode_path(RolloutEngine::DecodePath::kStatic);
+      ASSERT_FALSE(composite.fused());
+      SamplingParams p;
+      p.temperature = temperature;
+      p.max_new_tokens = 14;
+      const auto a = composite.Generate(Prompts(), p, 11).value();
+      const auto b = reference.Generate(Prompts(), p, 11).value();
+      // Tokens identical; log-probs to float rounding (a GEMM of fewer rows
+      // may sum in another order).
+      ExpectSame(a, b, 1e-5);
+      // Prefix sharing: 4 distinct prompts prefilled, not 12.
+      EXPECT_EQ(composite.last_stats().prefill_rows, 4);
+      EXPECT_EQ(reference.last_stats().prefill_rows, 12);
+      // Compaction: finished rows stop being computed.
+      int64_t finished = 0;
+      size_t longest = 0, shortest = p.max_new_tokens;
+      for (const Completion& x : b) {
+        finished += x.finished;
+        longest = std::max(longest, x.tokens.size());
+        shortest = std::min(shortest, x.tokens.size());
+      }
+      if (temperature > 0) {
+        ASSERT_GT(finished, 3) << "too few early stops: pick another seed";
+        ASSERT_GT(longest, shortest + 4) << "lengths do not spread";
+        EXPECT_LT(composite.last_stats().rows_computed,
+                  reference.last_stats().rows_computed);
+      }
+      EXPECT_EQ(reference.last_stats().rows_computed,
+                reference.last_stats().decode_steps * 12);
+      EXPECT_EQ(composite.last_stats().decode_steps,
+                reference.last_stats().decode_steps);
+    }
+  }
+}
+
+TEST(CompositePathTest, SamplesDoNotDependOnTheBatch) {
+  ModelConfig moe = testing_util::TinyModelConfig();
+  moe.moe_experts = 4;
+  moe.moe_top_k = 2;
+  auto model = PolicyModel::Create(moe, 98, c10::Device("cpu"), 5).value();
+  RolloutEngine engine(*model, kPad, SomeStopIds());
+  engine.set_decode_path(RolloutEngine::DecodePath::kComposite);
+  SamplingParams p;
+  p.max_new_tokens = 12;
+  const auto prompts = Prompts();
+  const auto whole = engine.Generate(prompts, p, 21).value();
+  std::vector<std::vector<int>> prefix(prompts.begin(), prompts.begin() + 5);
+  ExpectSame(engine.Generate(prefix, p, 21).value(),
+             std::vector<Completion>(whole.begin(), whole.begin() + 5), 1e-5);
 }
 
 }  // namespace

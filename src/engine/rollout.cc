@@ -123,6 +123,7 @@ float RowUniform(uint64_t seed, int64_t i, int64_t t) {
 
 void RolloutEngine::Configure(const RolloutConfig& config) {
   path_ = config.decode == "composite" ? DecodePath::kComposite
+          : config.decode == "static"  ? DecodePath::kStatic
                                        : DecodePath::kFused;
   max_batch_ = config.decode_slots;
 }
@@ -134,7 +135,22 @@ bool RolloutEngine::fused() const {
 absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(
     const std::vector<std::vector<int>>& prompts, const SamplingParams& params,
     uint64_t seed) {
+  std::vector<SequenceKey> keys(prompts.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    keys[i] = {seed, static_cast<int64_t>(i)};
+  }
+  return Generate(prompts, params, keys);
+}
+
+absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(
+    const std::vector<std::vector<int>>& prompts, const SamplingParams& params,
+    const std::vector<SequenceKey>& keys, const FinishedFn& on_finished) {
   stats_ = DecodeStats{};
+  if (keys.size() != prompts.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("rollout: ", keys.size(),
+                                                   " sampling keys for ",
+                                                   prompts.size(), " prompts"));
+  }
   if (prompts.empty()) return std::vector<Completion>{};
   int64_t prompt_len = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -158,12 +174,17 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(
   const auto t0 = Clock::now();
   c10::InferenceMode inference;
   model_.set_training(false);
-  auto out = fused() ? GenerateFused(prompts, params, seed)
-                     : GenerateComposite(prompts, params, seed);
+  auto out = fused() ? GenerateFused(prompts, params, keys, on_finished)
+                     : GenerateComposite(prompts, params, keys);
   stats_.total_seconds = Since(t0);
   stats_.host_seconds =
       std::max(0.0, stats_.total_seconds - stats_.prefill_seconds -
                         stats_.model_seconds - stats_.sample_seconds);
+  if (out.ok() && on_finished && !fused()) {
+    for (size_t i = 0; i < out->size(); ++i) {
+      on_finished(static_cast<int64_t>(i), (*out)[i]);
+    }
+  }
   if (out.ok()) {
     stats_.sequences = static_cast<int64_t>(out->size());
     for (const Completion& c : *out) {
@@ -176,7 +197,7 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(
 
 absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateFused(
     const std::vector<std::vector<int>>& prompts, const SamplingParams& params,
-    uint64_t seed) {
+    const std::vector<SequenceKey>& keys, const FinishedFn& on_finished) {
   const int64_t batch = static_cast<int64_t>(prompts.size());
   const int64_t max_new = params.max_new_tokens;
   stats_.fused = true;
@@ -206,7 +227,9 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateFused(
   // Every sequence's first token comes from its prompt's prefill logits.
   auto u = at::empty({batch}, at::TensorOptions().dtype(at::kFloat));
   float* u_data = u.data_ptr<float>();
-  for (int64_t i = 0; i < batch; ++i) u_data[i] = RowUniform(seed, i, 0);
+  for (int64_t i = 0; i < batch; ++i) {
+    u_data[i] = RowUniform(keys[i].seed, keys[i].index, 0);
+  }
   auto rows = at::tensor(prompt_of, at::TensorOptions().dtype(at::kLong));
   auto [first, first_logp] =
       SampleNext(prefill_logits.index_select(0, rows), u, params);
@@ -227,6 +250,7 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateFused(
   for (int64_t i = 0; i < batch; ++i) {
     done[i] = record(i, first.data_ptr<int64_t>()[i],
                      first_logp.data_ptr<float>()[i]);
+    if (done[i] && on_finished) on_finished(i, completions[i]);
   }
 
   const int64_t slots = max_batch_ > 0 ? std::min(max_batch_, batch) : batch;
@@ -256,7 +280,7 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateFused(
     float* su = step_u.data_ptr<float>();
     for (int64_t s = 0; s < live; ++s) {
       const int64_t seq = slot_seq[s];
-      su[s] = RowUniform(seed, seq,
+      su[s] = RowUniform(keys[seq].seed, keys[seq].index,
                          static_cast<int64_t>(completions[seq].tokens.size()));
     }
     auto [tokens, logp] = SampleNext(logits, step_u.narrow(0, 0, live), params);
@@ -274,6 +298,7 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateFused(
         continue;
       }
       done[seq] = 1;
+      if (on_finished) on_finished(seq, completions[seq]);
       const int64_t last = live - 1;
       if (s != last) {
         decoder.MoveSlot(last, s);
@@ -288,7 +313,10 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateFused(
 
 absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateComposite(
     const std::vector<std::vector<int>>& prompts, const SamplingParams& params,
-    uint64_t seed) {
+    const std::vector<SequenceKey>& keys) {
+  // kComposite shares prefixes and drops finished rows; kStatic is the
+  // reference loop: every row prefilled, every row computed to the end.
+  const bool batching = path_ != DecodePath::kStatic;
   std::vector<Completion> completions(prompts.size());
   const int64_t batch = static_cast<int64_t>(prompts.size());
   int64_t prompt_len = 0;
@@ -308,37 +336,105 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateComposite(
   auto next_pos = prompt_valid.sum(1, /*keepdim=*/true);  // [B, 1]
 
   KvCache cache = model_.NewCache(batch, total);
-  auto logits =
-      model_
-          .ForwardCached(prompt_tokens, PositionsFromValid(prompt_valid),
-                         prompt_valid, cache, /*last_only=*/true)
-          .select(1, 0);
-  stats_.prefill_rows = batch;
+  at::Tensor logits;
+  if (batching) {
+    // Prefix sharing: each distinct prompt is prefilled once (its own left
+    // padding is the batch's: every prompt is padded to prompt_len) and its
+    // keys and values copied to every row of it.
+    std::map<std::vector<int>, int64_t> index;
+    std::vector<const std::vector<int>*> unique;
+    std::vector<int64_t> prompt_of(batch);
+    for (int64_t i = 0; i < batch; ++i) {
+      auto [it, added] =
+          index.emplace(prompts[i], static_cast<int64_t>(unique.size()));
+      if (added) unique.push_back(&prompts[i]);
+      prompt_of[i] = it->second;
+    }
+    auto [unique_tokens, unique_valid] =
+        LeftPadded(unique, prompt_len, 0, pad_id_, device);
+    KvCache prefill =
+        model_.NewCache(static_cast<int64_t>(unique.size()), prompt_len);
+    at::Tensor unique_logits =
+        model_
+            .ForwardCached(unique_tokens, PositionsFromValid(unique_valid),
+                           unique_valid, prefill, /*last_only=*/true)
+            .select(1, 0);
+    const at::Tensor rows = at::tensor(prompt_of, long_opts).to(device);
+    for (size_t l = 0; l < cache.keys.size(); ++l) {
+      cache.keys[l]
+          .narrow(2, 0, prompt_len)
+          .copy_(prefill.keys[l].index_select(0, rows));
+      cache.values[l]
+          .narrow(2, 0, prompt_len)
+          .copy_(prefill.values[l].index_select(0, rows));
+    }
+    cache.length = prompt_len;
+    logits = unique_logits.index_select(0, rows);
+    stats_.prefill_rows = static_cast<int64_t>(unique.size());
+  } else {
+    logits = model_
+                 .ForwardCached(prompt_tokens, PositionsFromValid(prompt_valid),
+                                prompt_valid, cache, /*last_only=*/true)
+                 .select(1, 0);
+    stats_.prefill_rows = batch;
+  }
   stats_.prefill_seconds = Since(t);
 
+  // Outputs by sequence; the batch's rows are the sequences in row_seq.
   auto out_tokens =
       at::full({batch, max_new}, pad_id_, long_opts.device(device));
   auto out_logp = at::zeros(
       {batch, max_new}, at::TensorOptions().dtype(at::kFloat).device(device));
+  std::vector<int64_t> row_seq(batch);
+  for (int64_t b = 0; b < batch; ++b) row_seq[b] = b;
+  at::Tensor row_seq_dev = at::arange(batch, long_opts.device(device));
+  int64_t rows = batch;
   auto alive = at::ones({batch}, long_opts.dtype(at::kBool).device(device));
   auto u = at::empty({batch}, at::TensorOptions().dtype(at::kFloat));
   int64_t steps = 0;
   for (int64_t step = 0; step < max_new; ++step) {
     t = Clock::now();
     float* ud = u.data_ptr<float>();
-    for (int64_t b = 0; b < batch; ++b) ud[b] = RowUniform(seed, b, step);
-    auto [next, token_logp] = SampleNext(logits, u, params);
+    for (int64_t r = 0; r < rows; ++r) {
+      const SequenceKey& key = keys[row_seq[r]];
+      ud[r] = RowUniform(key.seed, key.index, step);
+    }
+    auto [next, token_logp] = SampleNext(logits, u.narrow(0, 0, rows), params);
     next = at::where(alive, next, at::full_like(next, pad_id_));
-    out_tokens.select(1, step).copy_(next);
-    out_logp.select(1, step).copy_(
-        at::where(alive, token_logp, at::zeros_like(token_logp)));
+    out_tokens.select(1, step).index_copy_(0, row_seq_dev, next);
+    out_logp.select(1, step).index_copy_(
+        0, row_seq_dev,
+        at::where(alive, token_logp, at::zeros_like(token_logp))
+            .to(at::kFloat));
     valid.select(1, prompt_len + step).copy_(alive);
     for (int id : stop_ids_) alive = alive & (next != id);
     steps = step + 1;
-    const bool last = step + 1 == max_new || !alive.any().item<bool>();
+    const int64_t live = alive.sum().item<int64_t>();
+    const bool last = step + 1 == max_new || live == 0;
     stats_.sample_seconds += Since(t);
     if (last) break;
     t = Clock::now();
+    // Compaction: once a quarter of the rows have finished, the live ones
+    // are gathered into a smaller batch (their cache rows, masks and
+    // positions) and the finished ones are no longer computed. Each copy
+    // moves the live rows' cache once; a quarter keeps that below the
+    // decode work it saves.
+    if (batching && 4 * (rows - live) >= rows) {
+      const at::Tensor keep = alive.nonzero().squeeze(1);
+      for (size_t l = 0; l < cache.keys.size(); ++l) {
+        cache.keys[l] = cache.keys[l].index_select(0, keep);
+        cache.values[l] = cache.values[l].index_select(0, keep);
+      }
+      valid = valid.index_select(0, keep);
+      next_pos = next_pos.index_select(0, keep);
+      next = next.index_select(0, keep);
+      row_seq_dev = row_seq_dev.index_select(0, keep);
+      const at::Tensor keep_cpu = keep.to(at::kCPU);
+      const int64_t* k = keep_cpu.data_ptr<int64_t>();
+      for (int64_t r = 0; r < live; ++r) row_seq[r] = row_seq[k[r]];
+      rows = live;
+      alive = at::ones({rows}, long_opts.dtype(at::kBool).device(device));
+    }
     logits =
         model_
             .ForwardCached(next.unsqueeze(1), next_pos,
@@ -347,7 +443,7 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateComposite(
     next_pos = next_pos + 1;
     stats_.model_seconds += Since(t);
     ++stats_.decode_steps;
-    stats_.rows_computed += batch;
+    stats_.rows_computed += rows;
   }
 
   auto tokens_cpu = out_tokens.narrow(1, 0, steps).to(at::kCPU).contiguous();

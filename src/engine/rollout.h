@@ -14,7 +14,7 @@
 // whichever decode path and batch size produced them (up to float rounding
 // of the logits, docs/BENCHMARKS.md).
 //
-// Two decode paths:
+// Three decode paths:
 //  * fused (the default where CpuDecoder::Supports the model: a float32
 //    dense policy on a CPU): each distinct prompt is prefilled once and its
 //    KV entries copied to every sample of it (prefix sharing: a GRPO group
@@ -23,12 +23,15 @@
 //    sequence's slot is refilled from the waiting sequences (continuous
 //    batching, with max_batch slots) or, with none waiting, compacted away,
 //    so a step computes only live sequences.
-//  * composite (MoE, bfloat16, other devices, or asked for): prompts are
-//    left-padded into one batch, prefilled in one forward pass, then decoded
-//    one token per step for every sequence through PolicyModel::
-//    ForwardCached until all have stopped. It is the reference the fused
-//    path is tested against.
-//
+//  * composite (MoE, bfloat16, other devices such as CUDA, or asked for):
+//    the module graph's ForwardCached, one token per row per step, with
+//    the same prefix sharing (distinct prompts prefilled once, their cache
+//    rows copied to every sample) and row compaction (once a quarter of
+//    the rows have finished, the live rows' cache, masks and positions are
+//    gathered into a smaller batch).
+//  * static: the reference loop. Prompts are left-padded into one batch,
+//    prefilled in one forward pass, then every row is decoded until all
+//    have stopped. The other two are tested against it.
 // Threads: not thread-safe; borrows the model, which must outlive the engine
 // and must not be modified during Generate().
 #ifndef FUSIONRL_ENGINE_ROLLOUT_H_
@@ -37,6 +40,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -75,11 +79,21 @@ struct DecodeStats {
 // The uniform in (0, 1] that draws token `t` of sequence `i`.
 float RowUniform(uint64_t seed, int64_t i, int64_t t);
 
+// Which uniforms a sequence draws: token t with RowUniform(seed, index, t).
+// Generate(prompts, params, seed) gives sequence i the key {seed, i}; a
+// batch merged from several such calls' sequences, each with its own key,
+// samples what the calls would have (continuous batching across calls).
+struct SequenceKey {
+  uint64_t seed = 0;
+  int64_t index = 0;
+};
+
 class RolloutEngine {
  public:
   enum class DecodePath {
     kFused,      // CpuDecoder where it supports the model, else composite
-    kComposite,  // always the composite reference path
+    kComposite,  // the module graph, prefix sharing and row compaction
+    kStatic,     // the reference loop: every row prefilled and computed
   };
 
   // A sequence stops at the first of `stop_ids` it samples (the model's
@@ -95,6 +109,17 @@ class RolloutEngine {
       const std::vector<std::vector<int>>& prompts,
       const SamplingParams& params, uint64_t seed);
 
+  // The same with one key per prompt, and `on_finished(i, completion)`
+  // called once for each sequence when its completion is final: on the
+  // fused path as soon as it stops (so a caller can hand out the sequences
+  // that finished while others still decode), on the others after the
+  // last decode step. Called on this thread; it must not call the engine.
+  using FinishedFn = std::function<void(int64_t, const Completion&)>;
+  absl::StatusOr<std::vector<Completion>> Generate(
+      const std::vector<std::vector<int>>& prompts,
+      const SamplingParams& params, const std::vector<SequenceKey>& keys,
+      const FinishedFn& on_finished = nullptr);
+
   // Tokens produced by all Generate() calls so far (eos included).
   int64_t tokens_generated() const { return tokens_generated_; }
 
@@ -107,18 +132,23 @@ class RolloutEngine {
   // (longest prompt + max_new_tokens) entries, plus one prefill entry per
   // distinct prompt token.
   void set_max_batch(int64_t slots) { max_batch_ = slots; }
+  int64_t max_batch() const { return max_batch_; }
   // Whether Generate() would take the fused path for this engine's model.
   bool fused() const;
+  // Whether Generate() prefills each distinct prompt once (every path but
+  // static): its prefill cache is held next to the batch's.
+  bool shares_prefixes() const { return path_ != DecodePath::kStatic; }
   const DecodeStats& last_stats() const { return stats_; }
 
  private:
   bool IsStop(int id) const;
   absl::StatusOr<std::vector<Completion>> GenerateComposite(
       const std::vector<std::vector<int>>& prompts,
-      const SamplingParams& params, uint64_t seed);
+      const SamplingParams& params, const std::vector<SequenceKey>& keys);
   absl::StatusOr<std::vector<Completion>> GenerateFused(
       const std::vector<std::vector<int>>& prompts,
-      const SamplingParams& params, uint64_t seed);
+      const SamplingParams& params, const std::vector<SequenceKey>& keys,
+      const FinishedFn& on_finished);
 
   PolicyModel& model_;
   int pad_id_;

@@ -274,6 +274,12 @@ absl::Status CardRunner::Setup() {
   auto engine = std::make_unique<RolloutEngine>(
       *snapshot, ctx_.tokenizer->pad_id(), ctx_.stop_ids);
   engine->Configure(cfg.rollout);
+  // Continuous batching across the steps StaleSync admits at once: only
+  // where the engine refills slots (the fused path; the composite one
+  // would hand every step over at the end of the round).
+  if (engine->fused() && cfg.rollout.cross_step_batching) {
+    fo.max_steps_per_round = static_cast<int>(fo.max_policy_lag) + 1;
+  }
   CardCounters* counters =
       job_.rollout_counters != nullptr ? job_.rollout_counters : job_.counters;
   CardMemoryManager* rollout_memory = rollout_memory_.get();
@@ -281,10 +287,10 @@ absl::Status CardRunner::Setup() {
   fused_ = std::make_unique<FusedRollout>(
       std::move(snapshot), std::move(engine), fo,
       [this, rollout_memory, host_memory](
-          RolloutEngine& engine, const std::vector<uint64_t>& groups,
-          int64_t step, int rank, int64_t version) {
-        return sampler_->Sample(
-            engine, groups, step, rank, version, *rollout_memory,
+          RolloutEngine& engine, const std::vector<StepGroups>& steps, int rank,
+          int64_t version, const GroupSampler::DeliverFn& deliver) {
+        return sampler_->SampleSteps(
+            engine, steps, rank, version, *rollout_memory,
             [this, rollout_memory, host_memory](const MemoryDecision& kv) {
               if (host_memory) {
                 // Host and card are the same memory: only the books move.
@@ -295,7 +301,8 @@ absl::Status CardRunner::Setup() {
               // (PrepareOptimizer).
               return rollout_memory->WaitOptimizerOffloaded(clock_.Now() +
                                                             timeout_);
-            });
+            },
+            deliver);
       },
       [counters](double seconds) {
         counters->busy_us += static_cast<int64_t>(seconds * 1e6);

@@ -8,17 +8,22 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "core/memory_manager.h"
+#include "engine/job_common.h"
 #include "engine/rollout.h"
 #include "engine/test_util.h"
 #include "gtest/gtest.h"
 #include "worker/fake_work_client.h"
 #include "worker/fused_rollout.h"
+#include "worker/group_sampler.h"
 #include "worker/plan_rendezvous.h"
 #include "worker/rollout_prefetch.h"
 #include "worker/staleness_filter.h"
@@ -255,21 +260,45 @@ INSTANTIATE_TEST_SUITE_P(
 class RecordingSampler {
  public:
   FusedRollout::SampleFn Fn() {
-    return [this](RolloutEngine&, const std::vector<uint64_t>& groups,
-                  int64_t step, int,
-                  int64_t version) -> absl::StatusOr<RolloutBatch> {
-      absl::MutexLock l(&mu_);
-      sampled_.push_back({step, version});
-      RolloutBatch b;
-      b.groups = groups;
-      for (uint64_t g : groups) {
-        Sample s;
-        s.group_id = g;
-        s.behaviour_version = version;
-        b.samples.push_back(s);
+    return [this](RolloutEngine&, const std::vector<StepGroups>& steps, int,
+                  int64_t version,
+                  const GroupSampler::DeliverFn& deliver) -> absl::Status {
+      std::vector<RolloutBatch> batches;
+      {
+        absl::MutexLock l(&mu_);
+        std::vector<int64_t> round;
+        for (const StepGroups& step : steps) {
+          round.push_back(step.step);
+          sampled_.push_back({step.step, version});
+          RolloutBatch b;
+          b.groups = step.groups;
+          for (uint64_t g : step.groups) {
+            Sample s;
+            s.group_id = g;
+            s.behaviour_version = version;
+            b.samples.push_back(s);
+          }
+          batches.push_back(std::move(b));
+        }
+        rounds_.push_back(round);
       }
-      return b;
+      for (size_t k = 0; k < steps.size(); ++k) {
+        deliver(steps[k].step, std::move(batches[k]));
+      }
+      if (hold_first_round_ && Rounds().size() == 1) {
+        release_.WaitForNotificationWithTimeout(absl::Seconds(10));
+      }
+      return absl::OkStatus();
     };
+  }
+  // The first round, once delivered, does not return until Release():
+  // what is published meanwhile is there when the next round is formed.
+  void HoldFirstRound() { hold_first_round_ = true; }
+  void Release() { release_.Notify(); }
+  // The steps of each round, in order.
+  std::vector<std::vector<int64_t>> Rounds() {
+    absl::MutexLock l(&mu_);
+    return rounds_;
   }
   // Waits until `n` batches were sampled (or 10 s).
   std::vector<std::pair<int64_t, int64_t>> WaitFor(size_t n) {
@@ -286,6 +315,9 @@ class RecordingSampler {
  private:
   absl::Mutex mu_;
   std::vector<std::pair<int64_t, int64_t>> sampled_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::vector<int64_t>> rounds_ ABSL_GUARDED_BY(mu_);
+  bool hold_first_round_ = false;
+  absl::Notification release_;
 };
 
 StepPlan TrainPlan(int64_t step, int per_step) {
@@ -340,6 +372,120 @@ TEST(FusedRolloutTest, AdmitsStepsOnlyWithinThePolicyLag) {
   fused.Stop();
 }
 
+// Several steps sampled in one engine call (continuous batching across
+// steps) give each step the batch a call of its own gives it: the same
+// tokens and rewards, log-probs to float rounding, every step delivered
+// once, and the rounds' seconds summing to the call's.
+TEST(GroupSamplerTest, StepsSampledTogetherEqualStepsSampledAlone) {
+  JobConfig config = TinyJob("sampler", 1);
+  config.rollout.max_new_tokens = 8;
+  absl::StatusOr<JobContext> ctx = PrepareJob(config, "");
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  auto memory = CardMemoryManager::Create(0, config.memory).value();
+  GroupSampler sampler(config, *ctx);
+  // A random policy rarely samples eos: stop at one id in ten as well, so
+  // that response lengths spread and slots are refilled.
+  std::vector<int> stops = ctx->stop_ids;
+  const int pad = ctx->tokenizer->pad_id();
+  for (int id = 0; id < ctx->tokenizer->vocab_size(); id += 10) {
+    if (id != pad) stops.push_back(id);
+  }
+  RolloutEngine engine(*ctx->policy, pad, stops);
+  ASSERT_TRUE(engine.fused());
+  const auto no_offload = [](const MemoryDecision&) {
+    return absl::OkStatus();
+  };
+  std::vector<StepGroups> steps;
+  for (int64_t step = 4; step <= 6; ++step) {
+    steps.push_back(
+        {step, TrainPlan(step, config.rollout.prompts_per_step).groups});
+  }
+  std::map<int64_t, RolloutBatch> together;
+  const absl::Status st = sampler.SampleSteps(
+      engine, steps, 0, 3, *memory, no_offload,
+      [&](int64_t step, RolloutBatch b) {
+        EXPECT_EQ(together.count(step), 0u) << "step " << step << " twice";
+        together[step] = std::move(b);
+      });
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(together.size(), 3u);
+  // One step's sequences decoded at once: the steps shared the slots.
+  const int64_t per_step =
+      config.rollout.prompts_per_step * config.rollout.group_size;
+  EXPECT_LE(engine.last_stats().rows_computed,
+            engine.last_stats().decode_steps * per_step);
+  int64_t lengths = 0;
+  for (const StepGroups& sg : steps) {
+    SCOPED_TRACE("step " + std::to_string(sg.step));
+    absl::StatusOr<RolloutBatch> alone =
+        sampler.Sample(engine, sg.groups, sg.step, 0, 3, *memory, no_offload);
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    const RolloutBatch& t = together[sg.step];
+    EXPECT_EQ(t.groups, alone->groups);
+    ASSERT_EQ(t.samples.size(), alone->samples.size());
+    for (size_t i = 0; i < t.samples.size(); ++i) {
+      EXPECT_EQ(t.samples[i].response_ids, alone->samples[i].response_ids);
+      EXPECT_EQ(t.samples[i].reward, alone->samples[i].reward);
+      EXPECT_EQ(t.samples[i].behaviour_version, 3);
+      ASSERT_EQ(t.samples[i].behaviour_logp.size(),
+                alone->samples[i].behaviour_logp.size());
+      for (size_t j = 0; j < t.samples[i].behaviour_logp.size(); ++j) {
+        EXPECT_NEAR(t.samples[i].behaviour_logp[j],
+                    alone->samples[i].behaviour_logp[j], 1e-5);
+      }
+      lengths += static_cast<int64_t>(t.samples[i].response_ids.size());
+    }
+    EXPECT_EQ(t.tokens, alone->tokens);
+  }
+  // Responses of different lengths, or no slot was ever refilled.
+  EXPECT_LT(lengths, 3 * per_step * config.rollout.max_new_tokens);
+}
+
+// Rounds of several steps: the steps admitted at once that sample from
+// one version go to the sampler together (lagged: the first s + 1 steps
+// after a reset all sample from v0; newest: every admitted step samples
+// from the newest version); steps of different versions never share a
+// round.
+TEST(FusedRolloutTest, SamplesTheAdmittedStepsOfOneVersionInOneRound) {
+  for (const bool lagged : {true, false}) {
+    SCOPED_TRACE(lagged ? "lagged" : "newest");
+    auto policy = testing_util::TinyModel();
+    auto snapshot = policy->CloneFrozen();
+    auto engine =
+        std::make_unique<RolloutEngine>(*snapshot, 0, std::vector<int>{1});
+    RecordingSampler sampler;
+    sampler.HoldFirstRound();
+    FusedRollout::Options o;
+    o.max_policy_lag = 2;
+    o.lagged = lagged;
+    o.prompts_per_step = 2;
+    o.max_steps_per_round = 3;
+    o.timeout = absl::Seconds(10);
+    FusedRollout fused(std::move(snapshot), std::move(engine), o, sampler.Fn(),
+                       nullptr, RealClock());
+    fused.Publish(policy->parameters(), 0);
+    absl::StatusOr<RolloutBatch> b1 = fused.Take(TrainPlan(1, 2));
+    ASSERT_TRUE(b1.ok()) << b1.status();
+    // Versions 1..3 arrive while the first round is still in the sampler:
+    // steps 4..6 are admitted at once when the next round is formed.
+    for (int v = 1; v <= 3; ++v) fused.Publish(policy->parameters(), v);
+    sampler.Release();
+    ASSERT_EQ(sampler.WaitFor(6).size(), 6u);
+    using Rounds = std::vector<std::vector<int64_t>>;
+    const Rounds want = lagged ? Rounds{{1, 2, 3}, {4}, {5}, {6}}
+                               : Rounds{{1, 2, 3}, {4, 5, 6}};
+    EXPECT_EQ(sampler.Rounds(), want);
+    for (int64_t step = 2; step <= 6; ++step) {
+      absl::StatusOr<RolloutBatch> b = fused.Take(TrainPlan(step, 2));
+      ASSERT_TRUE(b.ok()) << b.status();
+      EXPECT_EQ(b->groups, TrainPlan(step, 2).groups);
+      EXPECT_EQ(b->samples.front().behaviour_version,
+                step <= 3 ? 0 : (lagged ? step - 3 : 3));
+    }
+    fused.Stop();
+  }
+}
+
 TEST(FusedRolloutTest, TakeTimesOutNamingTheStep) {
   auto policy = testing_util::TinyModel();
   auto snapshot = policy->CloneFrozen();
@@ -351,8 +497,11 @@ TEST(FusedRolloutTest, TakeTimesOutNamingTheStep) {
   o.timeout = absl::Milliseconds(300);
   FusedRollout fused(
       std::move(snapshot), std::move(engine), o,
-      [](RolloutEngine&, const std::vector<uint64_t>&, int64_t, int,
-         int64_t) -> absl::StatusOr<RolloutBatch> { return RolloutBatch{}; },
+      [](RolloutEngine&, const std::vector<StepGroups>& steps, int, int64_t,
+         const GroupSampler::DeliverFn& deliver) -> absl::Status {
+        for (const StepGroups& s : steps) deliver(s.step, RolloutBatch{});
+        return absl::OkStatus();
+      },
       nullptr, RealClock());
   fused.Publish(policy->parameters(), 0);
   ASSERT_TRUE(fused.Take(TrainPlan(1, 1)).ok());
@@ -379,26 +528,32 @@ class SnapshotSampler {
  public:
   explicit SnapshotSampler(PolicyModel* snapshot) : snapshot_(snapshot) {}
   FusedRollout::SampleFn Fn() {
-    return [this](RolloutEngine&, const std::vector<uint64_t>& groups,
-                  int64_t step, int,
-                  int64_t version) -> absl::StatusOr<RolloutBatch> {
+    return [this](RolloutEngine&, const std::vector<StepGroups>& steps, int,
+                  int64_t version,
+                  const GroupSampler::DeliverFn& deliver) -> absl::Status {
       const float value =
           snapshot_->parameters().front().flatten()[0].item<float>();
-      absl::MutexLock l(&mu_);
-      sampled_.push_back({step, value});
-      RolloutBatch b;
-      b.groups = groups;
-      for (uint64_t g : groups) {
-        Sample s;
-        s.group_id = g;
-        s.behaviour_version = version;
-        s.response_ids = {static_cast<int>(step), 7};
-        s.behaviour_logp = {-0.5f, -float(step)};
-        s.reward = static_cast<double>(version);
-        b.samples.push_back(s);
+      for (const StepGroups& sg : steps) {
+        const int64_t step = sg.step;
+        {
+          absl::MutexLock l(&mu_);
+          sampled_.push_back({step, value});
+        }
+        RolloutBatch b;
+        b.groups = sg.groups;
+        for (uint64_t g : sg.groups) {
+          Sample s;
+          s.group_id = g;
+          s.behaviour_version = version;
+          s.response_ids = {static_cast<int>(step), 7};
+          s.behaviour_logp = {-0.5f, -float(step)};
+          s.reward = static_cast<double>(version);
+          b.samples.push_back(s);
+        }
+        b.Recount();
+        deliver(step, std::move(b));
       }
-      b.Recount();
-      return b;
+      return absl::OkStatus();
     };
   }
   std::vector<std::pair<int64_t, float>> WaitFor(size_t n) {
@@ -429,6 +584,9 @@ TEST(FusedRolloutTest, LaggedSamplesFromTheOldestVersionTheLagAllows) {
   o.prompts_per_step = 1;
   o.timeout = absl::Seconds(10);
   o.snapshot_version = -1;  // the snapshot holds none of the versions below
+  // Steps 1..3 share a round; 4..6, admitted together once versions 1..3
+  // are published, sample from three versions and must not.
+  o.max_steps_per_round = 3;
   FusedRollout fused(std::move(snapshot), std::move(engine), o, sampler.Fn(),
                      nullptr, RealClock());
   fused.Publish(WeightsOf(*policy, 0), 0);

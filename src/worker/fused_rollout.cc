@@ -181,35 +181,59 @@ std::optional<FusedRollout::Round> FusedRollout::NextRound() {
       snapshot_updates_.fetch_add(1);
     }
     Round round;
-    round.step = next_step_;
-    round.groups = base_groups_;
-    for (uint64_t& g : round.groups) {
-      g += static_cast<uint64_t>(round.step - base_step_) *
-           options_.prompts_per_step;
-    }
     round.generation = generation_;
     round.rank = rank_;
     round.version = snapshot_version_;
+    // The steps after it join the round while they are admitted and
+    // sample from the snapshot's version.
+    for (int64_t step = next_step_; static_cast<int>(round.steps.size()) <
+                                    std::max(1, options_.max_steps_per_round);
+         ++step) {
+      if (step > next_step_ &&
+          (published_version_ < AdmitVersionLocked(step) ||
+           SampleVersionLocked(step) != snapshot_version_ ||
+           ready_.count(step) > 0)) {
+        break;
+      }
+      StepGroups s{step, base_groups_};
+      for (uint64_t& g : s.groups) {
+        g += static_cast<uint64_t>(step - base_step_) *
+             options_.prompts_per_step;
+      }
+      round.steps.push_back(std::move(s));
+    }
     sampling_ = true;
     return round;
   }
   return std::nullopt;
 }
 
-bool FusedRollout::Deliver(const Round& round,
-                           absl::StatusOr<RolloutBatch> batch) {
+void FusedRollout::Deliver(const Round& round, int64_t step,
+                           RolloutBatch batch) {
+  absl::MutexLock lock(&mu_);
+  if (round.generation != generation_) return;  // reset meanwhile: drop
+  batch.gate_wait_seconds = gate_wait_seconds_;
+  gate_wait_seconds_ = 0;
+  ready_[step] = std::move(batch);
+  changed_.SignalAll();
+}
+
+bool FusedRollout::EndRound(const Round& round, absl::Status status,
+                            size_t delivered) {
   absl::MutexLock lock(&mu_);
   sampling_ = false;
-  if (round.generation != generation_) return true;  // reset meanwhile: drop
-  if (!batch.ok()) {
-    error_ = batch.status();
+  if (round.generation != generation_) return true;  // reset meanwhile
+  if (status.ok() && delivered != round.steps.size()) {
+    status = absl::InternalError(absl::StrCat(
+        "fused rollout: a round of steps ", round.steps.front().step, "..",
+        round.steps.back().step, " delivered ", delivered, " batches"));
+  }
+  if (!status.ok()) {
+    error_ = std::move(status);
     changed_.SignalAll();
     return false;
   }
-  batch->gate_wait_seconds = gate_wait_seconds_;
-  gate_wait_seconds_ = 0;
-  ready_[round.step] = *std::move(batch);
-  next_step_ = round.step + 1;
+  next_step_ = round.steps.back().step + 1;
   PruneLocked();
   changed_.SignalAll();
   return true;
@@ -220,15 +244,19 @@ void FusedRollout::Loop() {
   // Sampling runs without the lock: the snapshot and the engine are the
   // thread's own while it samples (NextRound updates them under the lock).
   while (std::optional<Round> round = NextRound()) {
-    absl::StatusOr<RolloutBatch> batch;
+    size_t delivered = 0;
+    absl::Status status;
     try {
-      batch = sample_(*engine_, round->groups, round->step, round->rank,
-                      round->version);
+      status = sample_(*engine_, round->steps, round->rank, round->version,
+                       [&](int64_t step, RolloutBatch batch) {
+                         if (on_sampled_) on_sampled_(batch.seconds);
+                         ++delivered;
+                         Deliver(*round, step, std::move(batch));
+                       });
     } catch (const std::exception& e) {
-      batch = absl::InternalError(absl::StrCat("rollout thread: ", e.what()));
+      status = absl::InternalError(absl::StrCat("rollout thread: ", e.what()));
     }
-    if (on_sampled_ && batch.ok()) on_sampled_(batch->seconds);
-    if (!Deliver(*round, std::move(batch))) return;
+    if (!EndRound(*round, std::move(status), delivered)) return;
   }
 }
 

@@ -19,6 +19,17 @@
 // need: one copy when it is ahead of the trainer, at most s + 1 when the
 // trainer waits for it); newest = the newest published one.
 //
+// Rounds of several steps (max_steps_per_round > 1): when the steps after
+// the next one are admitted too and sample from the same version (lagged:
+// the first s + 1 steps after a reset all sample from v0; newest: every
+// admitted step samples from the newest version), the thread samples them
+// in one engine call, where a finished sequence's slot takes the next
+// waiting one of the same or a later step (continuous batching across
+// steps, GroupSampler::SampleSteps). Each step's batch is handed over as
+// soon as its sequences are done, and equals what a round of its own would
+// have sampled. Steps that sample from different versions are never mixed:
+// a batch holds the samples of exactly one policy version.
+//
 // Predictions: the thread samples base_groups advanced by prompts_per_step
 // per step (the controller's plan when nothing fails). A plan that differs
 // (the first step, a replanned attempt, a rollback) resets the thread: what
@@ -61,17 +72,22 @@ class RolloutEngine;
 
 class FusedRollout {
  public:
-  // Samples `groups` of `step` for card `rank` with `engine`, whose weights
-  // are `version`.
-  using SampleFn = std::function<absl::StatusOr<RolloutBatch>(
-      RolloutEngine& engine, const std::vector<uint64_t>& groups, int64_t step,
-      int rank, int64_t version)>;
+  // Samples the groups of `steps` (one or more consecutive steps) for card
+  // `rank` with `engine`, whose weights are `version`, calling `deliver`
+  // once for each step's batch (GroupSampler::SampleSteps). An error ends
+  // the round.
+  using SampleFn = std::function<absl::Status(
+      RolloutEngine& engine, const std::vector<StepGroups>& steps, int rank,
+      int64_t version, const GroupSampler::DeliverFn& deliver)>;
 
   struct Options {
-    int64_t max_policy_lag = 0;    // s
-    bool lagged = true;            // stalesync.rollout_version
-    int prompts_per_step = 1;      // the job's, to advance predicted groups
-    int rollout_threads = 1;       // intra-op threads of the rollout thread
+    int64_t max_policy_lag = 0;  // s
+    bool lagged = true;          // stalesync.rollout_version
+    int prompts_per_step = 1;    // the job's, to advance predicted groups
+    int rollout_threads = 1;     // intra-op threads of the rollout thread
+    // At most this many steps sampled in one engine call (see above); 1 =
+    // one step per round.
+    int max_steps_per_round = 1;
     int64_t snapshot_version = 0;  // the policy version `snapshot` holds
     // How long Take() waits for a batch.
     absl::Duration timeout = absl::Seconds(300);
@@ -135,10 +151,9 @@ class FusedRollout {
 
  private:
   // One sampling round of the thread: what NextRound() hands out under the
-  // lock and Deliver() takes back.
+  // lock, Deliver() takes each step's batch of, and EndRound() closes.
   struct Round {
-    int64_t step = 0;
-    std::vector<uint64_t> groups;
+    std::vector<StepGroups> steps;  // consecutive
     uint64_t generation = 0;
     int rank = 0;
     int64_t version = 0;
@@ -149,9 +164,14 @@ class FusedRollout {
   // version it samples from, and says what to sample; nullopt once
   // stopping.
   std::optional<Round> NextRound() ABSL_LOCKS_EXCLUDED(mu_);
-  // Hands a sampled batch over (dropped if a reset came meanwhile); false
-  // when the thread must end (the sampling failed).
-  bool Deliver(const Round& round, absl::StatusOr<RolloutBatch> batch)
+  // Hands the sampled batch of one of the round's steps over (dropped if a
+  // reset came meanwhile).
+  void Deliver(const Round& round, int64_t step, RolloutBatch batch)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends the round: moves on past its steps, or records `status` (or a step
+  // it never delivered) as the thread's error; false when the thread must
+  // end.
+  bool EndRound(const Round& round, absl::Status status, size_t delivered)
       ABSL_LOCKS_EXCLUDED(mu_);
   void ResetLocked(int64_t base_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The version step `step` of the frame may start at (v0 + i - s) and the

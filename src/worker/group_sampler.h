@@ -46,9 +46,16 @@ struct RolloutBatch {
   void Recount();
 };
 
+// The prompt groups of one step.
+struct StepGroups {
+  int64_t step = 0;
+  std::vector<uint64_t> groups;
+};
+
 class GroupSampler {
  public:
   using OffloadFn = std::function<absl::Status(const MemoryDecision&)>;
+  using DeliverFn = std::function<void(int64_t step, RolloutBatch batch)>;
 
   // Both borrowed; they must outlive the sampler.
   GroupSampler(const JobConfig& config, const JobContext& ctx)
@@ -63,6 +70,22 @@ class GroupSampler {
                                       int64_t step, int rank, int64_t version,
                                       CardMemoryManager& memory,
                                       const OffloadFn& on_offload) const;
+
+  // Samples the groups of several steps from `version` in one engine call:
+  // each sequence keeps the sampling key Sample() would give it, so every
+  // step's batch equals Sample()'s for that step, while on the fused path
+  // a slot whose sequence finished takes the next waiting one, of the same
+  // or a later step (continuous batching across steps; the engine decodes
+  // at most one step's sequences at once, or rollout.decode_slots). Calls
+  // deliver(step, batch) as soon as all of a step's sequences are done
+  // (on the fused path possibly before earlier steps'; batch.seconds is
+  // the time since the previous delivery, so the seconds sum to the
+  // call's). On an error nothing more is delivered.
+  absl::Status SampleSteps(RolloutEngine& engine,
+                           const std::vector<StepGroups>& steps, int rank,
+                           int64_t version, CardMemoryManager& memory,
+                           const OffloadFn& on_offload,
+                           const DeliverFn& deliver) const;
 
  private:
   const JobConfig& config_;
