@@ -223,6 +223,55 @@ int MeasureHere(const BenchRolloutArgs& args, const std::string& name) {
     host_s.push_back(st.host_seconds);
     rows.push_back(static_cast<double>(st.rows_computed));
   }
+  // Continuous batching across steps: K steps' prompts in one call, each
+  // sequence with the key its own step's call gives it, one step's worth
+  // of slots; against the K calls one after another. Alternating.
+  nlohmann::ordered_json cross = nullptr;
+  if (args.cross_steps > 1) {
+    const int k_steps = args.cross_steps;
+    std::vector<double> merged_s, separate_s;
+    int64_t merged_steps = 0, separate_steps = 0;
+    for (int it = 0; it <= args.iterations; ++it) {
+      std::vector<std::vector<std::vector<int>>> steps;
+      std::vector<std::vector<int>> all;
+      std::vector<SequenceKey> keys;
+      for (int k = 0; k < k_steps; ++k) {
+        steps.push_back(make_prompts());
+        const uint64_t seed = config->seed + 1000 + it * k_steps + k;
+        for (size_t j = 0; j < steps.back().size(); ++j) {
+          keys.push_back({seed, static_cast<int64_t>(j)});
+        }
+        all.insert(all.end(), steps.back().begin(), steps.back().end());
+      }
+      auto t0 = Clock::now();
+      int64_t sep = 0;
+      for (int k = 0; k < k_steps; ++k) {
+        auto out = engine.Generate(steps[k], sampling,
+                                   config->seed + 1000 + it * k_steps + k);
+        if (!out.ok()) return Fail(out.status());
+        sep += engine.last_stats().decode_steps;
+      }
+      const double separate = Since(t0);
+      const int64_t configured = engine.max_batch();
+      engine.set_max_batch(static_cast<int64_t>(steps[0].size()));
+      t0 = Clock::now();
+      auto merged = engine.Generate(all, sampling, keys);
+      const double together = Since(t0);
+      engine.set_max_batch(configured);
+      if (!merged.ok()) return Fail(merged.status());
+      if (it == 0) continue;  // warm-up
+      merged_s.push_back(together);
+      separate_s.push_back(separate);
+      merged_steps = engine.last_stats().decode_steps;
+      separate_steps = sep;
+    }
+    cross = {{"steps", k_steps},
+             {"merged_seconds", Median(merged_s)},
+             {"separate_seconds", Median(separate_s)},
+             {"separate_over_merged", Median(separate_s) / Median(merged_s)},
+             {"merged_decode_steps", merged_steps},
+             {"separate_decode_steps", separate_steps}};
+  }
   // Ops and allocations per decode step: a full Generate minus one that
   // stops after the prefill's token, over the decode steps between them.
   const auto prompts = make_prompts();
@@ -263,7 +312,8 @@ int MeasureHere(const BenchRolloutArgs& args, const std::string& name) {
         {"allocations_per_decode_step",
          (full->allocations - base->allocations) / steps},
         {"ops_prefill", base->ops},
-        {"allocations_prefill", base->allocations}}}};
+        {"allocations_prefill", base->allocations}}},
+      {"cross_steps", cross}};
   std::cout << j.dump() << std::endl;
   return kExitOk;
 }
@@ -368,6 +418,11 @@ CLI::App* AddBenchRolloutCommand(CLI::App& app, BenchRolloutArgs& args) {
                   "response lengths spread (default 0: every response is "
                   "max_new_tokens long, as in the Python loop)")
       ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--cross-steps", args.cross_steps,
+                  "C++ engines: also time K steps' rollouts in one engine "
+                  "call (slots refilled across steps) against K calls "
+                  "(default 1: off)")
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--python", args.python,
                   "interpreter with torch (default /usr/bin/python3)");
   cmd->add_option("--reference-script", args.reference_script,
@@ -465,7 +520,9 @@ int RunBenchRollout(const BenchRolloutArgs& args) {
                 "--prompt-len",
                 std::to_string(args.prompt_len),
                 "--stop-ids",
-                std::to_string(args.stop_ids)};
+                std::to_string(args.stop_ids),
+                "--cross-steps",
+                std::to_string(args.cross_steps)};
         for (const auto& o : args.overrides) {
           argv.push_back("--set");
           argv.push_back(o);

@@ -40,6 +40,10 @@ struct BenchRolloutArgs {
   // response lengths (each token stops a sequence with about N / vocab
   // probability), the long tail compaction and refills are for.
   int stop_ids = 0;
+  // C++ engines: also time K consecutive steps' rollouts sampled in one
+  // engine call with one step's worth of slots (continuous batching across
+  // steps) against K calls, alternating, in the same process. 1 = off.
+  int cross_steps = 1;
   std::string python = "/usr/bin/python3";
   std::string reference_script;  // "" = found next to the binary or source
   int timeout_seconds = 900;     // per measurement

@@ -208,9 +208,13 @@ std::optional<FusedRollout::Round> FusedRollout::NextRound() {
   return std::nullopt;
 }
 
-void FusedRollout::Deliver(const Round& round, int64_t step,
-                           RolloutBatch batch) {
+void FusedRollout::Deliver(const Round& round, int64_t step, RolloutBatch batch,
+                           bool last) {
   absl::MutexLock lock(&mu_);
+  // The round's last batch ends the sampling: a trainer woken by it must
+  // see the thread idle (it takes the card's threads then), not wait for
+  // EndRound.
+  if (last) sampling_ = false;
   if (round.generation != generation_) return;  // reset meanwhile: drop
   batch.gate_wait_seconds = gate_wait_seconds_;
   gate_wait_seconds_ = 0;
@@ -251,7 +255,8 @@ void FusedRollout::Loop() {
                        [&](int64_t step, RolloutBatch batch) {
                          if (on_sampled_) on_sampled_(batch.seconds);
                          ++delivered;
-                         Deliver(*round, step, std::move(batch));
+                         Deliver(*round, step, std::move(batch),
+                                 delivered == round->steps.size());
                        });
     } catch (const std::exception& e) {
       status = absl::InternalError(absl::StrCat("rollout thread: ", e.what()));

@@ -165,8 +165,8 @@ class FusedRollout {
   // stopping.
   std::optional<Round> NextRound() ABSL_LOCKS_EXCLUDED(mu_);
   // Hands the sampled batch of one of the round's steps over (dropped if a
-  // reset came meanwhile).
-  void Deliver(const Round& round, int64_t step, RolloutBatch batch)
+  // reset came meanwhile); `last`: the round's last one.
+  void Deliver(const Round& round, int64_t step, RolloutBatch batch, bool last)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Ends the round: moves on past its steps, or records `status` (or a step
   // it never delivered) as the thread's error; false when the thread must
