@@ -112,6 +112,27 @@ std::pair<at::Tensor, at::Tensor> LeftPadded(
   return {tokens.to(device), valid.to(device)};
 }
 
+// Prefix sharing: the distinct prompts of a batch, in first-seen order,
+// and for each sequence the index of its prompt among them.
+struct DistinctPrompts {
+  std::vector<const std::vector<int>*> unique;
+  std::vector<int64_t> prompt_of;
+};
+
+DistinctPrompts FindDistinctPrompts(
+    const std::vector<std::vector<int>>& prompts) {
+  DistinctPrompts d;
+  std::map<std::vector<int>, int64_t> index;
+  d.prompt_of.resize(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto [it, added] =
+        index.emplace(prompts[i], static_cast<int64_t>(d.unique.size()));
+    if (added) d.unique.push_back(&prompts[i]);
+    d.prompt_of[i] = it->second;
+  }
+  return d;
+}
+
 }  // namespace
 
 float RowUniform(uint64_t seed, int64_t i, int64_t t) {
@@ -204,16 +225,10 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateFused(
   auto t = Clock::now();
 
   // Prefix sharing: each distinct prompt is prefilled once.
-  std::map<std::vector<int>, int64_t> index;
-  std::vector<const std::vector<int>*> unique;
-  std::vector<int64_t> prompt_of(batch);
+  const auto [unique, prompt_of] = FindDistinctPrompts(prompts);
   int64_t prompt_len = 0;
-  for (int64_t i = 0; i < batch; ++i) {
-    auto [it, added] =
-        index.emplace(prompts[i], static_cast<int64_t>(unique.size()));
-    if (added) unique.push_back(&prompts[i]);
-    prompt_of[i] = it->second;
-    prompt_len = std::max<int64_t>(prompt_len, prompts[i].size());
+  for (const auto& p : prompts) {
+    prompt_len = std::max<int64_t>(prompt_len, p.size());
   }
   const int64_t n_unique = static_cast<int64_t>(unique.size());
   auto [prompt_tokens, prompt_valid] =
@@ -341,15 +356,7 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateComposite(
     // Prefix sharing: each distinct prompt is prefilled once (its own left
     // padding is the batch's: every prompt is padded to prompt_len) and its
     // keys and values copied to every row of it.
-    std::map<std::vector<int>, int64_t> index;
-    std::vector<const std::vector<int>*> unique;
-    std::vector<int64_t> prompt_of(batch);
-    for (int64_t i = 0; i < batch; ++i) {
-      auto [it, added] =
-          index.emplace(prompts[i], static_cast<int64_t>(unique.size()));
-      if (added) unique.push_back(&prompts[i]);
-      prompt_of[i] = it->second;
-    }
+    const auto [unique, prompt_of] = FindDistinctPrompts(prompts);
     auto [unique_tokens, unique_valid] =
         LeftPadded(unique, prompt_len, 0, pad_id_, device);
     KvCache prefill =
