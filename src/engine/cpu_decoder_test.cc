@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/rollout.h"
@@ -321,11 +322,17 @@ TEST(CompositePathTest, EqualsTheStaticReference) {
   cases.push_back(
       {"moe", PolicyModel::Create(moe, 98, c10::Device("cpu"), 3).value()});
   for (Case& c : cases) {
-    for (double temperature : {0.0, 1.0}) {
-      SCOPED_TRACE(c.name + " T=" + std::to_string(temperature));
+    // Compaction at every finish (a CPU's default) and once a quarter of
+    // the rows have finished (other devices').
+    for (const auto& [temperature, fraction] :
+         std::vector<std::pair<double, double>>{
+             {0.0, 0.0}, {1.0, 0.0}, {1.0, 0.25}}) {
+      SCOPED_TRACE(c.name + " T=" + std::to_string(temperature) +
+                   " compaction " + std::to_string(fraction));
       RolloutEngine composite(*c.model, kPad, SomeStopIds());
       RolloutEngine reference(*c.model, kPad, SomeStopIds());
       composite.set_decode_path(RolloutEngine::DecodePath::kComposite);
+      composite.set_compaction_fraction(fraction);
       reference.set_decode_path(RolloutEngine::DecodePath::kStatic);
       ASSERT_FALSE(composite.fused());
       SamplingParams p;

@@ -26,9 +26,10 @@
 //  * composite (MoE, bfloat16, other devices such as CUDA, or asked for):
 //    the module graph's ForwardCached, one token per row per step, with
 //    the same prefix sharing (distinct prompts prefilled once, their cache
-//    rows copied to every sample) and row compaction (once a quarter of
-//    the rows have finished, the live rows' cache, masks and positions are
-//    gathered into a smaller batch).
+//    rows copied to every sample) and row compaction (finished rows are
+//    dropped by gathering the live rows' cache, masks and positions into a
+//    smaller batch: at every finish on a CPU, once a quarter of the rows
+//    have finished elsewhere).
 //  * static: the reference loop. Prompts are left-padded into one batch,
 //    prefilled in one forward pass, then every row is decoded until all
 //    have stopped. The other two are tested against it.
@@ -132,6 +133,12 @@ class RolloutEngine {
   // (longest prompt + max_new_tokens) entries, plus one prefill entry per
   // distinct prompt token.
   void set_max_batch(int64_t slots) { max_batch_ = slots; }
+  // Composite path: gather the live rows once this fraction of the batch's
+  // rows have finished (0: at every finish). Negative (the default): 0 on
+  // a CPU, 0.25 on other devices (docs/engine.md).
+  void set_compaction_fraction(double fraction) {
+    compaction_fraction_ = fraction;
+  }
   int64_t max_batch() const { return max_batch_; }
   // Whether Generate() would take the fused path for this engine's model.
   bool fused() const;
@@ -156,6 +163,7 @@ class RolloutEngine {
   int64_t tokens_generated_ = 0;
   DecodePath path_ = DecodePath::kFused;
   int64_t max_batch_ = 0;
+  double compaction_fraction_ = -1;
   DecodeStats stats_;
 };
 
