@@ -437,9 +437,19 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateComposite(
         static_cast<int64_t>(std::ceil(fraction * static_cast<double>(rows))));
     if (batching && rows - live >= compact_at) {
       const at::Tensor keep = alive.nonzero().squeeze(1);
+      // In place: the live rows' filled columns move to the front rows of
+      // the same storage (through a gathered copy of those columns only),
+      // and the cache becomes a view of its first `live` rows. Nothing of
+      // the cache's size is allocated, and unfilled columns are not copied.
+      auto gather = [&](at::Tensor& t) {
+        t.narrow(0, 0, live)
+            .narrow(2, 0, cache.length)
+            .copy_(t.narrow(2, 0, cache.length).index_select(0, keep));
+        t = t.narrow(0, 0, live);
+      };
       for (size_t l = 0; l < cache.keys.size(); ++l) {
-        cache.keys[l] = cache.keys[l].index_select(0, keep);
-        cache.values[l] = cache.values[l].index_select(0, keep);
+        gather(cache.keys[l]);
+        gather(cache.values[l]);
       }
       valid = valid.index_select(0, keep);
       next_pos = next_pos.index_select(0, keep);
