@@ -151,12 +151,7 @@ class GlooGradientSync final : public GradientSync {
     constexpr absl::Duration kSlice = absl::Milliseconds(200);
     constexpr absl::Duration kProbeAfter = absl::Seconds(1);
     for (;;) {
-      try {
-        work->wait(ToChrono(kSlice));
-        return absl::OkStatus();
-      } catch (const std::exception&) {
-        if (work->isCompleted()) throw;  // the collective itself failed
-      }
+      if (internal::WaitSlice(work, kSlice)) return absl::OkStatus();
       const absl::Duration waited = absl::Now() - start;
       if (waited >= timeout_) {
         pending_ = work;
@@ -385,5 +380,23 @@ absl::StatusOr<std::unique_ptr<GradientSync>> MakeStoreGlooGroup(
                                                world_size, ": ", e.what()));
   }
 }
+
+namespace internal {
+
+bool WaitSlice(const c10::intrusive_ptr<c10d::Work>& work,
+               absl::Duration slice) {
+  try {
+    work->wait(ToChrono(slice));
+    return true;
+  } catch (const std::exception&) {
+    if (!work->isCompleted()) return false;  // still running
+  }
+  // Completed, maybe after this slice's wait had given up: wait again,
+  // which returns at once or throws the collective's own error.
+  work->wait();
+  return true;
+}
+
+}  // namespace internal
 
 }  // namespace fusionrl

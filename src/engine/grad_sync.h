@@ -28,6 +28,7 @@
 
 namespace c10d {
 class Store;
+class Work;
 }  // namespace c10d
 
 namespace fusionrl {
@@ -99,6 +100,19 @@ absl::StatusOr<std::unique_ptr<GradientSync>> MakeStoreGlooGroup(
 absl::StatusOr<std::unique_ptr<GradientSync>> MakeTcpGlooGroup(
     const std::string& host, int port, int rank, int world_size,
     absl::Duration timeout);
+
+namespace internal {
+
+// Waits up to `slice` for `work`: true once it has completed, false while
+// it still runs; throws the collective's own error. c10d's wait(timeout)
+// throws "Operation timed out!" when the work completes just after the
+// wait gave up: that counts as completed here (the collective is then
+// waited for again, which returns or throws its own error), not as a
+// failed collective.
+bool WaitSlice(const c10::intrusive_ptr<c10d::Work>& work,
+               absl::Duration slice);
+
+}  // namespace internal
 
 }  // namespace fusionrl
 

@@ -11,7 +11,9 @@
 #include <chrono>
 #include <cmath>
 #include <future>
+#include <stdexcept>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -179,6 +181,45 @@ TEST(GradSyncTest, BucketedSumsCoverEveryElementOnce) {
     // sum over r of i (r + 1) = 6 i.
     EXPECT_TRUE(at::equal(t[4], at::arange(0, 103, at::kFloat) * 6)) << t[4];
   }
+}
+
+// A collective that completes just after a slice's wait gave up: c10d's
+// wait(timeout) then throws "Operation timed out!" although the work is
+// done. That is a completed collective (with its own error, if it had
+// one), never a failed one; a work still running is neither.
+class CompletesAsTheWaitGivesUp : public c10d::Work {
+ public:
+  explicit CompletesAsTheWaitGivesUp(std::exception_ptr error)
+      : error_(std::move(error)) {}
+  bool wait(std::chrono::milliseconds timeout) override {
+    if (!done_) {
+      done_ = true;
+      finish(error_);
+      TORCH_CHECK(false, "Operation timed out!");
+    }
+    return c10d::Work::wait(timeout);
+  }
+
+ private:
+  std::exception_ptr error_;
+  bool done_ = false;
+};
+
+TEST(GradSyncTest, ASliceThatTimesOutAsTheWorkCompletesCountsAsCompleted) {
+  auto ok = c10::make_intrusive<CompletesAsTheWaitGivesUp>(nullptr);
+  EXPECT_TRUE(internal::WaitSlice(ok, absl::Milliseconds(10)));
+
+  auto failed = c10::make_intrusive<CompletesAsTheWaitGivesUp>(
+      std::make_exception_ptr(std::runtime_error("peer closed the pair")));
+  try {
+    internal::WaitSlice(failed, absl::Milliseconds(10));
+    ADD_FAILURE() << "a failed collective's error was not thrown";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "peer closed the pair");
+  }
+
+  auto running = c10::make_intrusive<c10d::Work>();
+  EXPECT_FALSE(internal::WaitSlice(running, absl::Milliseconds(10)));
 }
 
 }  // namespace
