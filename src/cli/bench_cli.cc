@@ -135,6 +135,10 @@ int RunOneHere(const BenchArgs& args, const JobConfig& base) {
   absl::StatusOr<JobSummary> s = RunRlJob(c, RunOptions{});
   if (!s.ok()) return Fail(s.status());
   double train = 0, rollout = 0, step = 0;
+  // The card's time split (lead card) and the staleness histogram, summed
+  // over the run's steps.
+  double idle = 0, trainer_only = 0, rollout_only = 0, both = 0;
+  std::vector<double> staleness;
   int64_t stale = 0;
   std::ifstream in(c.output_dir + "/metrics.jsonl");
   std::string line;
@@ -145,13 +149,33 @@ int RunOneHere(const BenchArgs& args, const JobConfig& base) {
     rollout += j.value("rollout_seconds", 0.0);
     step += j.value("step_seconds", 0.0);
     stale = std::max<int64_t>(stale, j.value("max_staleness", 0.0));
+    idle += j.value("card_idle_seconds", 0.0);
+    trainer_only += j.value("card_trainer_only_seconds", 0.0);
+    rollout_only += j.value("card_rollout_only_seconds", 0.0);
+    both += j.value("card_both_seconds", 0.0);
+    for (size_t i = 0;; ++i) {
+      const std::string key = absl::StrCat("staleness_", i);
+      if (!j.contains(key)) break;
+      if (staleness.size() <= i) staleness.resize(i + 1, 0.0);
+      staleness[i] += j.value(key, 0.0);
+    }
   }
+  const double split_total = idle + trainer_only + rollout_only + both;
+  auto share = [&](double x) {
+    return split_total > 0 ? x / split_total : 0.0;
+  };
   nlohmann::ordered_json run = {
       {"tokens_per_second", s->tokens_per_second},
       {"final_eval_accuracy", s->final_eval_accuracy},
       {"max_staleness", stale},
       {"trainer_busy_fraction", step > 0 ? train / step : 0},
       {"rollout_busy_fraction", step > 0 ? rollout / step : 0},
+      {"time_split",
+       {{"trainer_only", share(trainer_only)},
+        {"rollout_only", share(rollout_only)},
+        {"both", share(both)},
+        {"idle", share(idle)}}},
+      {"staleness_histogram", staleness},
       {"output_dir", c.output_dir}};
   std::cout << run.dump() << std::endl;
   return kExitOk;
@@ -201,6 +225,8 @@ int RunBench(const BenchArgs& args) {
                                   : "default";
   struct Acc {
     std::vector<double> tps, acc, trainer_busy, rollout_busy;
+    std::vector<double> trainer_only, rollout_only, both, idle;
+    std::vector<double> staleness;  // samples by staleness, over the runs
     int64_t max_staleness = 0;
     nlohmann::ordered_json runs = nlohmann::ordered_json::array();
   };
@@ -242,6 +268,19 @@ int RunBench(const BenchArgs& args) {
       a.rollout_busy.push_back(run->value("rollout_busy_fraction", 0.0));
       a.max_staleness =
           std::max<int64_t>(a.max_staleness, run->value("max_staleness", 0));
+      if (const auto split = run->find("time_split"); split != run->end()) {
+        a.trainer_only.push_back(split->value("trainer_only", 0.0));
+        a.rollout_only.push_back(split->value("rollout_only", 0.0));
+        a.both.push_back(split->value("both", 0.0));
+        a.idle.push_back(split->value("idle", 0.0));
+      }
+      if (const auto h = run->find("staleness_histogram");
+          h != run->end() && h->is_array()) {
+        if (a.staleness.size() < h->size()) a.staleness.resize(h->size(), 0);
+        for (size_t k = 0; k < h->size(); ++k) {
+          a.staleness[k] += (*h)[k].get<double>();
+        }
+      }
       a.runs.push_back(*run);
     }
   }
@@ -259,6 +298,12 @@ int RunBench(const BenchArgs& args) {
         {"median_final_eval_accuracy", Median(a.acc)},
         {"median_trainer_busy_fraction", Median(a.trainer_busy)},
         {"median_rollout_busy_fraction", Median(a.rollout_busy)},
+        {"median_time_split",
+         {{"trainer_only", Median(a.trainer_only)},
+          {"rollout_only", Median(a.rollout_only)},
+          {"both", Median(a.both)},
+          {"idle", Median(a.idle)}}},
+        {"staleness_histogram", a.staleness},
         {"max_staleness", a.max_staleness},
         {"runs", a.runs}};
     m["ratio_to_colocated_sync"] =

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/exit_codes.h"
 #include "engine/hf_model.h"
+#include "engine/intra_op_threads.h"
 #include "engine/job_common.h"
 #include "engine/model_dir.h"
 #include "engine/rollout.h"
@@ -81,7 +82,7 @@ ModelCommands AddModelCommands(CLI::App& app, GenerateArgs& g, ExportArgs& e) {
 }
 
 int RunGenerate(const GenerateArgs& args) {
-  if (args.threads > 0) at::set_num_threads(args.threads);
+  if (args.threads > 0) SetIntraOpThreads(args.threads);
   auto device = ResolveDevice(args.device);
   if (!device.ok()) return Fail(device.status());
   ModelDirOptions options;

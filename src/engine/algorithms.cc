@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "engine/invariant_ops.h"
+
 namespace fusionrl::algo {
 namespace {
 
@@ -23,7 +25,7 @@ at::Tensor SafeDenominator(const at::Tensor& n) {
 
 // Mean of `values` over mask != 0 entries; 0 when the mask is empty.
 at::Tensor MaskedMean(const at::Tensor& values, const at::Tensor& mask) {
-  return MaskedValues(values, mask).sum() / SafeDenominator(mask.sum());
+  return InvariantSum(MaskedValues(values, mask)) / SafeDenominator(mask.sum());
 }
 
 // The mask in the dtype of `like` (the mask may come as bool or float32).
@@ -68,18 +70,18 @@ at::Tensor AggLoss(const at::Tensor& loss_mat, const at::Tensor& mask,
                                      : static_cast<double>(loss_mat.size(1)));
   switch (mode) {
     case AggMode::kTokenMean: {
-      const at::Tensor total = masked.sum();
+      const at::Tensor total = InvariantSum(masked);
       if (norm.num_tokens > 0) return total / norm.num_tokens;
       return total / SafeDenominator(m.sum());
     }
     case AggMode::kSeqMeanTokenMean: {
       const at::Tensor seq_mean = masked.sum(1) / m.sum(1).clamp_min(1.0);
-      return seq_mean.sum() / num_seqs;
+      return InvariantSum(seq_mean) / num_seqs;
     }
     case AggMode::kSeqMeanTokenSum:
-      return masked.sum() / num_seqs;
+      return InvariantSum(masked) / num_seqs;
     case AggMode::kSeqMeanTokenSumNorm:
-      return masked.sum() / (num_seqs * max_len);
+      return InvariantSum(masked) / (num_seqs * max_len);
   }
   TORCH_CHECK(false, "unknown AggMode ", static_cast<int>(mode));
 }
@@ -114,10 +116,10 @@ at::Tensor MaskedWhiten(const at::Tensor& values, const at::Tensor& mask,
               " and mask ", mask.sizes(), " must have the same shape");
   const at::Tensor m = MaskAs(mask, values);
   const at::Tensor n = m.sum();
-  const at::Tensor mean = MaskedValues(values, m).sum() / SafeDenominator(n);
+  const at::Tensor mean = InvariantSum(MaskedValues(values, m)) / SafeDenominator(n);
   const at::Tensor centered = values - mean;
   const at::Tensor biased_var =
-      MaskedValues(centered.square(), m).sum() / SafeDenominator(n);
+      InvariantSum(MaskedValues(centered.square(), m)) / SafeDenominator(n);
   // Bessel's correction n / (n - 1). With fewer than 2 valid entries verl
   // raises; here the biased variance (0) is kept, so the result is 0.
   const at::Tensor var = biased_var * n / SafeDenominator(n - 1);

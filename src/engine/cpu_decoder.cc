@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "engine/attention.h"
+#include "engine/intra_op_threads.h"
 
 namespace fusionrl {
 
@@ -20,7 +21,7 @@ bool CpuDecoder::Supports(const PolicyModel& model) {
 
 CpuDecoder::CpuDecoder(const PolicyModel& model, int64_t slots,
                        int64_t capacity)
-    : slots_(slots), capacity_(capacity) {
+    : slots_(slots), capacity_(capacity), row_blocks_(at::get_num_threads()) {
   const ModelConfig& c = model.config();
   std::map<std::string, at::Tensor> w;
   for (auto& [name, t] : model.named_parameters()) w[name] = t.detach();
@@ -149,12 +150,26 @@ const at::Tensor& CpuDecoder::Step(const int64_t* tokens, int64_t n) {
   // layer on its own block of rows, with a single-threaded BLAS (OpenBLAS
   // and MKL run one thread inside an OpenMP region): no barrier between the
   // ops of a step, and no small GEMM split across threads, which on two
-  // threads measured slower than on one.
-  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  const int64_t grain =
-      std::max<int64_t>(kMinRowsPerThread, (n + threads - 1) / threads);
-  at::parallel_for(0, n, grain,
-                   [&](int64_t r0, int64_t r1) { StepRows(tokens, r0, r1); });
+  // threads measured slower than on one. The blocks are fixed by
+  // row_blocks_ (set_row_blocks), not by the threads that run them.
+  const int64_t blocks = std::max<int64_t>(
+      1, std::min(row_blocks_, n / kMinRowsPerThread));
+  const int64_t rows = (n + blocks - 1) / blocks;
+  auto run = [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t r0 = b * rows;
+      if (r0 < n) StepRows(tokens, r0, std::min(n, r0 + rows));
+    }
+  };
+  const int threads = at::get_num_threads();
+  if (blocks > 1 && threads > 1) {
+    at::parallel_for(0, blocks, 1, run);
+  } else {
+    // On this thread alone, and so is BLAS inside.
+    SetIntraOpThreads(1);
+    run(0, blocks);
+    SetIntraOpThreads(threads);
+  }
   for (int64_t s = 0; s < n; ++s) length_[s] = count_[s];
   if (!logits_rows_.defined() || logits_rows_.size(0) != n) {
     logits_rows_ = logits_.narrow(0, 0, n);

@@ -27,6 +27,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <algorithm>
 #include <vector>
 
 #include "engine/decode_kernels.h"
@@ -47,6 +48,15 @@ class CpuDecoder {
                    int64_t length, int64_t slot);
   // Moves slot `from` into slot `to` (its cache entries and length).
   void MoveSlot(int64_t from, int64_t to);
+
+  // Rows of a step are split into this many blocks (fewer when a block would
+  // hold under kMinRowsPerThread rows), each run through every layer by one
+  // thread with a single-threaded BLAS. The blocks depend on this number and
+  // the row count only, never on how many threads run them, so a step's
+  // logits do not change when the thread count does (a matrix product on a
+  // different block of rows differs in the last bits). Default: the intra-op
+  // thread count at construction.
+  void set_row_blocks(int64_t blocks) { row_blocks_ = std::max<int64_t>(1, blocks); }
 
   // Feeds tokens[s] to slot s for s < n and returns the logits [n, V], a
   // view of a buffer that the next Step() overwrites.
@@ -71,7 +81,9 @@ class CpuDecoder {
   static void Linear(at::Tensor& out, const at::Tensor& in,
                      const at::Tensor& w_t, const at::Tensor& bias);
 
-  int64_t slots_, capacity_, d_model_, d_ff_, vocab_;
+  int64_t slots_, capacity_;
+  int64_t row_blocks_;
+  int64_t d_model_, d_ff_, vocab_;
   float eps_;
   decode::KvLayout layout_;
   at::Tensor embed_, final_norm_, head_t_, cos_, sin_;

@@ -15,6 +15,7 @@
 #include "core/status_macros.h"
 #include "engine/checkpoint.h"
 #include "engine/hf_model.h"
+#include "engine/intra_op_threads.h"
 #include "engine/rollout.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
@@ -117,7 +118,7 @@ absl::StatusOr<DetectedChatTemplate> ResolveChatFormat(
 
 absl::StatusOr<JobContext> PrepareJob(const JobConfig& config,
                                       const std::string& output_dir) {
-  at::set_num_threads(config.num_threads);
+  SetIntraOpThreads(config.num_threads);
   JobContext ctx;
   FUSIONRL_ASSIGN_OR_RETURN(ctx.device, ResolveDevice(config.device));
   FUSIONRL_ASSIGN_OR_RETURN(ctx.tokenizer, LoadJobTokenizer(config.model));

@@ -19,6 +19,7 @@
 #include "engine/activation_memory.h"
 #include "engine/attention.h"
 #include "engine/decoder_block.h"
+#include "engine/invariant_ops.h"
 #include "engine/moe_module.h"
 
 namespace fusionrl {
@@ -98,7 +99,7 @@ class DecoderImpl : public torch::nn::Module {
 
   // Logits of final hidden states [..., D] -> [..., V].
   torch::Tensor Head(const torch::Tensor& h) {
-    return lm_head.is_empty() ? torch::linear(h, embed->weight) : lm_head(h);
+    return InvariantLinear(h, lm_head.is_empty() ? embed->weight : lm_head->weight);
   }
 
   // Final hidden states [B, T - first, D] of positions [first, T) (after

@@ -8,6 +8,7 @@
 #include <string>
 #include <tuple>
 
+#include "engine/invariant_ops.h"
 #include "engine/model.h"
 #include "engine/moe_module.h"
 #include "engine/sub_block_timing.h"
@@ -148,7 +149,7 @@ torch::Tensor MoeFeedForwardImpl::Dispatch(const torch::Tensor& x,
     stats_.dropped_frac = torch::zeros({}, f32);
     return torch::zeros_like(x);
   }
-  const auto logits = router(x);  // [M, N]
+  const auto logits = InvariantLinear(x, router->weight);  // [M, N]
   const int64_t capacity =
       apply_capacity ? moe::Capacity(capacity_factor_, m, top_k_, num_experts_)
                      : 0;

@@ -271,6 +271,7 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateFused(
 
   const int64_t slots = max_batch_ > 0 ? std::min(max_batch_, batch) : batch;
   CpuDecoder decoder(model_, slots, prompt_len + max_new);
+  if (row_blocks_ > 0) decoder.set_row_blocks(row_blocks_);
   std::vector<int64_t> slot_seq(slots, -1), pending(slots, 0);
   int64_t live = 0, next = 0;
   auto step_u = at::empty({slots}, at::TensorOptions().dtype(at::kFloat));
@@ -287,6 +288,7 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateFused(
       ++live;
     }
     if (live == 0) break;
+    if (step_hook_) step_hook_();
     t = Clock::now();
     const at::Tensor& logits = decoder.Step(pending.data(), live);
     stats_.model_seconds += Since(t);

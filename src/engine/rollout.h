@@ -140,6 +140,14 @@ class RolloutEngine {
     compaction_fraction_ = fraction;
   }
   int64_t max_batch() const { return max_batch_; }
+  // Fused path: the decoder's row blocks (CpuDecoder::set_row_blocks); the
+  // card's thread count, so that the samples do not depend on how many of
+  // the card's threads the rollout holds at a step (0: the intra-op thread
+  // count when a call starts).
+  void set_row_blocks(int blocks) { row_blocks_ = blocks; }
+  // Fused path: called before every decode step (the card's thread budget
+  // sizes the rollout's intra-op threads there).
+  void set_step_hook(std::function<void()> hook) { step_hook_ = std::move(hook); }
   // Whether Generate() would take the fused path for this engine's model.
   bool fused() const;
   // Whether Generate() prefills each distinct prompt once (every path but
@@ -163,6 +171,8 @@ class RolloutEngine {
   int64_t tokens_generated_ = 0;
   DecodePath path_ = DecodePath::kFused;
   int64_t max_batch_ = 0;
+  int row_blocks_ = 0;
+  std::function<void()> step_hook_;
   double compaction_fraction_ = -1;
   DecodeStats stats_;
 };

@@ -8,10 +8,6 @@
 // starts from an SFT model.
 #include <torch/optim/adamw.h>
 
-// clip_grad.h does not include what it uses: it must follow a header that
-// declares torch::Tensor.
-#include <torch/nn/utils/clip_grad.h>
-
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +15,7 @@
 #include "core/status_macros.h"
 #include "engine/activation_planner.h"
 #include "engine/checkpoint.h"
+#include "engine/invariant_ops.h"
 #include "engine/job_common.h"
 #include "engine/trainer.h"
 #include "fusionrl/job.h"
@@ -93,8 +90,7 @@ absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config) {
     (aux.defined() ? loss + aux : loss).backward();
     auto params = policy.parameters();
     const double grad_norm =
-        o.grad_clip > 0 ? torch::nn::utils::clip_grad_norm_(params, o.grad_clip)
-                        : 0.0;
+        o.grad_clip > 0 ? InvariantClipGradNorm(params, o.grad_clip) : 0.0;
     const double lr = LearningRateAt(schedule, step - 1);
     for (auto& group : adamw.param_groups()) {
       static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);

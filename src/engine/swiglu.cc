@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <torch/autograd.h>
 
+#include "engine/invariant_ops.h"
 #include "engine/kernel_math.h"
 #include "engine/model.h"
 #include "engine/moe_module.h"
@@ -96,9 +97,9 @@ class SwiGLUAct : public torch::autograd::Function<SwiGLUAct> {
                                const c10::optional<torch::Tensor>& rows,
                                const c10::optional<torch::Tensor>& gate) {
     const torch::Tensor xs = rows ? x.index_select(0, *rows) : x;
-    const torch::Tensor h1 = at::mm(xs, w1.t());
-    const torch::Tensor h3 = at::mm(xs, w3.t());
-    torch::Tensor y = at::mm(at::silu(h1).mul_(h3), w2.t());
+    const torch::Tensor h1 = InvariantMm(xs, w1.t());
+    const torch::Tensor h3 = InvariantMm(xs, w3.t());
+    torch::Tensor y = InvariantMm(at::silu(h1).mul_(h3), w2.t());
     if (gate) y.mul_(*gate);
     ctx->saved_data["rows"] = rows.has_value();
     ctx->saved_data["gate"] = gate.has_value();
@@ -122,7 +123,7 @@ class SwiGLUAct : public torch::autograd::Function<SwiGLUAct> {
         has_gate ? saved[has_rows ? 7 : 6] : torch::Tensor();
     const torch::Tensor& dy = grads[0];
     const torch::Tensor xs = has_rows ? x.index_select(0, rows) : x;
-    torch::Tensor dh1 = at::mm(dy, w2);  // d(ungated output) w2, [n, F]
+    torch::Tensor dh1 = InvariantMm(dy, w2);  // d(ungated output) w2, [n, F]
     torch::Tensor p, dh3, dgate;
     if (FusedActApplies({&h1, &h3, &dh1, &gate})) {
       const int64_t n = h1.size(0), f = h1.size(1);
@@ -150,11 +151,11 @@ class SwiGLUAct : public torch::autograd::Function<SwiGLUAct> {
       // silu'(h) = sig * (1 + h * (1 - sig))
       dh1 = dh1 * h3 * sig * (1 + h1 * (1 - sig));
     }
-    const torch::Tensor dw2 = at::mm(dy.t(), p);
-    const torch::Tensor dxs = at::addmm(at::mm(dh1, w1), dh3, w3);
+    const torch::Tensor dw2 = InvariantMm(dy.t(), p);
+    const torch::Tensor dxs = InvariantMm(dh1, w1).add_(InvariantMm(dh3, w3));
     const torch::Tensor dx =
         has_rows ? at::zeros_like(x).index_add_(0, rows, dxs) : dxs;
-    return {dx,  at::mm(dh1.t(), xs), at::mm(dh3.t(), xs),
+    return {dx,  InvariantMm(dh1.t(), xs), InvariantMm(dh3.t(), xs),
             dw2, torch::Tensor(),     dgate};
   }
 };
@@ -183,10 +184,12 @@ torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {
     return SwiGLURecomputedAct(x, torch::Tensor(), torch::Tensor(), w1->weight,
                                w3->weight, w2->weight);
   }
-  const torch::Tensor a = w1(x), b = w3(x);
+  const torch::Tensor a = InvariantLinear(x, w1->weight),
+                      b = InvariantLinear(x, w3->weight);
   // Profiling: what mlp_act would recompute.
-  return w2(TimeSubBlock(timer, layer, kMlpActSlot,
-                         [&] { return torch::silu(a) * b; }));
+  return InvariantLinear(TimeSubBlock(timer, layer, kMlpActSlot,
+                                      [&] { return torch::silu(a) * b; }),
+                         w2->weight);
 }
 
 }  // namespace fusionrl

@@ -3,10 +3,6 @@
 #include <torch/optim/adamw.h>
 #include <torch/serialize.h>
 
-// clip_grad.h does not include what it uses: it must follow a header that
-// declares torch::Tensor.
-#include <torch/nn/utils/clip_grad.h>
-
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -18,6 +14,7 @@
 #include "core/status_macros.h"
 #include "engine/activation_planner.h"
 #include "engine/algorithms.h"
+#include "engine/invariant_ops.h"
 #include "engine/vocab_kernels.h"
 
 namespace fusionrl {
@@ -547,17 +544,8 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
           if (!any_update) continue;
         }
       }
-      double grad_norm;
-      if (optim_.grad_clip > 0) {
-        grad_norm = torch::nn::utils::clip_grad_norm_(params, optim_.grad_clip);
-      } else {
-        at::NoGradGuard no_grad;
-        double sq = 0;
-        for (const auto& p : params) {
-          if (p.grad().defined()) sq += p.grad().pow(2).sum().item<double>();
-        }
-        grad_norm = std::sqrt(sq);
-      }
+      // The norm is a thread-count-invariant sum (engine/invariant_ops.h).
+      const double grad_norm = InvariantClipGradNorm(params, optim_.grad_clip);
       if (!std::isfinite(grad_norm)) {
         return absl::InternalError(
             absl::StrCat("trainer: non-finite gradient norm at policy version ",

@@ -9,6 +9,8 @@
 #include <limits>
 #include <vector>
 
+#include "engine/invariant_ops.h"
+
 namespace fusionrl {
 namespace {
 
@@ -38,7 +40,8 @@ double RowLogSumExp(const float* z, int64_t v, float m, double inv_t) {
 
 // z = h W^T as float32 [N, V].
 at::Tensor Logits(const at::Tensor& h, const at::Tensor& w) {
-  return at::matmul(h, w.t()).to(at::kFloat).contiguous();
+  if (h.dim() != 2) return at::matmul(h, w.t()).to(at::kFloat).contiguous();
+  return InvariantMm(h, w.t()).to(at::kFloat).contiguous();
 }
 
 // The autograd node of HeadLogProbs. Inputs (h, weight, targets, temperature
@@ -135,9 +138,9 @@ struct HeadLogProbFunction : torch::autograd::Function<HeadLogProbFunction> {
       }
     });
     const at::Tensor dzc = dz.to(weight.scalar_type());
-    if (h.requires_grad()) out[0] = at::matmul(dzc, weight).to(h.scalar_type());
+    if (h.requires_grad()) out[0] = InvariantMm(dzc, weight).to(h.scalar_type());
     if (weight.requires_grad()) {
-      out[1] = at::matmul(dzc.t(), h.to(weight.scalar_type()));
+      out[1] = InvariantMm(dzc.t(), h.to(weight.scalar_type()));
     }
     return out;
   }

@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <functional>
@@ -15,11 +16,14 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "core/memory_manager.h"
+#include "core/role_overlap.h"
 #include "core/status_macros.h"
 #include "engine/checkpoint.h"
 #include "engine/grad_sync.h"
+#include "engine/intra_op_threads.h"
 #include "engine/job_common.h"
 #include "engine/memory_accounting.h"
 #include "engine/model.h"
@@ -44,7 +48,8 @@ class CardRunner {
   explicit CardRunner(const CardJob& job)
       : job_(job),
         clock_(*job.clock),
-        timeout_(absl::Seconds(job.config->run.collective_timeout_seconds)) {}
+        timeout_(absl::Seconds(job.config->run.collective_timeout_seconds)),
+        overlap_(*job.clock) {}
   ~CardRunner() {
     if (fused_ != nullptr) fused_->Stop();
   }
@@ -110,6 +115,11 @@ class CardRunner {
   std::shared_ptr<CardMemoryManager> memory_;          // this card
   std::shared_ptr<CardMemoryManager> rollout_memory_;  // its rollout card's
   int per_card_threads_ = 1;
+  // Fused: whether the trainer is in a training step (the rollout's decode
+  // steps take the card's whole thread budget otherwise).
+  std::atomic<bool> trainer_computing_{false};
+  // When this card's trainer and rollout compute (the step's time split).
+  RoleOverlap overlap_;
   int64_t plan_step_ = 0;
   int plan_attempt_ = 0;
   // StaleSync across super nodes: the state after the last weight syncs
@@ -159,7 +169,7 @@ absl::Status CardRunner::Setup() {
   sampler_ = std::make_unique<GroupSampler>(cfg, ctx_);
   // Each of the node's cards in the job gets an equal share of the threads.
   per_card_threads_ = std::max(1, job_.threads / job_.assigned_cards);
-  at::set_num_threads(per_card_threads_);
+  SetIntraOpThreads(per_card_threads_);
   PolicyModel& policy = *ctx_.policy;
   if (cfg.algorithm.kl_coef > 0) reference_ = policy.CloneFrozen();
   WorkClient* client = job_.client;
@@ -204,6 +214,7 @@ absl::Status CardRunner::Setup() {
   rollout_ = std::make_unique<RolloutEngine>(policy, ctx_.tokenizer->pad_id(),
                                              ctx_.stop_ids);
   rollout_->Configure(cfg.rollout);
+  rollout_->set_row_blocks(per_card_threads_);
   if (job_.local_rank == 0) {
     spdlog::info(
         "[{}] {}: policy {} parameters on {} x {} card(s), task {} "
@@ -259,6 +270,10 @@ absl::Status CardRunner::Setup() {
                              ? cfg.placement.fused_rollout_threads
                              : std::max(1, per_card_threads_ - train_threads);
     snapshot = policy.CloneFrozen();
+    // At s = 0 nothing can overlap (the next step samples from the weights
+    // this step trains): the card samples between its steps, on its whole
+    // thread budget, from the snapshot.
+    fo.synchronous_on_caller = true;
   } else {
     // Disaggregated: this card trains with its whole share; the rollout
     // thread samples on its rollout card with that card's share (split
@@ -270,10 +285,28 @@ absl::Status CardRunner::Setup() {
     snapshot = policy.CloneFrozen(rollout_device);
   }
   rollout_memory_->Set(MemoryCategory::kSnapshot, ParameterBytes(*snapshot));
-  at::set_num_threads(train_threads);
+  SetIntraOpThreads(train_threads);
   auto engine = std::make_unique<RolloutEngine>(
       *snapshot, ctx_.tokenizer->pad_id(), ctx_.stop_ids);
   engine->Configure(cfg.rollout);
+  // The decoder's rows are split as on a card that samples with all its
+  // threads, whatever share the rollout holds at a step: the samples are
+  // those of a colocated-sync run, and the same in every run.
+  const int card_threads = std::max(per_card_threads_, train_threads);
+  engine->set_row_blocks(card_threads);
+  const bool share = fused && cfg.placement.fused_share_idle_threads;
+  if (share && engine->fused()) {
+    // The rollout borrows the trainer's threads at every decode step the
+    // trainer does not compute (the trainer does the same before each of
+    // its forward passes, below). Only on the fused decoder, whose samples
+    // do not depend on its thread count.
+    const int rollout_threads = fo.rollout_threads;
+    engine->set_step_hook([this, rollout_threads, card_threads] {
+      SetIntraOpThreads(trainer_computing_.load() ? rollout_threads
+                                                  : card_threads);
+    });
+    fo.round_on_own_thread = true;
+  }
   // Continuous batching across the steps StaleSync admits at once: only
   // where the engine refills slots (the fused path; the composite one
   // would hand every step over at the end of the round).
@@ -289,6 +322,10 @@ absl::Status CardRunner::Setup() {
       [this, rollout_memory, host_memory](
           RolloutEngine& engine, const std::vector<StepGroups>& steps, int rank,
           int64_t version, const GroupSampler::DeliverFn& deliver) {
+        overlap_.Begin(RoleOverlap::Role::kRollout);
+        absl::Cleanup done = [this] {
+          overlap_.End(RoleOverlap::Role::kRollout);
+        };
         return sampler_->SampleSteps(
             engine, steps, rank, version, *rollout_memory,
             [this, rollout_memory, host_memory](const MemoryDecision& kv) {
@@ -308,11 +345,12 @@ absl::Status CardRunner::Setup() {
         counters->busy_us += static_cast<int64_t>(seconds * 1e6);
       },
       clock_);
-  if (fused && cfg.placement.fused_share_idle_threads) {
+  if (share) {
+    // The trainer's step does not depend on its thread count either
+    // (engine/invariant_ops.h).
     FusedRollout* f = fused_.get();
-    const int card_threads = std::max(per_card_threads_, train_threads);
     trainer_->set_compute_hook([f, train_threads, card_threads] {
-      at::set_num_threads(f->sampling() ? train_threads : card_threads);
+      SetIntraOpThreads(f->sampling() ? train_threads : card_threads);
     });
   }
   PublishToRollout();
@@ -321,6 +359,8 @@ absl::Status CardRunner::Setup() {
 
 absl::StatusOr<RolloutBatch> CardRunner::SampleHere(
     const std::vector<uint64_t>& groups, const StepPlan& plan) {
+  overlap_.Begin(RoleOverlap::Role::kRollout);
+  absl::Cleanup done = [this] { overlap_.End(RoleOverlap::Role::kRollout); };
   return sampler_->Sample(
       *rollout_, groups, plan.step, plan.rank, trainer_->version(), *memory_,
       [this](const MemoryDecision&) -> absl::Status {
@@ -718,7 +758,12 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   {
     // Activations: the bytes the step allocates and holds at its peak.
     ScopedAllocationCounter counted(ctx_.policy->device());
-    FUSIONRL_ASSIGN_OR_RETURN(ts, trainer_->Step(samples));
+    trainer_computing_ = true;
+    overlap_.Begin(RoleOverlap::Role::kTrainer);
+    absl::StatusOr<TrainStats> stepped = trainer_->Step(samples);
+    overlap_.End(RoleOverlap::Role::kTrainer);
+    trainer_computing_ = false;
+    FUSIONRL_ASSIGN_OR_RETURN(ts, std::move(stepped));
     memory_->Set(MemoryCategory::kActivations, counted.peak_bytes());
   }
   memory_->Set(MemoryCategory::kGradients, GradientBytes(policy));
@@ -786,6 +831,8 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   }
   const double step_s = SecondsSince(t0);
   job_.counters->busy_us += static_cast<int64_t>(step_s * 1e6);
+  // Since the previous step's record (the first one holds the setup).
+  const RoleSplit split = overlap_.Take();
   if (!lead) return absl::OkStatus();
 
   step_tokens = static_cast<int64_t>(totals[3]);
@@ -822,6 +869,10 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
       {"cross_node_seconds", sync_->cross_node_seconds()},
       {"cross_node_bytes", static_cast<double>(sync_->cross_node_bytes())},
       {"rollout_gate_wait_seconds", batch.gate_wait_seconds},
+      {"card_idle_seconds", split.idle},
+      {"card_trainer_only_seconds", split.trainer_only},
+      {"card_rollout_only_seconds", split.rollout_only},
+      {"card_both_seconds", split.both},
       {"updates_received", static_cast<double>(sync_->updates_received())},
       {"max_update_lag", static_cast<double>(sync_->max_update_lag())},
       {"weight_sync_seconds", sync_s},

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/intra_op_threads.h"
 #include "engine/job_common.h"
 #include "engine/model.h"
 #include "engine/rollout.h"
@@ -49,6 +50,7 @@ void FusedRollout::Publish(const std::vector<at::Tensor>& weights,
   published_version_ = version;
   PruneLocked();
   changed_.SignalAll();
+  if (synchronous_on_caller()) return;  // Take() samples
   if (!thread_.joinable() && !stop_) {
     thread_ = std::thread([this] { Loop(); });
   }
@@ -149,12 +151,13 @@ absl::StatusOr<std::optional<RolloutPrefetch>> FusedRollout::Pending(
   return std::optional<RolloutPrefetch>(std::move(out));
 }
 
-std::optional<FusedRollout::Round> FusedRollout::NextRound() {
+std::optional<FusedRollout::Round> FusedRollout::NextRound(bool wait) {
   absl::MutexLock lock(&mu_);
   while (!stop_) {
     if (base_groups_.empty() ||
         published_version_ < AdmitVersionLocked(next_step_) ||
         published_version_ < SampleVersionLocked(next_step_)) {
+      if (!wait) return std::nullopt;
       const auto w0 = std::chrono::steady_clock::now();
       changed_.Wait(&mu_);
       if (!base_groups_.empty()) gate_wait_seconds_ += SecondsSince(w0);
@@ -243,25 +246,40 @@ bool FusedRollout::EndRound(const Round& round, absl::Status status,
   return true;
 }
 
-void FusedRollout::Loop() {
-  at::set_num_threads(options_.rollout_threads);
-  // Sampling runs without the lock: the snapshot and the engine are the
-  // thread's own while it samples (NextRound updates them under the lock).
-  while (std::optional<Round> round = NextRound()) {
-    size_t delivered = 0;
-    absl::Status status;
+bool FusedRollout::RunRound(const Round& round) {
+  size_t delivered = 0;
+  absl::Status status;
+  auto sample = [&] {
     try {
-      status = sample_(*engine_, round->steps, round->rank, round->version,
+      status = sample_(*engine_, round.steps, round.rank, round.version,
                        [&](int64_t step, RolloutBatch batch) {
                          if (on_sampled_) on_sampled_(batch.seconds);
                          ++delivered;
-                         Deliver(*round, step, std::move(batch),
-                                 delivered == round->steps.size());
+                         Deliver(round, step, std::move(batch),
+                                 delivered == round.steps.size());
                        });
     } catch (const std::exception& e) {
       status = absl::InternalError(absl::StrCat("rollout thread: ", e.what()));
     }
-    if (!EndRound(*round, std::move(status), delivered)) return;
+  };
+  if (options_.round_on_own_thread) {
+    std::thread worker([&] {
+      SetIntraOpThreads(options_.rollout_threads);
+      sample();
+    });
+    worker.join();
+  } else {
+    sample();
+  }
+  return EndRound(round, std::move(status), delivered);
+}
+
+void FusedRollout::Loop() {
+  SetIntraOpThreads(options_.rollout_threads);
+  // Sampling runs without the lock: the snapshot and the engine are the
+  // thread's own while it samples (NextRound updates them under the lock).
+  while (std::optional<Round> round = NextRound()) {
+    if (!RunRound(*round)) return;
   }
 }
 
@@ -285,6 +303,21 @@ absl::StatusOr<RolloutBatch> FusedRollout::Take(const StepPlan& plan) {
   }
   // Steps before this one will not be trained any more.
   ready_.erase(ready_.begin(), ready_.lower_bound(plan.step));
+  if (synchronous_on_caller()) {
+    // The step is admitted (the trainer published the weights it samples
+    // from before asking): sample it here.
+    while (ready_.count(plan.step) == 0 && error_.ok()) {
+      mu_.Unlock();
+      std::optional<Round> round = NextRound(/*wait=*/false);
+      if (round) RunRound(*round);
+      mu_.Lock();
+      if (!round && error_.ok()) {
+        return absl::InternalError(absl::StrCat(
+            "fused rollout: step ", plan.step,
+            " is not admitted at published version ", published_version_));
+      }
+    }
+  }
   const absl::Time deadline = clock_.Now() + options_.timeout;
   while (ready_.count(plan.step) == 0 && error_.ok() &&
          !WaitOnClock(changed_, mu_, clock_, deadline)) {

@@ -35,6 +35,9 @@
 // (the first step, a replanned attempt, a rollback) resets the thread: what
 // it sampled is dropped and it starts over from the plan.
 //
+// With max_policy_lag 0 and Options::synchronous_on_caller, Take() samples
+// the step itself (nothing can overlap at s = 0) and no thread is started.
+//
 // Checkpoints (lagged): Pending() hands out the batches sampled from
 // versions older than the checkpoint's, with the frame; Restore() continues
 // from them after a resume (worker/rollout_prefetch.h).
@@ -88,6 +91,20 @@ class FusedRollout {
     // At most this many steps sampled in one engine call (see above); 1 =
     // one step per round.
     int max_steps_per_round = 1;
+    // Each sampling round runs on a thread of its own that ends with the
+    // round. A round that borrows the trainer's threads grows an OpenMP
+    // team, and libgomp keeps a thread's team until the thread ends; while
+    // its teams hold more threads than the machine has cores, every OpenMP
+    // thread of the process gives up spin-waiting at once, which made the
+    // trainer's small parallel regions 20% slower (docs/BENCHMARKS.md "RL
+    // Fusion: where the fused trainer's time went").
+    bool round_on_own_thread = false;
+    // Synchronous (max_policy_lag 0): no step can be sampled before the
+    // trainer has published the weights of the step before it, so nothing
+    // can overlap; Take() samples the step on the calling thread, from the
+    // snapshot, instead of waking a thread that would (the same samples,
+    // without the hand-over and a second OpenMP team).
+    bool synchronous_on_caller = false;
     int64_t snapshot_version = 0;  // the policy version `snapshot` holds
     // How long Take() waits for a batch.
     absl::Duration timeout = absl::Seconds(300);
@@ -143,6 +160,10 @@ class FusedRollout {
   // Stops and joins the thread (idempotent).
   void Stop();
 
+  // Whether Take() samples on the calling thread (see Options).
+  bool synchronous_on_caller() const {
+    return options_.synchronous_on_caller && options_.max_policy_lag == 0;
+  }
   // Whether the thread is sampling right now (thread-budget sharing).
   bool sampling() const { return sampling_.load(); }
   // How many times the thread took published weights into its snapshot
@@ -163,7 +184,12 @@ class FusedRollout {
   // Waits until the next step may start, brings the snapshot to the
   // version it samples from, and says what to sample; nullopt once
   // stopping.
-  std::optional<Round> NextRound() ABSL_LOCKS_EXCLUDED(mu_);
+  // With `wait` false (synchronous rounds) it does not wait: nullopt when
+  // the next step is not admitted.
+  std::optional<Round> NextRound(bool wait = true) ABSL_LOCKS_EXCLUDED(mu_);
+  // Samples `round` and ends it (the thread's loop body); false when the
+  // thread must end.
+  bool RunRound(const Round& round) ABSL_LOCKS_EXCLUDED(mu_);
   // Hands the sampled batch of one of the round's steps over (dropped if a
   // reset came meanwhile); `last`: the round's last one.
   void Deliver(const Round& round, int64_t step, RolloutBatch batch, bool last)

@@ -266,33 +266,48 @@ TEST(RlJobTest, C10dDataPlaneMatchesTheControllerSumWithoutItsBytes) {
 // colocated-sync run samples from (the rollout of step u waits for version
 // u - 1), with the same seeds: the same run, bit for bit.
 TEST(RlJobTest, FusedWithoutLagIsTheSynchronousRun) {
-  JobConfig sync = TinyRlJob("sync-reference", 6);
-  std::filesystem::remove_all(sync.output_dir);
-  auto a = RunRlJob(sync);
-  ASSERT_TRUE(a.ok()) << a.status();
-  JobConfig fused = TinyRlJob("fused-lag0", 6);
-  fused.placement.mode = PlacementMode::kFused;
-  std::filesystem::remove_all(fused.output_dir);
-  auto b = RunRlJob(fused);
-  ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_EQ(Rewards(fused.output_dir), Rewards(sync.output_dir));
-  ExpectSameWeights(a->checkpoint_dir, b->checkpoint_dir);
-  // And it was the fused machinery that ran: every sample came from the
-  // rollout thread, which took each new policy version into its snapshot
-  // (one per step after the first), where the synchronous run has neither.
-  const std::vector<double> thread_samples =
-      Column(fused.output_dir, "rollout_thread_samples");
-  const std::vector<double> snapshots =
-      Column(fused.output_dir, "rollout_snapshot_updates");
-  ASSERT_EQ(thread_samples.size(), 6u);
-  for (size_t i = 0; i < thread_samples.size(); ++i) {
-    EXPECT_EQ(thread_samples[i], 16) << "step " << i + 1;
-    EXPECT_EQ(snapshots[i], static_cast<double>(i)) << "step " << i + 1;
+  // One thread, and the defaults a user gets: two threads on the card
+  // (split between the roles) and a model whose products are split across
+  // them.
+  for (int threads : {1, 2}) {
+    SCOPED_TRACE(testing::Message() << threads << " thread(s)");
+    const std::string t = std::to_string(threads);
+    JobConfig sync = TinyRlJob("sync-reference-" + t, 6);
+    sync.num_threads = threads;
+    if (threads > 1) {
+      sync.model.d_model = 96;
+      sync.model.d_ff = 256;
+    }
+    std::filesystem::remove_all(sync.output_dir);
+    auto a = RunRlJob(sync);
+    ASSERT_TRUE(a.ok()) << a.status();
+    JobConfig fused = sync;
+    fused.output_dir = ::testing::TempDir() + "/fused-lag0-" + t;
+    fused.placement.mode = PlacementMode::kFused;
+    std::filesystem::remove_all(fused.output_dir);
+    auto b = RunRlJob(fused);
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(Rewards(fused.output_dir), Rewards(sync.output_dir));
+    ExpectSameWeights(a->checkpoint_dir, b->checkpoint_dir, sync.model);
+    // And it was the fused machinery that ran: every sample came from the
+    // fused rollout, which took each new policy version into its snapshot
+    // (one per step after the first), where the synchronous run has
+    // neither. (At s = 0 the card samples between its steps, on its own
+    // thread: FusedRollout::Options::synchronous_on_caller.)
+    const std::vector<double> thread_samples =
+        Column(fused.output_dir, "rollout_thread_samples");
+    const std::vector<double> snapshots =
+        Column(fused.output_dir, "rollout_snapshot_updates");
+    ASSERT_EQ(thread_samples.size(), 6u);
+    for (size_t i = 0; i < thread_samples.size(); ++i) {
+      EXPECT_EQ(thread_samples[i], 16) << "step " << i + 1;
+      EXPECT_EQ(snapshots[i], static_cast<double>(i)) << "step " << i + 1;
+    }
+    for (double v : Column(sync.output_dir, "rollout_thread_samples")) {
+      EXPECT_EQ(v, 0);
+    }
+    ExpectEveryGroupTrainedOnce(fused.output_dir, 6 * 4);
   }
-  for (double v : Column(sync.output_dir, "rollout_thread_samples")) {
-    EXPECT_EQ(v, 0);
-  }
-  ExpectEveryGroupTrainedOnce(fused.output_dir, 6 * 4);
 }
 
 // With s = 2 the rollout runs up to two versions ahead: samples of
@@ -546,6 +561,27 @@ TEST(RlJobTest, FusedWithLagResumesExactly) {
   c.placement.mode = PlacementMode::kFused;
   c.placement.cards_per_super_node = 2;
   c.stalesync.max_policy_lag = 1;
+  c.algorithm.decoupled_loss = true;
+  ExpectExactLaggedResume(c, 6, 3);
+}
+
+// The same with the defaults a user gets: two threads on the card, which
+// RL Fusion moves between the trainer and the rollout as each goes idle,
+// and a model large enough that its products and sums are split across
+// threads. Thread sharing follows timing, so without thread-count-invariant
+// training and row blocks fixed by the card (engine/invariant_ops.h,
+// CpuDecoder::set_row_blocks) the uninterrupted run and the resumed one
+// would drift apart.
+TEST(RlJobTest, FusedWithLagResumesExactlyWithTheCardsThreadsShared) {
+  JobConfig c = TinyRlJob("resume-fused-lag2-shared-threads", 6);
+  c.num_threads = 2;
+  c.model.d_model = 96;
+  c.model.d_ff = 256;
+  c.rollout.prompts_per_step = 8;
+  c.rollout.max_new_tokens = 12;
+  c.placement.mode = PlacementMode::kFused;
+  ASSERT_TRUE(c.placement.fused_share_idle_threads);  // the default
+  c.stalesync.max_policy_lag = 2;
   c.algorithm.decoupled_loss = true;
   ExpectExactLaggedResume(c, 6, 3);
 }

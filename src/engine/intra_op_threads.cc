@@ -1,0 +1,43 @@
+#include "engine/intra_op_threads.h"
+
+#include <ATen/Config.h>
+#include <ATen/Parallel.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+
+namespace fusionrl {
+namespace {
+
+using SetThreadsFn = void (*)(int);
+
+// omp_set_num_threads of the OpenMP runtime already in the process (the one
+// LibTorch links), or null. Looked up rather than linked, so that a LibTorch
+// with its own bundled libgomp is the one addressed.
+SetThreadsFn OpenMpSetNumThreads() {
+#if AT_PARALLEL_OPENMP
+  static const SetThreadsFn fn = reinterpret_cast<SetThreadsFn>(
+      dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+  return fn;
+#else
+  return nullptr;
+#endif
+}
+
+}  // namespace
+
+void SetIntraOpThreads(int threads) {
+  threads = std::max(1, threads);
+  // LibTorch sizes a thread's team from its process-wide count the first
+  // time the thread runs a parallel op; do that first, so it cannot undo
+  // the count set here later.
+  at::internal::lazy_init_num_threads();
+  if (at::get_num_threads() == threads) return;
+  if (SetThreadsFn set = OpenMpSetNumThreads(); set != nullptr) {
+    set(threads);
+    return;
+  }
+  at::set_num_threads(threads);
+}
+
+}  // namespace fusionrl

@@ -1,0 +1,53 @@
+// Products and sums whose result does not depend on the intra-op thread
+// count.
+//
+// RL Fusion moves threads between a card's trainer and its rollout as each
+// becomes idle (docs/stalesync.md "Threads"), so one step may train on one
+// thread and the next on two. With OpenBLAS a matrix product computed on
+// two threads differs from the one-thread product in the last bits (its
+// threaded driver blocks the work differently), and so do LibTorch's full
+// reductions over 32768 elements or more (one partial sum per thread). Left
+// alone, two runs of one fused config drift apart after a few steps. The
+// trainer's model therefore computes:
+//   - matrix products in fixed row blocks, each block one single-threaded
+//     BLAS call: the blocks depend on the shapes only, and threads only
+//     decide who computes which block;
+//   - full sums as a tree of row sums of fixed width (each row summed by one
+//     thread, in one order).
+// Off the CPU (CUDA) both are the plain LibTorch call: a GPU kernel's
+// result does not depend on a host thread count.
+//
+// Thread safety: pure functions of their arguments.
+#ifndef FUSIONRL_ENGINE_INVARIANT_OPS_H_
+#define FUSIONRL_ENGINE_INVARIANT_OPS_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+namespace fusionrl {
+
+// a [M, K] @ b [K, N] -> [M, N], with no autograd graph of its own (use
+// InvariantLinear for a differentiable product).
+at::Tensor InvariantMm(const at::Tensor& a, const at::Tensor& b);
+
+// x [..., in] @ weight[out, in]^T (+ bias [out]) -> [..., out], as
+// torch::linear, differentiable in x, weight and bias; the backward
+// products are invariant too.
+at::Tensor InvariantLinear(const at::Tensor& x, const at::Tensor& weight,
+                           const at::Tensor& bias = at::Tensor());
+
+// The sum of all elements of `t` as a 0-dim tensor of t's dtype,
+// differentiable.
+at::Tensor InvariantSum(const at::Tensor& t);
+
+// torch::nn::utils::clip_grad_norm_ (L2, max_norm > 0) with the norm taken
+// by InvariantSum: scales every defined gradient by max_norm / (norm + 1e-6)
+// when that is below 1, and returns the norm before clipping. With
+// max_norm <= 0 only the norm is returned.
+double InvariantClipGradNorm(const std::vector<at::Tensor>& params,
+                             double max_norm);
+
+}  // namespace fusionrl
+
+#endif  // FUSIONRL_ENGINE_INVARIANT_OPS_H_
