@@ -412,8 +412,9 @@ struct PlacementConfig {
   int fused_train_threads = 0;
   int fused_rollout_threads = 0;
   // fused: a role whose partner is idle borrows the partner's threads (the
-  // trainer takes the whole card while the rollout thread waits for
-  // admission), so the card's compute is not left idle.
+  // trainer before each forward pass, the rollout before each decode step),
+  // so the card's compute is not left idle. Results do not depend on it
+  // (docs/stalesync.md, "Threads").
   bool fused_share_idle_threads = true;
   bool fail_if_unplaceable = false;  // false: wait for capacity, showing the
                                      //   reason in status; true: fail the job

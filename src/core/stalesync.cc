@@ -53,11 +53,22 @@ PolicyLagGate::PolicyLagGate(int64_t max_policy_lag, int groups_per_step,
       initial_version_(initial_version),
       version_(initial_version) {}
 
+int64_t AdmitVersion(int64_t frame_version, int64_t step_index,
+                     int64_t max_policy_lag) {
+  return frame_version + step_index - max_policy_lag;
+}
+
+int64_t StepsAdmitted(int64_t frame_version, int64_t version,
+                      int64_t max_policy_lag) {
+  // Step i is admitted iff AdmitVersion(v0, i, s) <= version.
+  return std::max<int64_t>(
+      0, SatAdd(SatAdd(version - frame_version, max_policy_lag), 1));
+}
+
 int64_t PolicyLagGate::BudgetLocked() const {
-  // version_ >= initial_version_ always, so the sum is of non-negatives.
-  const int64_t versions =
-      SatAdd(SatAdd(max_policy_lag_, version_ - initial_version_), 1);
-  return SatMul(versions, groups_per_step_);
+  // The groups of the steps the rule admits at the current version.
+  return SatMul(StepsAdmitted(initial_version_, version_, max_policy_lag_),
+                groups_per_step_);
 }
 
 int64_t PolicyLagGate::AdmissibleLocked() const {

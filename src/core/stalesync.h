@@ -28,6 +28,19 @@
 
 namespace fusionrl {
 
+// The policy-lag admission rule, defined once: PolicyLagGate applies it per
+// prompt group and FusedRollout per step. Counting steps from a frame that
+// starts at policy version v0 (a fresh run, a resume, a reset of the
+// rollout's predictions), step i (0-based) may start sampling once the
+// trainer has published version v0 + i - s, so that it is trained (at
+// version v0 + i) with staleness <= s.
+int64_t AdmitVersion(int64_t frame_version, int64_t step_index,
+                     int64_t max_policy_lag);
+// How many steps of such a frame version `version` admits (steps 0 ..
+// n - 1): version - v0 + s + 1, never negative.
+int64_t StepsAdmitted(int64_t frame_version, int64_t version,
+                      int64_t max_policy_lag);
+
 // PolicyLagGate: policy-lag admission control for rollout (AReaL's rule).
 //
 // Terms. The policy version v is the number of optimizer steps the trainer

@@ -725,3 +725,42 @@ TEST(StaleSyncClockSkewTest, ThreadedNodesReachTargetWithinSkew) {
 
 }  // namespace
 }  // namespace fusionrl
+
+namespace fusionrl {
+namespace {
+
+// The policy-lag rule, defined once (AdmitVersion / StepsAdmitted) for the
+// gate and the fused rollout. Written against the literal rule, so that
+// loosening it by one version in the shared definition fails here.
+TEST(AdmissionRuleTest, StepIStartsAtVersionV0PlusIMinusSAndNotBefore) {
+  for (int64_t s = 0; s <= 3; ++s) {
+    for (int64_t v0 : {0, 7}) {
+      for (int64_t i = 0; i <= 6; ++i) {
+        EXPECT_EQ(AdmitVersion(v0, i, s), v0 + i - s);
+        const int64_t at = std::max(v0, v0 + i - s);
+        EXPECT_GT(StepsAdmitted(v0, at, s), i) << "s=" << s << " i=" << i;
+        if (v0 + i - s - 1 >= v0) {
+          EXPECT_LE(StepsAdmitted(v0, v0 + i - s - 1, s), i)
+              << "step " << i << " admitted one version early, s=" << s;
+        }
+      }
+    }
+  }
+}
+
+TEST(AdmissionRuleTest, GateAdmitsExactlyTheGroupsOfTheAdmittedSteps) {
+  constexpr int kGroups = 3;
+  for (int64_t s = 0; s <= 2; ++s) {
+    PolicyLagGate gate(s, kGroups, /*initial_version=*/2);
+    int64_t admitted = 0;
+    for (int64_t v = 2; v <= 5; ++v) {
+      gate.OnVersion(v);
+      while (gate.TryAdmit()) ++admitted;
+      // Steps 0 .. v - v0 + s of the frame, G groups each; not one more.
+      EXPECT_EQ(admitted, (v - 2 + s + 1) * kGroups) << "s=" << s << " v=" << v;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fusionrl

@@ -116,7 +116,8 @@ at::Tensor MaskedWhiten(const at::Tensor& values, const at::Tensor& mask,
               " and mask ", mask.sizes(), " must have the same shape");
   const at::Tensor m = MaskAs(mask, values);
   const at::Tensor n = m.sum();
-  const at::Tensor mean = InvariantSum(MaskedValues(values, m)) / SafeDenominator(n);
+  const at::Tensor mean =
+      InvariantSum(MaskedValues(values, m)) / SafeDenominator(n);
   const at::Tensor centered = values - mean;
   const at::Tensor biased_var =
       InvariantSum(MaskedValues(centered.square(), m)) / SafeDenominator(n);

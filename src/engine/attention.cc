@@ -228,8 +228,7 @@ torch::Tensor AttentionImpl::forward(
     return InvariantLinear(in, l->weight, l->bias);
   };
   auto q = split(proj(wq, first_query > 0 ? x.narrow(1, first_query, tq) : x),
-                 tq,
-                 n_heads_);
+                 tq, n_heads_);
   auto k = split(proj(wk, x), t, n_kv_heads_);
   if (!q_norm.is_empty()) {
     q = q_norm(q);

@@ -152,8 +152,8 @@ const at::Tensor& CpuDecoder::Step(const int64_t* tokens, int64_t n) {
   // ops of a step, and no small GEMM split across threads, which on two
   // threads measured slower than on one. The blocks are fixed by
   // row_blocks_ (set_row_blocks), not by the threads that run them.
-  const int64_t blocks = std::max<int64_t>(
-      1, std::min(row_blocks_, n / kMinRowsPerThread));
+  const int64_t blocks =
+      std::max<int64_t>(1, std::min(row_blocks_, n / kMinRowsPerThread));
   const int64_t rows = (n + blocks - 1) / blocks;
   auto run = [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {

@@ -26,8 +26,8 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "engine/decode_kernels.h"
@@ -56,7 +56,9 @@ class CpuDecoder {
   // logits do not change when the thread count does (a matrix product on a
   // different block of rows differs in the last bits). Default: the intra-op
   // thread count at construction.
-  void set_row_blocks(int64_t blocks) { row_blocks_ = std::max<int64_t>(1, blocks); }
+  void set_row_blocks(int64_t blocks) {
+    row_blocks_ = std::max<int64_t>(1, blocks);
+  }
 
   // Feeds tokens[s] to slot s for s < n and returns the logits [n, V], a
   // view of a buffer that the next Step() overwrites.

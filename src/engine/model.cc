@@ -99,7 +99,8 @@ class DecoderImpl : public torch::nn::Module {
 
   // Logits of final hidden states [..., D] -> [..., V].
   torch::Tensor Head(const torch::Tensor& h) {
-    return InvariantLinear(h, lm_head.is_empty() ? embed->weight : lm_head->weight);
+    return InvariantLinear(
+        h, lm_head.is_empty() ? embed->weight : lm_head->weight);
   }
 
   // Final hidden states [B, T - first, D] of positions [first, T) (after

@@ -147,7 +147,9 @@ class RolloutEngine {
   void set_row_blocks(int blocks) { row_blocks_ = blocks; }
   // Fused path: called before every decode step (the card's thread budget
   // sizes the rollout's intra-op threads there).
-  void set_step_hook(std::function<void()> hook) { step_hook_ = std::move(hook); }
+  void set_step_hook(std::function<void()> hook) {
+    step_hook_ = std::move(hook);
+  }
   // Whether Generate() would take the fused path for this engine's model.
   bool fused() const;
   // Whether Generate() prefills each distinct prompt once (every path but

@@ -156,7 +156,7 @@ class SwiGLUAct : public torch::autograd::Function<SwiGLUAct> {
     const torch::Tensor dx =
         has_rows ? at::zeros_like(x).index_add_(0, rows, dxs) : dxs;
     return {dx,  InvariantMm(dh1.t(), xs), InvariantMm(dh3.t(), xs),
-            dw2, torch::Tensor(),     dgate};
+            dw2, torch::Tensor(),          dgate};
   }
 };
 

@@ -124,54 +124,62 @@ TEST(TrainerTest, MicroBatchAccumulationMatchesFullBatch) {
 // gradients and the updated weights, on a model and batch large enough that
 // every product and sum would be split across threads.
 TEST(TrainerTest, StepDoesNotDependOnTheThreadCount) {
-  JobConfig c = TinyJob();
-  c.model.d_model = 96;
-  c.model.n_layers = 2;
-  c.model.n_heads = 4;
-  c.model.d_ff = 256;
-  c.model.max_seq_len = 64;
-  c.optim.micro_batch_size = 64;
-  c.optim.grad_clip = 1.0;
-  c.algorithm.decoupled_loss = true;
-  std::vector<Sample> batch;
-  for (int g = 0; g < 16; ++g) {
-    for (int i = 0; i < 4; ++i) {
-      std::vector<int> resp;
-      for (int t = 0; t < 20 + (g * 7 + i * 5) % 30; ++t) {
-        resp.push_back(3 + (g * 13 + i * 7 + t * 3) % 90);
-      }
-      resp.push_back(kEos);
-      Sample s = MakeSample({kBos, 40 + g, 41 + i}, resp, (i + g) % 3 == 0);
-      for (size_t t = 0; t < s.behaviour_logp.size(); ++t) {
-        s.behaviour_logp[t] = -4.0f - 0.01f * static_cast<float>(t % 7);
-      }
-      batch.push_back(std::move(s));
+  for (const bool moe : {false, true}) {
+    SCOPED_TRACE(moe ? "MoE" : "dense");
+    JobConfig c = TinyJob();
+    c.model.d_model = 96;
+    c.model.n_layers = 2;
+    c.model.n_heads = 4;
+    c.model.d_ff = 256;
+    c.model.max_seq_len = 64;
+    if (moe) {
+      c.model.moe_experts = 4;
+      c.model.moe_top_k = 2;
+      c.model.moe_shared_expert = true;
     }
-  }
-  c.rollout.group_size = 4;
-  std::vector<std::vector<at::Tensor>> grads, weights;
-  const int before = at::get_num_threads();
-  for (int threads : {1, 2}) {
-    SetIntraOpThreads(threads);
-    auto model = PolicyModel::Create(c.model, 98, kCpu, 5).value();
-    auto trainer = Trainer::Create(*model, nullptr, c, kPad).value();
-    ASSERT_TRUE(trainer->Step(batch).ok());
-    std::vector<at::Tensor> g, w;
-    for (const at::Tensor& p : model->parameters()) {
-      g.push_back(p.grad().clone());
-      w.push_back(p.detach().clone());
+    c.optim.micro_batch_size = 64;
+    c.optim.grad_clip = 1.0;
+    c.algorithm.decoupled_loss = true;
+    std::vector<Sample> batch;
+    for (int g = 0; g < 16; ++g) {
+      for (int i = 0; i < 4; ++i) {
+        std::vector<int> resp;
+        for (int t = 0; t < 20 + (g * 7 + i * 5) % 30; ++t) {
+          resp.push_back(3 + (g * 13 + i * 7 + t * 3) % 90);
+        }
+        resp.push_back(kEos);
+        Sample s = MakeSample({kBos, 40 + g, 41 + i}, resp, (i + g) % 3 == 0);
+        for (size_t t = 0; t < s.behaviour_logp.size(); ++t) {
+          s.behaviour_logp[t] = -4.0f - 0.01f * static_cast<float>(t % 7);
+        }
+        batch.push_back(std::move(s));
+      }
     }
-    grads.push_back(std::move(g));
-    weights.push_back(std::move(w));
-  }
-  SetIntraOpThreads(before);
-  const auto named =
-      PolicyModel::Create(c.model, 98, kCpu, 5).value()->named_parameters();
-  for (size_t i = 0; i < grads[0].size(); ++i) {
-    EXPECT_TRUE(torch::equal(grads[0][i], grads[1][i]))
-        << named[i].first << ": max gradient difference "
-        << (grads[0][i] - grads[1][i]).abs().max().item<double>();
-    EXPECT_TRUE(torch::equal(weights[0][i], weights[1][i])) << named[i].first;
+    c.rollout.group_size = 4;
+    std::vector<std::vector<at::Tensor>> grads, weights;
+    const int before = at::get_num_threads();
+    for (int threads : {1, 2}) {
+      SetIntraOpThreads(threads);
+      auto model = PolicyModel::Create(c.model, 98, kCpu, 5).value();
+      auto trainer = Trainer::Create(*model, nullptr, c, kPad).value();
+      ASSERT_TRUE(trainer->Step(batch).ok());
+      std::vector<at::Tensor> g, w;
+      for (const at::Tensor& p : model->parameters()) {
+        g.push_back(p.grad().clone());
+        w.push_back(p.detach().clone());
+      }
+      grads.push_back(std::move(g));
+      weights.push_back(std::move(w));
+    }
+    SetIntraOpThreads(before);
+    const auto named =
+        PolicyModel::Create(c.model, 98, kCpu, 5).value()->named_parameters();
+    for (size_t i = 0; i < grads[0].size(); ++i) {
+      EXPECT_TRUE(torch::equal(grads[0][i], grads[1][i]))
+          << named[i].first << ": max gradient difference "
+          << (grads[0][i] - grads[1][i]).abs().max().item<double>();
+      EXPECT_TRUE(torch::equal(weights[0][i], weights[1][i])) << named[i].first;
+    }
   }
 }
 

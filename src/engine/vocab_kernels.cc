@@ -138,7 +138,8 @@ struct HeadLogProbFunction : torch::autograd::Function<HeadLogProbFunction> {
       }
     });
     const at::Tensor dzc = dz.to(weight.scalar_type());
-    if (h.requires_grad()) out[0] = InvariantMm(dzc, weight).to(h.scalar_type());
+    if (h.requires_grad())
+      out[0] = InvariantMm(dzc, weight).to(h.scalar_type());
     if (weight.requires_grad()) {
       out[1] = InvariantMm(dzc.t(), h.to(weight.scalar_type()));
     }

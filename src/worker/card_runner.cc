@@ -345,9 +345,11 @@ absl::Status CardRunner::Setup() {
         counters->busy_us += static_cast<int64_t>(seconds * 1e6);
       },
       clock_);
-  if (share) {
-    // The trainer's step does not depend on its thread count either
-    // (engine/invariant_ops.h).
+  // The trainer's step does not depend on its thread count either
+  // (engine/invariant_ops.h), except through the composite attention
+  // kernel's batched products: with it the trainer keeps its share.
+  if (share &&
+      (cfg.model.attention_kernel == "fused" || !policy.device().is_cpu())) {
     FusedRollout* f = fused_.get();
     trainer_->set_compute_hook([f, train_threads, card_threads] {
       SetIntraOpThreads(f->sampling() ? train_threads : card_threads);

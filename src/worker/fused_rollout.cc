@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/stalesync.h"
 #include "engine/intra_op_threads.h"
 #include "engine/job_common.h"
 #include "engine/model.h"
@@ -67,7 +68,8 @@ void FusedRollout::Stop() {
 }
 
 int64_t FusedRollout::AdmitVersionLocked(int64_t step) const {
-  return frame_version_ + (step - base_step_) - options_.max_policy_lag;
+  return AdmitVersion(frame_version_, step - base_step_,
+                      options_.max_policy_lag);
 }
 
 int64_t FusedRollout::SampleVersionLocked(int64_t step) const {
@@ -262,7 +264,7 @@ bool FusedRollout::RunRound(const Round& round) {
       status = absl::InternalError(absl::StrCat("rollout thread: ", e.what()));
     }
   };
-  if (options_.round_on_own_thread) {
+  if (options_.round_on_own_thread && !synchronous_on_caller()) {
     std::thread worker([&] {
       SetIntraOpThreads(options_.rollout_threads);
       sample();

@@ -97,7 +97,8 @@ class FusedRollout {
     // its teams hold more threads than the machine has cores, every OpenMP
     // thread of the process gives up spin-waiting at once, which made the
     // trainer's small parallel regions 20% slower (docs/BENCHMARKS.md "RL
-    // Fusion: where the fused trainer's time went").
+    // Fusion: where the fused trainer's time went"). Not for synchronous
+    // rounds, which run on the caller's thread and its team.
     bool round_on_own_thread = false;
     // Synchronous (max_policy_lag 0): no step can be sampled before the
     // trainer has published the weights of the step before it, so nothing
