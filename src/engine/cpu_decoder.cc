@@ -161,14 +161,21 @@ const at::Tensor& CpuDecoder::Step(const int64_t* tokens, int64_t n) {
       if (r0 < n) StepRows(tokens, r0, std::min(n, r0 + rows));
     }
   };
+  // Each block on one thread, and BLAS inside it single-threaded: inside a
+  // parallel region OpenBLAS (0.3.21) runs on one thread but partitions the
+  // product for the region's team size, which changes the last bits, so the
+  // block's team size is set to one as well.
   const int threads = at::get_num_threads();
-  if (blocks > 1 && threads > 1) {
-    at::parallel_for(0, blocks, 1, run);
-  } else {
-    // On this thread alone, and so is BLAS inside.
+  auto alone = [&](int64_t b0, int64_t b1) {
+    const int team = at::get_num_threads();
     SetIntraOpThreads(1);
-    run(0, blocks);
-    SetIntraOpThreads(threads);
+    run(b0, b1);
+    SetIntraOpThreads(team);
+  };
+  if (blocks > 1 && threads > 1) {
+    at::parallel_for(0, blocks, 1, alone);
+  } else {
+    alone(0, blocks);
   }
   for (int64_t s = 0; s < n; ++s) length_[s] = count_[s];
   if (!logits_rows_.defined() || logits_rows_.size(0) != n) {

@@ -5,14 +5,17 @@
 // sharing change nothing but speed.
 #include "engine/cpu_decoder.h"
 
+#include <ATen/Parallel.h>
 #include <torch/types.h>
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "engine/intra_op_threads.h"
 #include "engine/rollout.h"
 #include "engine/test_util.h"
 #include "gtest/gtest.h"
@@ -198,6 +201,71 @@ TEST(CpuDecoderTest, SamplesDoNotDependOnTheBatch) {
   std::vector<std::vector<int>> prefix(prompts.begin(), prompts.begin() + 5);
   ExpectSame(engine.Generate(prefix, p, 21).value(),
              std::vector<Completion>(whole.begin(), whole.begin() + 5), 1e-5);
+}
+
+TEST(CpuDecoderTest, StepDoesNotDependOnTheThreadCount) {
+  ModelConfig c = testing_util::TinyModelConfig();
+  c.d_model = 96;
+  c.d_ff = 256;
+  auto model = PolicyModel::Create(c, 98, c10::Device("cpu"), 3).value();
+  const int before = at::get_num_threads();
+  std::vector<at::Tensor> out;
+  for (int threads : {1, 2}) {
+    SetIntraOpThreads(threads);
+    CpuDecoder decoder(*model, 40, 16);
+    decoder.set_row_blocks(2);
+    std::vector<int64_t> tokens(40);
+    at::Tensor all;
+    for (int t = 0; t < 6; ++t) {
+      for (int i = 0; i < 40; ++i) tokens[i] = 3 + (i * 7 + t * 5) % 90;
+      at::Tensor l = decoder.Step(tokens.data(), 40).clone();
+      all = all.defined() ? at::cat({all, l}) : l;
+    }
+    out.push_back(all);
+  }
+  SetIntraOpThreads(before);
+  EXPECT_TRUE(at::equal(out[0], out[1]))
+      << (out[0] - out[1]).abs().max().item<double>();
+}
+
+// RL Fusion lends the rollout the trainer's threads at some decode steps
+// and not at others (RolloutEngine::set_step_hook): the samples and their
+// log-probs must be the same, bit for bit, whatever the thread count of
+// each step, given the decoder's row blocks (set_row_blocks).
+TEST(CpuDecoderTest, SamplesDoNotDependOnTheThreadsOfEachStep) {
+  ModelConfig c = testing_util::TinyModelConfig();
+  c.d_model = 96;
+  c.d_ff = 256;
+  auto model = PolicyModel::Create(c, 98, c10::Device("cpu"), 3).value();
+  SamplingParams p;
+  p.temperature = 1.0;
+  p.max_new_tokens = 20;
+  std::vector<std::vector<int>> prompts;
+  for (int i = 0; i < 40; ++i)
+    prompts.push_back({kBos, 20 + i % 7, 30 + i % 5});
+  const int before = at::get_num_threads();
+  auto run = [&](std::function<int(int64_t)> threads_at_step) {
+    RolloutEngine engine(*model, kPad, kEos);
+    engine.set_row_blocks(2);
+    int64_t step = 0;
+    engine.set_step_hook([&] { SetIntraOpThreads(threads_at_step(step++)); });
+    SetIntraOpThreads(1);
+    auto out = engine.Generate(prompts, p, 5).value();
+    SetIntraOpThreads(before);
+    return out;
+  };
+  const auto one = run([](int64_t) { return 1; });
+  const auto two = run([](int64_t) { return 2; });
+  const auto mixed =
+      run([](int64_t s) { return 1 + static_cast<int>(s % 3 == 1); });
+  {
+    SCOPED_TRACE("two threads at every step");
+    ExpectSame(two, one, 0.0);
+  }
+  {
+    SCOPED_TRACE("two threads at every third step");
+    ExpectSame(mixed, one, 0.0);
+  }
 }
 
 TEST(CpuDecoderTest, StopIdsAndLengthLimit) {

@@ -18,15 +18,12 @@ int64_t BlockRows(int64_t m) {
   return std::clamp<int64_t>((m + 7) / 8, 16, 256);
 }
 
-// One single-threaded product out = a @ b: inside an OpenMP region BLAS
-// runs on the calling thread; outside one the thread's team is narrowed to
-// one thread around the call.
+// One single-threaded product out = a @ b. The calling thread's team size
+// is narrowed to one around the call, inside a parallel region too: there
+// OpenBLAS (0.3.21) runs on one thread but partitions the product for the
+// region's team size, which changes the last bits.
 void SingleThreadedMm(at::Tensor out, const at::Tensor& a,
                       const at::Tensor& b) {
-  if (at::in_parallel_region() || at::get_num_threads() == 1) {
-    at::mm_out(out, a, b);
-    return;
-  }
   const int threads = at::get_num_threads();
   SetIntraOpThreads(1);
   at::mm_out(out, a, b);
