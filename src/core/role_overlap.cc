@@ -35,6 +35,11 @@ void RoleOverlap::End(Role role) {
   (role == Role::kTrainer ? trainer_ : rollout_) = false;
 }
 
+bool RoleOverlap::Computing(Role role) const {
+  absl::MutexLock lock(&mu_);
+  return role == Role::kTrainer ? trainer_ : rollout_;
+}
+
 RoleSplit RoleOverlap::Take() {
   absl::MutexLock lock(&mu_);
   AdvanceLocked();

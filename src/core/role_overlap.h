@@ -47,6 +47,9 @@ class RoleOverlap {
   void Begin(Role role) ABSL_LOCKS_EXCLUDED(mu_);
   void End(Role role) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Whether `role` is between Begin and End now.
+  bool Computing(Role role) const ABSL_LOCKS_EXCLUDED(mu_);
+
   // The split since the previous Take() (or construction).
   RoleSplit Take() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -55,7 +58,7 @@ class RoleOverlap {
   void AdvanceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Clock& clock_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   bool trainer_ ABSL_GUARDED_BY(mu_) = false;
   bool rollout_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_ ABSL_GUARDED_BY(mu_);

@@ -15,8 +15,11 @@ TEST(RoleOverlapTest, SplitsTimeByWhichRolesCompute) {
   overlap.Begin(Role::kRollout);
   clock.Advance(absl::Seconds(2));  // rollout only
   overlap.Begin(Role::kTrainer);
+  EXPECT_TRUE(overlap.Computing(Role::kTrainer));
+  EXPECT_TRUE(overlap.Computing(Role::kRollout));
   clock.Advance(absl::Seconds(3));  // both
   overlap.End(Role::kRollout);
+  EXPECT_FALSE(overlap.Computing(Role::kRollout));
   clock.Advance(absl::Seconds(4));  // trainer only
   const RoleSplit a = overlap.Take();
   EXPECT_DOUBLE_EQ(a.idle, 1);

@@ -147,11 +147,11 @@ const at::Tensor& CpuDecoder::Step(const int64_t* tokens, int64_t n) {
     count_[s] = length_[s] + 1;
   }
   // Rows are independent through the whole stack, so each thread runs every
-  // layer on its own block of rows, with a single-threaded BLAS (OpenBLAS
-  // and MKL run one thread inside an OpenMP region): no barrier between the
-  // ops of a step, and no small GEMM split across threads, which on two
-  // threads measured slower than on one. The blocks are fixed by
-  // row_blocks_ (set_row_blocks), not by the threads that run them.
+  // layer on its own block of rows, with a single-threaded BLAS
+  // (RunBlocksAlone): no barrier between the ops of a step, and no small
+  // GEMM split across threads, which on two threads measured slower than on
+  // one. The blocks are fixed by row_blocks_ (set_row_blocks), not by the
+  // threads that run them.
   const int64_t blocks =
       std::max<int64_t>(1, std::min(row_blocks_, n / kMinRowsPerThread));
   const int64_t rows = (n + blocks - 1) / blocks;
@@ -161,22 +161,7 @@ const at::Tensor& CpuDecoder::Step(const int64_t* tokens, int64_t n) {
       if (r0 < n) StepRows(tokens, r0, std::min(n, r0 + rows));
     }
   };
-  // Each block on one thread, and BLAS inside it single-threaded: inside a
-  // parallel region OpenBLAS (0.3.21) runs on one thread but partitions the
-  // product for the region's team size, which changes the last bits, so the
-  // block's team size is set to one as well.
-  const int threads = at::get_num_threads();
-  auto alone = [&](int64_t b0, int64_t b1) {
-    const int team = at::get_num_threads();
-    SetIntraOpThreads(1);
-    run(b0, b1);
-    SetIntraOpThreads(team);
-  };
-  if (blocks > 1 && threads > 1) {
-    at::parallel_for(0, blocks, 1, alone);
-  } else {
-    alone(0, blocks);
-  }
+  RunBlocksAlone(blocks, run);
   for (int64_t s = 0; s < n; ++s) length_[s] = count_[s];
   if (!logits_rows_.defined() || logits_rows_.size(0) != n) {
     logits_rows_ = logits_.narrow(0, 0, n);

@@ -40,4 +40,20 @@ void SetIntraOpThreads(int threads) {
   at::set_num_threads(threads);
 }
 
+void RunBlocksAlone(int64_t blocks,
+                    const std::function<void(int64_t, int64_t)>& run) {
+  if (blocks <= 0) return;
+  auto alone = [&](int64_t b0, int64_t b1) {
+    const int team = at::get_num_threads();
+    SetIntraOpThreads(1);
+    run(b0, b1);
+    SetIntraOpThreads(team);
+  };
+  if (blocks > 1 && at::get_num_threads() > 1 && !at::in_parallel_region()) {
+    at::parallel_for(0, blocks, 1, alone);
+  } else {
+    alone(0, blocks);
+  }
+}
+
 }  // namespace fusionrl

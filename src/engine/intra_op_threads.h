@@ -16,12 +16,26 @@
 #ifndef FUSIONRL_ENGINE_INTRA_OP_THREADS_H_
 #define FUSIONRL_ENGINE_INTRA_OP_THREADS_H_
 
+#include <cstdint>
+#include <functional>
+
 namespace fusionrl {
 
 // Sets the calling thread's intra-op thread count to `threads` (>= 1).
 // Cheap when the count is unchanged (a comparison) and when it changes
 // (one OpenMP call, no thread is created or destroyed).
 void SetIntraOpThreads(int threads);
+
+// Runs run(b0, b1) over the blocks [0, blocks), each block on one thread
+// whose team is narrowed to one (so BLAS inside it runs the one-thread
+// product: inside a parallel region OpenBLAS 0.3.21 runs on one thread but
+// partitions a product for the region's team size, which changes its last
+// bits). The blocks are spread over the caller's threads when it has more
+// than one and is not inside a parallel region. What a block computes does
+// not depend on the caller's thread count: the thread-count-invariant
+// products (invariant_ops.h) and the fused decoder's row blocks run here.
+void RunBlocksAlone(int64_t blocks,
+                    const std::function<void(int64_t, int64_t)>& run);
 
 }  // namespace fusionrl
 

@@ -18,22 +18,6 @@ int64_t BlockRows(int64_t m) {
   return std::clamp<int64_t>((m + 7) / 8, 16, 256);
 }
 
-// One single-threaded product out = a @ b. The calling thread's team size
-// is narrowed to one around the call, inside a parallel region too: there
-// OpenBLAS (0.3.21) runs on one thread but partitions the product for the
-// region's team size, which changes the last bits.
-void SingleThreadedMm(at::Tensor out, const at::Tensor& a,
-                      const at::Tensor& b) {
-  const int threads = at::get_num_threads();
-  SetIntraOpThreads(1);
-  at::mm_out(out, a, b);
-  SetIntraOpThreads(threads);
-}
-
-bool Blocked(const at::Tensor& a) {
-  return a.device().is_cpu() && !at::in_parallel_region();
-}
-
 class LinearFunction : public torch::autograd::Function<LinearFunction> {
  public:
   // x2 [N, in], weight [out, in] -> [N, out]
@@ -62,23 +46,19 @@ at::Tensor InvariantMm(const at::Tensor& a, const at::Tensor& b) {
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0),
               "InvariantMm: [M, K] @ [K, N], got ", a.sizes(), " and ",
               b.sizes());
-  if (!Blocked(a)) return at::mm(a, b);
+  if (!a.device().is_cpu()) return at::mm(a, b);
   const int64_t m = a.size(0);
   at::Tensor out = at::empty({m, b.size(1)}, a.options());
   if (m == 0) return out;
   const int64_t rows = BlockRows(m);
   const int64_t blocks = (m + rows - 1) / rows;
-  auto run = [&](int64_t b0, int64_t b1) {
+  RunBlocksAlone(blocks, [&](int64_t b0, int64_t b1) {
     for (int64_t i = b0; i < b1; ++i) {
       const int64_t r0 = i * rows, n = std::min(rows, m - r0);
-      SingleThreadedMm(out.narrow(0, r0, n), a.narrow(0, r0, n), b);
+      at::Tensor block = out.narrow(0, r0, n);
+      at::mm_out(block, a.narrow(0, r0, n), b);
     }
-  };
-  if (blocks == 1) {
-    run(0, 1);
-  } else {
-    at::parallel_for(0, blocks, 1, run);
-  }
+  });
   return out;
 }
 

@@ -4,7 +4,6 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <functional>
@@ -115,10 +114,9 @@ class CardRunner {
   std::shared_ptr<CardMemoryManager> memory_;          // this card
   std::shared_ptr<CardMemoryManager> rollout_memory_;  // its rollout card's
   int per_card_threads_ = 1;
-  // Fused: whether the trainer is in a training step (the rollout's decode
-  // steps take the card's whole thread budget otherwise).
-  std::atomic<bool> trainer_computing_{false};
-  // When this card's trainer and rollout compute (the step's time split).
+  // When this card's trainer and rollout compute: the step's time split,
+  // and (fused) whether the trainer is in a training step, when the
+  // rollout's decode steps take a share only.
   RoleOverlap overlap_;
   int64_t plan_step_ = 0;
   int plan_attempt_ = 0;
@@ -302,8 +300,9 @@ absl::Status CardRunner::Setup() {
     // do not depend on its thread count.
     const int rollout_threads = fo.rollout_threads;
     engine->set_step_hook([this, rollout_threads, card_threads] {
-      SetIntraOpThreads(trainer_computing_.load() ? rollout_threads
-                                                  : card_threads);
+      SetIntraOpThreads(overlap_.Computing(RoleOverlap::Role::kTrainer)
+                            ? rollout_threads
+                            : card_threads);
     });
     fo.round_on_own_thread = true;
   }
@@ -760,11 +759,9 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   {
     // Activations: the bytes the step allocates and holds at its peak.
     ScopedAllocationCounter counted(ctx_.policy->device());
-    trainer_computing_ = true;
     overlap_.Begin(RoleOverlap::Role::kTrainer);
     absl::StatusOr<TrainStats> stepped = trainer_->Step(samples);
     overlap_.End(RoleOverlap::Role::kTrainer);
-    trainer_computing_ = false;
     FUSIONRL_ASSIGN_OR_RETURN(ts, std::move(stepped));
     memory_->Set(MemoryCategory::kActivations, counted.peak_bytes());
   }
