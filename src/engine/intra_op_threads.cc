@@ -2,6 +2,7 @@
 
 #include <ATen/Config.h>
 #include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -43,7 +44,12 @@ void SetIntraOpThreads(int threads) {
 void RunBlocksAlone(int64_t blocks,
                     const std::function<void(int64_t, int64_t)>& run) {
   if (blocks <= 0) return;
+  // The blocks call LibTorch ops: a team's other threads run them under
+  // the caller's grad mode and dispatch state (e.g. no autograd inside a
+  // custom Function's forward), which are thread-local.
+  const at::ThreadLocalState caller;
   auto alone = [&](int64_t b0, int64_t b1) {
+    at::ThreadLocalStateGuard same_state(caller);
     const int team = at::get_num_threads();
     SetIntraOpThreads(1);
     run(b0, b1);
