@@ -40,7 +40,16 @@ absl::StatusOr<std::vector<int>> ParseSuperNodes(const std::string& text) {
 }
 
 nlohmann::ordered_json CostModelJson(const sim::CostModel& m) {
-  return {{"decode_seconds_per_step_base", m.decode_seconds_per_step_base},
+  return {{"timing", sim::TimingName(m.timing)},
+          {"peak_tflops", m.peak_tflops},
+          {"hbm_gbps", m.hbm_gbps},
+          {"mfu", m.mfu},
+          {"hbm_utilization", m.hbm_utilization},
+          {"kv_bytes_per_token", m.kv_bytes_per_token},
+          {"train_flops_per_param_token", m.train_flops_per_param_token},
+          {"train_hbm_fraction", m.train_hbm_fraction},
+          {"interference", m.interference},
+          {"decode_seconds_per_step_base", m.decode_seconds_per_step_base},
           {"decode_seconds_per_token", m.decode_seconds_per_token},
           {"prefill_seconds_per_token", m.prefill_seconds_per_token},
           {"prompt_length", m.prompt_length},

@@ -164,6 +164,8 @@ absl::StatusOr<Calibration> CalibrateFromRun(const std::string& run_dir,
   const double len_mean = cal.tokens_per_card / rows;
   CostModel& m = cal.cost;
   m = base;
+  // Measured seconds of this host, whose roles share its cores.
+  m.timing = Timing::kLinear;
   m.response_length.median = std::max(1.0, len_mean);
   m.response_length.sigma = 0;
   m.response_length.max = max_new;

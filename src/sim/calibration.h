@@ -33,7 +33,8 @@ struct Calibration {
 //   step_overhead_seconds = mean(step - rollout - train seconds)
 // by least squares when the tokens vary (coefficient of variation >= 10%)
 // and both coefficients come out >= 0, else as a ratio (a = c = 0). Prompt
-// costs are inside these (prompt_length 0, prefill 0); response lengths
+// costs are inside these (prompt_length 0, prefill 0); timing becomes
+// linear (measured seconds, both roles on the host's cores); response lengths
 // become fixed at the run's mean (sigma 0, max = max_new_tokens);
 // calibration_threads is the run's threads per card. NotFound / Invalid-
 // Argument naming the file and line for missing or bad input.

@@ -5,8 +5,10 @@
 // one after the other on the step's plan; fused runs the rollout ahead on
 // predicted groups (as worker/fused_rollout.h does) under the policy-lag
 // rule, and the training of step u once its plan, its rollout and version
-// u-1 are there; while both run, each progresses at
-// fused_concurrency_share of its solo speed. A super node's step ends with
+// u-1 are there; while both run, each progresses at the rate the
+// co-location model gives for the demands of their current segments
+// (CoLocatedRates: the decode on the bandwidth the trainer leaves, the
+// trainer on the compute the decode leaves). A super node's step ends with
 // the intra-node all-reduce; the cross-node part of step c starts once all
 // nodes finished c's backward (and the previous cross-node collective is
 // done), and a node applies step u once the collectives of the steps up to
@@ -72,12 +74,35 @@ class Simulation {
  private:
   struct Activity {
     bool active = false;
-    double remaining = 0;  // solo seconds of work left
-    double since = 0;      // when `remaining` was last brought up to date
+    Work work;
+    size_t segment = 0;       // the segment under way
+    double segment_left = 0;  // its solo seconds left
+    double since = 0;         // when `segment_left` was last brought up to date
     double started = 0;
-    uint64_t gen = 0;  // invalidates scheduled finish events
+    uint64_t gen = 0;  // invalidates scheduled events
     int64_t step = 0;
     int64_t behaviour = 0;  // rollout: the version it samples from
+
+    bool Done() const { return segment >= work.segments.size(); }
+    const Demand& demand() const { return work.segments[segment].demand; }
+    // Solo seconds left, all segments.
+    double Remaining() const {
+      double left = segment_left;
+      for (size_t i = segment + 1; i < work.segments.size(); ++i) {
+        left += work.segments[i].seconds;
+      }
+      return left;
+    }
+    // Moves `solo` seconds of work forward, across segment ends (a segment
+    // within a nanosecond of its end counts as ended).
+    void Consume(double solo) {
+      while (!Done() && solo >= segment_left - 1e-9) {
+        solo -= segment_left;
+        ++segment;
+        segment_left = Done() ? 0 : work.segments[segment].seconds;
+      }
+      if (!Done()) segment_left -= std::max(0.0, solo);
+    }
   };
   struct Batch {
     std::vector<int> lengths;
@@ -142,17 +167,22 @@ class Simulation {
     return r;
   }
 
-  double Rate(const Card& card) const {
-    return card.roll.active && card.train.active ? cost_.fused_concurrency_share
-                                                 : 1.0;
+  // The speeds of the card's activities, as fractions of solo speed.
+  CoRates Rates(const Card& card) const {
+    if (!card.roll.active || !card.train.active || card.roll.Done() ||
+        card.train.Done()) {
+      return {};
+    }
+    return CoLocatedRates(cost_, card.roll.demand(), card.train.demand());
   }
   // Brings both activities' remaining work and the busy time up to now.
   void Advance(Card& card) {
-    const double rate = Rate(card);
-    for (Activity* a : {&card.roll, &card.train}) {
-      if (!a->active) continue;
-      a->remaining = std::max(0.0, a->remaining - rate * (now_ - a->since));
-      a->since = now_;
+    const CoRates rates = Rates(card);
+    for (bool rollout : {true, false}) {
+      Activity& a = rollout ? card.roll : card.train;
+      if (!a.active) continue;
+      a.Consume((rollout ? rates.rollout : rates.train) * (now_ - a.since));
+      a.since = now_;
     }
     if (card.roll.active || card.train.active) {
       card.busy += now_ - card.busy_since;
@@ -160,7 +190,7 @@ class Simulation {
     card.busy_since = now_;
   }
   void Reschedule(Node& node, int c);
-  void Start(Node& node, int c, bool rollout, int64_t step, double work,
+  void Start(Node& node, int c, bool rollout, int64_t step, Work work,
              int64_t behaviour);
   void Finished(Node& node, int c, bool rollout, uint64_t gen);
 
@@ -209,24 +239,33 @@ class Simulation {
 
 void Simulation::Reschedule(Node& node, int c) {
   Card& card = node.cards[c];
-  const double rate = Rate(card);
+  const CoRates rates = Rates(card);
+  const bool shared = card.roll.active && card.train.active;
   for (bool rollout : {true, false}) {
     Activity& a = rollout ? card.roll : card.train;
     if (!a.active) continue;
     const uint64_t gen = ++a.gen;
     Node* n = &node;
-    At(now_ + a.remaining / rate,
+    // Shared, the rates change where either segment ends: wake up at the
+    // end of this one. Alone, the activity runs at solo speed to its end.
+    const double at =
+        shared ? a.segment_left / (rollout ? rates.rollout : rates.train)
+               : a.Remaining();
+    At(now_ + at,
        [this, n, c, rollout, gen] { Finished(*n, c, rollout, gen); });
   }
 }
 
-void Simulation::Start(Node& node, int c, bool rollout, int64_t step,
-                       double work, int64_t behaviour) {
+void Simulation::Start(Node& node, int c, bool rollout, int64_t step, Work work,
+                       int64_t behaviour) {
   Card& card = node.cards[c];
   Advance(card);
   Activity& a = rollout ? card.roll : card.train;
   a.active = true;
-  a.remaining = work;
+  a.work = std::move(work);
+  a.segment = 0;
+  a.segment_left = a.work.segments.empty() ? 0 : a.work.segments[0].seconds;
+  a.Consume(0);  // skips empty segments
   a.since = now_;
   a.started = now_;
   a.step = step;
@@ -239,6 +278,11 @@ void Simulation::Finished(Node& node, int c, bool rollout, uint64_t gen) {
   Activity& a = rollout ? card.roll : card.train;
   if (!a.active || a.gen != gen) return;  // rescheduled since
   Advance(card);
+  if (!a.Done()) {
+    // A segment ended while the card is shared: the rates change.
+    Reschedule(node, c);
+    return;
+  }
   a.active = false;
   ++a.gen;
   Reschedule(node, c);  // the other activity now runs alone
@@ -332,10 +376,10 @@ void Simulation::OnPlan(Node& node) {
     // colocated: sample the plan's groups now, then train on them.
     const std::vector<int> lengths =
         SampleResponseLengths(cost_, node.index, c, u, rows_per_card_);
-    const double work = RolloutSeconds(cost_, lengths) * node.scale *
-                        JitterFactor(cost_, node.index, c, u, 0);
+    Work work = RolloutWork(cost_, lengths);
+    work.Scale(node.scale * JitterFactor(cost_, node.index, c, u, 0));
     node.cards[c].next_rollout = u + 1;
-    Start(node, c, /*rollout=*/true, u, work, node.version);
+    Start(node, c, /*rollout=*/true, u, std::move(work), node.version);
   }
 }
 
@@ -347,10 +391,10 @@ void Simulation::TryStartRollout(Node& node, int c) {
   if (node.version < r - 1 - s_) return;
   const std::vector<int> lengths =
       SampleResponseLengths(cost_, node.index, c, r, rows_per_card_);
-  const double work = RolloutSeconds(cost_, lengths) * node.scale *
-                      JitterFactor(cost_, node.index, c, r, 0);
+  Work work = RolloutWork(cost_, lengths);
+  work.Scale(node.scale * JitterFactor(cost_, node.index, c, r, 0));
   card.next_rollout = r + 1;
-  Start(node, c, /*rollout=*/true, r, work, node.version);
+  Start(node, c, /*rollout=*/true, r, std::move(work), node.version);
 }
 
 void Simulation::TryStartTrain(Node& node, int c) {
@@ -359,12 +403,12 @@ void Simulation::TryStartTrain(Node& node, int c) {
   if (card.train.active || u == 0 || card.next_train != u) return;
   auto it = card.ready.find(u);
   if (it == card.ready.end() || node.version < u - 1) return;
-  const double work = TrainSeconds(cost_, it->second.lengths) * node.scale *
-                      JitterFactor(cost_, node.index, c, u, 1);
+  Work work = TrainWork(cost_, it->second.lengths);
+  work.Scale(node.scale * JitterFactor(cost_, node.index, c, u, 1));
   const int64_t staleness = (u - 1) - it->second.behaviour;
   node.staleness[u] = std::max(node.staleness[u], staleness);
   max_staleness_ = std::max(max_staleness_, staleness);
-  Start(node, c, /*rollout=*/false, u, work, it->second.behaviour);
+  Start(node, c, /*rollout=*/false, u, std::move(work), it->second.behaviour);
 }
 
 void Simulation::OnRolloutDone(Node& node, int c, const Activity& a) {
