@@ -1,6 +1,9 @@
 #include "cli/bench_cli.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -93,6 +96,16 @@ CLI::App* AddBenchCommand(CLI::App& app, BenchArgs& args) {
       ->add_option("--timeout", args.timeout_seconds,
                    "seconds per run (default 7200)")
       ->check(CLI::Range(10, 1000000));
+  bench
+      ->add_option("--eval-every", args.eval_every,
+                   "held-out evaluation every N steps, for time to accuracy "
+                   "(default 5; 0 = the final one only)")
+      ->check(CLI::Range(0, 1000000));
+  bench
+      ->add_option("--accuracy-margin", args.accuracy_margin,
+                   "time to accuracy: until colocated-sync's median final "
+                   "accuracy minus this (default 0.02)")
+      ->check(CLI::Range(0.0, 1.0));
   bench->add_option("--run-one", args.run_one, "internal: one run here")
       ->group("");
   return bench;
@@ -140,6 +153,11 @@ int RunOneHere(const BenchArgs& args, const JobConfig& base) {
   double idle = 0, trainer_only = 0, rollout_only = 0, both = 0;
   std::vector<double> staleness;
   int64_t stale = 0;
+  // The held-out accuracy curve against the run's own clock: the training
+  // loop's seconds plus the evaluations' (the same evaluations in every
+  // mode), summed up to each evaluation.
+  double clock = 0;
+  nlohmann::ordered_json evals = nlohmann::ordered_json::array();
   std::ifstream in(c.output_dir + "/metrics.jsonl");
   std::string line;
   while (std::getline(in, line)) {
@@ -148,6 +166,12 @@ int RunOneHere(const BenchArgs& args, const JobConfig& base) {
     train += j.value("train_seconds", 0.0);
     rollout += j.value("rollout_seconds", 0.0);
     step += j.value("step_seconds", 0.0);
+    clock += j.value("step_seconds", 0.0) + j.value("eval_seconds", 0.0);
+    if (j.contains("eval_accuracy")) {
+      evals.push_back({{"step", j.value("step", 0)},
+                       {"seconds", clock},
+                       {"accuracy", j.value("eval_accuracy", 0.0)}});
+    }
     stale = std::max<int64_t>(stale, j.value("max_staleness", 0.0));
     idle += j.value("card_idle_seconds", 0.0);
     trainer_only += j.value("card_trainer_only_seconds", 0.0);
@@ -176,6 +200,7 @@ int RunOneHere(const BenchArgs& args, const JobConfig& base) {
         {"both", share(both)},
         {"idle", share(idle)}}},
       {"staleness_histogram", staleness},
+      {"evals", evals},
       {"output_dir", c.output_dir}};
   std::cout << run.dump() << std::endl;
   return kExitOk;
@@ -199,7 +224,7 @@ int RunBench(const BenchArgs& args) {
       LoadBenchConfig(args.config_path, args.overrides);
   if (!base.ok()) return Fail(base.status());
   if (args.steps > 0) base->run.total_steps = args.steps;
-  base->run.eval_every = 0;
+  base->run.eval_every = args.eval_every;
   if (args.run_one > 0) return RunOneHere(args, *base);
   const std::string work =
       args.work_dir.empty() ? "runs/bench-" + base->name : args.work_dir;
@@ -249,6 +274,8 @@ int RunBench(const BenchArgs& args) {
         argv.push_back("--steps");
         argv.push_back(std::to_string(args.steps));
       }
+      argv.push_back("--eval-every");
+      argv.push_back(std::to_string(args.eval_every));
       for (const auto& o : args.overrides) {
         argv.push_back("--set");
         argv.push_back(o);
@@ -285,8 +312,37 @@ int RunBench(const BenchArgs& args) {
     }
   }
   double base_tps = 0;
+  std::optional<double> target;  // time to accuracy's
   for (size_t i = 0; i < modes.size(); ++i) {
-    if (modes[i].name == "colocated-sync") base_tps = Median(acc[i].tps);
+    if (modes[i].name == "colocated-sync") {
+      base_tps = Median(acc[i].tps);
+      target = Median(acc[i].acc) - args.accuracy_margin;
+    }
+  }
+  result["accuracy_target"] =
+      target ? nlohmann::ordered_json(*target) : nlohmann::ordered_json(nullptr);
+  // Per run: the seconds of its first evaluation at or above the target;
+  // per mode: their median, a run that never reached it counting as
+  // slower than every run that did (null when half or more never did).
+  std::vector<std::optional<double>> tta(modes.size());
+  for (size_t i = 0; i < modes.size() && target; ++i) {
+    std::vector<double> secs;
+    for (nlohmann::ordered_json& run : acc[i].runs) {
+      std::optional<double> reached;
+      for (const auto& e : run.value("evals", nlohmann::ordered_json::array())) {
+        if (e.value("accuracy", 0.0) >= *target - 1e-12) {
+          reached = e.value("seconds", 0.0);
+          break;
+        }
+      }
+      run["time_to_accuracy_seconds"] =
+          reached ? nlohmann::ordered_json(*reached)
+                  : nlohmann::ordered_json(nullptr);
+      secs.push_back(reached ? *reached
+                             : std::numeric_limits<double>::infinity());
+    }
+    const double m = Median(secs);
+    if (std::isfinite(m)) tta[i] = m;
   }
   nlohmann::ordered_json out_modes = nlohmann::ordered_json::object();
   for (size_t i = 0; i < modes.size(); ++i) {
@@ -309,6 +365,15 @@ int RunBench(const BenchArgs& args) {
     m["ratio_to_colocated_sync"] =
         base_tps > 0 ? nlohmann::ordered_json(Median(a.tps) / base_tps)
                      : nlohmann::ordered_json(nullptr);
+    m["median_time_to_accuracy_seconds"] =
+        tta[i] ? nlohmann::ordered_json(*tta[i])
+               : nlohmann::ordered_json(nullptr);
+    m["time_to_accuracy_ratio"] = nullptr;
+    for (size_t b = 0; b < modes.size(); ++b) {
+      if (modes[b].name == "colocated-sync" && tta[b] && tta[i] && *tta[b] > 0) {
+        m["time_to_accuracy_ratio"] = *tta[i] / *tta[b];
+      }
+    }
     out_modes[modes[i].name] = m;
   }
   result["modes"] = out_modes;

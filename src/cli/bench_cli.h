@@ -26,6 +26,12 @@ struct BenchArgs {
   std::string init_checkpoint;
   std::vector<std::string> overrides;
   int timeout_seconds = 7200;  // per run
+  // Held-out evaluation every this many steps (and after the last), for
+  // time to accuracy; 0 = only the final evaluation.
+  int eval_every = 5;
+  // Time to accuracy's target: colocated-sync's median final accuracy
+  // minus this.
+  double accuracy_margin = 0.02;
   // Internal: run `modes` (one mode) once here as run number `run_one` and
   // print its JSON line; init_checkpoint and work_dir must be set.
   int run_one = 0;

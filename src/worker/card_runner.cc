@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,6 +30,7 @@
 #include "engine/rollout.h"
 #include "engine/trainer.h"
 #include "spdlog/spdlog.h"
+#include "worker/card_turns.h"
 #include "worker/controller_store.h"
 #include "worker/fused_rollout.h"
 #include "worker/group_sampler.h"
@@ -118,6 +120,8 @@ class CardRunner {
   // and (fused) whether the trainer is in a training step, when the
   // rollout's decode steps take a share only.
   RoleOverlap overlap_;
+  // Fused with a lag, every thread shared: concurrent or interleaved.
+  std::unique_ptr<CardTurns> turns_;
   int64_t plan_step_ = 0;
   int plan_attempt_ = 0;
   // StaleSync across super nodes: the state after the last weight syncs
@@ -293,6 +297,17 @@ absl::Status CardRunner::Setup() {
   const int card_threads = std::max(per_card_threads_, train_threads);
   engine->set_row_blocks(card_threads);
   const bool share = fused && cfg.placement.fused_share_idle_threads;
+  // The trainer's step does not depend on its thread count either
+  // (engine/invariant_ops.h), except through the composite attention
+  // kernel's batched products: with it the trainer keeps its share.
+  const bool trainer_shares =
+      share &&
+      (cfg.model.attention_kernel == "fused" || !policy.device().is_cpu());
+  if (trainer_shares && engine->fused() && fo.max_policy_lag > 0) {
+    // Both roles share every thread: the card measures whether they
+    // compute faster at once or in turns (worker/card_turns.h).
+    turns_ = std::make_unique<CardTurns>(CardTurns::Options{}, clock_);
+  }
   if (share && engine->fused()) {
     // The rollout borrows the trainer's threads at every decode step the
     // trainer does not compute (the trainer does the same before each of
@@ -300,6 +315,17 @@ absl::Status CardRunner::Setup() {
     // do not depend on its thread count.
     const int rollout_threads = fo.rollout_threads;
     engine->set_step_hook([this, rollout_threads, card_threads] {
+      if (turns_ != nullptr &&
+          turns_->mode() == CardTurns::Mode::kInterleaved) {
+        // The engine's loop has no status to return: the round ends with
+        // the exception (FusedRollout records it as the thread's error).
+        if (absl::Status s = turns_->RolloutStep(clock_.Now() + timeout_);
+            !s.ok()) {
+          throw std::runtime_error(std::string(s.message()));
+        }
+        SetIntraOpThreads(card_threads);
+        return;
+      }
       SetIntraOpThreads(overlap_.Computing(RoleOverlap::Role::kTrainer)
                             ? rollout_threads
                             : card_threads);
@@ -323,6 +349,7 @@ absl::Status CardRunner::Setup() {
           int64_t version, const GroupSampler::DeliverFn& deliver) {
         overlap_.Begin(RoleOverlap::Role::kRollout);
         absl::Cleanup done = [this] {
+          if (turns_ != nullptr) turns_->RolloutIdle();
           overlap_.End(RoleOverlap::Role::kRollout);
         };
         return sampler_->SampleSteps(
@@ -344,14 +371,14 @@ absl::Status CardRunner::Setup() {
         counters->busy_us += static_cast<int64_t>(seconds * 1e6);
       },
       clock_);
-  // The trainer's step does not depend on its thread count either
-  // (engine/invariant_ops.h), except through the composite attention
-  // kernel's batched products: with it the trainer keeps its share.
-  if (share &&
-      (cfg.model.attention_kernel == "fused" || !policy.device().is_cpu())) {
+  if (trainer_shares) {
     FusedRollout* f = fused_.get();
-    trainer_->set_compute_hook([f, train_threads, card_threads] {
-      SetIntraOpThreads(f->sampling() ? train_threads : card_threads);
+    CardTurns* turns = turns_.get();
+    trainer_->set_compute_hook([f, turns, train_threads, card_threads] {
+      const bool alone =
+          !f->sampling() ||
+          (turns != nullptr && turns->mode() == CardTurns::Mode::kInterleaved);
+      SetIntraOpThreads(alone ? card_threads : train_threads);
     });
   }
   PublishToRollout();
@@ -759,9 +786,13 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   {
     // Activations: the bytes the step allocates and holds at its peak.
     ScopedAllocationCounter counted(ctx_.policy->device());
+    absl::Status turn = absl::OkStatus();
+    if (turns_ != nullptr) turn = turns_->TrainerEnter(clock_.Now() + timeout_);
     overlap_.Begin(RoleOverlap::Role::kTrainer);
-    absl::StatusOr<TrainStats> stepped = trainer_->Step(samples);
+    absl::StatusOr<TrainStats> stepped =
+        turn.ok() ? trainer_->Step(samples) : absl::StatusOr<TrainStats>(turn);
     overlap_.End(RoleOverlap::Role::kTrainer);
+    if (turns_ != nullptr) turns_->TrainerExit();
     FUSIONRL_ASSIGN_OR_RETURN(ts, std::move(stepped));
     memory_->Set(MemoryCategory::kActivations, counted.peak_bytes());
   }
@@ -829,6 +860,10 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
     }
   }
   const double step_s = SecondsSince(t0);
+  // The mode this step ran in; the next step's may differ.
+  const bool interleaved =
+      turns_ != nullptr && turns_->mode() == CardTurns::Mode::kInterleaved;
+  if (turns_ != nullptr) turns_->StepDone(step_s, step_tokens);
   job_.counters->busy_us += static_cast<int64_t>(step_s * 1e6);
   // Since the previous step's record (the first one holds the setup).
   const RoleSplit split = overlap_.Take();
@@ -861,6 +896,7 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
       {"rollout_wait_seconds", wait_s},
       {"train_seconds", train_s},
       {"step_seconds", step_s},
+      {"card_turns_interleaved", interleaved ? 1.0 : 0.0},
       {"cards", static_cast<double>(plan.world_size)},
       {"nodes", static_cast<double>(plan.nodes)},
       {"attempt", static_cast<double>(plan.attempt)},

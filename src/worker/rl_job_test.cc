@@ -572,8 +572,13 @@ TEST(RlJobTest, FusedWithLagResumesExactly) {
 // training and row blocks fixed by the card (engine/invariant_ops.h,
 // CpuDecoder::set_row_blocks) the uninterrupted run and the resumed one
 // would drift apart.
+//
+// The card also switches between computing both roles at once and taking
+// turns (worker/card_turns.h: a probe of 5 steps in each mode after the
+// first step), so the uninterrupted run and the resumed one run steps 7-11
+// in different modes: the numbers must not notice.
 TEST(RlJobTest, FusedWithLagResumesExactlyWithTheCardsThreadsShared) {
-  JobConfig c = TinyRlJob("resume-fused-lag2-shared-threads", 6);
+  JobConfig c = TinyRlJob("resume-fused-lag2-shared-threads", 12);
   c.num_threads = 2;
   c.model.d_model = 96;
   c.model.d_ff = 256;
@@ -583,7 +588,17 @@ TEST(RlJobTest, FusedWithLagResumesExactlyWithTheCardsThreadsShared) {
   ASSERT_TRUE(c.placement.fused_share_idle_threads);  // the default
   c.stalesync.max_policy_lag = 2;
   c.algorithm.decoupled_loss = true;
-  ExpectExactLaggedResume(c, 6, 3);
+  ExpectExactLaggedResume(c, 12, 6);
+  const std::vector<double> straight =
+      Column(c.output_dir + "-straight", "card_turns_interleaved");
+  const std::vector<double> split =
+      Column(c.output_dir + "-split", "card_turns_interleaved");
+  ASSERT_EQ(straight.size(), 12u);
+  ASSERT_EQ(split.size(), 12u);
+  for (int step : {7, 8, 9, 10, 11}) {  // 1-based
+    EXPECT_EQ(straight[step - 1], 1.0) << "step " << step;
+    EXPECT_EQ(split[step - 1], 0.0) << "step " << step;
+  }
 }
 
 TEST(RlJobTest, DisaggregatedWithLagResumesExactly) {

@@ -1,0 +1,94 @@
+#include "worker/card_turns.h"
+
+#include <algorithm>
+
+#include "core/metrics.h"
+
+namespace fusionrl {
+
+CardTurns::CardTurns(Options options, const Clock& clock)
+    : options_(options),
+      clock_(clock),
+      mode_(options.automatic ? Mode::kConcurrent : options.fixed) {}
+
+const char* CardTurns::ModeName(Mode m) {
+  return m == Mode::kConcurrent ? "concurrent" : "interleaved";
+}
+
+void CardTurns::StepDone(double seconds, int64_t tokens) {
+  if (!options_.automatic) return;
+  const int64_t p = std::max(2, options_.probe_steps);
+  const int64_t k = steps_++;  // the step just done (0-based)
+  const int64_t at = k - probe_start_;
+  if (at >= 0 && at < 2 * p && at % p != 0) {
+    times_[at < p ? 0 : 1].push_back(seconds /
+                                      static_cast<double>(std::max<int64_t>(1, tokens)));
+  }
+  Mode next = mode_.load();
+  const int64_t n = steps_ - probe_start_;  // the coming step's place
+  if (n == 2 * p) {
+    // The probe is over: keep the faster mode until the next one.
+    next = Median(times_[1]) < Median(times_[0]) ? Mode::kInterleaved
+                                                 : Mode::kConcurrent;
+    chosen_ = next;
+    times_[0].clear();
+    times_[1].clear();
+    probe_start_ = steps_ + options_.reprobe_every;
+  } else if (n >= 0 && n < 2 * p) {
+    next = n < p ? Mode::kConcurrent : Mode::kInterleaved;
+  } else {
+    next = chosen_;
+  }
+  if (next == Mode::kConcurrent && mode_.load() == Mode::kInterleaved) {
+    // Nobody waits for a turn any more.
+    absl::MutexLock lock(&mu_);
+    mode_ = next;
+    changed_.SignalAll();
+    return;
+  }
+  mode_ = next;
+}
+
+absl::Status CardTurns::TrainerEnter(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  trainer_ = true;
+  // The rollout's next hook sees trainer_ and waits; the decode step in
+  // flight is short (milliseconds).
+  while (rollout_step_ && mode_.load() == Mode::kInterleaved) {
+    if (WaitOnClock(changed_, mu_, clock_, deadline)) {
+      return absl::DeadlineExceededError(
+          "fused trainer: the rollout's decode step did not end within "
+          "run.collective_timeout_seconds");
+    }
+  }
+  return absl::OkStatus();
+}
+
+void CardTurns::TrainerExit() {
+  absl::MutexLock lock(&mu_);
+  trainer_ = false;
+  changed_.SignalAll();
+}
+
+absl::Status CardTurns::RolloutStep(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  rollout_step_ = false;
+  changed_.SignalAll();
+  while (trainer_ && mode_.load() == Mode::kInterleaved) {
+    if (WaitOnClock(changed_, mu_, clock_, deadline)) {
+      return absl::DeadlineExceededError(
+          "fused rollout: the trainer held the card past the deadline "
+          "(run.collective_timeout_seconds)");
+    }
+  }
+  rollout_step_ = mode_.load() == Mode::kInterleaved;
+  return absl::OkStatus();
+}
+
+void CardTurns::RolloutIdle() {
+  absl::MutexLock lock(&mu_);
+  rollout_step_ = false;
+  changed_.SignalAll();
+}
+
+}  // namespace fusionrl
