@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "core/metrics.h"
 
 namespace fusionrl {
 
@@ -15,27 +14,37 @@ const char* CardTurns::ModeName(Mode m) {
   return m == Mode::kConcurrent ? "concurrent" : "interleaved";
 }
 
+// A probe of 2p steps runs the modes in the order C I I C C I I C ...: a
+// drift in the batches (answers growing shorter as the policy learns)
+// weighs on both alike, and so does the first step after each switch.
+CardTurns::Mode CardTurns::ProbeMode(int64_t j) {
+  return j % 4 == 0 || j % 4 == 3 ? Mode::kConcurrent : Mode::kInterleaved;
+}
+
 void CardTurns::StepDone(double seconds, int64_t tokens) {
   if (!options_.automatic) return;
-  const int64_t p = std::max(2, options_.probe_steps);
+  const int64_t p = std::max(1, options_.probe_steps);
   const int64_t k = steps_++;  // the step just done (0-based)
   const int64_t at = k - probe_start_;
-  if (at >= 0 && at < 2 * p && at % p != 0) {
-    times_[at < p ? 0 : 1].push_back(seconds /
-                                      static_cast<double>(std::max<int64_t>(1, tokens)));
+  if (at >= 0 && at < 2 * p) {
+    const int m = ProbeMode(at) == Mode::kConcurrent ? 0 : 1;
+    seconds_[m] += seconds;
+    tokens_[m] += static_cast<double>(tokens);
   }
-  Mode next = mode_.load();
+  Mode next;
   const int64_t n = steps_ - probe_start_;  // the coming step's place
   if (n == 2 * p) {
-    // The probe is over: keep the faster mode until the next one.
-    next = Median(times_[1]) < Median(times_[0]) ? Mode::kInterleaved
-                                                 : Mode::kConcurrent;
-    chosen_ = next;
-    times_[0].clear();
-    times_[1].clear();
+    // The probe is over: keep the mode of the higher throughput (rollout
+    // tokens per second over its steps) until the next one.
+    auto rate = [&](int m) {
+      return seconds_[m] > 0 ? tokens_[m] / seconds_[m] : 0.0;
+    };
+    chosen_ = rate(1) > rate(0) ? Mode::kInterleaved : Mode::kConcurrent;
+    next = chosen_;
+    seconds_[0] = seconds_[1] = tokens_[0] = tokens_[1] = 0;
     probe_start_ = steps_ + options_.reprobe_every;
   } else if (n >= 0 && n < 2 * p) {
-    next = n < p ? Mode::kConcurrent : Mode::kInterleaved;
+    next = ProbeMode(n);
   } else {
     next = chosen_;
   }

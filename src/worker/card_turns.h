@@ -17,10 +17,9 @@
 //     publishing, evaluating), and a trainer that wants the card waits at
 //     most for the decode step in flight.
 // Auto (the default): after the first step the card runs a few steps in
-// each mode, keeps the one with the lower median seconds per rollout token
-// of a step (a step's time follows its batch: a step whose prompts ask for
-// long answers takes longer in either mode), and measures again every
-// `reprobe_every` steps. Results do not depend on the mode:
+// each mode, in the order C I I C C I I C (so that a drift of the batches
+// weighs on both alike), keeps the one that generated more rollout tokens
+// per second of its steps, and measures again every `reprobe_every` steps. Results do not depend on the mode:
 // training and the fused decoder do not depend on their thread count, and
 // StaleSync's lagged admission fixes which version samples each step
 // (docs/stalesync.md), so only the speed changes.
@@ -33,7 +32,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -50,9 +48,8 @@ class CardTurns {
   struct Options {
     bool automatic = true;  // false: always `fixed`
     Mode fixed = Mode::kConcurrent;
-    // Steps per mode in a probe; the first of each is not counted (the
-    // pipeline changes pace there).
-    int probe_steps = 5;
+    // Steps per mode in a probe.
+    int probe_steps = 4;
     // Steps between probes (after one ends).
     int reprobe_every = 40;
   };
@@ -62,6 +59,8 @@ class CardTurns {
   // The mode of the coming step.
   Mode mode() const { return mode_.load(); }
   static const char* ModeName(Mode m);
+  // The mode of a probe's j-th step (0-based).
+  static Mode ProbeMode(int64_t j);
 
   // After a training step that ran in mode(): its wall seconds and the
   // tokens its rollout generated. Advances the probe schedule and may
@@ -90,7 +89,8 @@ class CardTurns {
   // Probe schedule (main thread only).
   int64_t steps_ = 0;          // steps done
   int64_t probe_start_ = 1;    // the step count at which the next probe starts
-  std::vector<double> times_[2];  // per mode, this probe's s / token
+  double seconds_[2] = {0, 0};  // per mode (0 concurrent), this probe's
+  double tokens_[2] = {0, 0};
   Mode chosen_ = Mode::kConcurrent;  // the last probe's pick
 
   absl::Mutex mu_;

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/fake_clock.h"
@@ -14,72 +15,70 @@ namespace {
 
 using Mode = CardTurns::Mode;
 
-// The modes of `n` steps whose seconds are `concurrent` or `interleaved`
-// by the mode each ran in.
-std::vector<Mode> Schedule(CardTurns& turns, int n, double concurrent,
-                           double interleaved) {
+// Runs `n` steps; cost(mode, step) gives a step's seconds and tokens.
+template <class Cost>
+std::vector<Mode> Schedule(CardTurns& turns, int n, Cost cost) {
   std::vector<Mode> modes;
   for (int i = 0; i < n; ++i) {
     modes.push_back(turns.mode());
-    turns.StepDone(modes.back() == Mode::kConcurrent ? concurrent
-                                                     : interleaved,
-                   /*tokens=*/1);
+    const auto [seconds, tokens] = cost(modes.back(), i);
+    turns.StepDone(seconds, tokens);
   }
   return modes;
 }
 
-// After one warm-up step the card runs probe_steps steps in each mode, keeps
-// the faster one, and probes again reprobe_every steps later.
+constexpr Mode C = Mode::kConcurrent;
+constexpr Mode I = Mode::kInterleaved;
+
+// After one warm-up step the card runs a probe of 4 steps in each mode
+// (C I I C C I I C), keeps the faster one, and probes again reprobe_every
+// steps later.
 TEST(CardTurnsTest, ProbesBothModesAndKeepsTheFaster) {
   for (const bool interleaving_wins : {false, true}) {
-    CardTurns turns({/*automatic=*/true, Mode::kConcurrent,
-                     /*probe_steps=*/4, /*reprobe_every=*/10},
+    CardTurns turns({/*automatic=*/true, C, /*probe_steps=*/4,
+                     /*reprobe_every=*/10},
                     RealClock());
-    const std::vector<Mode> modes = Schedule(
-        turns, 30, /*concurrent=*/interleaving_wins ? 2.0 : 1.0,
-        /*interleaved=*/interleaving_wins ? 1.0 : 2.0);
-    const Mode won =
-        interleaving_wins ? Mode::kInterleaved : Mode::kConcurrent;
+    const std::vector<Mode> modes =
+        Schedule(turns, 30, [&](Mode m, int) -> std::pair<double, int64_t> {
+          return {(m == I) == interleaving_wins ? 1.0 : 2.0, 100};
+        });
+    const Mode won = interleaving_wins ? I : C;
+    const std::vector<Mode> probe = {C, I, I, C, C, I, I, C};
     for (int i = 0; i < 30; ++i) {
       Mode want = won;
-      if (i < 5) want = Mode::kConcurrent;                // warm-up, probe
-      else if (i < 9) want = Mode::kInterleaved;          // probe
-      else if (i >= 19 && i < 23) want = Mode::kConcurrent;   // probe again
-      else if (i >= 23 && i < 27) want = Mode::kInterleaved;
+      if (i == 0) want = C;                         // warm-up
+      if (i >= 1 && i < 9) want = probe[i - 1];
+      if (i >= 19 && i < 27) want = probe[i - 19];  // probe again
       EXPECT_EQ(modes[i], want) << "step " << i << " interleaving_wins "
                                 << interleaving_wins;
     }
   }
 }
 
-// The first step of each probe window is not counted: a slow transition
-// step does not decide the probe.
-TEST(CardTurnsTest, TheFirstStepOfAWindowIsNotCounted) {
-  CardTurns turns({true, Mode::kConcurrent, 4, 10}, RealClock());
-  turns.StepDone(1.0, 1);  // warm-up
-  for (int i = 0; i < 4; ++i) turns.StepDone(1.0, 1);  // concurrent
-  // Interleaved: a slow first step, then faster ones.
-  turns.StepDone(100.0, 1);
-  for (int i = 0; i < 3; ++i) turns.StepDone(0.5, 1);
-  EXPECT_EQ(turns.mode(), Mode::kInterleaved);
-}
-
-// Steps are compared by seconds per rollout token: a step of long answers
-// is not held against the mode it ran in.
-TEST(CardTurnsTest, StepsAreComparedPerToken) {
-  CardTurns turns({true, Mode::kConcurrent, 4, 10}, RealClock());
-  turns.StepDone(1.0, 100);  // warm-up
-  // Concurrent: 1 s for 100 tokens (0.01 s a token).
-  for (int i = 0; i < 4; ++i) turns.StepDone(1.0, 100);
-  // Interleaved: shorter steps, but of fewer tokens (0.02 s a token).
-  for (int i = 0; i < 4; ++i) turns.StepDone(0.8, 40);
-  EXPECT_EQ(turns.mode(), Mode::kConcurrent);
+// Batches drift as the policy learns (answers grow shorter): steps are
+// weighed by the tokens they generated and the modes alternate, so a mode
+// 5% faster a token wins although its steps fell later and were shorter
+// (the median step time of two blocks would pick the other).
+TEST(CardTurnsTest, ADriftOfTheBatchesDoesNotDecide) {
+  for (const bool interleaving_wins : {false, true}) {
+    CardTurns turns({true, C, 4, 100}, RealClock());
+    Schedule(turns, 9, [&](Mode m, int step) -> std::pair<double, int64_t> {
+      const int64_t tokens = 2000 - 150 * step;
+      const double per_token =
+          (m == I) == interleaving_wins ? 0.95e-3 : 1.0e-3;
+      return {per_token * static_cast<double>(tokens), tokens};
+    });
+    EXPECT_EQ(turns.mode(), interleaving_wins ? I : C);
+  }
 }
 
 TEST(CardTurnsTest, FixedModeNeverProbes) {
   CardTurns turns({false, Mode::kInterleaved, 4, 10}, RealClock());
-  const std::vector<Mode> modes = Schedule(turns, 20, 1.0, 5.0);
-  for (Mode m : modes) EXPECT_EQ(m, Mode::kInterleaved);
+  const std::vector<Mode> modes =
+      Schedule(turns, 20, [](Mode m, int) -> std::pair<double, int64_t> {
+        return {m == I ? 5.0 : 1.0, 100};
+      });
+  for (Mode m : modes) EXPECT_EQ(m, I);
 }
 
 // Interleaved, the trainer waits for the decode step in flight, and the
