@@ -306,7 +306,9 @@ absl::Status CardRunner::Setup() {
   if (trainer_shares && engine->fused() && fo.max_policy_lag > 0) {
     // Both roles share every thread: the card measures whether they
     // compute faster at once or in turns (worker/card_turns.h).
-    turns_ = std::make_unique<CardTurns>(CardTurns::Options{}, clock_);
+    CardTurns::Options turns;
+    turns.settle_steps = static_cast<int>(fo.max_policy_lag) + 1;
+    turns_ = std::make_unique<CardTurns>(turns, clock_);
   }
   if (share && engine->fused()) {
     // The rollout borrows the trainer's threads at every decode step the
@@ -317,12 +319,13 @@ absl::Status CardRunner::Setup() {
     engine->set_step_hook([this, rollout_threads, card_threads] {
       if (turns_ != nullptr &&
           turns_->mode() == CardTurns::Mode::kInterleaved) {
+        // Waiting for its turn is not computing (the card's time split).
         // The engine's loop has no status to return: the round ends with
         // the exception (FusedRollout records it as the thread's error).
-        if (absl::Status s = turns_->RolloutStep(clock_.Now() + timeout_);
-            !s.ok()) {
-          throw std::runtime_error(std::string(s.message()));
-        }
+        overlap_.End(RoleOverlap::Role::kRollout);
+        absl::Status s = turns_->RolloutStep(clock_.Now() + timeout_);
+        overlap_.Begin(RoleOverlap::Role::kRollout);
+        if (!s.ok()) throw std::runtime_error(std::string(s.message()));
         SetIntraOpThreads(card_threads);
         return;
       }

@@ -14,20 +14,22 @@ const char* CardTurns::ModeName(Mode m) {
   return m == Mode::kConcurrent ? "concurrent" : "interleaved";
 }
 
-// A probe of 2p steps runs the modes in the order C I I C C I I C ...: a
-// drift in the batches (answers growing shorter as the policy learns)
-// weighs on both alike, and so does the first step after each switch.
-CardTurns::Mode CardTurns::ProbeMode(int64_t j) {
-  return j % 4 == 0 || j % 4 == 3 ? Mode::kConcurrent : Mode::kInterleaved;
+CardTurns::Mode CardTurns::ProbeMode(int64_t j) const {
+  return j < ProbeSteps() ? Mode::kConcurrent : Mode::kInterleaved;
+}
+
+int64_t CardTurns::ProbeSteps() const {
+  return std::max(0, options_.settle_steps) +
+         std::max(1, options_.counted_steps);
 }
 
 void CardTurns::StepDone(double seconds, int64_t tokens) {
   if (!options_.automatic) return;
-  const int64_t p = std::max(1, options_.probe_steps);
+  const int64_t p = ProbeSteps();
   const int64_t k = steps_++;  // the step just done (0-based)
   const int64_t at = k - probe_start_;
-  if (at >= 0 && at < 2 * p) {
-    const int m = ProbeMode(at) == Mode::kConcurrent ? 0 : 1;
+  if (at >= 0 && at < 2 * p && at % p >= options_.settle_steps) {
+    const int m = at < p ? 0 : 1;
     seconds_[m] += seconds;
     tokens_[m] += static_cast<double>(tokens);
   }
@@ -35,7 +37,7 @@ void CardTurns::StepDone(double seconds, int64_t tokens) {
   const int64_t n = steps_ - probe_start_;  // the coming step's place
   if (n == 2 * p) {
     // The probe is over: keep the mode of the higher throughput (rollout
-    // tokens per second over its steps) until the next one.
+    // tokens per second over its counted steps) until the next one.
     auto rate = [&](int m) {
       return seconds_[m] > 0 ? tokens_[m] / seconds_[m] : 0.0;
     };

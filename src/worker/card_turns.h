@@ -16,10 +16,14 @@
 //     the trainer does not compute (between its steps: waiting for a batch,
 //     publishing, evaluating), and a trainer that wants the card waits at
 //     most for the decode step in flight.
-// Auto (the default): after the first step the card runs a few steps in
-// each mode, in the order C I I C C I I C (so that a drift of the batches
-// weighs on both alike), keeps the one that generated more rollout tokens
-// per second of its steps, and measures again every `reprobe_every` steps. Results do not depend on the mode:
+// Auto (the default): after the first step the card runs a block of steps
+// in each mode and keeps the one that generated more rollout tokens per
+// second over the block's last steps, and measures again every
+// `reprobe_every` steps. The first steps of a block are not counted: the
+// rollout runs up to s steps ahead, and a mode that lets it fall behind
+// (interleaved) trains from batches the other sampled ahead, fast, until
+// the pipeline drains; a comparison of alternating steps picked the
+// slower mode that way. Results do not depend on the mode:
 // training and the fused decoder do not depend on their thread count, and
 // StaleSync's lagged admission fixes which version samples each step
 // (docs/stalesync.md), so only the speed changes.
@@ -48,8 +52,10 @@ class CardTurns {
   struct Options {
     bool automatic = true;  // false: always `fixed`
     Mode fixed = Mode::kConcurrent;
-    // Steps per mode in a probe.
-    int probe_steps = 4;
+    // A probe's block per mode: settle_steps not counted (set it to the
+    // policy lag + 1), then counted_steps counted.
+    int settle_steps = 3;
+    int counted_steps = 3;
     // Steps between probes (after one ends).
     int reprobe_every = 40;
   };
@@ -59,8 +65,7 @@ class CardTurns {
   // The mode of the coming step.
   Mode mode() const { return mode_.load(); }
   static const char* ModeName(Mode m);
-  // The mode of a probe's j-th step (0-based).
-  static Mode ProbeMode(int64_t j);
+
 
   // After a training step that ran in mode(): its wall seconds and the
   // tokens its rollout generated. Advances the probe schedule and may
@@ -82,6 +87,10 @@ class CardTurns {
   void RolloutIdle() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // The mode of a probe's j-th step (0-based), and a block's steps.
+  Mode ProbeMode(int64_t j) const;
+  int64_t ProbeSteps() const;
+
   const Options options_;
   const Clock& clock_;
   std::atomic<Mode> mode_;

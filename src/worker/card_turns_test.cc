@@ -30,50 +30,60 @@ std::vector<Mode> Schedule(CardTurns& turns, int n, Cost cost) {
 constexpr Mode C = Mode::kConcurrent;
 constexpr Mode I = Mode::kInterleaved;
 
-// After one warm-up step the card runs a probe of 4 steps in each mode
-// (C I I C C I I C), keeps the faster one, and probes again reprobe_every
-// steps later.
+// After one warm-up step the card runs a block in each mode (2 settling +
+// 3 counted steps here), keeps the faster one, and probes again
+// reprobe_every steps later.
 TEST(CardTurnsTest, ProbesBothModesAndKeepsTheFaster) {
   for (const bool interleaving_wins : {false, true}) {
-    CardTurns turns({/*automatic=*/true, C, /*probe_steps=*/4,
-                     /*reprobe_every=*/10},
+    CardTurns turns({/*automatic=*/true, C, /*settle_steps=*/2,
+                     /*counted_steps=*/3, /*reprobe_every=*/10},
                     RealClock());
     const std::vector<Mode> modes =
-        Schedule(turns, 30, [&](Mode m, int) -> std::pair<double, int64_t> {
+        Schedule(turns, 40, [&](Mode m, int) -> std::pair<double, int64_t> {
           return {(m == I) == interleaving_wins ? 1.0 : 2.0, 100};
         });
     const Mode won = interleaving_wins ? I : C;
-    const std::vector<Mode> probe = {C, I, I, C, C, I, I, C};
-    for (int i = 0; i < 30; ++i) {
+    for (int i = 0; i < 40; ++i) {
       Mode want = won;
-      if (i == 0) want = C;                         // warm-up
-      if (i >= 1 && i < 9) want = probe[i - 1];
-      if (i >= 19 && i < 27) want = probe[i - 19];  // probe again
+      if (i < 6) want = C;                   // warm-up, the C block
+      if (i >= 6 && i < 11) want = I;        // the I block
+      if (i >= 21 && i < 26) want = C;       // probe again
+      if (i >= 26 && i < 31) want = I;
       EXPECT_EQ(modes[i], want) << "step " << i << " interleaving_wins "
                                 << interleaving_wins;
     }
   }
 }
 
-// Batches drift as the policy learns (answers grow shorter): steps are
-// weighed by the tokens they generated and the modes alternate, so a mode
-// 5% faster a token wins although its steps fell later and were shorter
-// (the median step time of two blocks would pick the other).
-TEST(CardTurnsTest, ADriftOfTheBatchesDoesNotDecide) {
-  for (const bool interleaving_wins : {false, true}) {
-    CardTurns turns({true, C, 4, 100}, RealClock());
-    Schedule(turns, 9, [&](Mode m, int step) -> std::pair<double, int64_t> {
-      const int64_t tokens = 2000 - 150 * step;
-      const double per_token =
-          (m == I) == interleaving_wins ? 0.95e-3 : 1.0e-3;
-      return {per_token * static_cast<double>(tokens), tokens};
-    });
-    EXPECT_EQ(turns.mode(), interleaving_wins ? I : C);
-  }
+// A block's first steps are not counted: switching to interleaved, the
+// trainer first takes the batches the rollout sampled ahead while both
+// ran at once (fast steps), and only then runs at the interleaved pace.
+TEST(CardTurnsTest, StepsWhileThePipelineSettlesAreNotCounted) {
+  CardTurns turns({true, C, 2, 3, 100}, RealClock());
+  const std::vector<Mode> modes =
+      Schedule(turns, 12, [&](Mode m, int step) -> std::pair<double, int64_t> {
+        if (m == C) return {1.0, 100};
+        // The I block: steps 6 and 7 drain the pipeline, then 1.5 s a step.
+        return {step < 8 ? 0.2 : 1.5, 100};
+      });
+  EXPECT_EQ(turns.mode(), C);
+}
+
+// Steps are weighed by the rollout tokens they generated: a mode whose
+// steps were shorter because their batches were (the policy's answers
+// shortening) does not win for that.
+TEST(CardTurnsTest, StepsAreWeighedByTheirTokens) {
+  CardTurns turns({true, C, 0, 4, 100}, RealClock());
+  Schedule(turns, 9, [&](Mode m, int) -> std::pair<double, int64_t> {
+    // Concurrent: 0.01 s a token; interleaved: 0.8 s for 40 (0.02).
+    return m == C ? std::pair<double, int64_t>{1.0, 100}
+                  : std::pair<double, int64_t>{0.8, 40};
+  });
+  EXPECT_EQ(turns.mode(), C);
 }
 
 TEST(CardTurnsTest, FixedModeNeverProbes) {
-  CardTurns turns({false, Mode::kInterleaved, 4, 10}, RealClock());
+  CardTurns turns({false, Mode::kInterleaved, 3, 3, 10}, RealClock());
   const std::vector<Mode> modes =
       Schedule(turns, 20, [](Mode m, int) -> std::pair<double, int64_t> {
         return {m == I ? 5.0 : 1.0, 100};
@@ -84,7 +94,7 @@ TEST(CardTurnsTest, FixedModeNeverProbes) {
 // Interleaved, the trainer waits for the decode step in flight, and the
 // rollout's next step waits until the trainer gives the card back.
 TEST(CardTurnsTest, InterleavedRolesTakeTurns) {
-  CardTurns turns({false, Mode::kInterleaved, 4, 10}, RealClock());
+  CardTurns turns({false, Mode::kInterleaved, 3, 3, 10}, RealClock());
   const absl::Time far = absl::Now() + absl::Seconds(60);
   ASSERT_TRUE(turns.RolloutStep(far).ok());  // a decode step in flight
   std::atomic<bool> trainer_in{false};
@@ -114,7 +124,7 @@ TEST(CardTurnsTest, InterleavedRolesTakeTurns) {
 
 // Concurrent, nobody waits.
 TEST(CardTurnsTest, ConcurrentRolesNeverWait) {
-  CardTurns turns({false, Mode::kConcurrent, 4, 10}, RealClock());
+  CardTurns turns({false, Mode::kConcurrent, 3, 3, 10}, RealClock());
   const absl::Time far = absl::Now() + absl::Seconds(60);
   ASSERT_TRUE(turns.RolloutStep(far).ok());
   ASSERT_TRUE(turns.TrainerEnter(far).ok());
@@ -125,7 +135,7 @@ TEST(CardTurnsTest, ConcurrentRolesNeverWait) {
 // Every wait has a deadline.
 TEST(CardTurnsTest, WaitsEndAtTheirDeadline) {
   FakeClock clock;
-  CardTurns turns({false, Mode::kInterleaved, 4, 10}, clock);
+  CardTurns turns({false, Mode::kInterleaved, 3, 3, 10}, clock);
   ASSERT_TRUE(turns.TrainerEnter(clock.Now() + absl::Seconds(5)).ok());
   absl::Status status;
   std::thread rollout(
@@ -136,7 +146,7 @@ TEST(CardTurnsTest, WaitsEndAtTheirDeadline) {
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
   turns.TrainerExit();
 
-  CardTurns other({false, Mode::kInterleaved, 4, 10}, clock);
+  CardTurns other({false, Mode::kInterleaved, 3, 3, 10}, clock);
   ASSERT_TRUE(other.RolloutStep(clock.Now() + absl::Seconds(5)).ok());
   std::thread trainer(
       [&] { status = other.TrainerEnter(clock.Now() + absl::Seconds(5)); });
