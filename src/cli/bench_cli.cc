@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
-#include <optional>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <limits>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -319,8 +319,8 @@ int RunBench(const BenchArgs& args) {
       target = Median(acc[i].acc) - args.accuracy_margin;
     }
   }
-  result["accuracy_target"] =
-      target ? nlohmann::ordered_json(*target) : nlohmann::ordered_json(nullptr);
+  result["accuracy_target"] = target ? nlohmann::ordered_json(*target)
+                                     : nlohmann::ordered_json(nullptr);
   // Per run: the seconds of its first evaluation at or above the target;
   // per mode: their median, a run that never reached it counting as
   // slower than every run that did (null when half or more never did).
@@ -329,20 +329,25 @@ int RunBench(const BenchArgs& args) {
     std::vector<double> secs;
     for (nlohmann::ordered_json& run : acc[i].runs) {
       std::optional<double> reached;
-      for (const auto& e : run.value("evals", nlohmann::ordered_json::array())) {
+      for (const auto& e :
+           run.value("evals", nlohmann::ordered_json::array())) {
         if (e.value("accuracy", 0.0) >= *target - 1e-12) {
           reached = e.value("seconds", 0.0);
           break;
         }
       }
-      run["time_to_accuracy_seconds"] =
-          reached ? nlohmann::ordered_json(*reached)
-                  : nlohmann::ordered_json(nullptr);
+      run["time_to_accuracy_seconds"] = reached
+                                            ? nlohmann::ordered_json(*reached)
+                                            : nlohmann::ordered_json(nullptr);
       secs.push_back(reached ? *reached
                              : std::numeric_limits<double>::infinity());
     }
     const double m = Median(secs);
     if (std::isfinite(m)) tta[i] = m;
+  }
+  std::optional<double> base_tta;
+  for (size_t i = 0; i < modes.size(); ++i) {
+    if (modes[i].name == "colocated-sync") base_tta = tta[i];
   }
   nlohmann::ordered_json out_modes = nlohmann::ordered_json::object();
   for (size_t i = 0; i < modes.size(); ++i) {
@@ -368,12 +373,10 @@ int RunBench(const BenchArgs& args) {
     m["median_time_to_accuracy_seconds"] =
         tta[i] ? nlohmann::ordered_json(*tta[i])
                : nlohmann::ordered_json(nullptr);
-    m["time_to_accuracy_ratio"] = nullptr;
-    for (size_t b = 0; b < modes.size(); ++b) {
-      if (modes[b].name == "colocated-sync" && tta[b] && tta[i] && *tta[b] > 0) {
-        m["time_to_accuracy_ratio"] = *tta[i] / *tta[b];
-      }
-    }
+    m["time_to_accuracy_ratio"] =
+        base_tta && tta[i] && *base_tta > 0
+            ? nlohmann::ordered_json(*tta[i] / *base_tta)
+            : nlohmann::ordered_json(nullptr);
     out_modes[modes[i].name] = m;
   }
   result["modes"] = out_modes;

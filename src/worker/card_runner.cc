@@ -300,9 +300,8 @@ absl::Status CardRunner::Setup() {
   // The trainer's step does not depend on its thread count either
   // (engine/invariant_ops.h), except through the composite attention
   // kernel's batched products: with it the trainer keeps its share.
-  const bool trainer_shares =
-      share &&
-      (cfg.model.attention_kernel == "fused" || !policy.device().is_cpu());
+  const bool trainer_shares = share && (cfg.model.attention_kernel == "fused" ||
+                                        !policy.device().is_cpu());
   if (trainer_shares && engine->fused() && fo.max_policy_lag > 0) {
     // Both roles share every thread: the card measures whether they
     // compute faster at once or in turns (worker/card_turns.h).
@@ -317,8 +316,7 @@ absl::Status CardRunner::Setup() {
     // do not depend on its thread count.
     const int rollout_threads = fo.rollout_threads;
     engine->set_step_hook([this, rollout_threads, card_threads] {
-      if (turns_ != nullptr &&
-          turns_->mode() == CardTurns::Mode::kInterleaved) {
+      if (turns_ != nullptr && turns_->interleaved()) {
         // Waiting for its turn is not computing (the card's time split).
         // The engine's loop has no status to return: the round ends with
         // the exception (FusedRollout records it as the thread's error).
@@ -379,8 +377,7 @@ absl::Status CardRunner::Setup() {
     CardTurns* turns = turns_.get();
     trainer_->set_compute_hook([f, turns, train_threads, card_threads] {
       const bool alone =
-          !f->sampling() ||
-          (turns != nullptr && turns->mode() == CardTurns::Mode::kInterleaved);
+          !f->sampling() || (turns != nullptr && turns->interleaved());
       SetIntraOpThreads(alone ? card_threads : train_threads);
     });
   }
@@ -789,11 +786,11 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   {
     // Activations: the bytes the step allocates and holds at its peak.
     ScopedAllocationCounter counted(ctx_.policy->device());
-    absl::Status turn = absl::OkStatus();
-    if (turns_ != nullptr) turn = turns_->TrainerEnter(clock_.Now() + timeout_);
+    if (turns_ != nullptr) {
+      FUSIONRL_RETURN_IF_ERROR(turns_->TrainerEnter(clock_.Now() + timeout_));
+    }
     overlap_.Begin(RoleOverlap::Role::kTrainer);
-    absl::StatusOr<TrainStats> stepped =
-        turn.ok() ? trainer_->Step(samples) : absl::StatusOr<TrainStats>(turn);
+    absl::StatusOr<TrainStats> stepped = trainer_->Step(samples);
     overlap_.End(RoleOverlap::Role::kTrainer);
     if (turns_ != nullptr) turns_->TrainerExit();
     FUSIONRL_ASSIGN_OR_RETURN(ts, std::move(stepped));
@@ -864,8 +861,7 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   }
   const double step_s = SecondsSince(t0);
   // The mode this step ran in; the next step's may differ.
-  const bool interleaved =
-      turns_ != nullptr && turns_->mode() == CardTurns::Mode::kInterleaved;
+  const bool interleaved = turns_ != nullptr && turns_->interleaved();
   if (turns_ != nullptr) turns_->StepDone(step_s, step_tokens);
   job_.counters->busy_us += static_cast<int64_t>(step_s * 1e6);
   // Since the previous step's record (the first one holds the setup).

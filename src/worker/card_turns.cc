@@ -2,17 +2,12 @@
 
 #include <algorithm>
 
-
 namespace fusionrl {
 
 CardTurns::CardTurns(Options options, const Clock& clock)
     : options_(options),
       clock_(clock),
       mode_(options.automatic ? Mode::kConcurrent : options.fixed) {}
-
-const char* CardTurns::ModeName(Mode m) {
-  return m == Mode::kConcurrent ? "concurrent" : "interleaved";
-}
 
 CardTurns::Mode CardTurns::ProbeMode(int64_t j) const {
   return j < ProbeSteps() ? Mode::kConcurrent : Mode::kInterleaved;
@@ -50,14 +45,10 @@ void CardTurns::StepDone(double seconds, int64_t tokens) {
   } else {
     next = chosen_;
   }
-  if (next == Mode::kConcurrent && mode_.load() == Mode::kInterleaved) {
-    // Nobody waits for a turn any more.
-    absl::MutexLock lock(&mu_);
-    mode_ = next;
-    changed_.SignalAll();
-    return;
-  }
+  // Under the lock: a role waiting for its turn sees the new mode.
+  absl::MutexLock lock(&mu_);
   mode_ = next;
+  changed_.SignalAll();
 }
 
 absl::Status CardTurns::TrainerEnter(absl::Time deadline) {
@@ -65,8 +56,10 @@ absl::Status CardTurns::TrainerEnter(absl::Time deadline) {
   trainer_ = true;
   // The rollout's next hook sees trainer_ and waits; the decode step in
   // flight is short (milliseconds).
-  while (rollout_step_ && mode_.load() == Mode::kInterleaved) {
+  while (rollout_step_ && interleaved()) {
     if (WaitOnClock(changed_, mu_, clock_, deadline)) {
+      trainer_ = false;
+      changed_.SignalAll();
       return absl::DeadlineExceededError(
           "fused trainer: the rollout's decode step did not end within "
           "run.collective_timeout_seconds");
@@ -85,14 +78,14 @@ absl::Status CardTurns::RolloutStep(absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   rollout_step_ = false;
   changed_.SignalAll();
-  while (trainer_ && mode_.load() == Mode::kInterleaved) {
+  while (trainer_ && interleaved()) {
     if (WaitOnClock(changed_, mu_, clock_, deadline)) {
       return absl::DeadlineExceededError(
           "fused rollout: the trainer held the card past the deadline "
           "(run.collective_timeout_seconds)");
     }
   }
-  rollout_step_ = mode_.load() == Mode::kInterleaved;
+  rollout_step_ = interleaved();
   return absl::OkStatus();
 }
 

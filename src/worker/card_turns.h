@@ -64,8 +64,7 @@ class CardTurns {
 
   // The mode of the coming step.
   Mode mode() const { return mode_.load(); }
-  static const char* ModeName(Mode m);
-
+  bool interleaved() const { return mode() == Mode::kInterleaved; }
 
   // After a training step that ran in mode(): its wall seconds and the
   // tokens its rollout generated. Advances the probe schedule and may
@@ -74,8 +73,8 @@ class CardTurns {
 
   // Interleaved: the trainer takes the card (waiting for a decode step in
   // flight, or the rest of a round past its last decode step) and gives it
-  // back. DeadlineExceeded after `deadline` (the card is then left to the
-  // trainer: TrainerExit() still follows). No-ops while concurrent.
+  // back. DeadlineExceeded after `deadline`, and the card is given back.
+  // No-ops while concurrent.
   absl::Status TrainerEnter(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
   void TrainerExit() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -96,15 +95,15 @@ class CardTurns {
   std::atomic<Mode> mode_;
 
   // Probe schedule (main thread only).
-  int64_t steps_ = 0;          // steps done
-  int64_t probe_start_ = 1;    // the step count at which the next probe starts
+  int64_t steps_ = 0;           // steps done
+  int64_t probe_start_ = 1;     // the step count at which the next probe starts
   double seconds_[2] = {0, 0};  // per mode (0 concurrent), this probe's
   double tokens_[2] = {0, 0};
   Mode chosen_ = Mode::kConcurrent;  // the last probe's pick
 
   absl::Mutex mu_;
   absl::CondVar changed_;
-  bool trainer_ ABSL_GUARDED_BY(mu_) = false;      // has the card
+  bool trainer_ ABSL_GUARDED_BY(mu_) = false;       // has the card
   bool rollout_step_ ABSL_GUARDED_BY(mu_) = false;  // a decode step in flight
 };
 

@@ -45,12 +45,12 @@ TEST(CardTurnsTest, ProbesBothModesAndKeepsTheFaster) {
     const Mode won = interleaving_wins ? I : C;
     for (int i = 0; i < 40; ++i) {
       Mode want = won;
-      if (i < 6) want = C;                   // warm-up, the C block
-      if (i >= 6 && i < 11) want = I;        // the I block
-      if (i >= 21 && i < 26) want = C;       // probe again
+      if (i < 6) want = C;              // warm-up, the C block
+      if (i >= 6 && i < 11) want = I;   // the I block
+      if (i >= 21 && i < 26) want = C;  // probe again
       if (i >= 26 && i < 31) want = I;
-      EXPECT_EQ(modes[i], want) << "step " << i << " interleaving_wins "
-                                << interleaving_wins;
+      EXPECT_EQ(modes[i], want)
+          << "step " << i << " interleaving_wins " << interleaving_wins;
     }
   }
 }
