@@ -32,8 +32,12 @@ done
 HTTP=$(sed -n 's/^http on //p' "$OUT/controller.out")
 echo "ok   controller on $ADDR, http on $HTTP"
 
+# The checks of the running job below (/metrics, the dashboard) take about
+# 10 s: the job must outlast them however fast the engine is (its 40 steps
+# once took 6 s, and the dashboard showed idle cards), so each step is
+# followed by a pause: 40 steps, at least 30 s.
 "$BIN" worker --controller "$ADDR" --super-node sn-a --cards 2 --threads 1 \
-  >"$OUT/worker.out" 2>"$OUT/worker.log" &
+  --debug-step-delay-ms 750 >"$OUT/worker.out" 2>"$OUT/worker.log" &
 PIDS+=("$!")
 
 # The cluster before any job: the node, its two idle cards, "no jobs".
