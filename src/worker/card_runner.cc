@@ -667,11 +667,22 @@ absl::StatusOr<int64_t> CardRunner::SyncWeights(const StepPlan& plan) {
     return static_cast<int64_t>(blob.size());  // 0 on the lead's other cards
   }
   const std::string key = absl::StrCat(job_.job_id, "/sync");
+  // A controller that went away took the weights it held: a restarted one
+  // rolls the job back to its last weight sync, so the step is aborted
+  // (the next plan restores that sync) rather than the job failed.
+  auto lost = [&](const absl::Status& s) {
+    return absl::Status(
+        absl::IsUnavailable(s) ? absl::StatusCode::kAborted : s.code(),
+        absl::StrCat("weight sync after step ", plan.step, ": ", s.message()));
+  };
   if (plan.rank == 0) {
     FUSIONRL_ASSIGN_OR_RETURN(std::string blob,
                               SerializeState(*ctx_.policy, *trainer_));
-    FUSIONRL_RETURN_IF_ERROR(job_.client->PublishWeights(
-        key, plan.step, job_.super_node, blob, timeout_));
+    if (absl::Status s = job_.client->PublishWeights(
+            key, plan.step, job_.super_node, blob, timeout_);
+        !s.ok()) {
+      return lost(s);
+    }
     return static_cast<int64_t>(blob.size());
   }
   if (plan.rank < job_.local_cards) {
@@ -688,9 +699,7 @@ absl::StatusOr<int64_t> CardRunner::SyncWeights(const StepPlan& plan) {
       return static_cast<int64_t>(blob->size());
     }
     if (!absl::IsNotFound(blob.status()) || clock_.Now() >= deadline) {
-      return absl::Status(blob.status().code(),
-                          absl::StrCat("weight sync after step ", plan.step,
-                                       ": ", blob.status().message()));
+      return lost(blob.status());
     }
     SleepOnClock(clock_, absl::Milliseconds(20), absl::Milliseconds(20));
   }
