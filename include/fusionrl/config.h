@@ -460,6 +460,17 @@ struct StaleSyncConfig {
   // version samples what depends on timing, so neither runs nor resumes
   // repeat bit for bit; no prompt group is lost or trained twice).
   RolloutVersion rollout_version = RolloutVersion::kLagged;
+  // Partial rollout (N > 0): a response of step t samples its tokens
+  // [jN, (j+1)N) from the version that samples step t + j (lagged), j at
+  // most s - 1 (the last segment runs to the end). Where that version is
+  // newer than the step's own, the response is interrupted after jN tokens
+  // and its tail continues in the next round, re-prefilled under the newer
+  // weights and decoded beside the next step's responses, instead of
+  // decoding alone at the end of its own round. Staleness counts from the
+  // oldest token (<= s); every token's version is recorded. Needs fused or
+  // disaggregated placement, max_policy_lag >= 2 and rollout_version
+  // lagged; N < rollout.max_new_tokens. 0 = off (docs/stalesync.md).
+  int partial_rollout_tokens = 0;
   // k: across super nodes, a super node that finished step c starts step
   // c + 1 only while c - min(clocks of the other super nodes) <= k, and
   // applies the other super nodes' gradient updates as they arrive (those

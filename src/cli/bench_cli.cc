@@ -31,11 +31,24 @@ struct Mode {
   std::string name;  // as given
   PlacementMode placement = PlacementMode::kColocatedSync;
   int lag = 0;
+  int partial = 0;  // stalesync.partial_rollout_tokens
 };
 
-absl::StatusOr<Mode> ParseMode(const std::string& text) {
+absl::StatusOr<Mode> ParseMode(const std::string& full) {
   Mode m;
-  m.name = text;
+  m.name = full;
+  // A "+partial:N" suffix turns on partial rollout with N tokens a segment.
+  std::string text = full;
+  if (const size_t at = full.find("+partial"); at != std::string::npos) {
+    text = full.substr(0, at);
+    const std::string n = full.substr(at + 8);
+    if (n.size() < 2 || n[0] != ':' ||
+        !absl::SimpleAtoi(n.substr(1), &m.partial) || m.partial < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--modes: '", full, "': expected <mode>+partial:N, N >= 1 ",
+          "(stalesync.partial_rollout_tokens)"));
+    }
+  }
   if (text == "colocated-sync" || text == "fused") {
     m.placement =
         text == "fused" ? PlacementMode::kFused : PlacementMode::kColocatedSync;
@@ -61,7 +74,8 @@ absl::StatusOr<Mode> ParseMode(const std::string& text) {
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "--modes: unknown mode '", text,
-      "' (colocated-sync, fused, fused+stalesync[:s], disaggregated[:s])"));
+      "' (colocated-sync, fused, fused+stalesync[:s], disaggregated[:s], "
+      "each optionally +partial:N)"));
 }
 
 }  // namespace
@@ -74,7 +88,9 @@ CLI::App* AddBenchCommand(CLI::App& app, BenchArgs& args) {
       ->required();
   bench->add_option("--modes", args.modes,
                     "comma-separated: colocated-sync, fused, "
-                    "fused+stalesync[:s], disaggregated[:s] (default "
+                    "fused+stalesync[:s], disaggregated[:s], each with an "
+                    "optional +partial:N (partial rollout, N tokens a "
+                    "segment; default "
                     "colocated-sync,disaggregated,fused,fused+stalesync:2)");
   bench->add_option("--repeats", args.repeats, "runs per mode (default 3)")
       ->check(CLI::Range(1, 100));
@@ -128,6 +144,7 @@ JobConfig RunConfig(const JobConfig& base, const Mode& mode,
   }
   c.stalesync.max_policy_lag = mode.lag;
   if (mode.lag > 0) c.algorithm.decoupled_loss = true;
+  c.stalesync.partial_rollout_tokens = mode.partial;
   std::string dir_name = mode.name;
   std::replace(dir_name.begin(), dir_name.end(), ':', '_');
   c.output_dir = absl::StrCat(work, "/", dir_name, "-", r);

@@ -252,6 +252,8 @@ void VisitStaleSync(StaleSyncConfig& c, V& v) {
   v.Enum("rollout_version", &c.rollout_version, ParseRolloutVersion,
          RolloutVersionName);
   v.Int("max_clock_skew", &c.max_clock_skew, Closed(0, 1024));
+  v.Int("partial_rollout_tokens", &c.partial_rollout_tokens,
+        Closed(0, 1 << 20));
 }
 
 template <class V>

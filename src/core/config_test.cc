@@ -811,6 +811,53 @@ TEST(ConfigTest, RefusesPolicyLagWithoutDecoupledLoss) {
   EXPECT_TRUE(config.ok()) << config.status();
 }
 
+// Partial rollout is refused, naming the key, wherever it cannot act.
+TEST(ConfigTest, PartialRolloutNeedsAFusedLaggedRunWithALagOfTwo) {
+  JobConfig c;
+  c.placement.mode = PlacementMode::kFused;
+  c.stalesync.max_policy_lag = 2;
+  c.algorithm.decoupled_loss = true;
+  c.rollout.max_new_tokens = 16;
+  c.stalesync.partial_rollout_tokens = 8;
+  EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
+  c.placement.mode = PlacementMode::kDisaggregated;
+  c.placement.cards_per_super_node = 2;
+  c.placement.rollout_cards_per_super_node = 1;
+  EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
+  struct Case {
+    std::function<void(JobConfig&)> edit;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {[](JobConfig& j) { j.placement.mode = PlacementMode::kColocatedSync; },
+       "stalesync.partial_rollout_tokens: 8 > 0 needs placement.mode fused "
+       "or disaggregated"},
+      {[](JobConfig& j) { j.stalesync.max_policy_lag = 1; },
+       "stalesync.partial_rollout_tokens: 8 > 0 needs "
+       "stalesync.max_policy_lag >= 2 (got 1)"},
+      {[](JobConfig& j) {
+         j.stalesync.rollout_version = RolloutVersion::kNewest;
+       },
+       "stalesync.partial_rollout_tokens: 8 > 0 needs "
+       "stalesync.rollout_version: lagged"},
+      {[](JobConfig& j) { j.rollout.max_new_tokens = 8; },
+       "stalesync.partial_rollout_tokens: 8 must be below "
+       "rollout.max_new_tokens (8)"},
+  };
+  for (const Case& k : cases) {
+    JobConfig bad = c;
+    bad.placement.mode = PlacementMode::kFused;
+    bad.placement.cards_per_super_node = 1;
+    bad.placement.rollout_cards_per_super_node = 0;
+    k.edit(bad);
+    EXPECT_THAT(std::string(ValidateJobConfig(bad).message()),
+                HasSubstr(k.says));
+  }
+  ExpectError("stalesync:\n  partial_rollout_tokens: -1\n",
+              absl::StatusCode::kInvalidArgument,
+              {"stalesync.partial_rollout_tokens"});
+}
+
 TEST(ConfigTest, ReportsYamlSyntaxErrorWithLineAndColumn) {
   absl::StatusOr<JobConfig> config = ParseJobConfig(
       "name: a\nmodel:\n  d_model: 64\n    n_layers: 2\n", "job.yaml");

@@ -281,6 +281,38 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                      "give a biased update); set algorithm.decoupled_loss: "
                      "true, or stalesync.max_policy_lag: 0"));
   }
+  if (const int n = c.stalesync.partial_rollout_tokens; n > 0) {
+    const std::string key = "stalesync.partial_rollout_tokens";
+    if (p.mode == PlacementMode::kColocatedSync) {
+      return Invalid(key, absl::StrCat(n,
+                                       " > 0 needs placement.mode fused or "
+                                       "disaggregated (colocated-sync samples "
+                                       "every step from the trainer's weights "
+                                       "of that step); set it to 0"));
+    }
+    if (c.stalesync.max_policy_lag < 2) {
+      return Invalid(
+          key,
+          absl::StrCat(n, " > 0 needs stalesync.max_policy_lag >= 2 (got ",
+                       c.stalesync.max_policy_lag,
+                       "): a response's tail comes from a version at most s - "
+                       "1 newer than its head, so with s < 2 nothing can be "
+                       "carried; set it to 0 or raise the lag"));
+    }
+    if (c.stalesync.rollout_version != RolloutVersion::kLagged) {
+      return Invalid(key, absl::StrCat(n,
+                                       " > 0 needs stalesync.rollout_version: "
+                                       "lagged (the versions of a response's "
+                                       "segments follow from the step, not "
+                                       "from timing)"));
+    }
+    if (n >= c.rollout.max_new_tokens) {
+      return Invalid(key,
+                     absl::StrCat(n, " must be below rollout.max_new_tokens (",
+                                  c.rollout.max_new_tokens,
+                                  "): no response could be carried"));
+    }
+  }
   return std::nullopt;
 }
 

@@ -143,6 +143,15 @@ float RowUniform(uint64_t seed, int64_t i, int64_t t) {
   return 1.0f - static_cast<float>(bits >> 40) * (1.0f / 16777216.0f);
 }
 
+namespace {
+// How many tokens a call may sample for the sequence of `key`.
+int64_t TokenCap(const SequenceKey& key, const SamplingParams& params) {
+  return key.max_tokens > 0
+             ? std::min<int64_t>(key.max_tokens, params.max_new_tokens)
+             : params.max_new_tokens;
+}
+}  // namespace
+
 void RolloutEngine::Configure(const RolloutConfig& config) {
   path_ = config.decode == "composite" ? DecodePath::kComposite
           : config.decode == "static"  ? DecodePath::kStatic
@@ -174,6 +183,11 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(
                                                    prompts.size(), " prompts"));
   }
   if (prompts.empty()) return std::vector<Completion>{};
+  const int64_t max_new = params.max_new_tokens;
+  if (max_new < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rollout: max_new_tokens must be >= 1 (got ", max_new, ")"));
+  }
   int64_t prompt_len = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
     if (prompts[i].empty()) {
@@ -181,17 +195,22 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(
           absl::StrCat("rollout: prompt ", i, " is empty"));
     }
     prompt_len = std::max<int64_t>(prompt_len, prompts[i].size());
-  }
-  const int64_t max_new = params.max_new_tokens;
-  if (max_new < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rollout: max_new_tokens must be >= 1 (got ", max_new, ")"));
-  }
-  if (prompt_len + max_new > model_.config().max_seq_len) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rollout: longest prompt (", prompt_len, " tokens) + max_new_tokens (",
-        max_new, ") exceeds model.max_seq_len (", model_.config().max_seq_len,
-        ")"));
+    if (keys[i].max_tokens < 0 || keys[i].max_tokens > max_new ||
+        keys[i].first_token < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rollout: sequence ", i, " asks for max_tokens ", keys[i].max_tokens,
+          " from token ", keys[i].first_token, " (0..max_new_tokens = ",
+          max_new, " and a first token >= 0 allowed)"));
+    }
+    const int64_t need =
+        static_cast<int64_t>(prompts[i].size()) + TokenCap(keys[i], params);
+    if (need > model_.config().max_seq_len) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rollout: prompt ", i, " (", prompts[i].size(),
+          " tokens) + the tokens it may sample (", need - prompts[i].size(),
+          ", rollout.max_new_tokens) exceed model.max_seq_len (",
+          model_.config().max_seq_len, ")"));
+    }
   }
   const auto t0 = Clock::now();
   c10::InferenceMode inference;
@@ -234,6 +253,9 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateFused(
   const int64_t n_unique = static_cast<int64_t>(unique.size());
   auto [prompt_tokens, prompt_valid] =
       LeftPadded(unique, prompt_len, 0, pad_id_, model_.device());
+  // The prefill is a step of the card's work like a decode step (its
+  // threads, its turn; a continued response's prefill is long).
+  if (step_hook_) step_hook_();
   KvCache prefill = model_.NewCache(n_unique, prompt_len);
   at::Tensor prefill_logits =
       model_
@@ -244,7 +266,7 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateFused(
   auto u = at::empty({batch}, at::TensorOptions().dtype(at::kFloat));
   float* u_data = u.data_ptr<float>();
   for (int64_t i = 0; i < batch; ++i) {
-    u_data[i] = RowUniform(keys[i].seed, keys[i].index, 0);
+    u_data[i] = RowUniform(keys[i].seed, keys[i].index, keys[i].first_token);
   }
   auto rows = at::tensor(prompt_of, at::TensorOptions().dtype(at::kLong));
   auto [first, first_logp] =
@@ -255,12 +277,19 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateFused(
   stats_.prefill_seconds = Since(t);
 
   std::vector<Completion> completions(batch);
+  // A slot holds its prompt and at most its cap of tokens.
+  std::vector<int64_t> cap(batch);
+  int64_t capacity = 0;
+  for (int64_t i = 0; i < batch; ++i) {
+    cap[i] = TokenCap(keys[i], params);
+    capacity = std::max<int64_t>(capacity, prompts[i].size() + cap[i]);
+  }
   auto record = [&](int64_t seq, int64_t token, float logp) {
     Completion& c = completions[seq];
     c.tokens.push_back(static_cast<int>(token));
     c.logp.push_back(logp);
     c.finished = IsStop(static_cast<int>(token));
-    return c.finished || static_cast<int64_t>(c.tokens.size()) == max_new;
+    return c.finished || static_cast<int64_t>(c.tokens.size()) == cap[seq];
   };
   std::vector<char> done(batch, 0);
   for (int64_t i = 0; i < batch; ++i) {
@@ -270,7 +299,7 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateFused(
   }
 
   const int64_t slots = max_batch_ > 0 ? std::min(max_batch_, batch) : batch;
-  CpuDecoder decoder(model_, slots, prompt_len + max_new);
+  CpuDecoder decoder(model_, slots, capacity);
   if (row_blocks_ > 0) decoder.set_row_blocks(row_blocks_);
   std::vector<int64_t> slot_seq(slots, -1), pending(slots, 0);
   int64_t live = 0, next = 0;
@@ -298,7 +327,9 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateFused(
     float* su = step_u.data_ptr<float>();
     for (int64_t s = 0; s < live; ++s) {
       const int64_t seq = slot_seq[s];
-      su[s] = RowUniform(keys[seq].seed, keys[seq].index,
+      su[s] =
+          RowUniform(keys[seq].seed, keys[seq].index,
+                     keys[seq].first_token +
                          static_cast<int64_t>(completions[seq].tokens.size()));
     }
     auto [tokens, logp] = SampleNext(logits, step_u.narrow(0, 0, live), params);
@@ -343,7 +374,15 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateComposite(
     all.push_back(&p);
     prompt_len = std::max<int64_t>(prompt_len, p.size());
   }
-  const int64_t max_new = params.max_new_tokens;
+  // Sequences capped below max_new_tokens (partial rollout) stop there.
+  std::vector<int64_t> cap(batch);
+  int64_t max_new = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    cap[b] = TokenCap(keys[b], params);
+    max_new = std::max(max_new, cap[b]);
+  }
+  const bool capped = std::any_of(cap.begin(), cap.end(),
+                                  [&](int64_t c) { return c < max_new; });
   const int64_t total = prompt_len + max_new;
   const auto device = model_.device();
   const auto long_opts = at::TensorOptions().dtype(at::kLong);
@@ -407,7 +446,7 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateComposite(
     float* ud = u.data_ptr<float>();
     for (int64_t r = 0; r < rows; ++r) {
       const SequenceKey& key = keys[row_seq[r]];
-      ud[r] = RowUniform(key.seed, key.index, step);
+      ud[r] = RowUniform(key.seed, key.index, key.first_token + step);
     }
     auto [next, token_logp] = SampleNext(logits, u.narrow(0, 0, rows), params);
     next = at::where(alive, next, at::full_like(next, pad_id_));
@@ -418,6 +457,14 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateComposite(
             .to(at::kFloat));
     valid.select(1, prompt_len + step).copy_(alive);
     for (int id : stop_ids_) alive = alive & (next != id);
+    if (capped) {
+      std::vector<char> open(rows);
+      for (int64_t r = 0; r < rows; ++r) open[r] = step + 1 < cap[row_seq[r]];
+      alive = alive & at::tensor(std::vector<int64_t>(open.begin(), open.end()),
+                                 long_opts)
+                          .to(device)
+                          .to(at::kBool);
+    }
     steps = step + 1;
     const int64_t live = alive.sum().item<int64_t>();
     const bool last = step + 1 == max_new || live == 0;
@@ -480,7 +527,7 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateComposite(
   auto logp_acc = logp_cpu.accessor<float, 2>();
   for (int64_t b = 0; b < batch; ++b) {
     Completion& c = completions[b];
-    for (int64_t s = 0; s < steps; ++s) {
+    for (int64_t s = 0; s < std::min(steps, cap[b]); ++s) {
       const int tok = static_cast<int>(tok_acc[b][s]);
       c.tokens.push_back(tok);
       c.logp.push_back(logp_acc[b][s]);

@@ -84,9 +84,21 @@ float RowUniform(uint64_t seed, int64_t i, int64_t t);
 // Generate(prompts, params, seed) gives sequence i the key {seed, i}; a
 // batch merged from several such calls' sequences, each with its own key,
 // samples what the calls would have (continuous batching across calls).
+//
+// Partial rollout (interrupted and continued responses): a call may stop a
+// sequence after `max_tokens` tokens, unfinished, and a later call continue
+// it from a prompt that ends with those tokens and `first_token` set to
+// their count, so the continuation draws the uniforms the uninterrupted
+// sequence would have drawn (from whichever weights the later call has).
 struct SequenceKey {
   uint64_t seed = 0;
   int64_t index = 0;
+  // The response already holds this many tokens (they end the prompt):
+  // token t of this call draws RowUniform(seed, index, first_token + t).
+  int64_t first_token = 0;
+  // At most this many tokens in this call (0: params.max_new_tokens; never
+  // more). A sequence stopped here without a stop id is not finished.
+  int64_t max_tokens = 0;
 };
 
 class RolloutEngine {
@@ -145,8 +157,9 @@ class RolloutEngine {
   // the card's threads the rollout holds at a step (0: the intra-op thread
   // count when a call starts).
   void set_row_blocks(int blocks) { row_blocks_ = blocks; }
-  // Fused path: called before every decode step (the card's thread budget
-  // sizes the rollout's intra-op threads there).
+  // Fused path: called before the prefill and every decode step (the
+  // card's thread budget sizes the rollout's intra-op threads there, and
+  // the card's turns gate them).
   void set_step_hook(std::function<void()> hook) {
     step_hook_ = std::move(hook);
   }

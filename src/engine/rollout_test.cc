@@ -186,5 +186,114 @@ TEST(RolloutTest, SampledTokenFrequenciesFollowTheDistribution) {
   }
 }
 
+// Partial rollout: a sequence stopped after k tokens and continued from its
+// prompt + those tokens (first_token = k) samples what the uninterrupted
+// sequence samples, on every decode path; the continuation's prefill
+// computes the first k tokens' cache in one pass instead of k decode steps,
+// so log-probs agree to float rounding.
+TEST(RolloutTest, InterruptedAndContinuedSequenceEqualsTheUninterruptedOne) {
+  for (auto path : {RolloutEngine::DecodePath::kFused,
+                    RolloutEngine::DecodePath::kComposite,
+                    RolloutEngine::DecodePath::kStatic}) {
+    SCOPED_TRACE(static_cast<int>(path));
+    auto model = TinyModel();
+    RolloutEngine engine(*model, kPad, kEos);
+    engine.set_decode_path(path);
+    SamplingParams p;
+    p.max_new_tokens = 14;
+    const auto prompts = Prompts();
+    std::vector<SequenceKey> keys;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      keys.push_back({77, static_cast<int64_t>(i) + 3});
+    }
+    const auto whole = engine.Generate(prompts, p, keys).value();
+    // Caps differ per sequence (one runs to the end).
+    std::vector<SequenceKey> capped = keys;
+    const int64_t caps[] = {5, 1, 9, 0};
+    for (size_t i = 0; i < capped.size(); ++i) capped[i].max_tokens = caps[i];
+    const auto head = engine.Generate(prompts, p, capped).value();
+    std::vector<std::vector<int>> rest_prompts;
+    std::vector<SequenceKey> rest_keys;
+    std::vector<size_t> rest_of;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const int64_t cap = caps[i] > 0 ? caps[i] : p.max_new_tokens;
+      ASSERT_LE(static_cast<int64_t>(head[i].tokens.size()), cap);
+      if (head[i].finished) continue;
+      ASSERT_EQ(static_cast<int64_t>(head[i].tokens.size()), cap);
+      if (cap == p.max_new_tokens) continue;
+      std::vector<int> prompt = prompts[i];
+      prompt.insert(prompt.end(), head[i].tokens.begin(), head[i].tokens.end());
+      rest_prompts.push_back(prompt);
+      SequenceKey key = keys[i];
+      key.first_token = cap;
+      key.max_tokens = p.max_new_tokens - cap;  // the response's budget
+      rest_keys.push_back(key);
+      rest_of.push_back(i);
+    }
+    ASSERT_GE(rest_of.size(), 2u);
+    const auto rest = engine.Generate(rest_prompts, p, rest_keys).value();
+    std::vector<Completion> joined = head;
+    for (size_t r = 0; r < rest.size(); ++r) {
+      Completion& c = joined[rest_of[r]];
+      c.tokens.insert(c.tokens.end(), rest[r].tokens.begin(),
+                      rest[r].tokens.end());
+      c.logp.insert(c.logp.end(), rest[r].logp.begin(), rest[r].logp.end());
+      c.finished = rest[r].finished;
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(joined[i].tokens, whole[i].tokens) << "sequence " << i;
+      EXPECT_EQ(joined[i].finished, whole[i].finished) << "sequence " << i;
+      ASSERT_EQ(joined[i].logp.size(), whole[i].logp.size());
+      for (size_t t = 0; t < whole[i].logp.size(); ++t) {
+        EXPECT_NEAR(joined[i].logp[t], whole[i].logp[t], 1e-4)
+            << "sequence " << i << " token " << t;
+      }
+    }
+  }
+}
+
+// A continued (longer) prompt beside fresh ones changes nothing of theirs
+// but float rounding: a product over a different number of rows may round
+// differently in the last bits (so a partial rollout's exact resume needs
+// the same rounds as the uninterrupted run, docs/stalesync.md).
+TEST(RolloutTest, SequenceDoesNotDependOnContinuedPromptsBesideIt) {
+  auto model = TinyModel();
+  RolloutEngine engine(*model, kPad, kEos);
+  SamplingParams p;
+  p.max_new_tokens = 12;
+  const auto prompts = Prompts();
+  std::vector<SequenceKey> keys;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    keys.push_back({5, static_cast<int64_t>(i)});
+  }
+  const auto alone = engine.Generate(prompts, p, keys).value();
+  auto mixed_prompts = prompts;
+  auto mixed_keys = keys;
+  std::vector<int> longer = {kBos, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79};
+  mixed_prompts.insert(mixed_prompts.begin(), longer);
+  mixed_keys.insert(mixed_keys.begin(), SequenceKey{9, 0, 6, 4});
+  const auto mixed = engine.Generate(mixed_prompts, p, mixed_keys).value();
+  ASSERT_LE(mixed[0].tokens.size(), 4u);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(mixed[i + 1].tokens, alone[i].tokens) << "sequence " << i;
+    ASSERT_EQ(mixed[i + 1].logp.size(), alone[i].logp.size());
+    for (size_t t = 0; t < alone[i].logp.size(); ++t) {
+      EXPECT_NEAR(mixed[i + 1].logp[t], alone[i].logp[t], 1e-5)
+          << "sequence " << i << " token " << t;
+    }
+  }
+}
+
+TEST(RolloutTest, RejectsATokenCapAboveMaxNewTokens) {
+  auto model = TinyModel();
+  RolloutEngine engine(*model, kPad, kEos);
+  SamplingParams p;
+  p.max_new_tokens = 4;
+  auto out = engine.Generate({{kBos, 3}}, p, {SequenceKey{1, 0, 0, 5}});
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("max_tokens 5"), std::string::npos)
+      << out.status();
+}
+
 }  // namespace
 }  // namespace fusionrl

@@ -18,7 +18,13 @@ struct Sample {
   std::vector<int> prompt_ids;        // bos + prompt tokens
   std::vector<int> response_ids;      // sampled tokens, eos included if hit
   std::vector<float> behaviour_logp;  // log-prob of each response token
-  int64_t behaviour_version = 0;      // policy version that sampled it
+  // The policy version that sampled it; with a partial rollout (a response
+  // continued under newer weights), the oldest of its tokens' versions:
+  // staleness is counted from it.
+  int64_t behaviour_version = 0;
+  // Partial rollout: the version that sampled each response token, where
+  // the response spans more than one (empty: all are behaviour_version).
+  std::vector<int64_t> token_versions;
   bool finished = false;  // ended with eos (false: cut at max_new_tokens)
   double reward = 0.0;    // from the task's RewardFn
   bool correct = false;   // counted in accuracy

@@ -255,6 +255,7 @@ absl::Status CardRunner::Setup() {
   fo.max_policy_lag = cfg.stalesync.max_policy_lag;
   fo.lagged = cfg.stalesync.rollout_version == RolloutVersion::kLagged;
   fo.prompts_per_step = cfg.rollout.prompts_per_step;
+  fo.partial_rollout_tokens = cfg.stalesync.partial_rollout_tokens;
   fo.snapshot_version = trainer_->version();
   fo.timeout = timeout_;
   fo.freeze_snapshot_before_step =
@@ -347,7 +348,8 @@ absl::Status CardRunner::Setup() {
       std::move(snapshot), std::move(engine), fo,
       [this, rollout_memory, host_memory](
           RolloutEngine& engine, const std::vector<StepGroups>& steps, int rank,
-          int64_t version, const GroupSampler::DeliverFn& deliver) {
+          int64_t version, const GroupSampler::DeliverFn& deliver,
+          const GroupSampler::SegmentEndFn& segment_end) {
         overlap_.Begin(RoleOverlap::Role::kRollout);
         absl::Cleanup done = [this] {
           if (turns_ != nullptr) turns_->RolloutIdle();
@@ -366,7 +368,7 @@ absl::Status CardRunner::Setup() {
               return rollout_memory->WaitOptimizerOffloaded(clock_.Now() +
                                                             timeout_);
             },
-            deliver);
+            deliver, segment_end);
       },
       [counters](double seconds) {
         counters->busy_us += static_cast<int64_t>(seconds * 1e6);
@@ -597,10 +599,13 @@ void CardRunner::RestorePrefetch(const StepPlan& plan) {
                        saved->checkpoint_step, ", rank ", saved->rank,
                        ", weights CRC ", saved->weights_crc32c, ")");
   } else if (saved->max_policy_lag != cfg.stalesync.max_policy_lag ||
-             saved->prompts_per_step != cfg.rollout.prompts_per_step) {
+             saved->prompts_per_step != cfg.rollout.prompts_per_step ||
+             saved->partial_rollout_tokens !=
+                 cfg.stalesync.partial_rollout_tokens) {
     why = absl::StrCat(path, " was sampled with max_policy_lag ",
-                       saved->max_policy_lag, " and prompts_per_step ",
-                       saved->prompts_per_step);
+                       saved->max_policy_lag, ", prompts_per_step ",
+                       saved->prompts_per_step, " and partial_rollout_tokens ",
+                       saved->partial_rollout_tokens);
   }
   if (!why.empty()) {
     spdlog::warn(
@@ -840,6 +845,18 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
     if (smp.excluded) continue;
     totals[hist_at + (trainer_->version() - 1 - smp.behaviour_version)] += 1;
   }
+  // Partial rollout: trained samples whose response spans several
+  // versions (continued under newer weights), and their tokens sampled by
+  // a newer version than the sample's oldest.
+  const size_t partial_at = totals.size();
+  totals.resize(partial_at + 2, 0.0);
+  for (const Sample& smp : samples) {
+    if (smp.excluded || smp.token_versions.empty()) continue;
+    totals[partial_at] += 1;
+    for (int64_t v : smp.token_versions) {
+      totals[partial_at + 1] += v != smp.behaviour_version;
+    }
+  }
   totals.push_back(static_cast<double>(over_stale));
   const bool checkpoint = !plan.checkpoint_name.empty();
   if (checkpoint && !plan.exchange_updates) {
@@ -899,6 +916,8 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
       {"behaviour_weight_truncated", ts.behaviour_weight_truncated},
       {"max_staleness", static_cast<double>(max_staleness)},
       {"over_stale_samples", totals.back()},
+      {"partial_rollout_samples", totals[partial_at]},
+      {"partial_rollout_newer_tokens", totals[partial_at + 1]},
       {"rollout_tokens", static_cast<double>(step_tokens)},
       {"rollout_seconds", rollout_s},
       {"rollout_wait_seconds", wait_s},

@@ -261,8 +261,8 @@ class RecordingSampler {
  public:
   FusedRollout::SampleFn Fn() {
     return [this](RolloutEngine&, const std::vector<StepGroups>& steps, int,
-                  int64_t version,
-                  const GroupSampler::DeliverFn& deliver) -> absl::Status {
+                  int64_t version, const GroupSampler::DeliverFn& deliver,
+                  const GroupSampler::SegmentEndFn&) -> absl::Status {
       std::vector<RolloutBatch> batches;
       {
         absl::MutexLock l(&mu_);
@@ -498,7 +498,8 @@ TEST(FusedRolloutTest, TakeTimesOutNamingTheStep) {
   FusedRollout fused(
       std::move(snapshot), std::move(engine), o,
       [](RolloutEngine&, const std::vector<StepGroups>& steps, int, int64_t,
-         const GroupSampler::DeliverFn& deliver) -> absl::Status {
+         const GroupSampler::DeliverFn& deliver,
+         const GroupSampler::SegmentEndFn&) -> absl::Status {
         for (const StepGroups& s : steps) deliver(s.step, RolloutBatch{});
         return absl::OkStatus();
       },
@@ -529,8 +530,8 @@ class SnapshotSampler {
   explicit SnapshotSampler(PolicyModel* snapshot) : snapshot_(snapshot) {}
   FusedRollout::SampleFn Fn() {
     return [this](RolloutEngine&, const std::vector<StepGroups>& steps, int,
-                  int64_t version,
-                  const GroupSampler::DeliverFn& deliver) -> absl::Status {
+                  int64_t version, const GroupSampler::DeliverFn& deliver,
+                  const GroupSampler::SegmentEndFn&) -> absl::Status {
       const float value =
           snapshot_->parameters().front().flatten()[0].item<float>();
       for (const StepGroups& sg : steps) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -77,20 +78,58 @@ int64_t FusedRollout::SampleVersionLocked(int64_t step) const {
   return std::max(frame_version_, AdmitVersionLocked(step));
 }
 
+int64_t FusedRollout::TokenVersion(int64_t frame_version, int64_t base_step,
+                                   int64_t step, int64_t tokens) const {
+  const int64_t s = options_.max_policy_lag;
+  const int64_t n = options_.partial_rollout_tokens;
+  const int64_t j =
+      n > 0 ? std::min<int64_t>(tokens / n, std::max<int64_t>(0, s - 1)) : 0;
+  return std::max(frame_version,
+                  AdmitVersion(frame_version, step + j - base_step, s));
+}
+
+int64_t FusedRollout::SegmentEnd(const Round& round, int64_t step,
+                                 int64_t tokens) const {
+  const int64_t n = options_.partial_rollout_tokens;
+  if (n <= 0) return std::numeric_limits<int64_t>::max();
+  // Segments start at multiples of n; from (s - 1) n on, the last one.
+  const int64_t last = std::max<int64_t>(0, options_.max_policy_lag - 1) * n;
+  for (int64_t end = (tokens / n + 1) * n; end <= last; end += n) {
+    if (TokenVersion(round.frame_version, round.base_step, step, end) !=
+        round.version) {
+      return end;
+    }
+  }
+  return std::numeric_limits<int64_t>::max();
+}
+
+int64_t FusedRollout::CarriedVersionLocked(int64_t step,
+                                           const RolloutBatch& batch) const {
+  const int64_t tokens = static_cast<int64_t>(
+      batch.samples[batch.unfinished.front()].response_ids.size());
+  return TokenVersion(frame_version_, base_step_, step, tokens);
+}
+
 void FusedRollout::PruneLocked() {
   if (!options_.lagged || published_.empty()) return;
   // Coming rounds sample from versions >= that of the next step (or, with
-  // no frame, from the newest: a reset starts the frame there).
-  const int64_t keep =
+  // no frame, from the newest: a reset starts the frame there), and carried
+  // responses continue from theirs.
+  int64_t keep =
       base_groups_.empty()
           ? published_version_
           : std::min(published_version_, SampleVersionLocked(next_step_));
+  for (const auto& [step, batch] : carried_) {
+    keep = std::min(keep, CarriedVersionLocked(step, batch));
+  }
   published_.erase(published_.begin(), published_.lower_bound(keep));
 }
 
 void FusedRollout::ResetLocked(int64_t base_step) {
   next_step_ = base_step;
   ready_.clear();
+  carried_.clear();
+  entered_.clear();
   ++generation_;
   // The i-th step from here may start once the published version is
   // >= v0 + i - s, v0 the trainer's current version.
@@ -103,6 +142,8 @@ void FusedRollout::Reset() {
   absl::MutexLock lock(&mu_);
   base_groups_.clear();
   ready_.clear();
+  carried_.clear();
+  entered_.clear();
   ++generation_;
   changed_.SignalAll();
 }
@@ -113,9 +154,14 @@ void FusedRollout::Restore(RolloutPrefetch saved) {
   base_step_ = saved.base_step;
   frame_version_ = saved.frame_version;
   rank_ = saved.rank;
-  ready_ = std::move(saved.batches);
-  next_step_ =
-      ready_.empty() ? saved.checkpoint_step + 1 : ready_.rbegin()->first + 1;
+  ready_.clear();
+  carried_.clear();
+  entered_.clear();
+  next_step_ = saved.batches.empty() ? saved.checkpoint_step + 1
+                                     : saved.batches.rbegin()->first + 1;
+  for (auto& [step, batch] : saved.batches) {
+    (batch.unfinished.empty() ? ready_ : carried_)[step] = std::move(batch);
+  }
   ++generation_;
   PruneLocked();
   changed_.SignalAll();
@@ -134,21 +180,42 @@ absl::StatusOr<std::optional<RolloutPrefetch>> FusedRollout::Pending(
   out.frame_version = frame_version_;
   const uint64_t generation = generation_;
   const absl::Time deadline = clock_.Now() + options_.timeout;
+  // A batch whose responses continue from versions >= `version` is taken
+  // as it stands (a resume has those versions), as it was before the first
+  // round of such a version if one took it already (the end checkpoint is
+  // saved after `version` was published); one that continues from an
+  // older version must finish first.
+  auto saved = [&](int64_t t) -> const RolloutBatch* {
+    if (auto e = entered_.find(t); e != entered_.end()) {
+      if (auto w = e->second.lower_bound(version); w != e->second.end()) {
+        return &w->second;
+      }
+    }
+    if (auto it = ready_.find(t); it != ready_.end()) return &it->second;
+    auto it = carried_.find(t);
+    if (it != carried_.end() &&
+        CarriedVersionLocked(t, it->second) >= version) {
+      return &it->second;
+    }
+    return nullptr;
+  };
+  out.partial_rollout_tokens =
+      static_cast<int>(options_.partial_rollout_tokens);
   for (int64_t t = step + 1; SampleVersionLocked(t) < version; ++t) {
-    while (ready_.count(t) == 0 && error_.ok() && generation == generation_ &&
+    while (saved(t) == nullptr && error_.ok() && generation == generation_ &&
            !WaitOnClock(changed_, mu_, clock_, deadline)) {
     }
     if (!error_.ok()) return error_;
     if (generation != generation_) return std::nullopt;  // reset meanwhile
-    auto it = ready_.find(t);
-    if (it == ready_.end()) {
+    const RolloutBatch* batch = saved(t);
+    if (batch == nullptr) {
       return absl::DeadlineExceededError(absl::StrCat(
           "fused rollout: the batch of step ", t,
           " (sampled ahead for the checkpoint of step ", step,
           ") not ready within ", absl::FormatDuration(options_.timeout),
           " (run.collective_timeout_seconds)"));
     }
-    out.batches.emplace(t, it->second);
+    out.batches.emplace(t, *batch);
   }
   return std::optional<RolloutPrefetch>(std::move(out));
 }
@@ -189,10 +256,36 @@ std::optional<FusedRollout::Round> FusedRollout::NextRound(bool wait) {
     round.generation = generation_;
     round.rank = rank_;
     round.version = snapshot_version_;
+    round.frame_version = frame_version_;
+    round.base_step = base_step_;
+    // Carried responses that continue from this version come first: they
+    // take the engine's slots before the new steps' responses.
+    for (auto it = carried_.begin(); it != carried_.end();) {
+      const int64_t v = CarriedVersionLocked(it->first, it->second);
+      if (v < round.version) {
+        error_ = absl::InternalError(
+            absl::StrCat("fused rollout: step ", it->first,
+                         "'s unfinished responses ", "continue from version ",
+                         v, ", older than the round's (", round.version, ")"));
+        changed_.SignalAll();
+        return std::nullopt;
+      }
+      if (v > round.version) {
+        ++it;
+        continue;
+      }
+      entered_[it->first][round.version] = it->second;
+      StepGroups carried{it->first, {}, std::move(it->second)};
+      carried.groups = carried.partial->groups;
+      round.steps.push_back(std::move(carried));
+      it = carried_.erase(it);
+    }
+    const size_t first_new = round.steps.size();
     // The steps after it join the round while they are admitted and
     // sample from the snapshot's version.
-    for (int64_t step = next_step_; static_cast<int>(round.steps.size()) <
-                                    std::max(1, options_.max_steps_per_round);
+    for (int64_t step = next_step_;
+         static_cast<int>(round.steps.size() - first_new) <
+         std::max(1, options_.max_steps_per_round);
          ++step) {
       if (step > next_step_ &&
           (published_version_ < AdmitVersionLocked(step) ||
@@ -200,7 +293,7 @@ std::optional<FusedRollout::Round> FusedRollout::NextRound(bool wait) {
            ready_.count(step) > 0)) {
         break;
       }
-      StepGroups s{step, base_groups_};
+      StepGroups s{step, base_groups_, std::nullopt};
       for (uint64_t& g : s.groups) {
         g += static_cast<uint64_t>(step - base_step_) *
              options_.prompts_per_step;
@@ -221,9 +314,9 @@ void FusedRollout::Deliver(const Round& round, int64_t step, RolloutBatch batch,
   // EndRound.
   if (last) sampling_ = false;
   if (round.generation != generation_) return;  // reset meanwhile: drop
-  batch.gate_wait_seconds = gate_wait_seconds_;
+  batch.gate_wait_seconds += gate_wait_seconds_;
   gate_wait_seconds_ = 0;
-  ready_[step] = std::move(batch);
+  (batch.unfinished.empty() ? ready_ : carried_)[step] = std::move(batch);
   changed_.SignalAll();
 }
 
@@ -253,13 +346,21 @@ bool FusedRollout::RunRound(const Round& round) {
   absl::Status status;
   auto sample = [&] {
     try {
-      status = sample_(*engine_, round.steps, round.rank, round.version,
-                       [&](int64_t step, RolloutBatch batch) {
-                         if (on_sampled_) on_sampled_(batch.seconds);
-                         ++delivered;
-                         Deliver(round, step, std::move(batch),
-                                 delivered == round.steps.size());
-                       });
+      GroupSampler::SegmentEndFn segment_end;
+      if (options_.partial_rollout_tokens > 0) {
+        segment_end = [this, &round](int64_t step, int64_t tokens) {
+          return SegmentEnd(round, step, tokens);
+        };
+      }
+      status = sample_(
+          *engine_, round.steps, round.rank, round.version,
+          [&](int64_t step, RolloutBatch batch) {
+            if (on_sampled_) on_sampled_(batch.round_seconds);
+            ++delivered;
+            Deliver(round, step, std::move(batch),
+                    delivered == round.steps.size());
+          },
+          segment_end);
     } catch (const std::exception& e) {
       status = absl::InternalError(absl::StrCat("rollout thread: ", e.what()));
     }
@@ -305,6 +406,8 @@ absl::StatusOr<RolloutBatch> FusedRollout::Take(const StepPlan& plan) {
   }
   // Steps before this one will not be trained any more.
   ready_.erase(ready_.begin(), ready_.lower_bound(plan.step));
+  carried_.erase(carried_.begin(), carried_.lower_bound(plan.step));
+  entered_.erase(entered_.begin(), entered_.lower_bound(plan.step));
   if (synchronous_on_caller()) {
     // The step is admitted (the trainer published the weights it samples
     // from before asking): sample it here.

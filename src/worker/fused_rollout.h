@@ -30,6 +30,16 @@
 // have sampled. Steps that sample from different versions are never mixed:
 // a batch holds the samples of exactly one policy version.
 //
+// Partial rollout (partial_rollout_tokens N > 0, lagged): token k of a
+// response of step t is sampled by the version that samples step
+// t + min(k / N, s - 1). A round stops a response where that version
+// changes (a newer one than the round's) and keeps the step's batch aside
+// (carried_) with the response unfinished; the round of the newer version
+// continues it (re-prefilled, the same sampling keys) beside its own
+// steps' responses, and hands the step over once every response is done.
+// So a long tail decodes beside the next step's responses instead of alone.
+// Which version samples which token follows from the config, not timing.
+//
 // Predictions: the thread samples base_groups advanced by prompts_per_step
 // per step (the controller's plan when nothing fails). A plan that differs
 // (the first step, a replanned attempt, a rollback) resets the thread: what
@@ -81,7 +91,8 @@ class FusedRollout {
   // the round.
   using SampleFn = std::function<absl::Status(
       RolloutEngine& engine, const std::vector<StepGroups>& steps, int rank,
-      int64_t version, const GroupSampler::DeliverFn& deliver)>;
+      int64_t version, const GroupSampler::DeliverFn& deliver,
+      const GroupSampler::SegmentEndFn& segment_end)>;
 
   struct Options {
     int64_t max_policy_lag = 0;  // s
@@ -91,6 +102,9 @@ class FusedRollout {
     // At most this many steps sampled in one engine call (see above); 1 =
     // one step per round.
     int max_steps_per_round = 1;
+    // Partial rollout (see above; lagged, max_policy_lag >= 2): tokens per
+    // segment, 0 = off.
+    int64_t partial_rollout_tokens = 0;
     // Each sampling round runs on a thread of its own that ends with the
     // round. A round that borrows the trainer's threads grows an OpenMP
     // team, and libgomp keeps a thread's team until the thread ends; while
@@ -146,7 +160,10 @@ class FusedRollout {
   // step `step`: waits for the batches of the steps after `step` that
   // sample from versions below `version` (a resume from that checkpoint
   // could not sample them again) and returns them with the frame (fields
-  // checkpoint_step and weights_crc32c left for the caller).
+  // checkpoint_step and weights_crc32c left for the caller). Partial
+  // rollout: a batch whose unfinished responses continue from `version` or
+  // newer is returned as it stands (the resume continues them); one that
+  // continues from an older version is waited for.
   // nullopt without a frame (nothing taken since the last reset) or with
   // rollout_version newest. DeadlineExceeded after `timeout`.
   absl::StatusOr<std::optional<RolloutPrefetch>> Pending(int64_t step,
@@ -175,10 +192,14 @@ class FusedRollout {
   // One sampling round of the thread: what NextRound() hands out under the
   // lock, Deliver() takes each step's batch of, and EndRound() closes.
   struct Round {
-    std::vector<StepGroups> steps;  // consecutive
+    // Carried steps (partial rollout) first, then consecutive new ones.
+    std::vector<StepGroups> steps;
     uint64_t generation = 0;
     int rank = 0;
     int64_t version = 0;
+    // The frame the round's segment ends follow.
+    int64_t frame_version = 0;
+    int64_t base_step = 0;
   };
 
   void Loop();
@@ -209,6 +230,16 @@ class FusedRollout {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops published versions no coming round samples from.
   void PruneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Partial rollout: the version that samples token `tokens` of a response
+  // of `step` in the frame (frame_version, base_step), and where a round of
+  // `version` stops a response that holds `tokens` tokens (INT64_MAX: it
+  // runs to its end).
+  int64_t TokenVersion(int64_t frame_version, int64_t base_step, int64_t step,
+                       int64_t tokens) const;
+  int64_t SegmentEnd(const Round& round, int64_t step, int64_t tokens) const;
+  // The version a carried batch continues with.
+  int64_t CarriedVersionLocked(int64_t step, const RolloutBatch& batch) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   const SampleFn sample_;
@@ -236,6 +267,13 @@ class FusedRollout {
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // bumped on every reset
   int64_t next_step_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int64_t, RolloutBatch> ready_ ABSL_GUARDED_BY(mu_);
+  // Partial rollout: steps whose batch has unfinished responses; and each
+  // such batch as it was when a round took it, by step and the round's
+  // version (Pending() saves the state before the round of its version, so
+  // a resume decodes the rounds the uninterrupted run decoded).
+  std::map<int64_t, RolloutBatch> carried_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, std::map<int64_t, RolloutBatch>> entered_
+      ABSL_GUARDED_BY(mu_);
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   // Time the thread waited on the gate since its last delivered batch.
   double gate_wait_seconds_ ABSL_GUARDED_BY(mu_) = 0;

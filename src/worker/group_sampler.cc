@@ -44,27 +44,61 @@ absl::StatusOr<RolloutBatch> GroupSampler::Sample(
   return *std::move(out);
 }
 
-absl::Status GroupSampler::SampleSteps(RolloutEngine& engine,
-                                       const std::vector<StepGroups>& steps,
-                                       int rank, int64_t version,
-                                       CardMemoryManager& memory,
-                                       const OffloadFn& on_offload,
-                                       const DeliverFn& deliver) const {
+absl::Status GroupSampler::SampleSteps(
+    RolloutEngine& engine, const std::vector<StepGroups>& steps, int rank,
+    int64_t version, CardMemoryManager& memory, const OffloadFn& on_offload,
+    const DeliverFn& deliver, const SegmentEndFn& segment_end) const {
   const auto& rc = config_.rollout;
+  const int64_t max_new = rc.max_new_tokens;
   auto t0 = std::chrono::steady_clock::now();
-  // One batch per step; sequence j of step k is prompts[first[k] + j].
+  // One batch per step; sequence i is sample sample_of[i] of step step_of[i].
   std::vector<RolloutBatch> batches(steps.size());
   std::vector<std::vector<int>> prompts;
   std::vector<SequenceKey> keys;
-  std::vector<size_t> step_of, first;
-  int64_t largest_step = 0;
+  std::vector<size_t> step_of, sample_of, left(steps.size());
+  int64_t largest_step = 0, continued = 0, distinct = 0;
   for (size_t k = 0; k < steps.size(); ++k) {
     RolloutBatch& batch = batches[k];
-    batch.groups = steps[k].groups;
-    first.push_back(prompts.size());
     uint64_t seed =
         MixSeed(MixSeed(config_.seed, kRolloutStream), steps[k].step);
     if (rank > 0) seed = MixSeed(seed, rank);
+    // Sample j's key: its next token, and how many it may take in this
+    // call (to its segment's end, or to max_new_tokens in all).
+    auto key_for = [&](size_t j, int64_t tokens) {
+      int64_t end = max_new;
+      if (segment_end) end = std::min(end, segment_end(steps[k].step, tokens));
+      return SequenceKey{seed, static_cast<int64_t>(j), tokens,
+                         std::max<int64_t>(1, end - tokens)};
+    };
+    auto add = [&](size_t j, std::vector<int> prompt, SequenceKey key) {
+      keys.push_back(key);
+      prompts.push_back(std::move(prompt));
+      step_of.push_back(k);
+      sample_of.push_back(j);
+    };
+    if (steps[k].partial.has_value()) {
+      batch = *steps[k].partial;
+      if (batch.problems.empty()) {  // restored from a checkpoint's file
+        for (uint64_t index : batch.groups) {
+          batch.problems.push_back(ctx_.task->TrainProblem(index));
+        }
+      }
+      std::vector<int32_t> todo;
+      todo.swap(batch.unfinished);
+      for (const int32_t j : todo) {
+        const fusionrl::Sample& s = batch.samples[j];
+        std::vector<int> prompt = s.prompt_ids;
+        prompt.insert(prompt.end(), s.response_ids.begin(),
+                      s.response_ids.end());
+        add(j, std::move(prompt),
+            key_for(j, static_cast<int64_t>(s.response_ids.size())));
+      }
+      left[k] = todo.size();
+      continued += static_cast<int64_t>(todo.size());
+      distinct += static_cast<int64_t>(todo.size());
+      continue;
+    }
+    batch.groups = steps[k].groups;
     for (uint64_t index : steps[k].groups) {
       batch.problems.push_back(ctx_.task->TrainProblem(index));
       FUSIONRL_ASSIGN_OR_RETURN(
@@ -75,12 +109,13 @@ absl::Status GroupSampler::SampleSteps(RolloutEngine& engine,
         s.problem_index = index;
         s.prompt_ids = ids;
         s.behaviour_version = version;
+        const size_t j = batch.samples.size();
         batch.samples.push_back(std::move(s));
-        keys.push_back({seed, static_cast<int64_t>(prompts.size() - first[k])});
-        prompts.push_back(ids);
-        step_of.push_back(k);
+        add(j, ids, key_for(j, 0));
       }
     }
+    left[k] = batch.samples.size();
+    distinct += static_cast<int64_t>(steps[k].groups.size());
     largest_step = std::max<int64_t>(
         largest_step, static_cast<int64_t>(batch.samples.size()));
   }
@@ -90,22 +125,21 @@ absl::Status GroupSampler::SampleSteps(RolloutEngine& engine,
   sampling.top_p = rc.top_p;
   sampling.max_new_tokens = rc.max_new_tokens;
   // Several steps at once: the engine decodes one step's worth of sequences
-  // at a time (or the configured slots), refilling finished slots.
+  // at a time (or the configured slots), refilling finished slots; continued
+  // responses (few: a step's long tail) get slots of their own.
   const int64_t configured_slots = engine.max_batch();
-  const int64_t slots = steps.size() > 1 && configured_slots == 0
-                            ? largest_step
-                            : configured_slots;
+  const int64_t at_once = largest_step + continued;
+  const int64_t slots =
+      configured_slots == 0 && static_cast<int64_t>(prompts.size()) > at_once
+          ? at_once
+          : configured_slots;
   const int64_t decoded_at_once = slots > 0
                                       ? std::min<int64_t>(slots, prompts.size())
                                       : static_cast<int64_t>(prompts.size());
   // The KV cache of the round: granted by the card's memory books, which
   // may first move the optimizer state to host memory.
   size_t longest = 0;
-  int64_t distinct = 0;
   for (const auto& p : prompts) longest = std::max(longest, p.size());
-  for (const StepGroups& s : steps) {
-    distinct += static_cast<int64_t>(s.groups.size());
-  }
   int64_t kv_bytes = KvCacheBytesFor(
       config_.model,
       engine.fused() ? decoded_at_once : static_cast<int64_t>(prompts.size()),
@@ -121,31 +155,47 @@ absl::Status GroupSampler::SampleSteps(RolloutEngine& engine,
   if (kv.outcome == MemoryDecision::Outcome::kGrantedAfterOffload) {
     FUSIONRL_RETURN_IF_ERROR(on_offload(kv));
   }
-  // Scores each finished sequence; hands a step over once all of its are.
-  std::vector<size_t> left(steps.size());
-  for (size_t k = 0; k < steps.size(); ++k) {
-    left[k] = batches[k].samples.size();
-  }
+  auto hand_over = [&](size_t k) {
+    RolloutBatch& batch = batches[k];
+    std::sort(batch.unfinished.begin(), batch.unfinished.end());
+    batch.Recount();
+    const auto now = std::chrono::steady_clock::now();
+    batch.round_seconds = std::chrono::duration<double>(now - t0).count();
+    batch.seconds += batch.round_seconds;
+    t0 = now;
+    deliver(steps[k].step, std::move(batch));
+  };
+  // Scores each finished sequence; hands a step over once all of its
+  // sequences are done or stopped at their segment's end.
   auto finished = [&](int64_t i, const Completion& c) {
     const size_t k = step_of[i];
-    const size_t j = static_cast<size_t>(i) - first[k];
+    const size_t j = sample_of[i];
     fusionrl::Sample& s = batches[k].samples[j];
-    s.response_ids = c.tokens;
-    s.behaviour_logp = c.logp;
+    const size_t before = s.response_ids.size();
+    s.response_ids.insert(s.response_ids.end(), c.tokens.begin(),
+                          c.tokens.end());
+    s.behaviour_logp.insert(s.behaviour_logp.end(), c.logp.begin(),
+                            c.logp.end());
+    if (!s.token_versions.empty() || s.behaviour_version != version) {
+      if (s.token_versions.empty()) {
+        s.token_versions.assign(before, s.behaviour_version);
+      }
+      s.token_versions.insert(s.token_versions.end(), c.tokens.size(), version);
+    }
     s.finished = c.finished;
-    const Verdict v = ctx_.reward->Score(batches[k].problems[j / rc.group_size],
-                                         DecodeResponse(ctx_, s.response_ids));
-    s.reward = v.reward;
-    s.correct = v.correct;
-    if (--left[k] > 0) return;
-    batches[k].Recount();
-    const auto now = std::chrono::steady_clock::now();
-    batches[k].seconds = std::chrono::duration<double>(now - t0).count();
-    t0 = now;
-    deliver(steps[k].step, std::move(batches[k]));
+    if (!c.finished && static_cast<int64_t>(s.response_ids.size()) < max_new) {
+      batches[k].unfinished.push_back(static_cast<int32_t>(j));
+    } else {
+      const Verdict v =
+          ctx_.reward->Score(batches[k].problems[j / rc.group_size],
+                             DecodeResponse(ctx_, s.response_ids));
+      s.reward = v.reward;
+      s.correct = v.correct;
+    }
+    if (--left[k] == 0) hand_over(k);
   };
   for (size_t k = 0; k < steps.size(); ++k) {
-    if (left[k] == 0) deliver(steps[k].step, std::move(batches[k]));
+    if (left[k] == 0) hand_over(k);
   }
   engine.set_max_batch(slots);
   absl::Cleanup restore = [&] {

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -37,7 +38,13 @@ struct RolloutBatch {
   std::vector<Problem> problems;
   int64_t tokens = 0, correct = 0, finished = 0;
   double reward_sum = 0;
+  // Sampling time of the batch (with a partial rollout, over every round
+  // it was sampled in); round_seconds: this hand-over's share of its round.
   double seconds = 0;
+  double round_seconds = 0;
+  // Partial rollout: samples (indices) whose response stopped at a segment
+  // end and continues in a later round; not scored yet. Empty once done.
+  std::vector<int32_t> unfinished;
   // Fused: how long the rollout thread waited for the policy version that
   // StaleSync admission needed before sampling this batch.
   double gate_wait_seconds = 0;
@@ -46,16 +53,22 @@ struct RolloutBatch {
   void Recount();
 };
 
-// The prompt groups of one step.
+// The prompt groups of one step; or, with `partial`, the step's batch
+// whose unfinished responses continue (its groups are the batch's).
 struct StepGroups {
   int64_t step = 0;
   std::vector<uint64_t> groups;
+  std::optional<RolloutBatch> partial;
 };
 
 class GroupSampler {
  public:
   using OffloadFn = std::function<absl::Status(const MemoryDecision&)>;
   using DeliverFn = std::function<void(int64_t step, RolloutBatch batch)>;
+  // Partial rollout: where this call must stop a response of `step` that
+  // holds `tokens` tokens (a later call continues it from newer weights);
+  // max_new_tokens or more = run it to the end.
+  using SegmentEndFn = std::function<int64_t(int64_t step, int64_t tokens)>;
 
   // Both borrowed; they must outlive the sampler.
   GroupSampler(const JobConfig& config, const JobContext& ctx)
@@ -81,11 +94,18 @@ class GroupSampler {
   // (on the fused path possibly before earlier steps'; batch.seconds is
   // the time since the previous delivery, so the seconds sum to the
   // call's). On an error nothing more is delivered.
+  //
+  // Partial rollout: with `segment_end`, each response stops where it says
+  // (unless it ends first) and its step is delivered with those samples in
+  // `unfinished`; a step given back with `partial` continues them (prompt +
+  // response so far, the same sampling keys from the next token on), takes
+  // the new tokens' versions into token_versions, and is delivered again.
   absl::Status SampleSteps(RolloutEngine& engine,
                            const std::vector<StepGroups>& steps, int rank,
                            int64_t version, CardMemoryManager& memory,
                            const OffloadFn& on_offload,
-                           const DeliverFn& deliver) const;
+                           const DeliverFn& deliver,
+                           const SegmentEndFn& segment_end = nullptr) const;
 
  private:
   const JobConfig& config_;

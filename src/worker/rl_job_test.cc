@@ -17,6 +17,7 @@
 #include "fusionrl/task.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "worker/rollout_prefetch.h"
 
 namespace fusionrl {
 namespace {
@@ -563,6 +564,76 @@ TEST(RlJobTest, FusedWithLagResumesExactly) {
   c.stalesync.max_policy_lag = 1;
   c.algorithm.decoupled_loss = true;
   ExpectExactLaggedResume(c, 6, 3);
+}
+
+// Partial rollout: a response's tokens past each multiple of
+// partial_rollout_tokens (up to s - 1 of them) are sampled by the next
+// step's version, in the next round. The run resumes exactly (with s = 3,
+// the checkpoint's file holds steps whose responses are still unfinished
+// and continue from versions the checkpoint has or will publish), every
+// group is trained once, no sample exceeds the lag before the trainer's
+// filter, and responses did span versions.
+TEST(RlJobTest, FusedPartialRolloutResumesExactlyAndStaysWithinTheLag) {
+  for (int lag : {2, 3}) {
+    SCOPED_TRACE(lag);
+    JobConfig c = TinyRlJob(absl::StrCat("resume-fused-partial-", lag), 8);
+    c.placement.mode = PlacementMode::kFused;
+    c.rollout.max_new_tokens = 12;
+    c.stalesync.max_policy_lag = lag;
+    c.stalesync.partial_rollout_tokens = 3;
+    c.algorithm.decoupled_loss = true;
+    ExpectExactLaggedResume(c, 8, 4);
+    for (const char* key :
+         {"partial_rollout_samples", "partial_rollout_newer_tokens"}) {
+      EXPECT_EQ(Column(c.output_dir + "-split", key),
+                Column(c.output_dir + "-straight", key))
+          << key;
+    }
+    double spanning = 0, newer = 0;
+    for (double v :
+         Column(c.output_dir + "-straight", "partial_rollout_samples")) {
+      spanning += v;
+    }
+    for (double v :
+         Column(c.output_dir + "-straight", "partial_rollout_newer_tokens")) {
+      newer += v;
+    }
+    EXPECT_GT(spanning, 0);
+    EXPECT_GT(newer, 0);
+    for (double v : Column(c.output_dir + "-straight", "over_stale_samples")) {
+      EXPECT_EQ(v, 0);
+    }
+    for (double v : Column(c.output_dir + "-straight", "max_staleness")) {
+      EXPECT_LE(v, lag);
+    }
+    // The file the resume read: each sample's token versions follow the
+    // rule (non-decreasing, changing only at multiples of 3, the oldest
+    // the sample's behaviour version, at most s - 1 newer).
+    auto saved = ReadRolloutPrefetch(
+        RolloutPrefetchPath(c.output_dir + "-split/checkpoints", 4, 0));
+    ASSERT_TRUE(saved.ok()) << saved.status();
+    int checked = 0, unfinished = 0;
+    for (const auto& [step, batch] : saved->batches) {
+      unfinished += static_cast<int>(batch.unfinished.size());
+      for (const Sample& smp : batch.samples) {
+        if (smp.token_versions.empty()) continue;
+        ++checked;
+        ASSERT_EQ(smp.token_versions.size(), smp.response_ids.size());
+        EXPECT_EQ(smp.token_versions.front(), smp.behaviour_version);
+        EXPECT_LE(smp.token_versions.back() - smp.behaviour_version, lag - 1);
+        for (size_t k = 1; k < smp.token_versions.size(); ++k) {
+          EXPECT_GE(smp.token_versions[k], smp.token_versions[k - 1]);
+          if (smp.token_versions[k] != smp.token_versions[k - 1]) {
+            EXPECT_EQ(k % 3, 0u) << "step " << step;
+          }
+        }
+      }
+    }
+    EXPECT_GT(checked, 0);
+    if (lag == 3) {
+      EXPECT_GT(unfinished, 0);
+    }
+  }
 }
 
 // The same with the defaults a user gets: two threads on the card, which

@@ -29,12 +29,15 @@ absl::Status WriteRolloutPrefetch(const std::string& path,
   out.mutable_base_groups()->Add(prefetch.base_groups.begin(),
                                  prefetch.base_groups.end());
   out.set_frame_version(prefetch.frame_version);
+  out.set_partial_rollout_tokens(prefetch.partial_rollout_tokens);
   for (const auto& [step, batch] : prefetch.batches) {
     v1::PrefetchedBatch* b = out.add_batches();
     b->set_step(step);
     b->mutable_groups()->Add(batch.groups.begin(), batch.groups.end());
     b->set_seconds(batch.seconds);
     b->set_gate_wait_seconds(batch.gate_wait_seconds);
+    b->mutable_unfinished()->Add(batch.unfinished.begin(),
+                                 batch.unfinished.end());
     for (const Sample& s : batch.samples) {
       v1::PrefetchedSample* p = b->add_samples();
       p->set_group_id(s.group_id);
@@ -48,6 +51,8 @@ absl::Status WriteRolloutPrefetch(const std::string& path,
       p->set_finished(s.finished);
       p->set_reward(s.reward);
       p->set_correct(s.correct);
+      p->mutable_token_versions()->Add(s.token_versions.begin(),
+                                       s.token_versions.end());
     }
   }
   std::error_code ec;
@@ -77,6 +82,7 @@ absl::StatusOr<RolloutPrefetch> ReadRolloutPrefetch(const std::string& path) {
   out.base_step = in.base_step();
   out.base_groups.assign(in.base_groups().begin(), in.base_groups().end());
   out.frame_version = in.frame_version();
+  out.partial_rollout_tokens = in.partial_rollout_tokens();
   int64_t expected = out.checkpoint_step + 1;
   for (const v1::PrefetchedBatch& b : in.batches()) {
     if (b.step() != expected) {
@@ -90,6 +96,7 @@ absl::StatusOr<RolloutPrefetch> ReadRolloutPrefetch(const std::string& path) {
     batch.groups.assign(b.groups().begin(), b.groups().end());
     batch.seconds = b.seconds();
     batch.gate_wait_seconds = b.gate_wait_seconds();
+    batch.unfinished.assign(b.unfinished().begin(), b.unfinished().end());
     for (const v1::PrefetchedSample& p : b.samples()) {
       Sample& s = batch.samples.emplace_back();
       s.group_id = p.group_id();
@@ -102,6 +109,15 @@ absl::StatusOr<RolloutPrefetch> ReadRolloutPrefetch(const std::string& path) {
       s.finished = p.finished();
       s.reward = p.reward();
       s.correct = p.correct();
+      s.token_versions.assign(p.token_versions().begin(),
+                              p.token_versions().end());
+    }
+    for (const int32_t j : batch.unfinished) {
+      if (j < 0 || j >= static_cast<int32_t>(batch.samples.size())) {
+        return absl::DataLossError(absl::StrCat(
+            "rollout prefetch '", path, "': step ", b.step(),
+            " lists unfinished sample ", j, " of ", batch.samples.size()));
+      }
     }
     batch.Recount();
   }
