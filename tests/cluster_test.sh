@@ -347,6 +347,11 @@ check(max(r["max_update_lag"] for r in rows) <= 1, "no update applied more than 
 check(sum(r["updates_received"] for r in rows) == 20, "the lead applied each of b's 20 updates once")
 syncs = [r["step"] for r in rows if r["weight_sync_bytes"] > 0]
 check(syncs == [10, 20], f"weights synced at the checkpoint and the end ({syncs})")
+# Both super nodes' cards report what they trained; the record sums them.
+sys.path.insert(0, out)
+import checks
+ok, text = checks.groups_once(rows, 16)
+check(ok, f"the cards of both super nodes trained every prompt group once ({text})")
 print(f"     final eval accuracy {s['final_eval_accuracy']:.3f} (start {s['initial_eval_accuracy']:.3f})")
 sys.exit(1 if bad else 0)
 PY
@@ -396,6 +401,8 @@ check(max(r["max_update_lag"] for r in rows) <= 1, "no update applied more than 
 check(sum(r["updates_received"] for r in rows) == 20, "the lead applied each of b's 20 updates once")
 syncs = [r["step"] for r in rows if r["weight_sync_bytes"] > 0]
 check(syncs == [10, 20], f"weights synced at the checkpoint and the end ({syncs})")
+ok, text = checks.groups_once(rows, 16)
+check(ok, f"the cards of both super nodes trained every prompt group once ({text})")
 ref = checks.rows(os.path.join(out, "skew-c10d-ref", "metrics.jsonl"))
 timing_dependent = {"clock_skew", "max_clock_skew_seen"}
 diffs = [d for d in checks.record_diffs(ref, rows) if d[1] not in timing_dependent]
@@ -587,8 +594,10 @@ check(int(st.get("controller_tensor_bytes", 0)) == 0,
 rows = checks.rows(os.path.join(out, "skew-kill", "metrics.jsonl"))
 steps = [r["step"] for r in rows]
 check(steps == list(range(1, 17)), f"metrics.jsonl has steps 1..16 once, in order ({steps})")
-# (A skewed job's record holds the lead super node's own sums, its
-# trained groups included; the ledger above counts every super node's.)
+# The records' trained groups are every super node's (each super node's
+# first card reports its own), so the cards' own counts cover the job too.
+ok, text = checks.groups_once(rows, 12)
+check(ok, f"the cards of every super node trained every prompt group once ({text})")
 check(rows[-1].get("nodes") == 3, f"the last step ran on 3 super nodes ({rows[-1].get('nodes')})")
 check(all(r.get("controller_tensor_bytes") == 0 for r in rows), "every record: controller_tensor_bytes == 0")
 summary = json.load(open(os.path.join(out, "skew-kill", "summary.json")))

@@ -277,7 +277,16 @@ StepRecordLine FormatStepRecord(const MetricFields& metrics,
   StepRecordLine out;
   if (!metrics.empty()) {
     MetricRecord rec = metrics;
-    rec.insert(rec.end(), job_fields.begin(), job_fields.end());
+    for (const auto& field : job_fields) {
+      auto it = std::find_if(rec.begin(), rec.end(), [&](const auto& f) {
+        return f.first == field.first;
+      });
+      if (it != rec.end()) {
+        it->second = field.second;
+      } else {
+        rec.push_back(field);
+      }
+    }
     out.json = MetricRecordToJson(rec);
     out.response_len_mean = Find(metrics, "response_len_mean");
     out.kl = Find(metrics, "kl");

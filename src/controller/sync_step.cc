@@ -506,6 +506,21 @@ void JobManager::RecordStepLocked(Job& job, const Attempt& a) {
     job_fields.emplace_back("clock_skew", static_cast<double>(hi - lo));
     job_fields.emplace_back("max_clock_skew_seen",
                             static_cast<double>(job.skew_gate->MaxSkewSeen()));
+    // Each super node commits on its own: the groups the step trained are
+    // every super node's (the lead's metrics count its own only).
+    double groups[3] = {0, 0, 0};
+    bool all = !a.reports.empty();
+    for (const ReportedStep& m : a.reports) {
+      all = all && m.report.has_trained_groups;
+      groups[0] += m.report.trained_groups;
+      groups[1] += m.report.trained_group_id_sum;
+      groups[2] += m.report.trained_group_id_sq_sum;
+    }
+    if (all) {
+      job_fields.emplace_back("trained_groups", groups[0]);
+      job_fields.emplace_back("trained_group_id_sum", groups[1]);
+      job_fields.emplace_back("trained_group_id_sq_sum", groups[2]);
+    }
   }
   // Formatted here, under the lock (no I/O); appended by the output queue
   // after the lock is released, in commit order.

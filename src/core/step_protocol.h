@@ -110,6 +110,13 @@ struct StepReport {
   // may cure (a collective of the c10d data plane failed); the controller
   // aborts the attempt and replans the step.
   std::string abort_reason;
+  // StaleSync clock skew: the prompt groups this super node trained (count,
+  // sum and sum of squares of their ids), summed by the controller into the
+  // step's record.
+  bool has_trained_groups = false;
+  double trained_groups = 0;
+  double trained_group_id_sum = 0;
+  double trained_group_id_sq_sum = 0;
   bool has_weights_crc32c = false;
   uint32_t weights_crc32c = 0;
 };

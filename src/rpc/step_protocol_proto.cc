@@ -150,6 +150,10 @@ v1::FinishStepRequest StepReportToProto(const StepReport& r) {
   out.set_has_weights_crc32c(r.has_weights_crc32c);
   out.set_weights_crc32c(r.weights_crc32c);
   out.set_abort_reason(r.abort_reason);
+  out.set_has_trained_groups(r.has_trained_groups);
+  out.set_trained_groups(r.trained_groups);
+  out.set_trained_group_id_sum(r.trained_group_id_sum);
+  out.set_trained_group_id_sq_sum(r.trained_group_id_sq_sum);
   return out;
 }
 
@@ -176,6 +180,10 @@ StepReport StepReportFromProto(const v1::FinishStepRequest& r) {
   out.has_weights_crc32c = r.has_weights_crc32c();
   out.weights_crc32c = r.weights_crc32c();
   out.abort_reason = r.abort_reason();
+  out.has_trained_groups = r.has_trained_groups();
+  out.trained_groups = r.trained_groups();
+  out.trained_group_id_sum = r.trained_group_id_sum();
+  out.trained_group_id_sq_sum = r.trained_group_id_sq_sum();
   return out;
 }
 

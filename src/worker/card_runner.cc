@@ -880,6 +880,10 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   if (plan.exchange_updates && job_.local_rank == 0) {
     // Each super node reports its own tokens; the controller adds them up.
     report.rollout_tokens = static_cast<int64_t>(totals[3]);
+    report.has_trained_groups = true;
+    report.trained_groups = totals[groups_at];
+    report.trained_group_id_sum = totals[groups_at + 1];
+    report.trained_group_id_sq_sum = totals[groups_at + 2];
     if (plan.sync_weights) {
       report.weights_crc32c = WeightsCrc32c(policy);
       report.has_weights_crc32c = true;

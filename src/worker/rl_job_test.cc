@@ -146,11 +146,11 @@ void ExpectExactResume(JobConfig c, int steps, int stop_at,
   EXPECT_DOUBLE_EQ(rest->final_eval_accuracy, full->final_eval_accuracy);
   EXPECT_EQ(Rewards(split.output_dir), Rewards(c.output_dir));
   ExpectSameWeights(full->checkpoint_dir, rest->checkpoint_dir, c.model);
-  // A skewed step's record holds the lead super node's own groups only.
-  if (c.stalesync.max_clock_skew == 0 || c.placement.super_nodes == 1) {
-    ExpectEveryGroupTrainedOnce(split.output_dir,
-                                int64_t{steps} * c.rollout.prompts_per_step);
-  }
+  // From the cards' own records (a skewed step's, every super node's).
+  ExpectEveryGroupTrainedOnce(c.output_dir,
+                              int64_t{steps} * c.rollout.prompts_per_step);
+  ExpectEveryGroupTrainedOnce(split.output_dir,
+                              int64_t{steps} * c.rollout.prompts_per_step);
 }
 
 TEST(RlJobTest, ResumeContinuesExactly) {
@@ -400,6 +400,8 @@ TEST(RlJobTest, ClockSkewAcrossSuperNodesIsBoundedAndEndsInOneWeightSet) {
   EXPECT_EQ(rows, 12);
   // One optimizer round per step: the other node's 12 updates, each once.
   EXPECT_EQ(received, 12);
+  // Every prompt group trained once, counted by both super nodes' cards.
+  ExpectEveryGroupTrainedOnce(c.output_dir, 12 * 4);
 }
 
 // StaleSync across super nodes on the c10d data plane: each node's update
@@ -439,11 +441,9 @@ TEST(RlJobTest,
       ASSERT_EQ(got.size(), 9u);
       EXPECT_EQ(got, (std::vector<double>{0, 0, 1, 3, 0, 0, 1, 3, 1}));
       EXPECT_EQ(lag, (std::vector<double>{0, 0, 2, 2, 0, 0, 2, 2, 0}));
-      // A skewed step's metrics are the lead super node's own: its half
-      // of every step's 4 prompt groups.
-      double trained = 0;
-      for (double v : Column(c.output_dir, "trained_groups")) trained += v;
-      EXPECT_EQ(trained, 9 * 2);
+      // Every step's 4 prompt groups, each once, from both super nodes'
+      // cards (a skewed record's other metrics are the lead's own).
+      ExpectEveryGroupTrainedOnce(c.output_dir, 9 * 4);
     }
     ExpectSameWeights(finals[0], finals[1]);
   }
