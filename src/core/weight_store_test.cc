@@ -262,6 +262,7 @@ TEST(WeightStoreTest, ConcurrentPutsAndGetsStayConsistent) {
   constexpr int kReaders = 3;
   std::atomic<bool> done{false};
   std::atomic<int> readers_started{0};
+  std::atomic<int> readers_reading{0};  // readers past their first read
   std::atomic<int64_t> reads{0};
   std::atomic<int64_t> bad{0};
   std::vector<std::thread> threads;
@@ -273,6 +274,12 @@ TEST(WeightStoreTest, ConcurrentPutsAndGetsStayConsistent) {
       for (int64_t v = 1; v <= kVersions; ++v) {
         absl::Status s = store.Put(job, v, "sn-a", Payload(v, 64 + v));
         if (!s.ok()) ADD_FAILURE() << s;
+        // The rest is written while every reader reads, however the
+        // threads are scheduled (a loaded machine once ran the writers to
+        // the end before any reader got a version).
+        while (v == 1 && readers_reading.load() < kReaders) {
+          std::this_thread::yield();
+        }
       }
     });
   }
@@ -285,6 +292,7 @@ TEST(WeightStoreTest, ConcurrentPutsAndGetsStayConsistent) {
         absl::StatusOr<WeightVersion> got = store.Get(job, 0);
         if (!got.ok()) continue;  // nothing published yet
         reads.fetch_add(1);
+        if (last_seen == 0) readers_reading.fetch_add(1);  // the first read
         if (got->version < last_seen ||
             *got->bytes != Payload(got->version, 64 + got->version) ||
             Crc32c(*got->bytes) != got->crc32c) {
