@@ -350,8 +350,13 @@ TEST(FusedRolloutTest, AdmitsStepsOnlyWithinThePolicyLag) {
   auto seen = sampler.WaitFor(2);
   ASSERT_EQ(seen.size(), 2u);
   EXPECT_EQ(seen[1], std::make_pair(int64_t{2}, int64_t{0}));
-  // Step 3 needs version >= 1: nothing more is sampled until it comes.
-  absl::SleepFor(absl::Milliseconds(200));
+  // Step 3 needs version >= 1: the thread waits for it, having sampled
+  // nothing more.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (fused.waiting_for_step() != 3 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(fused.waiting_for_step(), 3);
   EXPECT_EQ(sampler.Sampled().size(), 2u);
   fused.Publish(policy->parameters(), 1);
   seen = sampler.WaitFor(3);

@@ -68,6 +68,11 @@ void FusedRollout::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+int64_t FusedRollout::waiting_for_step() const {
+  absl::MutexLock lock(&mu_);
+  return waiting_for_step_;
+}
+
 int64_t FusedRollout::AdmitVersionLocked(int64_t step) const {
   return AdmitVersion(frame_version_, step - base_step_,
                       options_.max_policy_lag);
@@ -228,7 +233,9 @@ std::optional<FusedRollout::Round> FusedRollout::NextRound(bool wait) {
         published_version_ < SampleVersionLocked(next_step_)) {
       if (!wait) return std::nullopt;
       const auto w0 = std::chrono::steady_clock::now();
+      waiting_for_step_ = base_groups_.empty() ? -1 : next_step_;
       changed_.Wait(&mu_);
+      waiting_for_step_ = -1;
       if (!base_groups_.empty()) gate_wait_seconds_ += SecondsSince(w0);
       continue;
     }

@@ -184,6 +184,9 @@ class FusedRollout {
   }
   // Whether the thread is sampling right now (thread-budget sharing).
   bool sampling() const { return sampling_.load(); }
+  // The step the thread waits to be admitted (a newer published version),
+  // or -1 (tests: admission observed as a state, not a pause).
+  int64_t waiting_for_step() const ABSL_LOCKS_EXCLUDED(mu_);
   // How many times the thread took published weights into its snapshot
   // (the proof, in a step's record, that the rollout ran on the thread).
   int64_t snapshot_updates() const { return snapshot_updates_.load(); }
@@ -278,6 +281,7 @@ class FusedRollout {
   // Time the thread waited on the gate since its last delivered batch.
   double gate_wait_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t waiting_for_step_ ABSL_GUARDED_BY(mu_) = -1;
   std::thread thread_;  // main thread only
 };
 
