@@ -11,6 +11,23 @@ start=$(date +%s)
 ./scripts/build.sh
 echo "test.sh: built in $(( $(date +%s) - start ))s" >&2
 cd "${FUSIONRL_BUILD_DIR:-build}"
+# A hang must fail inside CI's 90 minutes: every test has its own TIMEOUT
+# and they add up to at most 90 minutes, i.e. 45 at -j2 after a build of
+# at most 25 (docs/build.md "Test time limits").
+ctest --show-only=json-v1 | python3 -c '
+import json, sys
+tests = json.load(sys.stdin)["tests"]
+limits = {}
+for t in tests:
+    props = {p["name"]: p["value"] for p in t.get("properties", [])}
+    limits[t["name"]] = float(props.get("TIMEOUT", 0))
+missing = [n for n, v in limits.items() if v <= 0]
+total = sum(limits.values())
+if missing or total > 5400:
+    sys.exit(f"test.sh: every test needs a TIMEOUT and they may add up to 5400 s; "
+             f"without one: {missing}, sum {total:.0f} s")
+print(f"test.sh: {len(limits)} tests, TIMEOUTs add up to {total:.0f} s", file=sys.stderr)
+'
 # Two tests at a time (the suite is measured to pass with -j2 while a cold
 # build shares the cores: docs/build.md); FUSIONRL_TEST_JOBS overrides.
 ctest --output-on-failure --timeout 1200 -j "${FUSIONRL_TEST_JOBS:-2}" "$@"
