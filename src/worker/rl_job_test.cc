@@ -695,6 +695,34 @@ TEST(RlJobTest, FusedWithLagAndClockSkewResumesExactly) {
   ExpectExactLaggedResume(c, 8, 4);
 }
 
+// The placements the tests above leave out, each continued exactly: the
+// synchronous run on the c10d data plane (two super nodes), the colocated
+// run with clock skew across two super nodes (c10d, where what a node
+// applies does not depend on arrival order), and disaggregated placement
+// with a lag on two super nodes.
+TEST(RlJobTest, ResumeIsExactOnTheC10dPlaneWithSkewAndDisaggregatedNodes) {
+  JobConfig sync = TinyRlJob("resume-c10d-sync", 6);
+  sync.placement.super_nodes = 2;
+  sync.run.data_plane = "c10d";
+  ExpectExactResume(sync, 6, 3);
+
+  JobConfig skew = TinyRlJob("resume-colocated-skew1", 8);
+  skew.placement.super_nodes = 2;
+  skew.stalesync.max_clock_skew = 1;
+  skew.run.data_plane = "c10d";
+  skew.run.checkpoint_every = 4;  // the split run's end syncs where this does
+  ExpectExactResume(skew, 8, 4);
+
+  JobConfig disagg = TinyRlJob("resume-disaggregated-lag1-two-nodes", 6);
+  disagg.placement.mode = PlacementMode::kDisaggregated;
+  disagg.placement.super_nodes = 2;
+  disagg.placement.cards_per_super_node = 2;
+  disagg.placement.rollout_cards_per_super_node = 1;
+  disagg.stalesync.max_policy_lag = 1;
+  disagg.algorithm.decoupled_loss = true;
+  ExpectExactLaggedResume(disagg, 6, 3);
+}
+
 // Where a resume cannot be exact it still loses no prompt group and trains
 // none twice: the prefetched batches gone (the rollout samples the coming
 // steps again from the checkpoint's weights), and rollout_version newest
