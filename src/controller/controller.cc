@@ -84,6 +84,12 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(
   weight_options.auth_token = options.auth_token;
   s.weight =
       std::make_unique<rpc::WeightServiceImpl>(*s.weight_store, weight_options);
+  // A job's weight bytes through the WeightService are controller bytes too
+  // (0 for jobs on the c10d data plane, which sync by broadcast).
+  c->jobs_->SetWeightBytesSource(
+      [store = s.weight_store.get()](const std::string& job_id) {
+        return store->job_bytes(job_id);
+      });
   s.job = std::make_unique<JobServiceImpl>(
       *c->jobs_, options.auth_token, [self] { return self->ClusterStatus(); });
   s.work = std::make_unique<WorkServiceImpl>(*c->jobs_, options.auth_token);

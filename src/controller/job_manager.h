@@ -186,6 +186,12 @@ class JobManager {
   // at 0; weight versions served by the WeightService are counted by its
   // store (WeightStore::Stats).
   int64_t tensor_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Where a job's WeightService bytes (versions published and fetched
+  // through this controller) are counted: they are part of the job's
+  // controller_tensor_bytes in its status and records. Set once, before
+  // jobs run (Controller::Start).
+  void SetWeightBytesSource(std::function<int64_t(const std::string&)> source)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // --- WorkService (wire types; conversions in work_proto.cc) --------------
   absl::StatusOr<v1::GetAssignmentResponse> GetAssignment(
@@ -272,6 +278,10 @@ class JobManager {
 
   // --- job_manager.cc ---
   Job* FindLocked(const std::string& id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job's tensor bytes through this controller: its sums and updates
+  // (Job::tensor_bytes) and its WeightService bytes.
+  int64_t ControllerBytesLocked(const Job& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Job*> JobForNodeLocked(const std::string& job_id,
                                         const std::string& node_id) const
@@ -412,6 +422,7 @@ class JobManager {
   std::map<std::string, std::vector<v1::CardState>> card_states_
       ABSL_GUARDED_BY(mu_);
   int64_t tensor_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<int64_t(const std::string&)> weight_bytes_ ABSL_GUARDED_BY(mu_);
   // Orders the journal's writers: a job's states reach the sink in the
   // order they were taken (lock order: journal_mu_, then mu_).
   absl::Mutex journal_mu_ ABSL_ACQUIRED_BEFORE(mu_);

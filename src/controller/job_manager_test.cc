@@ -824,6 +824,10 @@ TEST_F(JobManagerTest, UpdateExchangeRefusesBadInput) {
 TEST_F(JobManagerTest, TypedCallsRunAStepAsTheWireOnesDo) {
   const std::string a = AddNode("a"), b = AddNode("b");
   const std::string job = Submit(1);
+  // The job's WeightService bytes (the controller wires its WeightStore
+  // here) are controller bytes of the job too; another job's are not.
+  jobs_.SetWeightBytesSource(
+      [job](const std::string& id) -> int64_t { return id == job ? 1000 : 7; });
   auto assigned = jobs_.GetAssignment(a, absl::ZeroDuration());
   ASSERT_TRUE(assigned.ok()) << assigned.status();
   EXPECT_EQ(assigned->job_id, job);
@@ -882,13 +886,15 @@ TEST_F(JobManagerTest, TypedCallsRunAStepAsTheWireOnesDo) {
   auto status = jobs_.Status(job);
   ASSERT_TRUE(status.ok());
   // tokens_per_second is the controller's: the run's 10 tokens in 4 s; so
-  // is controller_tensor_bytes: 2 nodes x 8 bytes in and 8 bytes back.
+  // is controller_tensor_bytes: 2 nodes x 8 bytes in and 8 bytes back, and
+  // the job's 1000 weight bytes.
   EXPECT_EQ(status->last_metrics_json(),
             "{\"step\":1,\"kl\":0.5,\"tokens_per_second\":2.5,"
-            "\"controller_tensor_bytes\":32}");
+            "\"controller_tensor_bytes\":1032}");
   EXPECT_EQ(ReadTextFile(out_ + "/metrics.jsonl", "metrics").value_or(""),
             "{\"step\":1,\"kl\":0.5,\"tokens_per_second\":2.5,"
-            "\"controller_tensor_bytes\":32}\n");
+            "\"controller_tensor_bytes\":1032}\n");
+  EXPECT_EQ(status->controller_tensor_bytes(), 1032);
 
   auto end = jobs_.GetStepPlan(job, a, 0, 2, absl::ZeroDuration());
   ASSERT_TRUE(end.ok());

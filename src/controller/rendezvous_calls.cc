@@ -82,6 +82,16 @@ absl::StatusOr<StoreReply> JobManager::Store(const StoreCall& call,
   return reply;
 }
 
+void JobManager::SetWeightBytesSource(
+    std::function<int64_t(const std::string&)> source) {
+  absl::MutexLock lock(&mu_);
+  weight_bytes_ = std::move(source);
+}
+
+int64_t JobManager::ControllerBytesLocked(const Job& job) const {
+  return job.tensor_bytes + (weight_bytes_ ? weight_bytes_(job.id) : 0);
+}
+
 int64_t JobManager::tensor_bytes() const {
   absl::MutexLock lock(&mu_);
   return tensor_bytes_;

@@ -154,7 +154,7 @@ v1::JobStatus JobManager::StatusLocked(const Job& job) const {
   for (const v1::JobEvent& e : job.events) *s.add_events() = e;
   s.set_error_code(job.error_code);
   s.set_last_metrics_json(job.last_metrics_json);
-  s.set_controller_tensor_bytes(job.tensor_bytes);
+  s.set_controller_tensor_bytes(ControllerBytesLocked(job));
   s.set_placement(PlacementModeName(job.config.placement.mode));
   if (job.skewed) {
     s.set_max_clock_skew(job.config.stalesync.max_clock_skew);

@@ -494,7 +494,7 @@ void JobManager::RecordStepLocked(Job& job, const Attempt& a) {
     // What of the job's tensors went through this process so far (0 on
     // the c10d data plane, docs/cluster.md).
     job_fields.emplace_back("controller_tensor_bytes",
-                            static_cast<double>(job.tensor_bytes));
+                            static_cast<double>(ControllerBytesLocked(job)));
   }
   if (job.skewed) {
     int64_t lo = INT64_MAX, hi = INT64_MIN;
@@ -551,7 +551,7 @@ RunTotals JobManager::RunTotalsLocked(const Job& job) const {
   t.last_eval_accuracy = job.last_eval;
   t.rollout_tokens = job.summary.rollout_tokens;
   t.loop_seconds = job.loop_seconds;
-  t.controller_tensor_bytes = job.tensor_bytes;
+  t.controller_tensor_bytes = ControllerBytesLocked(job);
   return t;
 }
 

@@ -94,6 +94,7 @@ absl::Status WeightStore::Put(const std::string& job_id, int64_t version,
       total_bytes_ += size;
       ++stats_.puts;
       stats_.bytes_in += size;
+      job_bytes_[job_id] += size;
       while (versions.size() > static_cast<size_t>(keep_versions_per_job_)) {
         total_bytes_ -=
             static_cast<int64_t>(versions.begin()->second.bytes->size());
@@ -145,7 +146,14 @@ absl::StatusOr<WeightVersion> WeightStore::Get(const std::string& job_id,
   }
   ++stats_.gets;
   stats_.bytes_out += static_cast<int64_t>(it->second.bytes->size());
+  job_bytes_[job_id] += static_cast<int64_t>(it->second.bytes->size());
   return it->second;
+}
+
+int64_t WeightStore::job_bytes(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = job_bytes_.find(job_id);
+  return it == job_bytes_.end() ? 0 : it->second;
 }
 
 std::vector<int64_t> WeightStore::Versions(const std::string& job_id) const {

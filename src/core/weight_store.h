@@ -113,6 +113,10 @@ class WeightStore {
   int64_t total_bytes() const;
   int keep_versions_per_job() const { return keep_versions_per_job_; }
   Stats stats() const;
+  // Payload bytes of `job_id`'s versions stored (Put) plus those handed out
+  // (Get) since construction: the job's weight bytes that went through
+  // this store (0 for a job it never saw; kept after RemoveJob).
+  int64_t job_bytes(const std::string& job_id) const;
 
   // One line per job, in job order, e.g.
   // "job-1 kept=4,5,6 newest=6 super_node=sn-a bytes=3072 crc32c=0x1a2b3c4d
@@ -135,6 +139,7 @@ class WeightStore {
   std::map<std::string, VersionMap> jobs_ ABSL_GUARDED_BY(mu_);
   int64_t total_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   mutable Stats stats_ ABSL_GUARDED_BY(mu_);
+  mutable std::map<std::string, int64_t> job_bytes_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace fusionrl

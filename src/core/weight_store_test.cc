@@ -67,6 +67,28 @@ TEST(WeightStoreTest, JobsAreIndependent) {
   EXPECT_THAT(store.Jobs(), ElementsAre("job-1", "job-2"));
 }
 
+// What the controller adds to a job's controller_tensor_bytes: the bytes
+// of its versions stored and handed out, per job, kept after the job's
+// versions are removed; idempotent re-publishes, refused puts and misses
+// count nothing.
+TEST(WeightStoreTest, CountsEachJobsBytesInAndOut) {
+  FakeClock clock;
+  WeightStore store(clock, 2);
+  EXPECT_EQ(store.job_bytes("job-1"), 0);
+  ASSERT_TRUE(store.Put("job-1", 1, "sn-a", Payload(1, 100)).ok());
+  ASSERT_TRUE(store.Put("job-1", 2, "sn-a", Payload(2, 40)).ok());
+  ASSERT_TRUE(store.Put("job-2", 1, "sn-a", Payload(1, 7)).ok());
+  EXPECT_TRUE(store.Put("job-1", 1, "sn-a", Payload(1, 100)).ok());
+  EXPECT_FALSE(store.Put("job-1", 1, "sn-a", Payload(3, 100)).ok());
+  ASSERT_TRUE(store.Get("job-1", 0).ok());  // 40 out
+  ASSERT_TRUE(store.Get("job-1", 1).ok());  // 100 out
+  EXPECT_FALSE(store.Get("job-1", 9).ok());
+  EXPECT_EQ(store.job_bytes("job-1"), 100 + 40 + 40 + 100);
+  EXPECT_EQ(store.job_bytes("job-2"), 7);
+  ASSERT_TRUE(store.RemoveJob("job-1").ok());
+  EXPECT_EQ(store.job_bytes("job-1"), 280);
+}
+
 TEST(WeightStoreTest, RejectsVersionsThatAreNotNewer) {
   FakeClock clock;
   WeightStore store(clock, 3);
