@@ -33,7 +33,11 @@ for key in ["initial_eval_accuracy", "final_eval_accuracy", "steps",
 check(run["steps"] == 60 and run["policy_version"] == 60, "60 RL steps, version 60")
 check(abs(run["initial_eval_accuracy"] - sft["final_eval_accuracy"]) < 1e-9,
       "RL starts from the SFT checkpoint's accuracy")
-check(0 <= run["final_eval_accuracy"] <= 1, "accuracy is a fraction")
+# Learning, with a margin (the run is deterministic for the config's seed
+# and threads: measured 0.560 -> 0.580 held-out, reward 0.171 -> 0.237).
+check(run["final_eval_accuracy"] >= run["initial_eval_accuracy"],
+      f"RL keeps or raises held-out accuracy ({run['initial_eval_accuracy']:.3f} -> "
+      f"{run['final_eval_accuracy']:.3f})")
 check(run["rollout_tokens"] > 0 and run["tokens_per_second"] > 0, "token counts")
 
 rows = [json.loads(l) for l in open(os.path.join(out, "rl", "metrics.jsonl"))]
@@ -43,7 +47,9 @@ check(all(r["max_staleness"] == 0 for r in rows), "synchronous run: staleness 0"
 check(sum("eval_accuracy" in r for r in rows) == 2, "eval every 30 steps")
 first = sum(r["reward_mean"] for r in rows[:15]) / 15
 last = sum(r["reward_mean"] for r in rows[-15:]) / 15
-check(last > first, f"training reward rises ({first:.3f} -> {last:.3f})")
+check(last >= first + 0.03,
+      f"training reward rises by at least 0.03 ({first:.3f} -> {last:.3f}; "
+      "measured +0.066)")
 for f in ["model.pt", "optim.pt", "meta.json"]:
     check(os.path.exists(os.path.join(out, "rl", "checkpoints", "final", f)),
           f"final checkpoint has {f}")
