@@ -3,6 +3,7 @@
 #include <torch/types.h>
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -112,11 +113,16 @@ TEST(ModelTest, HiddenFromAPositionEqualsTheNarrowedFullForward) {
       for (size_t i = 0; i < full_grads.size(); ++i) {
         ASSERT_EQ(window_grads[i].defined(), full_grads[i].defined()) << i;
         if (!full_grads[i].defined()) continue;
-        // Float32 rounding of GEMMs over fewer rows, relative to the
-        // gradient's size (up to ~60 here).
+        // Float32 rounding of GEMMs over fewer rows: a weight's gradient
+        // sums 27 rows (3 x 9), whose order and blocking differ between the
+        // two (and with the BLAS's team under load), so the bound is
+        // 27 x float32 epsilon of the gradient's size (up to ~60 here). It
+        // was 1e-6 x size, below that bound: a loaded CI run measured
+        // 1.07e-6 x size on the feed-forward weight.
         const double scale = full_grads[i].abs().max().item<double>();
+        const double bound = 27 * std::numeric_limits<float>::epsilon();
         EXPECT_LE((window_grads[i] - full_grads[i]).abs().max().item<double>(),
-                  1e-6 * std::max(1.0, scale))
+                  bound * std::max(1.0, scale))
             << "parameter " << i << " (largest " << scale << ")";
       }
     }
