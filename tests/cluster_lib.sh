@@ -48,6 +48,28 @@ wait_steps() {
     sleep 0.1
   done
 }
+# outage_marks LOG...: how many "controller unreachable" lines each worker
+# log holds (before a controller is killed).
+outage_marks() {
+  local log
+  for log in "$@"; do grep -c "controller unreachable" "$log" || true; done
+}
+# wait_outage SECONDS "MARKS" LOG...: until every LOG holds more
+# "controller unreachable" lines than its count in MARKS (outage_marks
+# before the kill): each worker saw the controller go away, which a fixed
+# pause before the restart did not check.
+wait_outage() {
+  local limit=$1 marks=($2) deadline=$((SECONDS + $1)) i
+  shift 2
+  local logs=("$@")
+  for i in "${!logs[@]}"; do
+    until [ "$(grep -c "controller unreachable" "${logs[$i]}" || true)" -gt "${marks[$i]}" ]; do
+      [ "$SECONDS" -lt "$deadline" ] ||
+        fail "${logs[$i]}: no 'controller unreachable' within $limit s of the kill"
+      sleep 0.1
+    done
+  done
+}
 # phase_of ADDR JOB STATUS_JSON: writes `status --json` of JOB to
 # STATUS_JSON and prints its phase ("" when the call fails).
 phase_of() {

@@ -626,10 +626,13 @@ job10=$(timeout 60 "$BIN" submit "$CFG" --controller "$ADDR5" \
         --set placement.super_nodes=2 --set run.total_steps=30 --set run.eval_every=0 \
         --set init_checkpoint="$SFT_CKPT" --output-dir "$OUT/restart" 2>"$OUT/submit-10.log")
 wait_steps "$OUT/restart/metrics.jsonl" 8 180 "$job10"
+logs5=("$OUT/worker-a-5.log" "$OUT/worker-b-5.log")
+marks=$(outage_marks "${logs5[@]}")
 kill_hard "$ctl5_pid"
 steps_at_kill10=$(wc -l < "$OUT/restart/metrics.jsonl")
 echo "ok   killed the controller (SIGKILL) after $steps_at_kill10 steps of $job10"
-sleep 3
+wait_outage 30 "$marks" "${logs5[@]}"
+echo "ok   both workers saw the controller go away"
 CTL_LISTEN=$ADDR5 start_controller controller-5b --heartbeat-interval 0.5 --heartbeat-timeout 10 --state-dir "$OUT/state"
 ctl5b_pid=$CTL_PID
 echo "ok   controller restarted on $ADDR5 with its --state-dir"
@@ -683,9 +686,11 @@ job10b=$(timeout 60 "$BIN" submit "$CFG" --controller "$ADDR5" \
          --set run.total_steps=16 --set run.eval_every=0 \
          --set init_checkpoint="$SFT_CKPT" --output-dir "$OUT/restart-skew" 2>"$OUT/submit-10b.log")
 wait_steps "$OUT/restart-skew/metrics.jsonl" 6 180 "$job10b"
+marks=$(outage_marks "${logs5[@]}")
 kill_hard "$ctl5b_pid"
 echo "ok   killed the controller (SIGKILL) during $job10b (fused, lag 1, skew 1)"
-sleep 2
+wait_outage 30 "$marks" "${logs5[@]}"
+echo "ok   both workers saw the controller go away"
 CTL_LISTEN=$ADDR5 start_controller controller-5c --heartbeat-interval 0.5 --heartbeat-timeout 10 --state-dir "$OUT/state"
 wait_job "$ADDR5" "$job10b" "$OUT/status-10b.json" 300
 python3 - "$OUT" <<'PY' || fail "controller restart of a fused StaleSync job"
