@@ -386,6 +386,10 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateComposite(
   const int64_t total = prompt_len + max_new;
   const auto device = model_.device();
   const auto long_opts = at::TensorOptions().dtype(at::kLong);
+  // Each sequence's cap, by sequence, on the device (rows index it through
+  // row_seq_dev).
+  const at::Tensor cap_dev =
+      capped ? at::tensor(cap, long_opts).to(device) : at::Tensor();
   auto t = Clock::now();
   auto [prompt_tokens, valid] =
       LeftPadded(all, prompt_len, max_new, pad_id_, device);
@@ -458,12 +462,7 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateComposite(
     valid.select(1, prompt_len + step).copy_(alive);
     for (int id : stop_ids_) alive = alive & (next != id);
     if (capped) {
-      std::vector<char> open(rows);
-      for (int64_t r = 0; r < rows; ++r) open[r] = step + 1 < cap[row_seq[r]];
-      alive = alive & at::tensor(std::vector<int64_t>(open.begin(), open.end()),
-                                 long_opts)
-                          .to(device)
-                          .to(at::kBool);
+      alive = alive & (cap_dev.index_select(0, row_seq_dev) > step + 1);
     }
     steps = step + 1;
     const int64_t live = alive.sum().item<int64_t>();

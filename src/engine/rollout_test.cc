@@ -20,6 +20,30 @@ std::vector<std::vector<int>> Prompts() {
       {kBos, 20, 21, 22}, {kBos, 40}, {kBos, 50, 51}, {kBos, 60, 61, 62, 63}};
 }
 
+// One key per prompt: {seed, first_index + i}.
+std::vector<SequenceKey> Keys(size_t n, uint64_t seed, int64_t first_index) {
+  std::vector<SequenceKey> keys;
+  for (size_t i = 0; i < n; ++i) {
+    keys.push_back({seed, first_index + static_cast<int64_t>(i)});
+  }
+  return keys;
+}
+
+// `got` samples the tokens of `want`, with log-probs within `tolerance`.
+void ExpectSameSamples(const std::vector<Completion>& got,
+                       const std::vector<Completion>& want, double tolerance) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "sequence " << i;
+    EXPECT_EQ(got[i].finished, want[i].finished) << "sequence " << i;
+    ASSERT_EQ(got[i].logp.size(), want[i].logp.size()) << "sequence " << i;
+    for (size_t t = 0; t < want[i].logp.size(); ++t) {
+      EXPECT_NEAR(got[i].logp[t], want[i].logp[t], tolerance)
+          << "sequence " << i << " token " << t;
+    }
+  }
+}
+
 TEST(RolloutTest, SameSeedGivesSameSamples) {
   auto model = TinyModel();
   RolloutEngine engine(*model, kPad, kEos);
@@ -202,10 +226,7 @@ TEST(RolloutTest, InterruptedAndContinuedSequenceEqualsTheUninterruptedOne) {
     SamplingParams p;
     p.max_new_tokens = 14;
     const auto prompts = Prompts();
-    std::vector<SequenceKey> keys;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      keys.push_back({77, static_cast<int64_t>(i) + 3});
-    }
+    const std::vector<SequenceKey> keys = Keys(prompts.size(), 77, 3);
     const auto whole = engine.Generate(prompts, p, keys).value();
     // Caps differ per sequence (one runs to the end).
     std::vector<SequenceKey> capped = keys;
@@ -240,15 +261,7 @@ TEST(RolloutTest, InterruptedAndContinuedSequenceEqualsTheUninterruptedOne) {
       c.logp.insert(c.logp.end(), rest[r].logp.begin(), rest[r].logp.end());
       c.finished = rest[r].finished;
     }
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      EXPECT_EQ(joined[i].tokens, whole[i].tokens) << "sequence " << i;
-      EXPECT_EQ(joined[i].finished, whole[i].finished) << "sequence " << i;
-      ASSERT_EQ(joined[i].logp.size(), whole[i].logp.size());
-      for (size_t t = 0; t < whole[i].logp.size(); ++t) {
-        EXPECT_NEAR(joined[i].logp[t], whole[i].logp[t], 1e-4)
-            << "sequence " << i << " token " << t;
-      }
-    }
+    ExpectSameSamples(joined, whole, 1e-4);
   }
 }
 
@@ -262,10 +275,7 @@ TEST(RolloutTest, SequenceDoesNotDependOnContinuedPromptsBesideIt) {
   SamplingParams p;
   p.max_new_tokens = 12;
   const auto prompts = Prompts();
-  std::vector<SequenceKey> keys;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    keys.push_back({5, static_cast<int64_t>(i)});
-  }
+  const std::vector<SequenceKey> keys = Keys(prompts.size(), 5, 0);
   const auto alone = engine.Generate(prompts, p, keys).value();
   auto mixed_prompts = prompts;
   auto mixed_keys = keys;
@@ -274,14 +284,7 @@ TEST(RolloutTest, SequenceDoesNotDependOnContinuedPromptsBesideIt) {
   mixed_keys.insert(mixed_keys.begin(), SequenceKey{9, 0, 6, 4});
   const auto mixed = engine.Generate(mixed_prompts, p, mixed_keys).value();
   ASSERT_LE(mixed[0].tokens.size(), 4u);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    EXPECT_EQ(mixed[i + 1].tokens, alone[i].tokens) << "sequence " << i;
-    ASSERT_EQ(mixed[i + 1].logp.size(), alone[i].logp.size());
-    for (size_t t = 0; t < alone[i].logp.size(); ++t) {
-      EXPECT_NEAR(mixed[i + 1].logp[t], alone[i].logp[t], 1e-5)
-          << "sequence " << i << " token " << t;
-    }
-  }
+  ExpectSameSamples({mixed.begin() + 1, mixed.end()}, alone, 1e-5);
 }
 
 TEST(RolloutTest, RejectsATokenCapAboveMaxNewTokens) {
