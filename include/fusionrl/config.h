@@ -395,6 +395,13 @@ enum class PlacementMode { kColocatedSync, kDisaggregated, kFused };
 absl::StatusOr<PlacementMode> ParsePlacementMode(absl::string_view name);
 const char* PlacementModeName(PlacementMode mode);
 
+// fused, with a lag and every thread shared: whether a card's trainer and
+// rollout compute at the same time or take turns on all its threads
+// (worker/card_turns.h). auto measures both and keeps the faster.
+enum class FusedTurns { kAuto, kConcurrent, kInterleaved };
+absl::StatusOr<FusedTurns> ParseFusedTurns(absl::string_view name);
+const char* FusedTurnsName(FusedTurns turns);
+
 // Which cards a job gets and what each card does. A super node is a group
 // of cards with a fast local interconnect (one machine here); the job takes
 // the same number of cards in each of the super nodes it spans.
@@ -416,6 +423,9 @@ struct PlacementConfig {
   // so the card's compute is not left idle. Results do not depend on it
   // (docs/stalesync.md, "Threads").
   bool fused_share_idle_threads = true;
+  // fused, s > 0, sharing on: auto | concurrent | interleaved (see
+  // FusedTurns). Results do not depend on it, only the speed.
+  FusedTurns fused_turns = FusedTurns::kAuto;
   bool fail_if_unplaceable = false;  // false: wait for capacity, showing the
                                      //   reason in status; true: fail the job
 };

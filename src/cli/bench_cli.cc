@@ -31,22 +31,37 @@ struct Mode {
   std::string name;  // as given
   PlacementMode placement = PlacementMode::kColocatedSync;
   int lag = 0;
-  int partial = 0;  // stalesync.partial_rollout_tokens
+  int partial = 0;                       // stalesync.partial_rollout_tokens
+  FusedTurns turns = FusedTurns::kAuto;  // placement.fused_turns
 };
 
 absl::StatusOr<Mode> ParseMode(const std::string& full) {
   Mode m;
   m.name = full;
-  // A "+partial:N" suffix turns on partial rollout with N tokens a segment.
+  // Suffixes: "+partial:N" turns on partial rollout with N tokens a
+  // segment; "+turns:T" pins placement.fused_turns.
   std::string text = full;
-  if (const size_t at = full.find("+partial"); at != std::string::npos) {
-    text = full.substr(0, at);
-    const std::string n = full.substr(at + 8);
-    if (n.size() < 2 || n[0] != ':' ||
-        !absl::SimpleAtoi(n.substr(1), &m.partial) || m.partial < 1) {
+  for (const std::string suffix : {"+partial", "+turns"}) {
+    const size_t at = text.find(suffix);
+    if (at == std::string::npos) continue;
+    std::string value = text.substr(at + suffix.size());
+    text = text.substr(0, at);
+    const bool partial = suffix == "+partial";
+    bool ok = value.size() >= 2 && value[0] == ':';
+    if (ok && partial) {
+      ok = absl::SimpleAtoi(value.substr(1), &m.partial) && m.partial >= 1;
+    } else if (ok) {
+      absl::StatusOr<FusedTurns> turns = ParseFusedTurns(value.substr(1));
+      ok = turns.ok();
+      if (ok) m.turns = *turns;
+    }
+    if (!ok) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--modes: '", full, "': expected <mode>+partial:N, N >= 1 ",
-          "(stalesync.partial_rollout_tokens)"));
+          "--modes: '", full, "': expected <mode>",
+          partial ? "+partial:N, N >= 1 (stalesync.partial_rollout_tokens)"
+                  : "+turns:T, T one of auto, concurrent, interleaved "
+                    "(placement.fused_turns)",
+          "; +turns comes before +partial"));
     }
   }
   if (text == "colocated-sync" || text == "fused") {
@@ -75,7 +90,7 @@ absl::StatusOr<Mode> ParseMode(const std::string& full) {
   return absl::InvalidArgumentError(absl::StrCat(
       "--modes: unknown mode '", text,
       "' (colocated-sync, fused, fused+stalesync[:s], disaggregated[:s], "
-      "each optionally +partial:N)"));
+      "each optionally +turns:T and +partial:N)"));
 }
 
 }  // namespace
@@ -89,8 +104,9 @@ CLI::App* AddBenchCommand(CLI::App& app, BenchArgs& args) {
   bench->add_option("--modes", args.modes,
                     "comma-separated: colocated-sync, fused, "
                     "fused+stalesync[:s], disaggregated[:s], each with an "
-                    "optional +partial:N (partial rollout, N tokens a "
-                    "segment; default "
+                    "optional +turns:T (placement.fused_turns: auto, "
+                    "concurrent, interleaved) and +partial:N (partial "
+                    "rollout, N tokens a segment; default "
                     "colocated-sync,disaggregated,fused,fused+stalesync:2)");
   bench->add_option("--repeats", args.repeats, "runs per mode (default 3)")
       ->check(CLI::Range(1, 100));
@@ -145,6 +161,7 @@ JobConfig RunConfig(const JobConfig& base, const Mode& mode,
   c.stalesync.max_policy_lag = mode.lag;
   if (mode.lag > 0) c.algorithm.decoupled_loss = true;
   c.stalesync.partial_rollout_tokens = mode.partial;
+  c.placement.fused_turns = mode.turns;
   std::string dir_name = mode.name;
   std::replace(dir_name.begin(), dir_name.end(), ':', '_');
   c.output_dir = absl::StrCat(work, "/", dir_name, "-", r);

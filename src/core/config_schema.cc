@@ -71,6 +71,10 @@ constexpr Spelling<PlacementMode> kPlacementModes[] = {
     {PlacementMode::kColocatedSync, "colocated-sync"},
     {PlacementMode::kDisaggregated, "disaggregated"},
     {PlacementMode::kFused, "fused"}};
+constexpr Spelling<FusedTurns> kFusedTurns[] = {
+    {FusedTurns::kAuto, "auto"},
+    {FusedTurns::kConcurrent, "concurrent"},
+    {FusedTurns::kInterleaved, "interleaved"}};
 constexpr Spelling<OverStalePolicy> kOverStalePolicies[] = {
     {OverStalePolicy::kRegenerate, "regenerate"},
     {OverStalePolicy::kDrop, "drop"}};
@@ -126,6 +130,13 @@ absl::StatusOr<PlacementMode> ParsePlacementMode(absl::string_view name) {
 }
 const char* PlacementModeName(PlacementMode mode) {
   return NameOf(mode, kPlacementModes);
+}
+
+absl::StatusOr<FusedTurns> ParseFusedTurns(absl::string_view name) {
+  return ParseName<FusedTurns>(name, kFusedTurns);
+}
+const char* FusedTurnsName(FusedTurns turns) {
+  return NameOf(turns, kFusedTurns);
 }
 
 absl::StatusOr<OverStalePolicy> ParseOverStalePolicy(absl::string_view name) {

@@ -241,6 +241,7 @@ void VisitPlacement(PlacementConfig& p, V& v) {
   v.Int("fused_train_threads", &p.fused_train_threads, Closed(0, 1024));
   v.Int("fused_rollout_threads", &p.fused_rollout_threads, Closed(0, 1024));
   v.Bool("fused_share_idle_threads", &p.fused_share_idle_threads);
+  v.Enum("fused_turns", &p.fused_turns, ParseFusedTurns, FusedTurnsName);
   v.Bool("fail_if_unplaceable", &p.fail_if_unplaceable);
 }
 

@@ -707,6 +707,13 @@ TEST(ConfigTest, ModesAndEstimatorsAreParsedOnceAsEnums) {
        [](const JobConfig& c) { return PlacementModeName(c.placement.mode); },
        "colocated",
        "must be one of colocated-sync, disaggregated, fused; got 'colocated'"},
+      {"placement.fused_turns",
+       {"auto", "concurrent", "interleaved"},
+       [](const JobConfig& c) {
+         return FusedTurnsName(c.placement.fused_turns);
+       },
+       "alternating",
+       "must be one of auto, concurrent, interleaved; got 'alternating'"},
       {"stalesync.over_stale",
        {"regenerate", "drop"},
        [](const JobConfig& c) {
@@ -734,6 +741,11 @@ TEST(ConfigTest, ModesAndEstimatorsAreParsedOnceAsEnums) {
       if (name == "disaggregated") {
         absl::StrAppend(&yaml, "  cards_per_super_node: 2\n",
                         "  rollout_cards_per_super_node: 1\n");
+      }
+      if (name == "concurrent" || name == "interleaved") {
+        absl::StrAppend(&yaml, "  mode: fused\nstalesync:\n  ",
+                        "max_policy_lag: 1\nalgorithm:\n  ",
+                        "decoupled_loss: true\n");
       }
       absl::StatusOr<JobConfig> config = ParseJobConfig(yaml, "job.yaml");
       ASSERT_TRUE(config.ok()) << config.status();
@@ -812,6 +824,35 @@ TEST(ConfigTest, RefusesPolicyLagWithoutDecoupledLoss) {
 }
 
 // Partial rollout is refused, naming the key, wherever it cannot act.
+// placement.fused_turns pins the card's choice only where there is one
+// (worker/card_turns.h); elsewhere it would be ignored silently.
+TEST(ConfigTest, FusedTurnsNeedAFusedRunWithALagAndSharedThreads) {
+  JobConfig c;
+  c.placement.mode = PlacementMode::kFused;
+  c.stalesync.max_policy_lag = 1;
+  c.algorithm.decoupled_loss = true;
+  for (FusedTurns t :
+       {FusedTurns::kAuto, FusedTurns::kConcurrent, FusedTurns::kInterleaved}) {
+    c.placement.fused_turns = t;
+    EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
+  }
+  const std::vector<std::function<void(JobConfig&)>> edits = {
+      [](JobConfig& j) { j.placement.mode = PlacementMode::kColocatedSync; },
+      [](JobConfig& j) { j.stalesync.max_policy_lag = 0; },
+      [](JobConfig& j) { j.placement.fused_share_idle_threads = false; },
+  };
+  for (const auto& edit : edits) {
+    JobConfig bad = c;
+    bad.placement.fused_turns = FusedTurns::kInterleaved;
+    edit(bad);
+    EXPECT_THAT(std::string(ValidateJobConfig(bad).message()),
+                HasSubstr("placement.fused_turns: interleaved applies only to "
+                          "placement.mode fused"));
+    bad.placement.fused_turns = FusedTurns::kAuto;
+    EXPECT_TRUE(ValidateJobConfig(bad).ok()) << ValidateJobConfig(bad);
+  }
+}
+
 TEST(ConfigTest, PartialRolloutNeedsAFusedLaggedRunWithALagOfTwo) {
   JobConfig c;
   c.placement.mode = PlacementMode::kFused;
@@ -1122,6 +1163,7 @@ TEST(ConfigTest, ToYamlIsReadable) {
                               "fused_train_threads: 0\n  "
                               "fused_rollout_threads: 0\n  "
                               "fused_share_idle_threads: true\n  "
+                              "fused_turns: auto\n  "
                               "fail_if_unplaceable: false\n"));
   EXPECT_THAT(yaml, HasSubstr("behaviour_weight_level: token\n  "
                               "behaviour_weight_mode: truncate\n"));

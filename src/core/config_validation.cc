@@ -313,6 +313,18 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                                   "): no response could be carried"));
     }
   }
+  if (p.fused_turns != FusedTurns::kAuto &&
+      (p.mode != PlacementMode::kFused || !p.fused_share_idle_threads ||
+       c.stalesync.max_policy_lag == 0)) {
+    return Invalid(
+        "placement.fused_turns",
+        absl::StrCat(FusedTurnsName(p.fused_turns),
+                     " applies only to placement.mode fused with "
+                     "stalesync.max_policy_lag > 0 and "
+                     "placement.fused_share_idle_threads: true (elsewhere the "
+                     "card's roles never share its threads, or never overlap); "
+                     "set it to auto"));
+  }
   return std::nullopt;
 }
 

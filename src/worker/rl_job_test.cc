@@ -6,6 +6,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "engine/test_util.h"
 #include "fusionrl/job.h"
 #include "fusionrl/task.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "worker/rollout_prefetch.h"
@@ -670,6 +672,35 @@ TEST(RlJobTest, FusedWithLagResumesExactlyWithTheCardsThreadsShared) {
   for (int step = 8; step <= 12; ++step) {  // 1-based
     EXPECT_EQ(straight[step - 1], 1.0) << "step " << step;
     EXPECT_EQ(split[step - 1], 0.0) << "step " << step;
+  }
+}
+
+// placement.fused_turns pins the card's choice: every step runs in the
+// pinned mode, and the two modes give the same run.
+TEST(RlJobTest, PinnedTurnsRunEveryStepInTheirModeAndGiveTheSameRun) {
+  std::map<FusedTurns, std::string> dirs;
+  for (FusedTurns turns : {FusedTurns::kConcurrent, FusedTurns::kInterleaved}) {
+    JobConfig c =
+        TinyRlJob(absl::StrCat("fused-lag2-turns-", FusedTurnsName(turns)), 8);
+    c.num_threads = 2;
+    c.model.d_model = 96;
+    c.model.d_ff = 256;
+    c.placement.mode = PlacementMode::kFused;
+    c.placement.fused_turns = turns;
+    c.stalesync.max_policy_lag = 2;
+    c.algorithm.decoupled_loss = true;
+    ASSERT_TRUE(RunRlJob(c).ok());
+    const double want = turns == FusedTurns::kInterleaved ? 1.0 : 0.0;
+    EXPECT_THAT(Column(c.output_dir, "card_turns_interleaved"),
+                ::testing::Each(want))
+        << FusedTurnsName(turns);
+    dirs[turns] = c.output_dir;
+  }
+  for (const char* key : {"loss", "reward_mean", "grad_norm", "entropy",
+                          "rollout_tokens", "staleness_2"}) {
+    EXPECT_EQ(Column(dirs[FusedTurns::kConcurrent], key),
+              Column(dirs[FusedTurns::kInterleaved], key))
+        << key;
   }
 }
 

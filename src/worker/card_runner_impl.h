@@ -1,0 +1,169 @@
+// CardRunner: the class behind RunCard (worker/card_runner.h), one card's
+// part of one job. Internal to worker/; its rooms are separate files:
+//
+//   card_runner.cc       the run loop: one handler per plan kind
+//   card_setup.cc        the card's models, trainer and exchange; its rollout
+//                        (the fused or disaggregated rollout thread, thread
+//                        sharing and turns) built by its own factory
+//   card_train_step.cc   one step: the batch, the staleness filter, the
+//                        training step, the totals and the lead's record
+//   card_weight_sync.cc  StaleSync across super nodes: sync points, roll-back
+//                        and the weight sync
+//   card_checkpoint.cc   the rollout's prefetch file and the end checkpoint
+//
+// Thread safety: one CardRunner per card thread.
+#ifndef FUSIONRL_WORKER_CARD_RUNNER_IMPL_H_
+#define FUSIONRL_WORKER_CARD_RUNNER_IMPL_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/role_overlap.h"
+#include "engine/job_common.h"
+#include "worker/card_runner.h"
+#include "worker/step_snapshot.h"
+
+namespace fusionrl {
+
+class CardMemoryManager;
+class CardTurns;
+class FusedRollout;
+class GroupSampler;
+class HierarchicalSync;
+class PolicyModel;
+class RolloutEngine;
+class Trainer;
+struct RolloutBatch;
+
+class CardRunner {
+ public:
+  explicit CardRunner(const CardJob& job);
+  ~CardRunner();  // stops the rollout thread
+
+  CardRunner(const CardRunner&) = delete;
+  CardRunner& operator=(const CardRunner&) = delete;
+
+  absl::Status Run();
+
+ private:
+  // --- the run loop (card_runner.cc) ---
+  // A plan of kind END (every card keeps its prefetch; card 0 writes the
+  // last checkpoint if it is the lead) and of kind TRAIN (one attempt of a
+  // step, its commit or roll-back). OnTrain returns the step to ask for
+  // next.
+  absl::Status OnEnd(StepPlan plan);
+  absl::StatusOr<int64_t> OnTrain(const StepPlan& plan);
+  absl::StatusOr<bool> Finish(const StepReport& report);
+  void ReportFailure(const absl::Status& status, int64_t step, int attempt);
+  StepReport NewReport(int64_t step, int attempt) const;
+  void PublishToRollout();
+  // What the card does now (heartbeats report it; docs/cluster.md#hangs).
+  void Doing(std::string what);
+  const JobConfig& config() const { return *job_.config; }
+
+  // --- set-up (card_setup.cc) ---
+  absl::Status Setup();
+  // The card's exchange: gradients over the node's cards and the
+  // attempt's nodes, or StaleSync's update exchange across super nodes.
+  std::unique_ptr<HierarchicalSync> MakeSync();
+  // Fused or disaggregated: the card's rollout thread, its snapshot and
+  // engine, how it shares the card's threads with the trainer, and
+  // whether the two take turns (worker/card_turns.h).
+  absl::Status SetUpRolloutThread();
+
+  // --- one step (card_train_step.cc) ---
+  // One attempt of one step. Fills `report` (lead: metrics).
+  absl::Status TrainStep(const StepPlan& plan, StepReport& report);
+  // The step's batch: taken from the rollout thread or sampled here, then
+  // over-stale groups regenerated or dropped. `wait_seconds`: the trainer
+  // waiting for the thread; `thread_samples`: samples the thread sampled;
+  // `over_stale`: samples over the lag before the filter.
+  absl::StatusOr<RolloutBatch> StepBatch(const StepPlan& plan,
+                                         double* wait_seconds,
+                                         int64_t* thread_samples,
+                                         int64_t* over_stale);
+  // The colocated rollout of `groups` on this thread.
+  absl::StatusOr<RolloutBatch> SampleHere(const std::vector<uint64_t>& groups,
+                                          const StepPlan& plan);
+  // Before a training step: carries out an optimizer offload the rollout
+  // thread was granted, and brings the state back when it fits.
+  absl::Status PrepareOptimizer();
+
+  // --- StaleSync across super nodes (card_weight_sync.cc) ---
+  // Before a step: keeps the weights every super node starts from (the
+  // first step), and after a roll-back (plan.rollback_to_step, a new
+  // attempt) restores those of the last committed weight sync and drops
+  // the rollout's prefetched samples.
+  absl::Status EnterSkewedStep(const StepPlan& plan);
+  // Keeps this card's state after the weight sync of `step` (on the host),
+  // dropping syncs after it and all but the newest before it.
+  absl::Status KeepSyncPoint(int64_t step);
+  // After a sync_weights step: the lead card publishes its weights and
+  // optimizer state (through the controller's WeightService, or broadcast
+  // over the c10d data plane), the cards of the other super nodes adopt
+  // them. Returns the bytes this card sent or received.
+  absl::StatusOr<int64_t> SyncWeights(const StepPlan& plan);
+
+  // --- checkpoints (card_checkpoint.cc) ---
+  // Fused or disaggregated with rollout_version lagged: writes what this
+  // card's rollout sampled ahead of the checkpoint of `step`
+  // (worker/rollout_prefetch.h).
+  absl::Status SavePrefetch(int64_t step);
+  // The same for the job's end checkpoint after `step` (once; a failure is
+  // logged: the checkpoint stands, a resume samples afresh).
+  void SaveEndPrefetch(int64_t step);
+  // After a resume, before the first batch is taken: continues the rollout
+  // pipeline the checkpoint's prefetch file of this card describes, or
+  // says why the coming steps are sampled afresh.
+  void RestorePrefetch(const StepPlan& plan);
+  // The lead's checkpoint of a step (`dir` under output_dir/checkpoints).
+  absl::Status WriteStepCheckpoint(const StepPlan& plan, int64_t step,
+                                   std::string* dir);
+  // The job's end checkpoint (and the Hugging Face export of a finished
+  // job).
+  absl::Status WriteEndCheckpoint(const StepPlan& plan, std::string* dir);
+  // The checkpoint writer's fault-injection pause (debug_checkpoint_delay).
+  std::function<void()> CheckpointPause() const;
+
+  const CardJob& job_;
+  const Clock& clock_;
+  const absl::Duration timeout_;
+  JobContext ctx_;
+  std::unique_ptr<GroupSampler> sampler_;
+  std::unique_ptr<PolicyModel> reference_;
+  std::unique_ptr<HierarchicalSync> sync_;
+  std::unique_ptr<Trainer> trainer_;
+  std::unique_ptr<RolloutEngine> rollout_;
+  std::unique_ptr<FusedRollout> fused_;
+  std::shared_ptr<CardMemoryManager> memory_;          // this card
+  std::shared_ptr<CardMemoryManager> rollout_memory_;  // its rollout card's
+  int per_card_threads_ = 1;
+  // When this card's trainer and rollout compute: the step's time split,
+  // and (fused) whether the trainer is in a training step, when the
+  // rollout's decode steps take a share only.
+  RoleOverlap overlap_;
+  // Fused with a lag, every thread shared: concurrent or interleaved.
+  std::unique_ptr<CardTurns> turns_;
+  int64_t plan_step_ = 0;
+  int plan_attempt_ = 0;
+  // StaleSync across super nodes: the state after the last weight syncs
+  // (at most two: the last committed one and a newer one), by step, and
+  // the attempt of the last skewed plan.
+  std::map<int64_t, StepSnapshot> sync_points_;
+  int skewed_attempt_ = 0;
+  // Resumed: the checkpoint's step and weights (RestorePrefetch).
+  int64_t resumed_step_ = -1;
+  uint32_t resumed_crc32c_ = 0;
+  bool end_prefetch_saved_ = false;
+};
+
+}  // namespace fusionrl
+
+#endif  // FUSIONRL_WORKER_CARD_RUNNER_IMPL_H_

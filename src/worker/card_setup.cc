@@ -1,0 +1,267 @@
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "core/memory_manager.h"
+#include "core/status_macros.h"
+#include "engine/checkpoint.h"
+#include "engine/intra_op_threads.h"
+#include "engine/memory_accounting.h"
+#include "engine/model.h"
+#include "engine/rollout.h"
+#include "engine/trainer.h"
+#include "spdlog/spdlog.h"
+#include "worker/card_runner_impl.h"
+#include "worker/card_turns.h"
+#include "worker/controller_store.h"
+#include "worker/fused_rollout.h"
+#include "worker/group_sampler.h"
+#include "worker/hier_sync.h"
+
+namespace fusionrl {
+
+absl::Status CardRunner::Setup() {
+  const JobConfig& cfg = config();
+  FUSIONRL_ASSIGN_OR_RETURN(ctx_, PrepareJob(cfg, std::string()));
+  sampler_ = std::make_unique<GroupSampler>(cfg, ctx_);
+  // Each of the node's cards in the job gets an equal share of the threads.
+  per_card_threads_ = std::max(1, job_.threads / job_.assigned_cards);
+  SetIntraOpThreads(per_card_threads_);
+  PolicyModel& policy = *ctx_.policy;
+  if (cfg.algorithm.kl_coef > 0) reference_ = policy.CloneFrozen();
+  sync_ = MakeSync();
+  sync_->set_activity_hook([this](const char* what, int64_t round) {
+    Doing(what == nullptr
+              ? absl::StrCat("training step ", plan_step_)
+              : absl::StrCat(what, " round ", round, " of step ", plan_step_));
+  });
+  FUSIONRL_ASSIGN_OR_RETURN(
+      trainer_, Trainer::Create(policy, reference_.get(), cfg,
+                                ctx_.tokenizer->pad_id(), sync_.get()));
+  rollout_ = std::make_unique<RolloutEngine>(policy, ctx_.tokenizer->pad_id(),
+                                             ctx_.stop_ids);
+  rollout_->Configure(cfg.rollout);
+  rollout_->set_row_blocks(per_card_threads_);
+  if (job_.local_rank == 0) {
+    spdlog::info(
+        "[{}] {}: policy {} parameters on {} x {} card(s), task {} "
+        "({} eval problems)",
+        cfg.name, job_.node_id, policy.num_parameters(), job_.local_cards,
+        ctx_.device.str(), ctx_.task->name(), ctx_.task->eval_set().size());
+  }
+  if (!job_.resume_checkpoint.empty()) {
+    FUSIONRL_ASSIGN_OR_RETURN(
+        CheckpointMeta meta,
+        ReadCheckpoint(job_.resume_checkpoint, policy, trainer_.get()));
+    trainer_->set_version(meta.policy_version);
+    resumed_step_ = meta.step;
+    resumed_crc32c_ = WeightsCrc32c(policy);
+  }
+  FUSIONRL_ASSIGN_OR_RETURN(
+      memory_, CardMemoryManager::Create(job_.local_rank, cfg.memory));
+  memory_->Set(
+      MemoryCategory::kWeights,
+      ParameterBytes(policy) + (reference_ ? ParameterBytes(*reference_) : 0));
+  memory_->Set(MemoryCategory::kOptimizer, OptimizerStateBytes(*trainer_));
+  job_.counters->SetMemory(memory_);
+  rollout_memory_ = memory_;
+  if (job_.rollout_counters != nullptr) {
+    FUSIONRL_ASSIGN_OR_RETURN(
+        rollout_memory_,
+        CardMemoryManager::Create(job_.local_rank, cfg.memory));
+    job_.rollout_counters->SetMemory(rollout_memory_);
+  }
+  const bool fused = cfg.placement.mode == PlacementMode::kFused;
+  if (!fused && cfg.placement.mode != PlacementMode::kDisaggregated) {
+    return absl::OkStatus();
+  }
+  return SetUpRolloutThread();
+}
+
+std::unique_ptr<HierarchicalSync> CardRunner::MakeSync() {
+  WorkClient* client = job_.client;
+  return std::make_unique<HierarchicalSync>(
+      job_.local, job_.local_rank,
+      [this, client](int64_t round, ReduceDtype dtype,
+                     std::string payload) -> absl::StatusOr<std::string> {
+        ReduceCall call;
+        call.job_id = job_.job_id;
+        call.node_id = job_.node_id;
+        call.step = plan_step_;
+        call.attempt = plan_attempt_;
+        call.round = round;
+        call.dtype = dtype;
+        call.payload = std::move(payload);
+        return client->Reduce(std::move(call), timeout_);
+      },
+      [this, client](int64_t step, int64_t round, int64_t due_step,
+                     std::string payload) {
+        UpdateCall call;
+        call.job_id = job_.job_id;
+        call.node_id = job_.node_id;
+        call.step = step;
+        call.round = round;
+        call.due_step = due_step;
+        call.attempt = plan_attempt_;
+        call.payload = std::move(payload);
+        return client->ExchangeUpdates(std::move(call), timeout_);
+      },
+      [this, client](int64_t generation, int node_rank, int nodes) {
+        return FormCrossNodeGroup(client, job_.job_id, job_.node_id, generation,
+                                  node_rank, nodes, timeout_);
+      });
+}
+
+absl::Status CardRunner::SetUpRolloutThread() {
+  const JobConfig& cfg = config();
+  PolicyModel& policy = *ctx_.policy;
+  const bool fused = cfg.placement.mode == PlacementMode::kFused;
+
+  FusedRollout::Options fo;
+  fo.max_policy_lag = cfg.stalesync.max_policy_lag;
+  fo.lagged = cfg.stalesync.rollout_version == RolloutVersion::kLagged;
+  fo.prompts_per_step = cfg.rollout.prompts_per_step;
+  fo.partial_rollout_tokens = cfg.stalesync.partial_rollout_tokens;
+  fo.snapshot_version = trainer_->version();
+  fo.timeout = timeout_;
+  fo.freeze_snapshot_before_step =
+      job_.debug_freeze_rollout_snapshot_before_step;
+  int train_threads = per_card_threads_;
+  std::unique_ptr<PolicyModel> snapshot;
+  if (fused) {
+    // RL Fusion: this thread trains with half the card's threads, the
+    // rollout thread samples with the rest; either borrows the other's
+    // share while the other is idle.
+    train_threads = cfg.placement.fused_train_threads > 0
+                        ? cfg.placement.fused_train_threads
+                        : std::max(1, per_card_threads_ / 2);
+    fo.rollout_threads = cfg.placement.fused_rollout_threads > 0
+                             ? cfg.placement.fused_rollout_threads
+                             : std::max(1, per_card_threads_ - train_threads);
+    snapshot = policy.CloneFrozen();
+    // At s = 0 nothing can overlap (the next step samples from the weights
+    // this step trains): the card samples between its steps, on its whole
+    // thread budget, from the snapshot.
+    fo.synchronous_on_caller = true;
+  } else {
+    // Disaggregated: this card trains with its whole share; the rollout
+    // thread samples on its rollout card with that card's share (split
+    // between the training cards it serves).
+    const int served = std::max(1, job_.local_cards / job_.rollout_cards);
+    fo.rollout_threads = std::max(1, per_card_threads_ / served);
+    FUSIONRL_ASSIGN_OR_RETURN(c10::Device rollout_device,
+                              ResolveDevice(job_.rollout_device));
+    snapshot = policy.CloneFrozen(rollout_device);
+  }
+  rollout_memory_->Set(MemoryCategory::kSnapshot, ParameterBytes(*snapshot));
+  SetIntraOpThreads(train_threads);
+  auto engine = std::make_unique<RolloutEngine>(
+      *snapshot, ctx_.tokenizer->pad_id(), ctx_.stop_ids);
+  engine->Configure(cfg.rollout);
+  // The decoder's rows are split as on a card that samples with all its
+  // threads, whatever share the rollout holds at a step: the samples are
+  // those of a colocated-sync run, and the same in every run.
+  const int card_threads = std::max(per_card_threads_, train_threads);
+  engine->set_row_blocks(card_threads);
+  const bool share = fused && cfg.placement.fused_share_idle_threads;
+  // The trainer's step does not depend on its thread count either
+  // (engine/invariant_ops.h), except through the composite attention
+  // kernel's batched products: with it the trainer keeps its share.
+  const bool trainer_shares = share && (cfg.model.attention_kernel == "fused" ||
+                                        !policy.device().is_cpu());
+  if (trainer_shares && engine->fused() && fo.max_policy_lag > 0) {
+    // Both roles share every thread: the card measures whether they
+    // compute faster at once or in turns (worker/card_turns.h).
+    CardTurns::Options turns;
+    turns.settle_steps = static_cast<int>(fo.max_policy_lag) + 1;
+    turns.automatic = cfg.placement.fused_turns == FusedTurns::kAuto;
+    turns.fixed = cfg.placement.fused_turns == FusedTurns::kInterleaved
+                      ? CardTurns::Mode::kInterleaved
+                      : CardTurns::Mode::kConcurrent;
+    turns_ = std::make_unique<CardTurns>(turns, clock_);
+  }
+  if (share && engine->fused()) {
+    // The rollout borrows the trainer's threads at every decode step the
+    // trainer does not compute (the trainer does the same before each of
+    // its forward passes, below). Only on the fused decoder, whose samples
+    // do not depend on its thread count.
+    const int rollout_threads = fo.rollout_threads;
+    engine->set_step_hook([this, rollout_threads, card_threads] {
+      if (turns_ != nullptr && turns_->interleaved()) {
+        // Waiting for its turn is not computing (the card's time split).
+        // The engine's loop has no status to return: the round ends with
+        // the exception (FusedRollout records it as the thread's error).
+        overlap_.End(RoleOverlap::Role::kRollout);
+        absl::Status s = turns_->RolloutStep(clock_.Now() + timeout_);
+        overlap_.Begin(RoleOverlap::Role::kRollout);
+        if (!s.ok()) throw std::runtime_error(std::string(s.message()));
+        SetIntraOpThreads(card_threads);
+        return;
+      }
+      SetIntraOpThreads(overlap_.Computing(RoleOverlap::Role::kTrainer)
+                            ? rollout_threads
+                            : card_threads);
+    });
+    fo.round_on_own_thread = true;
+  }
+  // Continuous batching across the steps StaleSync admits at once: only
+  // where the engine refills slots (the fused path; the composite one
+  // would hand every step over at the end of the round).
+  if (engine->fused() && cfg.rollout.cross_step_batching) {
+    fo.max_steps_per_round = static_cast<int>(fo.max_policy_lag) + 1;
+  }
+  CardCounters* counters =
+      job_.rollout_counters != nullptr ? job_.rollout_counters : job_.counters;
+  CardMemoryManager* rollout_memory = rollout_memory_.get();
+  const bool host_memory = policy.device().is_cpu();
+  fused_ = std::make_unique<FusedRollout>(
+      std::move(snapshot), std::move(engine), fo,
+      [this, rollout_memory, host_memory](
+          RolloutEngine& engine, const std::vector<StepGroups>& steps, int rank,
+          int64_t version, const GroupSampler::DeliverFn& deliver,
+          const GroupSampler::SegmentEndFn& segment_end) {
+        overlap_.Begin(RoleOverlap::Role::kRollout);
+        absl::Cleanup done = [this] {
+          if (turns_ != nullptr) turns_->RolloutIdle();
+          overlap_.End(RoleOverlap::Role::kRollout);
+        };
+        return sampler_->SampleSteps(
+            engine, steps, rank, version, *rollout_memory,
+            [this, rollout_memory, host_memory](const MemoryDecision& kv) {
+              if (host_memory) {
+                // Host and card are the same memory: only the books move.
+                rollout_memory->OptimizerOffloaded(kv.offload_bytes);
+                return absl::OkStatus();
+              }
+              // The trainer moves it before its next step
+              // (PrepareOptimizer).
+              return rollout_memory->WaitOptimizerOffloaded(clock_.Now() +
+                                                            timeout_);
+            },
+            deliver, segment_end);
+      },
+      [counters](double seconds) {
+        counters->busy_us += static_cast<int64_t>(seconds * 1e6);
+      },
+      clock_);
+  if (trainer_shares) {
+    FusedRollout* f = fused_.get();
+    CardTurns* turns = turns_.get();
+    trainer_->set_compute_hook([f, turns, train_threads, card_threads] {
+      const bool alone =
+          !f->sampling() || (turns != nullptr && turns->interleaved());
+      SetIntraOpThreads(alone ? card_threads : train_threads);
+    });
+  }
+  PublishToRollout();
+  return absl::OkStatus();
+}
+
+}  // namespace fusionrl

@@ -1,0 +1,74 @@
+#include "worker/step_record.h"
+
+#include "absl/strings/str_cat.h"
+#include "engine/trainer.h"
+
+namespace fusionrl {
+
+MetricFields StepRecord(const StepRecordParts& p) {
+  const StepTotals& t = *p.totals;
+  const TrainStats& ts = *p.train;
+  const double n = t.samples;
+  MetricFields rec = {
+      {"step", static_cast<double>(p.step)},
+      {"policy_version", static_cast<double>(p.policy_version)},
+      {"reward_mean", t.reward_sum / n},
+      {"train_accuracy", t.correct / n},
+      {"response_len_mean", t.tokens / n},
+      {"finished_frac", t.finished / n},
+      {"loss", ts.loss},
+      {"pg_loss", ts.pg_loss},
+      {"kl", ts.kl},
+      {"entropy", ts.entropy},
+      {"clip_frac", ts.clip_frac},
+      {"grad_norm", ts.grad_norm},
+      {"lr", ts.lr},
+      {"advantage_abs_mean", ts.advantage_abs_mean},
+      {"behaviour_weight_mean", ts.behaviour_weight_mean},
+      {"behaviour_weight_truncated", ts.behaviour_weight_truncated},
+      {"max_staleness", static_cast<double>(p.max_staleness)},
+      {"over_stale_samples", t.over_stale},
+      {"partial_rollout_samples", t.partial_samples},
+      {"partial_rollout_newer_tokens", t.partial_newer_tokens},
+      {"rollout_tokens", t.tokens},
+      {"rollout_seconds", p.times.rollout},
+      {"rollout_wait_seconds", p.times.rollout_wait},
+      {"train_seconds", p.times.train},
+      {"step_seconds", p.times.step},
+      {"card_turns_interleaved", p.interleaved ? 1.0 : 0.0},
+      {"cards", static_cast<double>(p.cards)},
+      {"nodes", static_cast<double>(p.nodes)},
+      {"attempt", static_cast<double>(p.attempt)},
+      {"cross_node_rounds", static_cast<double>(p.exchange.cross_node_rounds)},
+      {"cross_node_seconds", p.exchange.cross_node_seconds},
+      {"cross_node_bytes", static_cast<double>(p.exchange.cross_node_bytes)},
+      {"rollout_gate_wait_seconds", p.times.gate_wait},
+      {"card_idle_seconds", p.split.idle},
+      {"card_trainer_only_seconds", p.split.trainer_only},
+      {"card_rollout_only_seconds", p.split.rollout_only},
+      {"card_both_seconds", p.split.both},
+      {"updates_received", static_cast<double>(p.exchange.updates_received)},
+      {"max_update_lag", static_cast<double>(p.exchange.max_update_lag)},
+      {"weight_sync_seconds", p.times.weight_sync},
+      {"weight_sync_bytes", static_cast<double>(p.exchange.weight_sync_bytes)},
+      {"trained_groups", t.trained_groups},
+      {"trained_group_id_sum", t.trained_group_id_sum},
+      {"trained_group_id_sq_sum", t.trained_group_id_sq_sum},
+      {"rollout_thread_samples", t.thread_samples},
+      {"rollout_snapshot_updates", static_cast<double>(p.snapshot_updates)}};
+  for (size_t i = 0; i < t.staleness.size(); ++i) {
+    rec.push_back({absl::StrCat("staleness_", i), t.staleness[i]});
+  }
+  if (p.moe) {
+    // The lead card's own router statistics (like the other trainer stats).
+    rec.push_back({"moe_aux_loss", ts.moe_aux_loss});
+    rec.push_back({"moe_z_loss", ts.moe_z_loss});
+    rec.push_back({"moe_dropped_frac", ts.moe_dropped_frac});
+    for (size_t i = 0; i < ts.moe_expert_load.size(); ++i) {
+      rec.push_back({absl::StrCat("moe_load_", i), ts.moe_expert_load[i]});
+    }
+  }
+  return rec;
+}
+
+}  // namespace fusionrl

@@ -1,0 +1,62 @@
+// The step's record (one line of metrics.jsonl, the controller's step
+// record): what the lead card reports after a step, built from named parts.
+//
+// The keys and their meanings are listed in docs/stalesync.md "What a step
+// records" and docs/metrics.md; tests and `fusionrl bench` read them by
+// name.
+#ifndef FUSIONRL_WORKER_STEP_RECORD_H_
+#define FUSIONRL_WORKER_STEP_RECORD_H_
+
+#include <cstdint>
+
+#include "core/role_overlap.h"
+#include "core/step_protocol.h"
+#include "worker/step_totals.h"
+
+namespace fusionrl {
+
+struct TrainStats;
+
+// Wall seconds of the step's phases on the lead card.
+struct StepTimes {
+  double rollout = 0;       // sampling the batch (its own rounds)
+  double rollout_wait = 0;  // the trainer waiting for the rollout thread
+  double train = 0;         // the training step
+  double step = 0;          // the whole step on this card
+  double weight_sync = 0;   // StaleSync weight sync after the step
+  double gate_wait = 0;     // the rollout thread waiting for admission
+};
+
+// The data-parallel exchange of the step (HierarchicalSync's counters).
+struct StepExchange {
+  int64_t cross_node_rounds = 0;
+  double cross_node_seconds = 0;
+  int64_t cross_node_bytes = 0;
+  int64_t updates_received = 0;
+  int64_t max_update_lag = 0;
+  int64_t weight_sync_bytes = 0;
+};
+
+struct StepRecordParts {
+  int64_t step = 0;
+  int64_t policy_version = 0;  // after the step
+  int cards = 0;
+  int nodes = 0;
+  int attempt = 0;
+  const StepTotals* totals = nullptr;  // summed over the job's cards
+  const TrainStats* train = nullptr;   // the lead card's
+  int64_t max_staleness = 0;
+  StepTimes times;
+  StepExchange exchange;
+  RoleSplit split;           // the lead card's time split since the last one
+  bool interleaved = false;  // the card's roles took turns (card_turns.h)
+  int64_t snapshot_updates = 0;
+  bool moe = false;  // model.moe_experts > 0: router statistics
+};
+
+// The record's fields, in the order metrics.jsonl lists them.
+MetricFields StepRecord(const StepRecordParts& parts);
+
+}  // namespace fusionrl
+
+#endif  // FUSIONRL_WORKER_STEP_RECORD_H_
