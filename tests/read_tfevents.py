@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Reads TensorBoard event files without TensorFlow, checking every CRC.
 
-An independent check of src/core/tensorboard.{h,cc} (TensorBoardWriter):
+An independent check of src/controller/tensorboard.{h,cc} (TensorBoardWriter):
 the TFRecord framing, CRC-32C and protobuf wire decoding here are written
 from the format's description, sharing nothing with the C++ writer.
 

@@ -7,7 +7,7 @@
 // resolved config, phase, parts, the prompt-group ledger, the attempt in
 // flight, the last committed step and the run totals). Each change is one
 // StateRecord (proto/fusionrl/v1/state.proto) appended to the journal
-// (core/state_journal.h) and synced before the call that made it returns;
+// (controller/state_journal.h) and synced before the call that made it returns;
 // the journal is compacted into a snapshot once it passes 8 MiB and at
 // every start.
 //
@@ -30,8 +30,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "controller/job_manager.h"
+#include "controller/state_journal.h"
 #include "core/node_registry.h"
-#include "core/state_journal.h"
 #include "fusionrl/v1/state.pb.h"
 
 namespace fusionrl {

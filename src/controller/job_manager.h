@@ -82,9 +82,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "controller/job_outputs.h"
+#include "controller/rendezvous_store.h"
 #include "core/clock.h"
 #include "core/node_registry.h"
-#include "core/rendezvous_store.h"
 #include "core/step_protocol.h"
 #include "fusionrl/v1/common.pb.h"
 #include "fusionrl/v1/job.pb.h"
@@ -172,7 +172,7 @@ class JobManager {
   // other nodes' updates that are due, oldest first per node.
   absl::StatusOr<std::vector<ReceivedUpdate>> ExchangeUpdates(
       UpdateCall call, absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
-  // The c10d data plane's rendezvous (core/rendezvous_store.h): one store
+  // The c10d data plane's rendezvous (controller/rendezvous_store.h): one store
   // operation of a node of the job, on the job's current rendezvous
   // generation. Aborted when `call.generation` is not (or no longer) the
   // current one: the group must be re-formed at the generation of the next

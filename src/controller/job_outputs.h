@@ -44,10 +44,10 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "controller/tensorboard.h"
 #include "core/checkpoint_meta.h"
 #include "core/metrics.h"
 #include "core/step_protocol.h"
-#include "core/tensorboard.h"
 #include "fusionrl/job.h"
 
 namespace fusionrl {
@@ -63,7 +63,7 @@ class JobOutputs {
     std::optional<int64_t> resume_after_step;
     // run.tensorboard: also write every record's numbers as TensorBoard
     // scalars to <output_dir>/tensorboard/events.out.tfevents.* (a new file
-    // per Open; core/tensorboard.h).
+    // per Open; controller/tensorboard.h).
     bool tensorboard = false;
   };
 

@@ -11,9 +11,9 @@
 #include "absl/strings/str_join.h"
 #include "controller/job_manager.h"
 #include "controller/job_state.h"
+#include "controller/scheduler.h"
 #include "core/checkpoint_meta.h"
 #include "core/metrics.h"
-#include "core/scheduler.h"
 #include "core/status_macros.h"
 #include "spdlog/spdlog.h"
 

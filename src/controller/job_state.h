@@ -21,8 +21,8 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "controller/group_ledger.h"
 #include "controller/job_manager.h"
-#include "core/group_ledger.h"
 #include "core/stalesync.h"
 #include "core/step_protocol.h"
 #include "fusionrl/config.h"

@@ -1,6 +1,6 @@
 // The c10d data plane's rendezvous, as the controller serves it: store
 // operations of a job's nodes on the job's current rendezvous generation
-// (core/rendezvous_store.h). Only addresses and counters go through here;
+// (controller/rendezvous_store.h). Only addresses and counters go through here;
 // the tensors go between the cards.
 #include <algorithm>
 

@@ -152,7 +152,7 @@ struct ReceivedUpdate {
   std::string payload;  // float32 values, as sent
 };
 
-// The rendezvous store of the c10d data plane (core/rendezvous_store.h):
+// The rendezvous store of the c10d data plane (controller/rendezvous_store.h):
 // one operation on a key of the job's scope, with c10d Store semantics.
 enum class StoreOp { kSet, kCompareSet, kGet, kAdd, kCheck, kWait, kDelete };
 

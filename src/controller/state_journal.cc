@@ -1,4 +1,4 @@
-#include "core/state_journal.h"
+#include "controller/state_journal.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -12,8 +12,8 @@
 //
 // Thread safety: not thread-safe. It belongs to the controller's state
 // machine, which runs on one thread.
-#ifndef FUSIONRL_CORE_GROUP_LEDGER_H_
-#define FUSIONRL_CORE_GROUP_LEDGER_H_
+#ifndef FUSIONRL_CONTROLLER_GROUP_LEDGER_H_
+#define FUSIONRL_CONTROLLER_GROUP_LEDGER_H_
 
 #include <cstdint>
 #include <deque>
@@ -94,4 +94,4 @@ class GroupLedger {
 
 }  // namespace fusionrl
 
-#endif  // FUSIONRL_CORE_GROUP_LEDGER_H_
+#endif  // FUSIONRL_CONTROLLER_GROUP_LEDGER_H_

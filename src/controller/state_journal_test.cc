@@ -2,7 +2,7 @@
 // reopening and compaction; a tail cut short or corrupted is dropped with a
 // warning naming where, and later appends follow the good records; a
 // damaged snapshot refuses to load.
-#include "core/state_journal.h"
+#include "controller/state_journal.h"
 
 #include <filesystem>
 #include <fstream>

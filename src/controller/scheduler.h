@@ -1,6 +1,6 @@
 // Placement policy: which cards a job gets and what each card does.
-#ifndef FUSIONRL_CORE_SCHEDULER_H_
-#define FUSIONRL_CORE_SCHEDULER_H_
+#ifndef FUSIONRL_CONTROLLER_SCHEDULER_H_
+#define FUSIONRL_CONTROLLER_SCHEDULER_H_
 
 #include <string>
 #include <utility>
@@ -81,4 +81,4 @@ std::string PlacementDebugString(const Placement& placement);
 
 }  // namespace fusionrl
 
-#endif  // FUSIONRL_CORE_SCHEDULER_H_
+#endif  // FUSIONRL_CONTROLLER_SCHEDULER_H_

@@ -27,8 +27,8 @@
 //
 // Thread safety: not thread-safe; the controller calls it from one writer
 // at a time.
-#ifndef FUSIONRL_CORE_STATE_JOURNAL_H_
-#define FUSIONRL_CORE_STATE_JOURNAL_H_
+#ifndef FUSIONRL_CONTROLLER_STATE_JOURNAL_H_
+#define FUSIONRL_CONTROLLER_STATE_JOURNAL_H_
 
 #include <cstdint>
 #include <memory>
@@ -99,4 +99,4 @@ std::vector<std::string> ReadFramedRecords(absl::string_view data,
 }  // namespace internal
 }  // namespace fusionrl
 
-#endif  // FUSIONRL_CORE_STATE_JOURNAL_H_
+#endif  // FUSIONRL_CONTROLLER_STATE_JOURNAL_H_

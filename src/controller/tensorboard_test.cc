@@ -3,7 +3,7 @@
 // fields; nothing shared with the writer) hold the file_version event first
 // and then the steps, tags and values written; a flipped byte fails a CRC;
 // the bytes equal a published reference; bad paths give clear errors.
-#include "core/tensorboard.h"
+#include "controller/tensorboard.h"
 
 #include <signal.h>
 #include <sys/resource.h>

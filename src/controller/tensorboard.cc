@@ -1,4 +1,4 @@
-#include "core/tensorboard.h"
+#include "controller/tensorboard.h"
 
 #include <unistd.h>
 

@@ -24,8 +24,8 @@
 // Ownership: borrows `clock`, which must outlive the store.
 // Thread safety: thread-safe. Blocking calls (Get, Wait) wait on the clock
 // with a deadline and never hold the lock while they sleep.
-#ifndef FUSIONRL_CORE_RENDEZVOUS_STORE_H_
-#define FUSIONRL_CORE_RENDEZVOUS_STORE_H_
+#ifndef FUSIONRL_CONTROLLER_RENDEZVOUS_STORE_H_
+#define FUSIONRL_CONTROLLER_RENDEZVOUS_STORE_H_
 
 #include <cstdint>
 #include <deque>
@@ -124,4 +124,4 @@ class RendezvousStore {
 
 }  // namespace fusionrl
 
-#endif  // FUSIONRL_CORE_RENDEZVOUS_STORE_H_
+#endif  // FUSIONRL_CONTROLLER_RENDEZVOUS_STORE_H_

@@ -1,4 +1,4 @@
-#include "core/rendezvous_store.h"
+#include "controller/rendezvous_store.h"
 
 #include <string>
 #include <thread>

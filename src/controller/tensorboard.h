@@ -56,8 +56,8 @@
 //
 // Thread safety: not thread-safe; one writer per file, called from one
 // thread at a time.
-#ifndef FUSIONRL_CORE_TENSORBOARD_H_
-#define FUSIONRL_CORE_TENSORBOARD_H_
+#ifndef FUSIONRL_CONTROLLER_TENSORBOARD_H_
+#define FUSIONRL_CONTROLLER_TENSORBOARD_H_
 
 #include <cstdint>
 #include <cstdio>
@@ -133,4 +133,4 @@ std::string EncodeScalarsEvent(
 }  // namespace internal
 }  // namespace fusionrl
 
-#endif  // FUSIONRL_CORE_TENSORBOARD_H_
+#endif  // FUSIONRL_CONTROLLER_TENSORBOARD_H_

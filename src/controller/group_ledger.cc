@@ -1,4 +1,4 @@
-#include "core/group_ledger.h"
+#include "controller/group_ledger.h"
 
 #include <algorithm>
 

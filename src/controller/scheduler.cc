@@ -1,4 +1,4 @@
-#include "core/scheduler.h"
+#include "controller/scheduler.h"
 
 #include <algorithm>
 #include <map>
