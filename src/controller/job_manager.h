@@ -60,7 +60,7 @@
 // tested alone. The job and attempt structs are in job_state.h.
 //
 // Entry points: the typed ones (core/step_protocol.h) are for in-process
-// callers (worker/in_process_work_client.h); the v1:: ones are thin
+// callers (local/in_process_work_client.h); the v1:: ones are thin
 // conversions for the gRPC services (services.cc). Both run the same code.
 //
 // Thread safety: all methods may be called from any thread.

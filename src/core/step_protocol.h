@@ -23,6 +23,11 @@ namespace fusionrl {
 
 struct JobConfig;  // fusionrl/config.h
 
+// How long one GetStepPlan call may wait at the controller for the next
+// plan (the worker's long poll, worker/plan_rendezvous.h; the simulator
+// sends one message per this much waiting too).
+inline constexpr int64_t kPlanWaitSeconds = 5;
+
 // A job the controller placed on this node.
 struct Assignment {
   std::string job_id;  // empty: nothing to run yet

@@ -34,16 +34,11 @@
 #include "core/fake_clock.h"
 #include "core/node_registry.h"
 #include "core/status_macros.h"
+#include "core/step_protocol.h"
 #include "fusionrl/v1/job.pb.h"
-#include "worker/plan_rendezvous.h"
 
 namespace fusionrl::sim {
 namespace {
-
-// The real worker's long poll for a plan: one GetStepPlan message per this
-// much waiting.
-const double kPlanWaitSeconds =
-    absl::ToDoubleSeconds(PlanRendezvous::Options{}.plan_wait);
 
 double ThreadCpuSeconds() {
   timespec ts{};

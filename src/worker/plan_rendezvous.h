@@ -34,7 +34,7 @@ class PlanRendezvous {
     // How long a card waits for card 0's next publication.
     absl::Duration timeout = absl::Seconds(300);
     // How long one GetStepPlan call may wait at the controller.
-    absl::Duration plan_wait = absl::Seconds(5);
+    absl::Duration plan_wait = absl::Seconds(kPlanWaitSeconds);
   };
 
   // `client`, `clock` borrowed; `stopping` is polled by card 0 between

@@ -1,4 +1,4 @@
-#include "worker/in_process_work_client.h"
+#include "local/in_process_work_client.h"
 
 #include <utility>
 

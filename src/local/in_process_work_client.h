@@ -13,8 +13,8 @@
 //
 // Ownership: borrows `jobs` and `weights`; both must outlive the client.
 // Thread safety: thread-safe (the manager and the store are).
-#ifndef FUSIONRL_WORKER_IN_PROCESS_WORK_CLIENT_H_
-#define FUSIONRL_WORKER_IN_PROCESS_WORK_CLIENT_H_
+#ifndef FUSIONRL_LOCAL_IN_PROCESS_WORK_CLIENT_H_
+#define FUSIONRL_LOCAL_IN_PROCESS_WORK_CLIENT_H_
 
 #include <cstdint>
 #include <string>
@@ -60,4 +60,4 @@ class InProcessWorkClient final : public WorkClient {
 
 }  // namespace fusionrl
 
-#endif  // FUSIONRL_WORKER_IN_PROCESS_WORK_CLIENT_H_
+#endif  // FUSIONRL_LOCAL_IN_PROCESS_WORK_CLIENT_H_

@@ -26,11 +26,11 @@
 #include "fusionrl/job.h"
 #include "fusionrl/task.h"
 #include "fusionrl/v1/job.grpc.pb.h"
+#include "local/in_process_work_client.h"
 #include "nlohmann/json.hpp"
 #include "rpc/auth.h"
 #include "rpc/status_convert.h"
 #include "spdlog/spdlog.h"
-#include "worker/in_process_work_client.h"
 #include "worker/worker.h"
 
 namespace fusionrl {
