@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace fusionrl {
@@ -63,7 +64,7 @@ absl::StatusOr<std::string> FindLatestCheckpoint(
                    " have no run.json: their step never committed)"));
 }
 
-absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
+absl::StatusOr<nlohmann::json> ReadCheckpointMetaJson(const std::string& dir) {
   std::ifstream in(fs::path(dir) / "meta.json");
   if (!in) {
     return absl::NotFoundError(
@@ -78,6 +79,11 @@ absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
     return absl::DataLossError(
         absl::StrCat("checkpoint '", dir, "': meta.json: ", e.what()));
   }
+  return j;
+}
+
+absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
+  FUSIONRL_ASSIGN_OR_RETURN(nlohmann::json j, ReadCheckpointMetaJson(dir));
   return CheckpointMetaFromJson(j, dir);
 }
 

@@ -60,23 +60,10 @@ nlohmann::ordered_json ModelJson(const ModelConfig& m, int vocab) {
   return j;
 }
 
-// <dir>/meta.json, parsed: NotFound without one, DataLoss when it is not
-// JSON or has no model section.
+// <dir>/meta.json, parsed (core/checkpoint_meta.h): NotFound without one,
+// DataLoss when it is not JSON or has no model section.
 absl::StatusOr<nlohmann::json> ReadMetaJson(const std::string& dir) {
-  std::ifstream in(fs::path(dir) / "meta.json");
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat("checkpoint '", dir,
-                     "': no meta.json (not a FusionRL checkpoint "
-                     "directory)"));
-  }
-  nlohmann::json j;
-  try {
-    in >> j;
-  } catch (const nlohmann::json::exception& e) {
-    return absl::DataLossError(
-        absl::StrCat("checkpoint '", dir, "': meta.json: ", e.what()));
-  }
+  FUSIONRL_ASSIGN_OR_RETURN(nlohmann::json j, ReadCheckpointMetaJson(dir));
   if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) {
     return absl::DataLossError(
         absl::StrCat("checkpoint '", dir, "': meta.json has no model section"));
