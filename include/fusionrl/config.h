@@ -106,6 +106,11 @@ struct RopeScalingConfig {
 // With `hf_path` set, the architecture keys below (marked [arch]) come from
 // the directory's config.json: each must be left at its default or equal the
 // imported value, and a different value is an error naming both.
+// model.attention_kernel (see ModelConfig).
+enum class AttentionKernel { kFused, kComposite };
+absl::StatusOr<AttentionKernel> ParseAttentionKernel(absl::string_view name);
+const char* AttentionKernelName(AttentionKernel kernel);
+
 struct ModelConfig {
   // A Hugging Face model directory (config.json, model.safetensors or a
   // sharded set with model.safetensors.index.json, tokenizer.json,
@@ -129,7 +134,7 @@ struct ModelConfig {
   // forward and backward, keeping one log-sum-exp per query instead of the
   // probabilities, where it supports the policy (float32 on CPU), else
   // composite; composite = the reference ATen ops.
-  std::string attention_kernel = "fused";
+  AttentionKernel attention_kernel = AttentionKernel::kFused;
   int vocab_size = 0;           // [arch] embedding rows; 0 = the tokenizer's
   int d_model = 128;            // [arch] hidden width
   int n_layers = 4;             // [arch] transformer blocks
@@ -195,6 +200,11 @@ struct TaskConfig {
 };
 
 // Autoregressive sampling.
+// rollout.decode (see RolloutConfig).
+enum class DecodeMode { kFused, kComposite, kStatic };
+absl::StatusOr<DecodeMode> ParseDecodeMode(absl::string_view name);
+const char* DecodeModeName(DecodeMode mode);
+
 struct RolloutConfig {
   int prompts_per_step = 16;  // prompt groups sampled per RL step
   int group_size = 8;         // responses per prompt (GRPO/RLOO group)
@@ -208,7 +218,7 @@ struct RolloutConfig {
   // module graph with prefix sharing and row compaction (what MoE policies
   // and CUDA devices run); static = the reference loop (every row prefilled
   // and decoded to the end).
-  std::string decode = "fused";
+  DecodeMode decode = DecodeMode::kFused;
   // Fused path: sequences decoded at once; a finished one's slot takes the
   // next waiting one (continuous batching). 0 = all of a step's sequences.
   // Bounds the KV cache at decode_slots x (prompt + max_new_tokens).
@@ -346,6 +356,11 @@ struct OptimConfig {
 };
 
 // The RL loop (`fusionrl run`).
+// run.data_plane (see RunConfig).
+enum class DataPlane { kController, kC10d };
+absl::StatusOr<DataPlane> ParseDataPlane(absl::string_view name);
+const char* DataPlaneName(DataPlane plane);
+
 struct RunConfig {
   int total_steps = 100;     // RL steps (rollout + train)
   int eval_every = 10;       // greedy eval on the held-out split; 0 = off
@@ -364,7 +379,7 @@ struct RunConfig {
   // the controller (WorkService.ExchangeUpdates) or, on c10d, with
   // asynchronous all-reduces over that group, and sync their weights by a
   // broadcast over it (docs/stalesync.md).
-  std::string data_plane = "controller";
+  DataPlane data_plane = DataPlane::kController;
   // After the final checkpoint (RL and SFT), also write the policy as a
   // Hugging Face directory at <output_dir>/hf (`fusionrl export`), in
   // export_dtype (float32 | bfloat16).
@@ -491,6 +506,13 @@ struct StaleSyncConfig {
 
 // Per-card memory accounting and hand-over between the roles of a card
 // (src/core/memory_manager.h, docs/stalesync.md "Per-card memory").
+// memory.offload_optimizer (see MemoryConfig): never = refuse a request
+// that does not fit; auto = offload the optimizer state to host memory to
+// make room.
+enum class OffloadPolicy { kNever, kAuto };
+absl::StatusOr<OffloadPolicy> ParseOffloadPolicy(absl::string_view name);
+const char* OffloadPolicyName(OffloadPolicy policy);
+
 struct MemoryConfig {
   // Device memory each card may use for weights, rollout snapshot, optimizer
   // state, gradients, activations and KV cache together, in MiB (2^20
@@ -499,7 +521,7 @@ struct MemoryConfig {
   // When the KV cache or the activations would exceed the budget: auto =
   // move the optimizer state to host memory first (it comes back before the
   // next optimizer step once it fits); never = refuse the request.
-  std::string offload_optimizer = "auto";
+  OffloadPolicy offload_optimizer = OffloadPolicy::kAuto;
 };
 
 // How clients of a cluster controller (`fusionrl submit`, `fusionrl status`)

@@ -140,7 +140,7 @@ int MeasureHere(const BenchRolloutArgs& args, const std::string& name) {
   config->algorithm.kl_coef = 0;  // the Python loop has no reference policy
   // composite and static: the module graph's decode (with or without prefix
   // sharing and compaction) and the reference attention core.
-  if (!fused) config->model.attention_kernel = "composite";
+  if (!fused) config->model.attention_kernel = AttentionKernel::kComposite;
   absl::StatusOr<JobContext> ctx = PrepareJob(*config, "");
   if (!ctx.ok()) return Fail(ctx.status());
   PolicyModel& policy = *ctx->policy;
@@ -289,7 +289,7 @@ int MeasureHere(const BenchRolloutArgs& args, const std::string& name) {
   nlohmann::ordered_json j = {
       {"engine", name},
       {"fused_path", engine.fused()},
-      {"attention_kernel", config->model.attention_kernel},
+      {"attention_kernel", AttentionKernelName(config->model.attention_kernel)},
       {"threads", config->num_threads},
       {"tokens_per_iteration", tokens},
       {"rollout_seconds", r},

@@ -152,7 +152,7 @@ StepPlan JobManager::TrainPlanLocked(const Job& job, const Attempt& a, int k,
   plan.rank = a.first_rank[k] + local_rank;
   plan.world_size = a.world;
   plan.nodes = static_cast<int>(a.members.size());
-  plan.c10d_data_plane = job.config.run.data_plane == "c10d";
+  plan.c10d_data_plane = job.config.run.data_plane == DataPlane::kC10d;
   plan.rendezvous_generation = a.generation;
   plan.node_rank = k;
   for (int g = 0; g < per_card; ++g) {

@@ -71,6 +71,17 @@ constexpr Spelling<PlacementMode> kPlacementModes[] = {
     {PlacementMode::kColocatedSync, "colocated-sync"},
     {PlacementMode::kDisaggregated, "disaggregated"},
     {PlacementMode::kFused, "fused"}};
+constexpr Spelling<AttentionKernel> kAttentionKernels[] = {
+    {AttentionKernel::kFused, "fused"},
+    {AttentionKernel::kComposite, "composite"}};
+constexpr Spelling<DecodeMode> kDecodeModes[] = {
+    {DecodeMode::kFused, "fused"},
+    {DecodeMode::kComposite, "composite"},
+    {DecodeMode::kStatic, "static"}};
+constexpr Spelling<DataPlane> kDataPlanes[] = {
+    {DataPlane::kController, "controller"}, {DataPlane::kC10d, "c10d"}};
+constexpr Spelling<OffloadPolicy> kOffloadPolicies[] = {
+    {OffloadPolicy::kNever, "never"}, {OffloadPolicy::kAuto, "auto"}};
 constexpr Spelling<FusedTurns> kFusedTurns[] = {
     {FusedTurns::kAuto, "auto"},
     {FusedTurns::kConcurrent, "concurrent"},
@@ -130,6 +141,34 @@ absl::StatusOr<PlacementMode> ParsePlacementMode(absl::string_view name) {
 }
 const char* PlacementModeName(PlacementMode mode) {
   return NameOf(mode, kPlacementModes);
+}
+
+absl::StatusOr<AttentionKernel> ParseAttentionKernel(absl::string_view name) {
+  return ParseName<AttentionKernel>(name, kAttentionKernels);
+}
+const char* AttentionKernelName(AttentionKernel kernel) {
+  return NameOf(kernel, kAttentionKernels);
+}
+
+absl::StatusOr<DecodeMode> ParseDecodeMode(absl::string_view name) {
+  return ParseName<DecodeMode>(name, kDecodeModes);
+}
+const char* DecodeModeName(DecodeMode mode) {
+  return NameOf(mode, kDecodeModes);
+}
+
+absl::StatusOr<DataPlane> ParseDataPlane(absl::string_view name) {
+  return ParseName<DataPlane>(name, kDataPlanes);
+}
+const char* DataPlaneName(DataPlane plane) {
+  return NameOf(plane, kDataPlanes);
+}
+
+absl::StatusOr<OffloadPolicy> ParseOffloadPolicy(absl::string_view name) {
+  return ParseName<OffloadPolicy>(name, kOffloadPolicies);
+}
+const char* OffloadPolicyName(OffloadPolicy policy) {
+  return NameOf(policy, kOffloadPolicies);
 }
 
 absl::StatusOr<FusedTurns> ParseFusedTurns(absl::string_view name) {

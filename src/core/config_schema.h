@@ -61,7 +61,6 @@ inline StrRule OneOf(absl::Span<const absl::string_view> values) {
   return {false, false, false, values};
 }
 
-inline constexpr absl::string_view kOffloadPolicies[] = {"never", "auto"};
 // 2^40 MiB = 1 EiB: any real budget, and its bytes still fit in int64.
 inline constexpr double kMaxCardBudgetMib = 1099511627776.0;
 
@@ -106,9 +105,8 @@ void VisitModel(ModelConfig& m, V& v) {
   v.String("architecture", &m.architecture, OneOf(kArchitectures));
   v.String("tokenizer", &m.tokenizer, ExistingFile());
   v.String("dtype", &m.dtype, OneOf(kDtypes));
-  static constexpr absl::string_view kAttentionKernels[] = {"fused",
-                                                            "composite"};
-  v.String("attention_kernel", &m.attention_kernel, OneOf(kAttentionKernels));
+  v.Enum("attention_kernel", &m.attention_kernel, ParseAttentionKernel,
+         AttentionKernelName);
   v.Int("vocab_size", &m.vocab_size, AtLeast(0));
   v.Int("d_model", &m.d_model, AtLeast(8));
   v.Int("n_layers", &m.n_layers, AtLeast(1));
@@ -161,9 +159,7 @@ void VisitRollout(RolloutConfig& r, V& v) {
   v.Double("temperature", &r.temperature, AtLeast(0));
   v.Int("top_k", &r.top_k, AtLeast(0));
   v.Double("top_p", &r.top_p, OpenClosed(0, 1));
-  static constexpr absl::string_view kDecode[] = {"fused", "composite",
-                                                  "static"};
-  v.String("decode", &r.decode, OneOf(kDecode));
+  v.Enum("decode", &r.decode, ParseDecodeMode, DecodeModeName);
   v.Int("decode_slots", &r.decode_slots, AtLeast(0));
   v.Bool("cross_step_batching", &r.cross_step_batching);
 }
@@ -214,8 +210,7 @@ void VisitRun(RunConfig& r, V& v) {
   v.Int("log_every", &r.log_every, AtLeast(1));
   v.Double("collective_timeout_seconds", &r.collective_timeout_seconds,
            Above(0));
-  static constexpr absl::string_view kDataPlanes[] = {"controller", "c10d"};
-  v.String("data_plane", &r.data_plane, OneOf(kDataPlanes));
+  v.Enum("data_plane", &r.data_plane, ParseDataPlane, DataPlaneName);
   static constexpr absl::string_view kExportDtypes[] = {"float32", "bfloat16"};
   v.Bool("export_final", &r.export_final);
   v.Bool("tensorboard", &r.tensorboard);
@@ -260,7 +255,8 @@ void VisitStaleSync(StaleSyncConfig& c, V& v) {
 template <class V>
 void VisitMemory(MemoryConfig& m, V& v) {
   v.Double("card_budget_mib", &m.card_budget_mib, Closed(0, kMaxCardBudgetMib));
-  v.String("offload_optimizer", &m.offload_optimizer, OneOf(kOffloadPolicies));
+  v.Enum("offload_optimizer", &m.offload_optimizer, ParseOffloadPolicy,
+         OffloadPolicyName);
 }
 
 template <class V>

@@ -58,14 +58,6 @@ bool IsDeviceMemory(MemoryCategory category) {
   return category != MemoryCategory::kOptimizerHost;
 }
 
-absl::StatusOr<OffloadPolicy> ParseOffloadPolicy(absl::string_view text) {
-  if (text == "never") return OffloadPolicy::kNever;
-  if (text == "auto") return OffloadPolicy::kAuto;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "memory.offload_optimizer: must be one of never, auto; got '", text,
-      "'"));
-}
-
 absl::StatusOr<std::unique_ptr<CardMemoryManager>> CardMemoryManager::Create(
     int card_index, const MemoryConfig& config) {
   if (card_index < 0) {
@@ -77,11 +69,9 @@ absl::StatusOr<std::unique_ptr<CardMemoryManager>> CardMemoryManager::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "memory.card_budget_mib: must be in [0, 2^40], got ", mib));
   }
-  absl::StatusOr<OffloadPolicy> policy =
-      ParseOffloadPolicy(config.offload_optimizer);
-  if (!policy.ok()) return policy.status();
   return std::make_unique<CardMemoryManager>(
-      card_index, static_cast<int64_t>(std::llround(mib * kMiB)), *policy);
+      card_index, static_cast<int64_t>(std::llround(mib * kMiB)),
+      config.offload_optimizer);
 }
 
 CardMemoryManager::CardMemoryManager(int card_index, int64_t budget_bytes,

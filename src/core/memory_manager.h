@@ -73,14 +73,6 @@ absl::string_view MemoryCategoryName(MemoryCategory category);
 // kOptimizerHost.
 bool IsDeviceMemory(MemoryCategory category);
 
-enum class OffloadPolicy {
-  kNever,  // refuse a request that does not fit
-  kAuto,   // offload the optimizer state to host memory to make room
-};
-
-// "never" | "auto" (memory.offload_optimizer); InvalidArgument otherwise.
-absl::StatusOr<OffloadPolicy> ParseOffloadPolicy(absl::string_view text);
-
 // The answer to RequestKvCache() / RequestActivations().
 struct MemoryDecision {
   enum class Outcome {
@@ -100,8 +92,7 @@ struct MemoryDecision {
 class CardMemoryManager {
  public:
   // From the job's `memory` section. InvalidArgument if card_index < 0,
-  // memory.card_budget_mib is negative, not finite or above 2^40, or
-  // memory.offload_optimizer is not never/auto.
+  // memory.card_budget_mib is negative, not finite or above 2^40.
   static absl::StatusOr<std::unique_ptr<CardMemoryManager>> Create(
       int card_index, const MemoryConfig& config);
 

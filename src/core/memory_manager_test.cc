@@ -51,7 +51,7 @@ TEST(CardMemoryManagerTest, CategoryNamesAreTheStatusKeys) {
 TEST(CardMemoryManagerTest, CreateReadsTheMemorySection) {
   MemoryConfig config;
   config.card_budget_mib = 64.5;
-  config.offload_optimizer = "never";
+  config.offload_optimizer = OffloadPolicy::kNever;
   auto m = CardMemoryManager::Create(2, config);
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ((*m)->budget_bytes(), 67633152);  // 64.5 * 1048576
@@ -63,12 +63,7 @@ TEST(CardMemoryManagerTest, CreateReadsTheMemorySection) {
   EXPECT_EQ(
       CardMemoryManager::Create(0, MemoryConfig{}).value()->budget_bytes(), 0);
 
-  config.offload_optimizer = "always";
-  EXPECT_EQ(CardMemoryManager::Create(0, config).status(),
-            absl::InvalidArgumentError(
-                "memory.offload_optimizer: must be one of never, auto; got "
-                "'always'"));
-  config.offload_optimizer = "auto";
+  config.offload_optimizer = OffloadPolicy::kAuto;
   config.card_budget_mib = -1;
   EXPECT_EQ(CardMemoryManager::Create(0, config).status().code(),
             absl::StatusCode::kInvalidArgument);

@@ -196,7 +196,7 @@ std::pair<torch::Tensor, torch::Tensor> RotaryTables(const ModelConfig& c) {
 }
 
 AttentionImpl::AttentionImpl(const ModelConfig& c)
-    : fused_core(c.attention_kernel == "fused"),
+    : fused_core(c.attention_kernel == AttentionKernel::kFused),
       n_heads_(c.n_heads),
       n_kv_heads_(KvHeads(c)),
       head_dim_(HeadDim(c)) {

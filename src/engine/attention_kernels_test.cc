@@ -120,7 +120,8 @@ TEST(AttentionKernelsTest, PolicyLogitsAndGradientsEqualWithEitherKernel) {
   torch::manual_seed(3);
   auto weight = torch::randn({2, 6, 98});  // a loss that reads every logit
   std::vector<torch::Tensor> logits, grads;
-  for (const char* kernel : {"fused", "composite"}) {
+  for (AttentionKernel kernel :
+       {AttentionKernel::kFused, AttentionKernel::kComposite}) {
     c.attention_kernel = kernel;
     auto model = PolicyModel::Create(c, 98, c10::Device("cpu"), 7).value();
     auto out = model->Forward(tokens, PositionsFromValid(valid), valid);

@@ -75,9 +75,11 @@ TEST(ModelTest, CachedDecodingMatchesFullForward) {
 // gradient equal the full forward's, narrowed, up to float rounding. With
 // GQA, both attention kernels, and left padding.
 TEST(ModelTest, HiddenFromAPositionEqualsTheNarrowedFullForward) {
-  for (const char* kernel : {"fused", "composite"}) {
+  for (AttentionKernel kernel :
+       {AttentionKernel::kFused, AttentionKernel::kComposite}) {
     for (int experts : {0, 4}) {
-      SCOPED_TRACE(std::string(kernel) + " experts " + std::to_string(experts));
+      SCOPED_TRACE(std::string(AttentionKernelName(kernel)) + " experts " +
+                   std::to_string(experts));
       ModelConfig c = testing_util::TinyModelConfig();
       c.n_kv_heads = 2;
       c.attention_kernel = kernel;

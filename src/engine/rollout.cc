@@ -153,9 +153,9 @@ int64_t TokenCap(const SequenceKey& key, const SamplingParams& params) {
 }  // namespace
 
 void RolloutEngine::Configure(const RolloutConfig& config) {
-  path_ = config.decode == "composite" ? DecodePath::kComposite
-          : config.decode == "static"  ? DecodePath::kStatic
-                                       : DecodePath::kFused;
+  path_ = config.decode == DecodeMode::kComposite ? DecodePath::kComposite
+          : config.decode == DecodeMode::kStatic  ? DecodePath::kStatic
+                                                  : DecodePath::kFused;
   max_batch_ = config.decode_slots;
 }
 

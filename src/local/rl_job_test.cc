@@ -246,7 +246,7 @@ TEST(RlJobTest, C10dDataPlaneMatchesTheControllerSumWithoutItsBytes) {
     JobConfig c10d = TinyRlJob(absl::StrCat("plane-c10d-", cards), 3);
     c10d.placement.super_nodes = 2;
     c10d.placement.cards_per_super_node = cards;
-    c10d.run.data_plane = "c10d";
+    c10d.run.data_plane = DataPlane::kC10d;
     std::filesystem::remove_all(c10d.output_dir);
     auto b = RunRlJob(c10d);
     ASSERT_TRUE(b.ok()) << b.status();
@@ -422,7 +422,7 @@ TEST(RlJobTest,
       c.placement.cards_per_super_node = cards;
       c.stalesync.max_clock_skew = 2;
       c.run.checkpoint_every = 4;
-      c.run.data_plane = "c10d";
+      c.run.data_plane = DataPlane::kC10d;
       std::filesystem::remove_all(c.output_dir);
       auto r = RunRlJob(c);
       ASSERT_TRUE(r.ok()) << r.status();
@@ -721,7 +721,7 @@ TEST(RlJobTest, FusedWithLagAndClockSkewResumesExactly) {
   c.stalesync.max_policy_lag = 1;
   c.stalesync.max_clock_skew = 1;
   c.algorithm.decoupled_loss = true;
-  c.run.data_plane = "c10d";
+  c.run.data_plane = DataPlane::kC10d;
   c.run.checkpoint_every = 4;  // the split run's end syncs where this does
   ExpectExactLaggedResume(c, 8, 4);
 }
@@ -734,13 +734,13 @@ TEST(RlJobTest, FusedWithLagAndClockSkewResumesExactly) {
 TEST(RlJobTest, ResumeIsExactOnTheC10dPlaneWithSkewAndDisaggregatedNodes) {
   JobConfig sync = TinyRlJob("resume-c10d-sync", 6);
   sync.placement.super_nodes = 2;
-  sync.run.data_plane = "c10d";
+  sync.run.data_plane = DataPlane::kC10d;
   ExpectExactResume(sync, 6, 3);
 
   JobConfig skew = TinyRlJob("resume-colocated-skew1", 8);
   skew.placement.super_nodes = 2;
   skew.stalesync.max_clock_skew = 1;
-  skew.run.data_plane = "c10d";
+  skew.run.data_plane = DataPlane::kC10d;
   skew.run.checkpoint_every = 4;  // the split run's end syncs where this does
   ExpectExactResume(skew, 8, 4);
 
@@ -788,7 +788,7 @@ TEST(RlJobTest, FusedWithLagResumeWithoutPrefetchTrainsEveryGroupOnce) {
 TEST(RlJobTest, KvCacheOverTheCardBudgetFailsClearly) {
   JobConfig c = TinyRlJob("tiny-budget", 2);
   c.memory.card_budget_mib = 0.3;  // the weights alone take ~0.1 MiB
-  c.memory.offload_optimizer = "never";
+  c.memory.offload_optimizer = OffloadPolicy::kNever;
   std::filesystem::remove_all(c.output_dir);
   auto st = RunRlJob(c).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;

@@ -174,8 +174,9 @@ absl::Status CardRunner::SetUpRolloutThread() {
   // The trainer's step does not depend on its thread count either
   // (engine/invariant_ops.h), except through the composite attention
   // kernel's batched products: with it the trainer keeps its share.
-  const bool trainer_shares = share && (cfg.model.attention_kernel == "fused" ||
-                                        !policy.device().is_cpu());
+  const bool trainer_shares =
+      share && (cfg.model.attention_kernel == AttentionKernel::kFused ||
+                !policy.device().is_cpu());
   if (trainer_shares && engine->fused() && fo.max_policy_lag > 0) {
     // Both roles share every thread: the card measures whether they
     // compute faster at once or in turns (worker/card_turns.h).
