@@ -3,7 +3,9 @@
 // streams included), with and without the token, while a real job runs on
 // a real worker of the same controller. Every call must come back with a
 // status within its deadline, the controller must stay responsive, and the
-// job must still succeed with every prompt group trained once.
+// job must still succeed with every prompt group trained once, and train
+// what the same job trains without the fuzzing (its records, step for
+// step, against an unfuzzed in-process run of the same config).
 //
 // Messages are filled through protobuf reflection (every field of every
 // request type: extreme and negative numbers, unknown enum values, empty,
@@ -22,6 +24,7 @@
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -33,11 +36,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "controller/controller.h"
+#include "fusionrl/config.h"
+#include "fusionrl/job.h"
 #include "fusionrl/v1/job.grpc.pb.h"
 #include "fusionrl/v1/node.grpc.pb.h"
 #include "fusionrl/v1/weight.grpc.pb.h"
 #include "fusionrl/v1/work.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "worker/worker.h"
 
 namespace fusionrl {
@@ -448,11 +454,22 @@ std::string JobYaml(const std::string& out) {
 seed: 3
 num_threads: 1
 model: {d_model: 32, n_layers: 1, n_heads: 2, d_ff: 64, max_seq_len: 24}
-task: {name: reverse, eval_size: 10, min_digits: 1, max_digits: 3}
+task: {name: reverse, eval_size: 10, min_digits: 1, max_digits: 3,
+       reward: char_match}  # partial credit: every step learns
 rollout: {prompts_per_step: 4, group_size: 2, max_new_tokens: 5}
 run: {eval_every: 0, total_steps: 40}
 output_dir: ")",
                       out, "\"\n");
+}
+
+// The run's metrics.jsonl, one record per step.
+std::vector<nlohmann::json> Records(const std::string& output_dir) {
+  std::ifstream in(output_dir + "/metrics.jsonl");
+  std::vector<nlohmann::json> out;
+  for (std::string line; std::getline(in, line);) {
+    out.push_back(nlohmann::json::parse(line));
+  }
+  return out;
 }
 
 TEST(RpcFuzzTest, BadCallsNeitherCrashNorHangAndAJobStillFinishes) {
@@ -556,6 +573,26 @@ TEST(RpcFuzzTest, BadCallsNeitherCrashNorHangAndAJobStillFinishes) {
   EXPECT_EQ(st.phase(), v1::JOB_PHASE_SUCCEEDED) << st.message();
   EXPECT_EQ(st.groups_trained(), 40 * 4);
   EXPECT_EQ(st.groups_submitted(), 40 * 4);
+
+  // The same job without the fuzzing (in-process; one thread, so its
+  // numbers repeat bit for bit): the fuzzed run trained the same steps.
+  const std::string plain_out = ::testing::TempDir() + "/rpc-fuzz-plain";
+  std::filesystem::remove_all(plain_out);
+  absl::StatusOr<JobConfig> plain = ParseJobConfig(JobYaml(plain_out), "");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_TRUE(RunRlJob(*plain).ok());
+  const std::vector<nlohmann::json> fuzzed = Records(out);
+  const std::vector<nlohmann::json> unfuzzed = Records(plain_out);
+  ASSERT_EQ(fuzzed.size(), 40u);
+  ASSERT_EQ(unfuzzed.size(), 40u);
+  for (size_t i = 0; i < fuzzed.size(); ++i) {
+    for (const char* key :
+         {"step", "attempt", "loss", "reward_mean", "grad_norm", "entropy",
+          "rollout_tokens", "policy_version", "trained_group_id_sum"}) {
+      EXPECT_EQ(fuzzed[i].value(key, -1.0), unfuzzed[i].value(key, -1.0))
+          << "step " << i + 1 << ": " << key;
+    }
+  }
 }
 
 }  // namespace
