@@ -51,11 +51,8 @@ absl::StatusOr<std::string> JobManager::Reduce(const v1::ReduceRequest& r,
     return absl::InvalidArgumentError("dtype: must be FLOAT32 or FLOAT64");
   }
   ReduceCall call;
-  call.job_id = r.job_id();
-  call.node_id = r.node_id();
-  call.step = r.step();
-  call.attempt = r.attempt();
-  call.round = r.round();
+  static_cast<StepCallHeader&>(call) = {r.job_id(), r.node_id(), r.step(),
+                                        r.attempt(), r.round()};
   call.dtype = r.dtype() == v1::REDUCE_DTYPE_FLOAT64 ? ReduceDtype::kFloat64
                                                      : ReduceDtype::kFloat32;
   call.payload = r.payload();
@@ -78,12 +75,9 @@ absl::StatusOr<v1::ExchangeUpdatesResponse> JobManager::ExchangeUpdates(
     const v1::ExchangeUpdatesRequest& r, absl::Time deadline) {
   const v1::GradientUpdate& u = r.update();
   UpdateCall call;
-  call.job_id = r.job_id();
-  call.node_id = u.node_id();
-  call.step = u.step();
-  call.round = u.round();
+  static_cast<StepCallHeader&>(call) = {r.job_id(), u.node_id(), u.step(),
+                                        r.attempt(), u.round()};
   call.due_step = r.due_step();
-  call.attempt = r.attempt();
   call.payload = u.payload();
   FUSIONRL_ASSIGN_OR_RETURN(
       std::vector<HandedUpdate> got,

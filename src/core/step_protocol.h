@@ -128,26 +128,27 @@ struct StepReport {
 
 enum class ReduceDtype { kFloat32, kFloat64 };
 
-// One cross-node collective round of an attempt (node-level sum).
-struct ReduceCall {
+// What a Reduce round and an update exchange share: which node sends the
+// round `round` of step `step` of job `job_id`, under which attempt (the
+// plan's: a call of a rolled-back or replanned attempt gets Aborted).
+struct StepCallHeader {
   std::string job_id;
   std::string node_id;
   int64_t step = 0;
   int attempt = 0;
   int64_t round = 0;
+};
+
+// One cross-node collective round of an attempt (node-level sum).
+struct ReduceCall : StepCallHeader {
   ReduceDtype dtype = ReduceDtype::kFloat32;
   std::string payload;  // little-endian values of `dtype`
 };
 
 // StaleSync: this node's update of (step, round), due at the other nodes
 // before `due_step`.
-struct UpdateCall {
-  std::string job_id;
-  std::string node_id;
-  int64_t step = 0;
-  int64_t round = 0;
+struct UpdateCall : StepCallHeader {
   int64_t due_step = 0;
-  int attempt = 1;      // the plan's: a rolled-back attempt gets Aborted
   std::string payload;  // float32 values
 };
 

@@ -87,30 +87,21 @@ absl::Status CardRunner::Setup() {
 
 std::unique_ptr<HierarchicalSync> CardRunner::MakeSync() {
   WorkClient* client = job_.client;
+  auto header = [this](int64_t step, int64_t round) {
+    return StepCallHeader{job_.job_id, job_.node_id, step, plan_attempt_,
+                          round};
+  };
   return std::make_unique<HierarchicalSync>(
       job_.local, job_.local_rank,
-      [this, client](int64_t round, ReduceDtype dtype,
-                     std::string payload) -> absl::StatusOr<std::string> {
-        ReduceCall call;
-        call.job_id = job_.job_id;
-        call.node_id = job_.node_id;
-        call.step = plan_step_;
-        call.attempt = plan_attempt_;
-        call.round = round;
-        call.dtype = dtype;
-        call.payload = std::move(payload);
+      [this, client, header](
+          int64_t round, ReduceDtype dtype,
+          std::string payload) -> absl::StatusOr<std::string> {
+        ReduceCall call{header(plan_step_, round), dtype, std::move(payload)};
         return client->Reduce(std::move(call), timeout_);
       },
-      [this, client](int64_t step, int64_t round, int64_t due_step,
-                     std::string payload) {
-        UpdateCall call;
-        call.job_id = job_.job_id;
-        call.node_id = job_.node_id;
-        call.step = step;
-        call.round = round;
-        call.due_step = due_step;
-        call.attempt = plan_attempt_;
-        call.payload = std::move(payload);
+      [this, client, header](int64_t step, int64_t round, int64_t due_step,
+                             std::string payload) {
+        UpdateCall call{header(step, round), due_step, std::move(payload)};
         return client->ExchangeUpdates(std::move(call), timeout_);
       },
       [this, client](int64_t generation, int node_rank, int nodes) {
