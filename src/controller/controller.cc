@@ -31,7 +31,9 @@ struct Controller::Services {
 };
 
 Controller::Controller(const ControllerOptions& options)
-    : options_(options), started_(absl::Now()) {}
+    : options_(options),
+      clock_(options.clock != nullptr ? *options.clock : RealClock()),
+      started_(clock_.Now()) {}
 
 absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(
     const ControllerOptions& options) {
@@ -48,8 +50,8 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(
   }
   std::unique_ptr<Controller> c(new Controller(options));
   c->registry_ =
-      std::make_unique<NodeRegistry>(RealClock(), options.heartbeat_timeout);
-  c->jobs_ = std::make_unique<JobManager>(*c->registry_, RealClock());
+      std::make_unique<NodeRegistry>(c->clock_, options.heartbeat_timeout);
+  c->jobs_ = std::make_unique<JobManager>(*c->registry_, c->clock_);
   if (!options.state_dir.empty()) {
     absl::StatusOr<std::unique_ptr<ControllerState>> state =
         ControllerState::Open(options.state_dir, *c->registry_, *c->jobs_);
@@ -79,7 +81,7 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(
   };
   s.node->set_hooks(std::move(hooks));
   s.weight_store =
-      std::make_unique<WeightStore>(RealClock(), /*keep_versions_per_job=*/4);
+      std::make_unique<WeightStore>(c->clock_, /*keep_versions_per_job=*/4);
   rpc::WeightServiceOptions weight_options;
   weight_options.auth_token = options.auth_token;
   s.weight =
@@ -168,7 +170,7 @@ int Controller::http_port() const {
 v1::ClusterStatus Controller::ClusterStatus() const {
   v1::ClusterStatus status = jobs_->ClusterStatus();
   status.set_version(FUSIONRL_VERSION);
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_.Now();
   status.set_time_us(absl::ToUnixMicros(now));
   status.set_uptime_seconds(absl::ToDoubleSeconds(now - started_));
   return status;

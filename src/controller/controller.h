@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "controller/job_manager.h"
 #include "controller/rpc_stats.h"
+#include "core/clock.h"
 
 namespace grpc {
 class Server;
@@ -68,6 +69,9 @@ struct ControllerOptions {
   // (controller/http_server.h; port 0 picks a free one, see http_port());
   // "" = no HTTP server. The same auth_token protects it.
   std::string http_address;
+  // The time source of the controller's registry, jobs, weight store and
+  // status (borrowed; it must outlive the controller). Null: RealClock().
+  const Clock* clock = nullptr;
 };
 
 class Controller {
@@ -109,6 +113,7 @@ class Controller {
   bool WaitSweepTick(absl::Duration period) ABSL_LOCKS_EXCLUDED(sweeper_mu_);
 
   ControllerOptions options_;
+  const Clock& clock_;  // options_.clock or RealClock()
   std::unique_ptr<NodeRegistry> registry_;
   std::unique_ptr<JobManager> jobs_;
   // After jobs_: it goes first and unhooks itself from the manager.

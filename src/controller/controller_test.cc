@@ -16,6 +16,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "core/fake_clock.h"
 #include "fusionrl/v1/job.grpc.pb.h"
 #include "fusionrl/v1/node.grpc.pb.h"
 #include "fusionrl/v1/weight.grpc.pb.h"
@@ -342,6 +343,23 @@ TEST(ControllerTlsTest, ServesTlsOnlyWithCertificateAndKey) {
   options.tls_key_file.clear();  // half a TLS configuration
   EXPECT_EQ(Controller::Start(options).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// ControllerOptions::clock is the controller's time source: the status's
+// time and uptime follow it, not the wall clock.
+TEST(ControllerClockTest, StatusFollowsTheGivenClock) {
+  FakeClock clock(absl::FromUnixSeconds(1000000));
+  ControllerOptions options;
+  options.clock = &clock;
+  auto c = Controller::Start(options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  v1::ClusterStatus s = (*c)->ClusterStatus();
+  EXPECT_EQ(s.time_us(), int64_t{1000000} * 1000000);
+  EXPECT_EQ(s.uptime_seconds(), 0);
+  clock.Advance(absl::Seconds(90));
+  s = (*c)->ClusterStatus();
+  EXPECT_EQ(s.time_us(), int64_t{1000090} * 1000000);
+  EXPECT_EQ(s.uptime_seconds(), 90);
 }
 
 }  // namespace

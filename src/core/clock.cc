@@ -1,6 +1,7 @@
 #include "core/clock.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -11,6 +12,11 @@ namespace {
 class RealClockImpl final : public Clock {
  public:
   absl::Time Now() const override { return absl::Now(); }
+  absl::Time MonotonicNow() const override {
+    return absl::UnixEpoch() +
+           absl::FromChrono(
+               std::chrono::steady_clock::now().time_since_epoch());
+  }
 };
 
 }  // namespace

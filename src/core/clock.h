@@ -20,6 +20,16 @@ class Clock {
   // The current time. Not guaranteed monotonic for RealClock() (it follows
   // the system clock); FakeClock returns whatever it was set to.
   virtual absl::Time Now() const = 0;
+
+  // A time that never goes backwards, for measuring durations (its epoch
+  // is arbitrary: only differences mean anything). RealClock() reads the
+  // steady clock; the default, for fakes, is Now().
+  virtual absl::Time MonotonicNow() const { return Now(); }
+
+  // Seconds from `start` (a MonotonicNow()) to now.
+  double SecondsSince(absl::Time start) const {
+    return absl::ToDoubleSeconds(MonotonicNow() - start);
+  }
 };
 
 // The process-wide real clock (absl::Now()). Never destroyed, so it may be

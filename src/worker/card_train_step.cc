@@ -26,8 +26,6 @@
 
 namespace fusionrl {
 
-using SteadyClock = std::chrono::steady_clock;
-
 absl::StatusOr<RolloutBatch> CardRunner::SampleHere(
     const std::vector<uint64_t>& groups, const StepPlan& plan) {
   overlap_.Begin(RoleOverlap::Role::kRollout);
@@ -78,9 +76,9 @@ absl::StatusOr<RolloutBatch> CardRunner::StepBatch(const StepPlan& plan,
       resumed_step_ = -1;
     }
     Doing(absl::StrCat("waiting for the rollout of step ", plan.step));
-    const auto t0 = SteadyClock::now();
+    const absl::Time t0 = clock_.MonotonicNow();
     FUSIONRL_ASSIGN_OR_RETURN(batch, fused_->Take(plan));
-    *wait_seconds = SecondsSince(t0);
+    *wait_seconds = clock_.SecondsSince(t0);
     *thread_samples = static_cast<int64_t>(batch.samples.size());
   } else {
     Doing(absl::StrCat("rollout of step ", plan.step, " (", plan.groups.size(),
@@ -126,7 +124,7 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
                  initial.accuracy, initial.seconds);
     report.initial_eval_accuracy = initial.accuracy;
   }
-  const auto t0 = SteadyClock::now();
+  const absl::Time t0 = clock_.MonotonicNow();
   job_.counters->active = true;
   StepTimes times;
   int64_t thread_samples = 0;
@@ -139,7 +137,7 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   const int64_t max_staleness =
       StalenessFilter::MaxStaleness(batch.samples, trainer_->version());
   FUSIONRL_RETURN_IF_ERROR(PrepareOptimizer());
-  const auto t1 = SteadyClock::now();
+  const absl::Time t1 = clock_.MonotonicNow();
   TrainStats ts;
   Doing(absl::StrCat("training step ", plan.step));
   {
@@ -159,7 +157,7 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   if (!memory_->optimizer_offloaded()) {
     memory_->Set(MemoryCategory::kOptimizer, OptimizerStateBytes(*trainer_));
   }
-  times.train = SecondsSince(t1);
+  times.train = clock_.SecondsSince(t1);
   // What this card trained (the version the step started from), summed
   // over the job's cards.
   const int lag = cfg.stalesync.max_policy_lag;
@@ -179,10 +177,10 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
                             StepTotals::Unpack(flat, lag));
   StepExchange exchange;
   if (plan.sync_weights) {
-    const auto ts0 = SteadyClock::now();
+    const absl::Time ts0 = clock_.MonotonicNow();
     Doing(absl::StrCat("weight sync after step ", plan.step));
     FUSIONRL_ASSIGN_OR_RETURN(exchange.weight_sync_bytes, SyncWeights(plan));
-    times.weight_sync = SecondsSince(ts0);
+    times.weight_sync = clock_.SecondsSince(ts0);
   }
   if (checkpoint && plan.exchange_updates) {
     // Across super nodes the checkpoint holds the synced weights.
@@ -201,7 +199,7 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
       report.has_weights_crc32c = true;
     }
   }
-  times.step = SecondsSince(t0);
+  times.step = clock_.SecondsSince(t0);
   // The mode this step ran in; the next step's may differ.
   const bool interleaved = turns_ != nullptr && turns_->interleaved();
   if (turns_ != nullptr) {
