@@ -10,7 +10,7 @@
 # lag by at most k + 1 clock steps, and on the c10d data plane still ends
 # with the in-process run's weights bit for bit; a job stopped part way and
 # resubmitted with `submit --resume` ends exactly as the uninterrupted job
-# does; four worker processes on the c10d data plane reproduce the
+# does, synchronous and RL Fusion with StaleSync; four worker processes on the c10d data plane reproduce the
 # in-process four-super-node run bit for bit, and a StaleSync job on them
 # survives losing one (rolled back to its last weight sync); a controller
 # killed with SIGKILL mid-job and started again with its --state-dir
@@ -447,11 +447,14 @@ echo "ok   the job to resume stopped after step $stopped of 20 (SIGTERM to the c
 
 start_controller controller-3
 ADDR3=$CTL_ADDR
+ctl3_pid=$CTL_PID
 "$BIN" worker --controller "$ADDR3" --super-node a --threads 1 >/dev/null 2>"$OUT/worker-a3.log" &
 PIDS+=("$!")
+wa3_pid=$!
 "$BIN" worker --controller "$ADDR3" --super-node b --threads 1 --debug-step-delay-ms 150 \
   >/dev/null 2>"$OUT/worker-b3.log" &
 PIDS+=("$!")
+wb3_pid=$!
 resume_rc=0
 timeout 300 "$BIN" submit "$CFG" --controller "$ADDR3" "${JOB_ARGS[@]}" \
   --output-dir "$OUT/resume" --resume --wait >/dev/null 2>"$OUT/submit-resume-2.log" || resume_rc=$?
@@ -490,6 +493,77 @@ check(checks.same_bytes(os.path.join(out, "whole", "checkpoints", "final", "mode
 check(checks.optimizer_entries(os.path.join(out, "whole", "checkpoints", "final", "optim.pt")) ==
       checks.optimizer_entries(os.path.join(out, "resume", "checkpoints", "final", "optim.pt")),
       "final optimizer state holds the same tensors as the uninterrupted run's")
+ok, text = checks.groups_once(r_rows, 16)
+check(ok, f"across the stop and the resume every prompt group trained once ({text})")
+sys.exit(1 if bad else 0)
+PY
+
+# 7b. The same through worker processes for RL Fusion with StaleSync
+#     (fused, max_policy_lag 2): every card keeps, next to the end
+#     checkpoint, the batches its rollout thread sampled ahead from older
+#     versions (checkpoints/rollout/), and the resumed cards continue that
+#     pipeline, so the resumed job equals the uninterrupted one record for
+#     record and byte for byte.
+FUSED_ARGS=("${JOB_ARGS[@]}" --set placement.mode=fused --set stalesync.max_policy_lag=2
+            --set algorithm.decoupled_loss=true)
+fwhole_rc=0
+timeout 300 "$BIN" submit "$CFG" --controller "$ADDR3" "${FUSED_ARGS[@]}" \
+  --output-dir "$OUT/whole-fused" --wait >/dev/null 2>"$OUT/submit-whole-fused.log" || fwhole_rc=$?
+[ "$fwhole_rc" -eq 0 ] || fail "uninterrupted fused job: submit --wait exit $fwhole_rc"
+timeout 60 "$BIN" submit "$CFG" --controller "$ADDR3" "${FUSED_ARGS[@]}" \
+  --output-dir "$OUT/resume-fused" >/dev/null 2>"$OUT/submit-resume-fused-1.log"
+wait_steps "$OUT/resume-fused/metrics.jsonl" 3 120 "the fused job to resume"
+kill -TERM "$ctl3_pid"
+wait_exit "$ctl3_pid" 60
+[ "$EXIT_RC" -eq 0 ] || fail "third controller exit $EXIT_RC after SIGTERM (want 0 within 60 s)"
+wait_exit "$wa3_pid" 15
+wait_exit "$wb3_pid" 15
+fstopped=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(s["steps"] if s["interrupted"] else -1)' \
+           "$OUT/resume-fused/summary.json")
+[ "$fstopped" -ge 3 ] && [ "$fstopped" -lt 20 ] ||
+  fail "the fused job to resume stopped after step $fstopped (want interrupted, 3 <= step < 20)"
+ls "$OUT/resume-fused/checkpoints/rollout/step_$fstopped/"card_*.pb >/dev/null 2>&1 ||
+  fail "no rollout prefetch files next to the fused job's end checkpoint (step $fstopped)"
+echo "ok   the fused job stopped after step $fstopped of 20 with its cards' prefetch files"
+start_controller controller-3b
+ADDR3B=$CTL_ADDR
+"$BIN" worker --controller "$ADDR3B" --super-node a --threads 1 >/dev/null 2>"$OUT/worker-a3b.log" &
+PIDS+=("$!")
+"$BIN" worker --controller "$ADDR3B" --super-node b --threads 1 --debug-step-delay-ms 150 \
+  >/dev/null 2>"$OUT/worker-b3b.log" &
+PIDS+=("$!")
+fresume_rc=0
+timeout 300 "$BIN" submit "$CFG" --controller "$ADDR3B" "${FUSED_ARGS[@]}" \
+  --output-dir "$OUT/resume-fused" --resume --wait >/dev/null 2>"$OUT/submit-resume-fused-2.log" ||
+  fresume_rc=$?
+python3 - "$fresume_rc" "$OUT" "$fstopped" <<'PY' || fail "fused submit --resume checks"
+import json, os, sys
+rc, out, stopped = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+sys.path.insert(0, out)
+import checks
+bad = []
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond: bad.append(what)
+check(rc == 0, f"fused submit --resume --wait exits 0 (got {rc})")
+res = json.load(open(os.path.join(out, "resume-fused", "summary.json")))
+check(res["interrupted"] is False and res["resumed_from_step"] == stopped and res["steps"] == 20,
+      f"fused job resumed from step {stopped} to 20 ({res['resumed_from_step']}, {res['steps']})")
+w_rows = checks.rows(os.path.join(out, "whole-fused", "metrics.jsonl"))
+r_rows = checks.rows(os.path.join(out, "resume-fused", "metrics.jsonl"))
+check([r["step"] for r in r_rows] == list(range(1, 21)), f"resumed metrics.jsonl has steps 1..20 once ({len(r_rows)} lines)")
+check(max(r["max_staleness"] for r in r_rows) == 2 and max(r["over_stale_samples"] for r in r_rows) == 0,
+      "samples up to 2 versions old were trained, none over the lag before the filter")
+# The rollout thread's counters and the card's at-once/in-turns mode follow
+# the process, not the run.
+process_dependent = {"rollout_snapshot_updates", "card_turns_interleaved"}
+diffs = [d for d in checks.record_diffs(w_rows, r_rows) if d[1] not in process_dependent]
+check(not diffs, f"every step record equals the uninterrupted fused run's but for timings ({len(diffs)} differences)")
+for d in diffs[:10]:
+    print(f"     step {d[0]} {d[1]}: uninterrupted {d[2]!r}, resumed {d[3]!r}")
+check(checks.same_bytes(os.path.join(out, "whole-fused", "checkpoints", "final", "model.pt"),
+                        os.path.join(out, "resume-fused", "checkpoints", "final", "model.pt")),
+      "final model.pt is byte-identical to the uninterrupted fused run's")
 ok, text = checks.groups_once(r_rows, 16)
 check(ok, f"across the stop and the resume every prompt group trained once ({text})")
 sys.exit(1 if bad else 0)
