@@ -28,6 +28,43 @@ SFT_CKPT="$OUT/sft/checkpoints/final"
 # shellcheck source=cluster_lib.sh
 source "$HERE/cluster_lib.sh"
 
+# start_slowed_pair NAME: a controller NAME and workers on super nodes a and
+# b, one thread each, b slowed by 150 ms a step (fault injection: timings
+# only). Sets PAIR_ADDR and PAIR_PIDS (controller, worker a, worker b).
+start_slowed_pair() {
+  start_controller "$1"
+  PAIR_ADDR=$CTL_ADDR
+  PAIR_PIDS=("$CTL_PID")
+  "$BIN" worker --controller "$PAIR_ADDR" --super-node a --threads 1 \
+    >/dev/null 2>"$OUT/worker-a-$1.log" &
+  PIDS+=("$!")
+  PAIR_PIDS+=("$!")
+  "$BIN" worker --controller "$PAIR_ADDR" --super-node b --threads 1 --debug-step-delay-ms 150 \
+    >/dev/null 2>"$OUT/worker-b-$1.log" &
+  PIDS+=("$!")
+  PAIR_PIDS+=("$!")
+}
+# stop_part_way WHAT DIR: once the job writing DIR has 3 steps, SIGTERM to
+# the pair's controller (the job ends after its current step with a
+# checkpoint, CANCELLED); the controller and both workers exit 0. Sets
+# STOPPED, the step the job ended after; a stop at the last step (20) would
+# leave nothing to resume.
+stop_part_way() {
+  wait_steps "$2/metrics.jsonl" 3 120 "$1"
+  kill -TERM "${PAIR_PIDS[0]}"
+  wait_exit "${PAIR_PIDS[0]}" 60
+  [ "$EXIT_RC" -eq 0 ] || fail "controller exit $EXIT_RC after SIGTERM (want 0 within 60 s)"
+  local p
+  for p in "${PAIR_PIDS[@]:1}"; do
+    wait_exit "$p" 15
+    [ "$EXIT_RC" -eq 0 ] || fail "worker $p exit $EXIT_RC after its controller shut down"
+  done
+  STOPPED=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(s["steps"] if s["interrupted"] else -1)' \
+            "$2/summary.json")
+  [ "$STOPPED" -ge 3 ] && [ "$STOPPED" -lt 20 ] ||
+    fail "$1 stopped after step $STOPPED (want interrupted, 3 <= step < 20)"
+}
+
 # 1. Warm start: from an untrained policy the eval accuracy is 0, so RL
 #    quality could not be compared.
 timeout 300 "$BIN" sft "$CFG" --output-dir "$OUT/sft" >/dev/null 2>"$OUT/sft.log"
@@ -297,16 +334,8 @@ PY
 #    but the two clocks never drift more than k + 1 = 2 apart, and after the
 #    final sync both super nodes hold the same weights (CRC-32C per super
 #    node in summary.json).
-start_controller controller-2
-ctl2_pid=$CTL_PID
-ADDR2=$CTL_ADDR
-"$BIN" worker --controller "$ADDR2" --super-node a --threads 1 >/dev/null 2>"$OUT/worker-a2.log" &
-wa2_pid=$!
-PIDS+=("$wa2_pid")
-"$BIN" worker --controller "$ADDR2" --super-node b --threads 1 --debug-step-delay-ms 150 \
-  >/dev/null 2>"$OUT/worker-b2.log" &
-wb2_pid=$!
-PIDS+=("$wb2_pid")
+start_slowed_pair controller-2
+ADDR2=$PAIR_ADDR
 skew_rc=0
 job3=$(timeout 300 "$BIN" submit "$CFG" --controller "$ADDR2" \
        --set placement.super_nodes=2 --set stalesync.max_clock_skew=1 \
@@ -430,31 +459,12 @@ timeout 300 "$BIN" submit "$CFG" --controller "$ADDR2" "${JOB_ARGS[@]}" \
 [ "$whole_rc" -eq 0 ] || fail "uninterrupted job: submit --wait exit $whole_rc"
 timeout 60 "$BIN" submit "$CFG" --controller "$ADDR2" "${JOB_ARGS[@]}" \
   --output-dir "$OUT/resume" >/dev/null 2>"$OUT/submit-resume-1.log"
-wait_steps "$OUT/resume/metrics.jsonl" 3 120 "the job to resume"
-kill -TERM "$ctl2_pid"
-wait_exit "$ctl2_pid" 60
-[ "$EXIT_RC" -eq 0 ] || fail "second controller exit $EXIT_RC after SIGTERM (want 0 within 60 s)"
-wait_exit "$wa2_pid" 15
-[ "$EXIT_RC" -eq 0 ] || fail "worker a2 exit $EXIT_RC after its controller shut down"
-wait_exit "$wb2_pid" 15
-[ "$EXIT_RC" -eq 0 ] || fail "worker b2 exit $EXIT_RC after its controller shut down"
-stopped=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(s["steps"] if s["interrupted"] else -1)' \
-          "$OUT/resume/summary.json")
-# A stop at the last step would leave nothing to resume.
-[ "$stopped" -ge 3 ] && [ "$stopped" -lt 20 ] ||
-  fail "the job to resume stopped after step $stopped (want interrupted, 3 <= step < 20)"
+stop_part_way "the job to resume" "$OUT/resume"
+stopped=$STOPPED
 echo "ok   the job to resume stopped after step $stopped of 20 (SIGTERM to the controller)"
 
-start_controller controller-3
-ADDR3=$CTL_ADDR
-ctl3_pid=$CTL_PID
-"$BIN" worker --controller "$ADDR3" --super-node a --threads 1 >/dev/null 2>"$OUT/worker-a3.log" &
-PIDS+=("$!")
-wa3_pid=$!
-"$BIN" worker --controller "$ADDR3" --super-node b --threads 1 --debug-step-delay-ms 150 \
-  >/dev/null 2>"$OUT/worker-b3.log" &
-PIDS+=("$!")
-wb3_pid=$!
+start_slowed_pair controller-3
+ADDR3=$PAIR_ADDR
 resume_rc=0
 timeout 300 "$BIN" submit "$CFG" --controller "$ADDR3" "${JOB_ARGS[@]}" \
   --output-dir "$OUT/resume" --resume --wait >/dev/null 2>"$OUT/submit-resume-2.log" || resume_rc=$?
@@ -512,26 +522,13 @@ timeout 300 "$BIN" submit "$CFG" --controller "$ADDR3" "${FUSED_ARGS[@]}" \
 [ "$fwhole_rc" -eq 0 ] || fail "uninterrupted fused job: submit --wait exit $fwhole_rc"
 timeout 60 "$BIN" submit "$CFG" --controller "$ADDR3" "${FUSED_ARGS[@]}" \
   --output-dir "$OUT/resume-fused" >/dev/null 2>"$OUT/submit-resume-fused-1.log"
-wait_steps "$OUT/resume-fused/metrics.jsonl" 3 120 "the fused job to resume"
-kill -TERM "$ctl3_pid"
-wait_exit "$ctl3_pid" 60
-[ "$EXIT_RC" -eq 0 ] || fail "third controller exit $EXIT_RC after SIGTERM (want 0 within 60 s)"
-wait_exit "$wa3_pid" 15
-wait_exit "$wb3_pid" 15
-fstopped=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(s["steps"] if s["interrupted"] else -1)' \
-           "$OUT/resume-fused/summary.json")
-[ "$fstopped" -ge 3 ] && [ "$fstopped" -lt 20 ] ||
-  fail "the fused job to resume stopped after step $fstopped (want interrupted, 3 <= step < 20)"
+stop_part_way "the fused job to resume" "$OUT/resume-fused"
+fstopped=$STOPPED
 ls "$OUT/resume-fused/checkpoints/rollout/step_$fstopped/"card_*.pb >/dev/null 2>&1 ||
   fail "no rollout prefetch files next to the fused job's end checkpoint (step $fstopped)"
 echo "ok   the fused job stopped after step $fstopped of 20 with its cards' prefetch files"
-start_controller controller-3b
-ADDR3B=$CTL_ADDR
-"$BIN" worker --controller "$ADDR3B" --super-node a --threads 1 >/dev/null 2>"$OUT/worker-a3b.log" &
-PIDS+=("$!")
-"$BIN" worker --controller "$ADDR3B" --super-node b --threads 1 --debug-step-delay-ms 150 \
-  >/dev/null 2>"$OUT/worker-b3b.log" &
-PIDS+=("$!")
+start_slowed_pair controller-3b
+ADDR3B=$PAIR_ADDR
 fresume_rc=0
 timeout 300 "$BIN" submit "$CFG" --controller "$ADDR3B" "${FUSED_ARGS[@]}" \
   --output-dir "$OUT/resume-fused" --resume --wait >/dev/null 2>"$OUT/submit-resume-fused-2.log" ||

@@ -161,10 +161,9 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   // What this card trained (the version the step started from), summed
   // over the job's cards.
   const int lag = cfg.stalesync.max_policy_lag;
-  FUSIONRL_ASSIGN_OR_RETURN(
-      StepTotals mine,
-      StepTotals::Of(batch, trainer_->version() - 1, lag,
-                     fused_ != nullptr ? thread_samples : 0, over_stale));
+  FUSIONRL_ASSIGN_OR_RETURN(StepTotals mine,
+                            StepTotals::Of(batch, trainer_->version() - 1, lag,
+                                           thread_samples, over_stale));
   std::vector<double> flat = mine.Pack();
   const bool checkpoint = !plan.checkpoint_name.empty();
   if (checkpoint && !plan.exchange_updates) {
