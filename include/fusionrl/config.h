@@ -573,6 +573,13 @@ absl::StatusOr<JobConfig> ParseJobConfig(
 // runs them). Messages name the key path.
 absl::Status ValidateJobConfig(const JobConfig& config);
 
+// What LoadJobConfig does once the keys are read, for a config built in
+// code: takes the architecture from model.hf_path's config.json (when the
+// path is set and exists; a conflicting explicit value is an error) and
+// validates, as ValidateJobConfig. A program's struct goes through this once,
+// as a file's keys do; the result is what the job runs.
+absl::Status ResolveJobConfig(JobConfig& config);
+
 // The config as YAML, with every key (for logging and for reproducing runs).
 std::string JobConfigToYaml(const JobConfig& config);
 

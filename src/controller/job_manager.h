@@ -93,6 +93,14 @@
 
 namespace fusionrl {
 
+// A job as the manager takes it. `config` is resolved and valid
+// (ParseJobConfig, or ResolveJobConfig for one built in code);
+// config.source_path, when set, names it in messages.
+struct JobSubmission {
+  JobConfig config;
+  bool resume = false;  // continue from the newest committed checkpoint
+};
+
 class JobManager {
  public:
   // Borrows both; they must outlive the manager. Every deadline and time
@@ -106,9 +114,14 @@ class JobManager {
   const Clock& clock() const { return clock_; }
 
   // --- JobService ---------------------------------------------------------
-  // Parses and validates the job (InvalidArgument / NotFound with the key,
-  // as `fusionrl validate`), checks what this version can run
-  // (FailedPrecondition) and queues it. Returns the job id ("job-<n>").
+  // Checks what this version can run (FailedPrecondition), finds the
+  // checkpoint to resume from (NotFound) and queues the job. Returns the job
+  // id ("job-<n>"). The config travels as the struct: an in-process caller
+  // (the local Job handle) passes its own, resolved (ResolveJobConfig).
+  absl::StatusOr<std::string> Submit(JobSubmission submission)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The wire's form: parses and validates the YAML (InvalidArgument /
+  // NotFound with the key, as `fusionrl validate`), then Submit above.
   absl::StatusOr<std::string> Submit(const v1::SubmitJobRequest& request)
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<v1::JobStatus> Status(const std::string& job_id) const

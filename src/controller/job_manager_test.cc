@@ -478,6 +478,44 @@ TEST_F(JobManagerTest, ReplannedAttemptGivesTheSurvivorEveryGroupOnce) {
   EXPECT_EQ(status->groups_requeued(), 2);
 }
 
+// An in-process caller submits the struct: the cards' assignment carries
+// that config, and a struct that fails validation or cannot be split over
+// the cards is refused naming its key (and its job's name).
+TEST_F(JobManagerTest, ASubmittedStructIsTheConfigTheCardsGet) {
+  const std::string a = AddNode("a");
+  AddNode("b");
+  JobSubmission submission;
+  submission.config.name = "typed";
+  submission.config.model.d_model = 32;
+  submission.config.model.n_layers = 1;
+  submission.config.model.n_heads = 2;
+  submission.config.model.d_ff = 64;
+  submission.config.model.max_seq_len = 24;
+  submission.config.rollout.prompts_per_step = 4;
+  submission.config.rollout.group_size = 2;
+  submission.config.placement.super_nodes = 2;
+  submission.config.run.total_steps = 1;
+  submission.config.output_dir = ::testing::TempDir() + "/job-manager-typed";
+  std::filesystem::remove_all(submission.config.output_dir);
+  JobSubmission uneven = submission;
+  uneven.config.rollout.prompts_per_step = 3;
+  EXPECT_THAT(std::string(jobs_.Submit(uneven).status().message()),
+              HasSubstr("typed: rollout.prompts_per_step: must be a multiple "
+                        "of the job's 2 training cards"));
+  JobSubmission invalid = submission;
+  invalid.config.rollout.group_size = 0;
+  EXPECT_EQ(jobs_.Submit(invalid).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto job = jobs_.Submit(submission);
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto assigned = jobs_.GetAssignment(a, absl::ZeroDuration());
+  ASSERT_TRUE(assigned.ok()) << assigned.status();
+  ASSERT_NE(assigned->config, nullptr);
+  EXPECT_EQ(JobConfigToYaml(*assigned->config),
+            JobConfigToYaml(submission.config));
+  EXPECT_EQ(assigned->config->name, "typed");
+}
+
 TEST_F(JobManagerTest, GroupsThatCannotBeSplitEvenlyFailTheJobWithTheReason) {
   const std::string a = AddNode("a"), b = AddNode("b");
   v1::SubmitJobRequest r;

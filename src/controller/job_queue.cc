@@ -33,9 +33,21 @@ absl::StatusOr<std::string> JobManager::Submit(
       request.source_name().empty() ? "<submitted>" : request.source_name();
   std::vector<std::string> overrides(request.overrides().begin(),
                                      request.overrides().end());
+  JobSubmission submission;
   FUSIONRL_ASSIGN_OR_RETURN(
-      JobConfig config,
+      submission.config,
       ParseJobConfig(request.config_yaml(), source, overrides));
+  submission.resume = request.resume();
+  return Submit(std::move(submission));
+}
+
+absl::StatusOr<std::string> JobManager::Submit(JobSubmission submission) {
+  // Cheap, and a program's struct may have skipped ResolveJobConfig.
+  FUSIONRL_RETURN_IF_ERROR(ValidateJobConfig(submission.config));
+  JobConfig& config = submission.config;
+  const std::string source = !config.source_path.empty() ? config.source_path
+                             : !config.name.empty()      ? config.name
+                                                         : "<submitted>";
   const PlacementConfig& p = config.placement;
   // Cards that train (disaggregated: the others only sample).
   const int cards =
@@ -53,7 +65,7 @@ absl::StatusOr<std::string> JobManager::Submit(
   absl::StatusOr<RunTotals> resume_totals = RunTotals();
   std::string resume_dir;
   std::vector<std::string> uncommitted;  // newer checkpoints, never committed
-  if (request.resume()) {
+  if (submission.resume) {
     FUSIONRL_ASSIGN_OR_RETURN(
         resume_dir,
         FindLatestCheckpoint(config.output_dir + "/checkpoints",
@@ -76,7 +88,6 @@ absl::StatusOr<std::string> JobManager::Submit(
   job->id = absl::StrCat("job-", n);
   job->config = std::move(config);
   job->config_yaml = JobConfigToYaml(job->config);
-  job->request = request;
   job->submitted = job->updated = clock_.Now();
   job->summary.kind = "rl";
   job->summary.summary_path = job->config.output_dir + "/summary.json";

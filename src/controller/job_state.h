@@ -93,7 +93,6 @@ struct JobManager::Job {
   JobConfig config;
   // `config` as YAML, once (config.yaml, the state journal's records).
   std::string config_yaml;
-  v1::SubmitJobRequest request;
   // The published phase and message (what Status shows). A job that ended
   // is `over` at once; its terminal phase (end_phase) is published once its
   // outputs are written (job_outputs.h).

@@ -60,7 +60,6 @@ std::vector<v1::JobState> JobManager::SaveAll(uint64_t* next_job) const {
 v1::JobState JobManager::SaveJobLocked(const Job& job) const {
   v1::JobState s;
   s.set_id(job.id);
-  *s.mutable_request() = job.request;
   s.set_config_yaml(job.config_yaml);
   s.set_phase(job.phase);
   s.set_message(job.message);
@@ -182,7 +181,6 @@ absl::Status JobManager::RestoreJobLocked(const v1::JobState& s) {
   j.id = s.id();
   j.config = std::move(config);
   j.config_yaml = s.config_yaml();
-  j.request = s.request();
   j.phase = s.phase();
   j.message = s.message();
   j.over = s.over();

@@ -493,6 +493,13 @@ absl::StatusOr<JobConfig> LoadJobConfig(
   return ParseImpl(text, path, overrides);
 }
 
+absl::Status ResolveJobConfig(JobConfig& config) {
+  std::optional<FieldError> error = ApplyHfArchitecture(config.model);
+  if (!error) error = config_internal::Validate(config);
+  if (error) return FormatError(config.source_path, *error);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<JobConfig> ParseJobConfig(
     const std::string& yaml_text, const std::string& source_name,
     const std::vector<std::string>& overrides) {

@@ -1515,6 +1515,33 @@ TEST(ConfigTest, HfPathTakesTheArchitectureFromConfigJson) {
   ExpectSameConfig(*c, *again);
 }
 
+// A config built in code gets what a file's keys get: the architecture of
+// model.hf_path and the checks, once (Job::Start hands the manager the
+// result as it is).
+TEST(ConfigTest, ResolveJobConfigImportsTheArchitectureAndValidates) {
+  JobConfig c;
+  c.source_path = "built";
+  c.model.hf_path = HfDir("qwen3-resolve", kQwen3Json);
+  ASSERT_TRUE(ResolveJobConfig(c).ok());
+  EXPECT_EQ(c.model.architecture, "Qwen3ForCausalLM");
+  EXPECT_EQ(c.model.d_model, 64);
+  EXPECT_EQ(c.model.n_kv_heads, 2);
+  auto parsed = ParseJobConfig(
+      absl::StrCat("model: {hf_path: ", c.model.hf_path, "}"), "built");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ExpectSameConfig(c, *parsed);
+  EXPECT_TRUE(ResolveJobConfig(c).ok());  // a second time changes nothing
+  ExpectSameConfig(c, *parsed);
+  c.model.n_layers = 12;
+  EXPECT_EQ(ResolveJobConfig(c).message(),
+            "built: model.n_layers: is 12 but model.hf_path's config.json "
+            "gives 2; leave the architecture keys unset with model.hf_path");
+  JobConfig bad;
+  bad.rollout.group_size = 0;
+  EXPECT_THAT(std::string(ResolveJobConfig(bad).message()),
+              HasSubstr("rollout.group_size"));
+}
+
 TEST(ConfigTest, HfPathRefusesConflictingArchitectureKeys) {
   const std::string dir = HfDir("qwen3b", kQwen3Json);
   auto c = ParseJobConfig(

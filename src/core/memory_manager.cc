@@ -176,7 +176,7 @@ bool CardMemoryManager::TryReserveRestoreLocked() {
 }
 
 absl::StatusOr<int64_t> CardMemoryManager::WaitOptimizerRestore(
-    absl::Time deadline) {
+    const Clock& clock, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   while (true) {
     // Nothing offloaded, an offload decided but not carried out (the state
@@ -186,7 +186,7 @@ absl::StatusOr<int64_t> CardMemoryManager::WaitOptimizerRestore(
       return 0;
     }
     if (TryReserveRestoreLocked()) return restore_in_flight_;
-    if (cv_.WaitWithDeadline(&mu_, deadline)) {  // timed out: a last look
+    if (WaitOnClock(cv_, mu_, clock, deadline)) {  // timed out: a last look
       if (TryReserveRestoreLocked()) return restore_in_flight_;
       return absl::DeadlineExceededError(
           absl::StrCat("card ", card_index_, ": optimizer state (",
@@ -197,10 +197,11 @@ absl::StatusOr<int64_t> CardMemoryManager::WaitOptimizerRestore(
   }
 }
 
-absl::Status CardMemoryManager::WaitOptimizerOffloaded(absl::Time deadline) {
+absl::Status CardMemoryManager::WaitOptimizerOffloaded(const Clock& clock,
+                                                       absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   while (offload_in_flight_ >= 0) {
-    if (cv_.WaitWithDeadline(&mu_, deadline) && offload_in_flight_ >= 0) {
+    if (WaitOnClock(cv_, mu_, clock, deadline) && offload_in_flight_ >= 0) {
       return absl::DeadlineExceededError(absl::StrCat(
           "card ", card_index_, ": the optimizer state (",
           Mib(offload_in_flight_),

@@ -49,6 +49,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "core/clock.h"
 #include "fusionrl/config.h"
 
 namespace fusionrl {
@@ -139,18 +140,20 @@ class CardMemoryManager {
   // physically on the card: nothing offloaded, a restore already reserved,
   // or an offload decided but not yet carried out (offload_in_flight(); the
   // trainer should carry it out first, see WaitOptimizerOffloaded()).
-  // DeadlineExceeded if `deadline` passes first, naming what takes the
+  // DeadlineExceeded once `clock` reaches `deadline` (a time on that
+  // clock), naming what takes the
   // room: "card 0: optimizer state (40.0 MiB) cannot come back: budget
   // 64.0 MiB, in use 32.0 MiB: weights 20.0, kv_cache 12.0".
-  absl::StatusOr<int64_t> WaitOptimizerRestore(absl::Time deadline)
+  absl::StatusOr<int64_t> WaitOptimizerRestore(const Clock& clock,
+                                               absl::Time deadline)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // For a requester that got kGrantedAfterOffload but may not touch the
   // trainer itself (fused mode: the rollout thread while the trainer
   // steps): blocks until OptimizerOffloaded() confirmed the offload, so that
   // it allocates only after the state left the card. OK at once if none is
-  // in flight; DeadlineExceeded otherwise.
-  absl::Status WaitOptimizerOffloaded(absl::Time deadline)
+  // in flight; DeadlineExceeded once `clock` reaches `deadline`.
+  absl::Status WaitOptimizerOffloaded(const Clock& clock, absl::Time deadline)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // The caller moved `bytes` of optimizer state back to the card; confirms

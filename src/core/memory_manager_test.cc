@@ -144,7 +144,8 @@ TEST(CardMemoryManagerTest, KvCacheGrowthOffloadsOptimizerAndReleaseRestores) {
   // While the offload is in flight: no restore (the state is still on the
   // card, so a trainer need not wait), and no second offload.
   EXPECT_FALSE(m->OptimizerRestoreNeeded());
-  EXPECT_EQ(m->WaitOptimizerRestore(absl::InfiniteFuture()).value(), 0);
+  EXPECT_EQ(
+      m->WaitOptimizerRestore(RealClock(), absl::InfiniteFuture()).value(), 0);
   d = m->RequestActivations(40 * kMiB);
   EXPECT_EQ(d.outcome, Outcome::kRefused);
   EXPECT_THAT(d.message, HasSubstr("short by 8.0 MiB; an optimizer offload "
@@ -262,14 +263,15 @@ TEST(CardMemoryManagerTest, SnapshotHasEveryCategoryPeaksAndBudget) {
 TEST(CardMemoryManagerTest, WaitOptimizerRestoreWaitsForRoom) {
   auto m = TrainerCard(OffloadPolicy::kAuto);
   // Nothing offloaded: nothing to wait for.
-  absl::StatusOr<int64_t> r = m->WaitOptimizerRestore(absl::Now());
+  absl::StatusOr<int64_t> r = m->WaitOptimizerRestore(RealClock(), absl::Now());
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(*r, 0);
 
   ASSERT_EQ(m->RequestKvCache(12 * kMiB).outcome,
             Outcome::kGrantedAfterOffload);
   m->OptimizerOffloaded(40 * kMiB);
-  r = m->WaitOptimizerRestore(absl::Now() + absl::Milliseconds(20));
+  r = m->WaitOptimizerRestore(RealClock(),
+                              absl::Now() + absl::Milliseconds(20));
   EXPECT_EQ(r.status(),
             absl::DeadlineExceededError(
                 "card 0: optimizer state (40.0 MiB) cannot come back: budget "
@@ -280,7 +282,7 @@ TEST(CardMemoryManagerTest, WaitOptimizerRestoreWaitsForRoom) {
   CondVarWaitWatch watch(*m);
   std::atomic<bool> returned{false};
   std::thread trainer([&] {
-    r = m->WaitOptimizerRestore(absl::Now() + kLong);
+    r = m->WaitOptimizerRestore(RealClock(), absl::Now() + kLong);
     returned.store(true);
   });
   const bool blocked = watch.AwaitWaits(1, kLong);
@@ -297,16 +299,41 @@ TEST(CardMemoryManagerTest, WaitOptimizerRestoreWaitsForRoom) {
   EXPECT_EQ(m->InUse(), 60 * kMiB);
 }
 
+// The restore's deadline is a time on the clock passed in (the card's): a
+// FakeClock's deadline ends the wait when the test moves that clock.
+TEST(CardMemoryManagerTest, WaitOptimizerRestoreDeadlineIsOnTheGivenClock) {
+  auto m = TrainerCard(OffloadPolicy::kAuto);
+  ASSERT_EQ(m->RequestKvCache(12 * kMiB).outcome,
+            Outcome::kGrantedAfterOffload);
+  m->OptimizerOffloaded(40 * kMiB);
+  FakeClock clock;
+  CondVarWaitWatch watch(*m);
+  std::atomic<bool> returned{false};
+  absl::StatusOr<int64_t> r;
+  std::thread trainer([&] {
+    r = m->WaitOptimizerRestore(clock, clock.Now() + absl::Minutes(1));
+    returned.store(true);
+  });
+  const bool blocked = watch.AwaitWaits(3, kLong);
+  EXPECT_TRUE(blocked) << "WaitOptimizerRestore never blocked";
+  EXPECT_FALSE(returned.load());
+  clock.Advance(absl::Minutes(1));
+  trainer.join();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
 // Fused mode: the rollout thread's request needs an offload that only the
 // trainer's thread may carry out; the rollout waits for it, the trainer does
 // it between steps, then waits for the room to bring the state back.
 TEST(CardMemoryManagerTest, FusedRolloutWaitsForTheTrainerToOffload) {
   auto m = TrainerCard(OffloadPolicy::kAuto);
-  EXPECT_TRUE(m->WaitOptimizerOffloaded(absl::Now()).ok());  // none pending
+  EXPECT_TRUE(m->WaitOptimizerOffloaded(RealClock(), absl::Now())
+                  .ok());  // none pending
 
   ASSERT_EQ(m->RequestKvCache(12 * kMiB).outcome,
             Outcome::kGrantedAfterOffload);
-  EXPECT_EQ(m->WaitOptimizerOffloaded(absl::Now() + absl::Milliseconds(10)),
+  EXPECT_EQ(m->WaitOptimizerOffloaded(RealClock(),
+                                      absl::Now() + absl::Milliseconds(10)),
             absl::DeadlineExceededError(
                 "card 0: the optimizer state (40.0 MiB) was not offloaded in "
                 "time; the trainer carries it out between steps"));
@@ -317,7 +344,7 @@ TEST(CardMemoryManagerTest, FusedRolloutWaitsForTheTrainerToOffload) {
   std::atomic<bool> returned{false};
   absl::Status offloaded;
   std::thread rollout([&] {
-    offloaded = m->WaitOptimizerOffloaded(absl::Now() + kLong);
+    offloaded = m->WaitOptimizerOffloaded(RealClock(), absl::Now() + kLong);
     returned.store(true);
   });
   const bool blocked = watch.AwaitWaits(1, kLong);

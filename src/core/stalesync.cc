@@ -106,7 +106,7 @@ bool PolicyLagGate::TryAdmit(int64_t* behaviour_version) {
   return true;
 }
 
-absl::Status PolicyLagGate::WaitAdmit(absl::Time deadline,
+absl::Status PolicyLagGate::WaitAdmit(const Clock& clock, absl::Time deadline,
                                       int64_t* behaviour_version) {
   absl::MutexLock lock(&mu_);
   while (true) {
@@ -118,9 +118,9 @@ absl::Status PolicyLagGate::WaitAdmit(absl::Time deadline,
       AdmitLocked(behaviour_version);
       return absl::OkStatus();
     }
-    // WaitWithDeadline returns true on timeout; re-check once after it so a
-    // release that raced the deadline is not lost.
-    if (cv_.WaitWithDeadline(&mu_, deadline) && !closed_ &&
+    // WaitOnClock returns true once the deadline passed; re-check once
+    // after it so a release that raced the deadline is not lost.
+    if (WaitOnClock(cv_, mu_, clock, deadline) && !closed_ &&
         AdmissibleLocked() <= 0) {
       return absl::DeadlineExceededError(BlockedMessageLocked());
     }
@@ -324,6 +324,7 @@ bool ClockSkewGate::MayStart(const std::string& name) const {
 }
 
 absl::Status ClockSkewGate::WaitMayStart(const std::string& name,
+                                         const ::fusionrl::Clock& clock,
                                          absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   auto it = nodes_.find(name);
@@ -339,7 +340,7 @@ absl::Status ClockSkewGate::WaitMayStart(const std::string& name,
     }
     if (MayStartLocked(name, node)) return absl::OkStatus();
     // True on timeout; re-check once so a release racing the deadline wins.
-    if (cv_.WaitWithDeadline(&mu_, deadline) && node.live &&
+    if (WaitOnClock(cv_, mu_, clock, deadline) && node.live &&
         !MayStartLocked(name, node)) {
       return absl::DeadlineExceededError(BlockedMessageLocked(name, node));
     }

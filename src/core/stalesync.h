@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "core/clock.h"
 
 namespace fusionrl {
 
@@ -111,11 +112,12 @@ class PolicyLagGate {
   bool TryAdmit(int64_t* behaviour_version = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Blocks until one group can be admitted, admits it (as TryAdmit) and
-  // returns OK. Returns DeadlineExceeded if `deadline` passes first, naming
+  // returns OK. Returns DeadlineExceeded once `clock` reaches `deadline`
+  // (a time on that clock: a FakeClock a test moves ends the wait), naming
   // what it waited for, e.g. "policy lag s=2: 48 groups started, version 3
   // allows 48; waiting for version 4"; Cancelled if the gate is closed
   // before or while waiting. Nothing is counted unless OK is returned.
-  absl::Status WaitAdmit(absl::Time deadline,
+  absl::Status WaitAdmit(const Clock& clock, absl::Time deadline,
                          int64_t* behaviour_version = nullptr)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -248,10 +250,12 @@ class ClockSkewGate {
 
   // Blocks until MayStart(name) and returns OK. NotFound for an unknown
   // name; FailedPrecondition if the node is (or gets) removed;
-  // DeadlineExceeded if `deadline` passes first, naming the slowest node and
-  // its clock: "super node sn-a at clock 3 may not start step 4: slowest
+  // DeadlineExceeded once `clock` reaches `deadline`, naming the slowest node
+  // and its clock: "super node sn-a at clock 3 may not start step 4: slowest
   // super node sn-c is at clock 1 (max_clock_skew k=1)".
-  absl::Status WaitMayStart(const std::string& name, absl::Time deadline)
+  // (`::fusionrl::Clock`: this class's Clock() names a super node's clock.)
+  absl::Status WaitMayStart(const std::string& name,
+                            const ::fusionrl::Clock& clock, absl::Time deadline)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Removes a lost super node: it no longer holds others back and may no

@@ -188,7 +188,7 @@ TEST(StaleSyncPolicyLagTest, WaitAdmitTimesOutNamingWhatItWaitsFor) {
   gate.OnVersion(3);
   EXPECT_EQ(AdmitAll(gate), 6 * kG);
   const absl::Time start = absl::Now();
-  absl::Status status = gate.WaitAdmit(absl::Now() + kShort);
+  absl::Status status = gate.WaitAdmit(RealClock(), absl::Now() + kShort);
   EXPECT_GE(absl::Now() - start, kShort - absl::Milliseconds(1));
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(status.message(),
@@ -196,8 +196,26 @@ TEST(StaleSyncPolicyLagTest, WaitAdmitTimesOutNamingWhatItWaitsFor) {
             "waiting for version 4");
   EXPECT_EQ(gate.started(), 6 * kG);  // nothing counted
   // A deadline already past returns at once.
-  EXPECT_EQ(gate.WaitAdmit(absl::InfinitePast()).code(),
+  EXPECT_EQ(gate.WaitAdmit(RealClock(), absl::InfinitePast()).code(),
             absl::StatusCode::kDeadlineExceeded);
+}
+
+// A deadline is a time on the clock the caller passes: WaitAdmit on a
+// FakeClock ignores real time (its deadline, in 1970, is long past in real
+// time) and ends when the test moves the fake clock past the deadline.
+TEST(StaleSyncPolicyLagTest, WaitAdmitDeadlineIsATimeOnTheGivenClock) {
+  PolicyLagGate gate(/*max_policy_lag=*/0, /*groups_per_step=*/2);
+  EXPECT_EQ(AdmitAll(gate), 2);
+  FakeClock clock;
+  CondVarWaitWatch watch(gate);
+  Waiter rollout(
+      [&] { return gate.WaitAdmit(clock, clock.Now() + absl::Hours(1)); });
+  // Three waits: it read the fake clock again after a real-time poll.
+  ASSERT_TRUE(watch.AwaitWaits(3, kLong)) << "WaitAdmit never blocked";
+  EXPECT_FALSE(rollout.returned());
+  clock.Advance(absl::Hours(1));
+  EXPECT_EQ(rollout.Join().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(gate.started(), 2);
 }
 
 // The rollout is blocked in WaitAdmit (the gate is full at version 0) when
@@ -209,8 +227,9 @@ TEST(StaleSyncPolicyLagTest, WaitAdmitReturnsWhenAnotherThreadPublishes) {
   EXPECT_EQ(AdmitAll(gate), kG);
   CondVarWaitWatch watch(gate);
   int64_t behaviour = -1;
-  Waiter rollout(
-      [&] { return gate.WaitAdmit(absl::Now() + kLong, &behaviour); });
+  Waiter rollout([&] {
+    return gate.WaitAdmit(RealClock(), absl::Now() + kLong, &behaviour);
+  });
   ASSERT_TRUE(watch.AwaitWaits(1, kLong)) << "WaitAdmit never blocked";
   EXPECT_FALSE(rollout.returned());
   EXPECT_EQ(gate.started(), kG);
@@ -226,7 +245,8 @@ TEST(StaleSyncPolicyLagTest, WaitAdmitReturnsWhenAnotherThreadDrops) {
   PolicyLagGate gate(/*max_policy_lag=*/1, 1);
   EXPECT_EQ(AdmitAll(gate), 2);
   CondVarWaitWatch watch(gate);
-  Waiter rollout([&] { return gate.WaitAdmit(absl::Now() + kLong); });
+  Waiter rollout(
+      [&] { return gate.WaitAdmit(RealClock(), absl::Now() + kLong); });
   ASSERT_TRUE(watch.AwaitWaits(1, kLong)) << "WaitAdmit never blocked";
   EXPECT_FALSE(rollout.returned());
   gate.RecordDropped();
@@ -239,7 +259,8 @@ TEST(StaleSyncPolicyLagTest, CloseCancelsWaiters) {
   PolicyLagGate gate(/*max_policy_lag=*/0, 1);
   EXPECT_EQ(AdmitAll(gate), 1);
   CondVarWaitWatch watch(gate);
-  Waiter rollout([&] { return gate.WaitAdmit(absl::Now() + kLong); });
+  Waiter rollout(
+      [&] { return gate.WaitAdmit(RealClock(), absl::Now() + kLong); });
   ASSERT_TRUE(watch.AwaitWaits(1, kLong)) << "WaitAdmit never blocked";
   EXPECT_FALSE(rollout.returned());
   gate.Close();
@@ -395,7 +416,8 @@ TEST(StaleSyncPolicyLagTest, ThreadedProducerConsumerRespectsLag) {
   std::thread rollout([&] {
     while (true) {
       int64_t behaviour = -1;
-      absl::Status status = gate.WaitAdmit(absl::Now() + kLong, &behaviour);
+      absl::Status status =
+          gate.WaitAdmit(RealClock(), absl::Now() + kLong, &behaviour);
       if (!status.ok()) {
         if (status.code() != absl::StatusCode::kCancelled) bad = true;
         return;
@@ -570,14 +592,31 @@ TEST(StaleSyncClockSkewTest, WaitMayStartTimesOutNamingTheSlowNode) {
   ASSERT_TRUE(gate.Advance("sn-b", 2).ok());
   ASSERT_TRUE(gate.Advance("sn-a", 3).ok());  // 2 - 1 <= 1
   // a=3 b=2 c=1: a leads c by 2.
-  absl::Status status = gate.WaitMayStart("sn-a", absl::Now() + kShort);
+  absl::Status status =
+      gate.WaitMayStart("sn-a", RealClock(), absl::Now() + kShort);
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(status.message(),
             "super node sn-a at clock 3 may not start step 4: slowest super "
             "node sn-c is at clock 1 (max_clock_skew k=1)");
-  EXPECT_EQ(gate.WaitMayStart("sn-x", absl::Now() + kShort).code(),
+  EXPECT_EQ(gate.WaitMayStart("sn-x", RealClock(), absl::Now() + kShort).code(),
             absl::StatusCode::kNotFound);
-  EXPECT_TRUE(gate.WaitMayStart("sn-c", absl::InfinitePast()).ok());
+  EXPECT_TRUE(
+      gate.WaitMayStart("sn-c", RealClock(), absl::InfinitePast()).ok());
+}
+
+TEST(StaleSyncClockSkewTest, WaitMayStartDeadlineIsATimeOnTheGivenClock) {
+  ClockSkewGate gate(/*max_clock_skew=*/0, {"sn-a", "sn-b"});
+  ASSERT_TRUE(gate.Advance("sn-a", 1).ok());  // a waits for b
+  FakeClock clock;
+  CondVarWaitWatch watch(gate);
+  Waiter a([&] {
+    return gate.WaitMayStart("sn-a", clock, clock.Now() + absl::Minutes(5));
+  });
+  ASSERT_TRUE(watch.AwaitWaits(3, kLong)) << "WaitMayStart never blocked";
+  EXPECT_FALSE(a.returned());
+  clock.Advance(absl::Minutes(5));
+  absl::Status status = a.Join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
 }
 
 // k = 0. a, at clock 1, is blocked in WaitMayStart by b and c (at 0): b's
@@ -588,7 +627,9 @@ TEST(StaleSyncClockSkewTest, WaitMayStartWakesOnAdvanceAndOnRemove) {
   ASSERT_TRUE(gate.Advance("sn-a", 1).ok());
   {
     CondVarWaitWatch watch(gate);
-    Waiter a([&] { return gate.WaitMayStart("sn-a", absl::Now() + kLong); });
+    Waiter a([&] {
+      return gate.WaitMayStart("sn-a", RealClock(), absl::Now() + kLong);
+    });
     ASSERT_TRUE(watch.AwaitWaits(1, kLong)) << "WaitMayStart never blocked";
     EXPECT_FALSE(a.returned());
     ASSERT_TRUE(gate.Advance("sn-b", 1).ok());
@@ -602,7 +643,9 @@ TEST(StaleSyncClockSkewTest, WaitMayStartWakesOnAdvanceAndOnRemove) {
   ASSERT_TRUE(gate.Advance("sn-a", 2).ok());
   {
     CondVarWaitWatch watch(gate);
-    Waiter a([&] { return gate.WaitMayStart("sn-a", absl::Now() + kLong); });
+    Waiter a([&] {
+      return gate.WaitMayStart("sn-a", RealClock(), absl::Now() + kLong);
+    });
     ASSERT_TRUE(watch.AwaitWaits(1, kLong)) << "WaitMayStart never blocked";
     EXPECT_FALSE(a.returned());
     ASSERT_TRUE(gate.Advance("sn-b", 2).ok());
@@ -617,7 +660,9 @@ TEST(StaleSyncClockSkewTest, WaitMayStartFailsWhenTheWaiterIsRemoved) {
   ClockSkewGate gate(/*max_clock_skew=*/0, {"sn-a", "sn-b"});
   ASSERT_TRUE(gate.Advance("sn-a", 1).ok());
   CondVarWaitWatch watch(gate);
-  Waiter a([&] { return gate.WaitMayStart("sn-a", absl::Now() + kLong); });
+  Waiter a([&] {
+    return gate.WaitMayStart("sn-a", RealClock(), absl::Now() + kLong);
+  });
   ASSERT_TRUE(watch.AwaitWaits(1, kLong)) << "WaitMayStart never blocked";
   EXPECT_FALSE(a.returned());
   gate.Remove("sn-a");
@@ -701,7 +746,8 @@ TEST(StaleSyncClockSkewTest, ThreadedNodesReachTargetWithinSkew) {
       threads.emplace_back([&, i] {
         std::mt19937 rng(i * 7 + k);
         for (int64_t c = 1; c <= kTarget; ++c) {
-          if (!gate.WaitMayStart(names[i], absl::Now() + kLong).ok()) {
+          if (!gate.WaitMayStart(names[i], RealClock(), absl::Now() + kLong)
+                   .ok()) {
             bad = true;
             return;
           }

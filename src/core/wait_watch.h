@@ -58,8 +58,8 @@ inline void TraceCondVar(const char* event, const void* cv) {
 //
 // Usage:
 //   CondVarWaitWatch watch(gate);
-//   std::thread waiter([&] { status = gate.WaitAdmit(deadline); });
-//   EXPECT_TRUE(watch.AwaitWaits(1, absl::Seconds(10)));  // blocked in it
+//   std::thread waiter([&] { status = gate.WaitAdmit(RealClock(), deadline);
+//   }); EXPECT_TRUE(watch.AwaitWaits(1, absl::Seconds(10)));  // blocked in it
 //   gate.OnVersion(1);                                    // releases it
 //   waiter.join();
 //

@@ -117,10 +117,12 @@ absl::StatusOr<DetectedChatTemplate> ResolveChatFormat(
 }
 
 absl::StatusOr<JobContext> PrepareJob(const JobConfig& config,
-                                      const std::string& output_dir) {
+                                      const std::string& output_dir,
+                                      const std::string& device) {
   SetIntraOpThreads(config.num_threads);
   JobContext ctx;
-  FUSIONRL_ASSIGN_OR_RETURN(ctx.device, ResolveDevice(config.device));
+  FUSIONRL_ASSIGN_OR_RETURN(
+      ctx.device, ResolveDevice(device.empty() ? config.device : device));
   FUSIONRL_ASSIGN_OR_RETURN(ctx.tokenizer, LoadJobTokenizer(config.model));
   FUSIONRL_ASSIGN_OR_RETURN(DetectedChatTemplate chat,
                             ResolveChatFormat(config));

@@ -56,12 +56,14 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadJobTokenizer(
 // has none or an unrecognised one); else none.
 absl::StatusOr<DetectedChatTemplate> ResolveChatFormat(const JobConfig& config);
 
-// Sets LibTorch's thread count, resolves the device, builds tokenizer, task,
-// reward and policy (imports model.hf_path's weights), loads
-// config.init_checkpoint. When `output_dir` is non-empty, creates it and
-// writes the resolved config there as config.yaml.
+// Sets LibTorch's thread count, resolves the device (`device`, or
+// config.device when empty), builds tokenizer, task, reward and policy
+// (imports model.hf_path's weights), loads config.init_checkpoint. When
+// `output_dir` is non-empty, creates it and writes the resolved config there
+// as config.yaml.
 absl::StatusOr<JobContext> PrepareJob(const JobConfig& config,
-                                      const std::string& output_dir);
+                                      const std::string& output_dir,
+                                      const std::string& device = "");
 
 // Writes `policy` as a Hugging Face directory at `out_dir` (ExportHfModel)
 // with the job's tokenizer files, bos and stop ids, in

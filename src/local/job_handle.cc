@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "controller/controller.h"
+#include "core/clock.h"
 #include "core/job_summary.h"
 #include "core/status_macros.h"
 #include "fusionrl/config.h"
@@ -108,9 +109,10 @@ struct Embedded {
   void Stop() {
     // A job that ended lets every card finish within moments; a grace
     // period bounds the wait when one cannot (a failed peer, a hang).
-    const absl::Time deadline = absl::Now() + absl::Seconds(10);
-    while (running_jobs.load() > 0 && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(5));
+    const Clock& clock = RealClock();
+    const absl::Time deadline = clock.MonotonicNow() + absl::Seconds(10);
+    while (running_jobs.load() > 0 && clock.MonotonicNow() < deadline) {
+      SleepOnClock(clock, absl::Milliseconds(5));
     }
     stop_workers = true;
     for (auto& t : threads) {
@@ -173,11 +175,10 @@ class JobImpl final : public Job {
   absl::StatusOr<JobSummary> Wait(absl::Duration timeout) override {
     const absl::Time deadline = timeout == absl::InfiniteDuration()
                                     ? absl::InfiniteFuture()
-                                    : absl::Now() + timeout;
+                                    : clock_.Now() + timeout;
     absl::MutexLock lock(&mu_);
     while (!done_) {
-      if (wake_.WaitWithDeadline(&mu_, deadline) && !done_ &&
-          absl::Now() >= deadline) {
+      if (WaitOnClock(wake_, mu_, clock_, deadline) && !done_) {
         return absl::DeadlineExceededError(
             absl::StrCat(id_, " still ", JobPhaseName(progress_.phase),
                          " after ", absl::FormatDuration(timeout), " (step ",
@@ -207,7 +208,7 @@ class JobImpl final : public Job {
   void Follow() {
     absl::StatusOr<JobSummary> result =
         absl::InternalError("the job did not finish");
-    absl::Time last_answer = absl::Now();
+    absl::Time last_answer = clock_.MonotonicNow();
     bool ended = false;
     while (!ended) {
       grpc::ClientContext ctx;
@@ -220,7 +221,7 @@ class JobImpl final : public Job {
           stub_->WatchJob(&ctx, request);
       v1::JobStatus status;
       while (!ended && reader->Read(&status)) {
-        last_answer = absl::Now();
+        last_answer = clock_.MonotonicNow();
         ended = Update(status, &result);
       }
       if (ended) {
@@ -235,7 +236,7 @@ class JobImpl final : public Job {
       }
       absl::Status s = rpc::FromGrpcStatus(st);
       if (st.error_code() != grpc::StatusCode::UNAVAILABLE ||
-          absl::Now() - last_answer > kUnreachableTimeout) {
+          clock_.MonotonicNow() - last_answer > kUnreachableTimeout) {
         result = absl::Status(
             s.code(), absl::StrCat("following ", id_, ": ", s.message()));
         break;
@@ -340,6 +341,7 @@ class JobImpl final : public Job {
   const std::string id_;
   const std::string output_dir_;
   const RunOptions options_;
+  const Clock& clock_ = RealClock();  // deadlines and the unreachable time
   // The observer thread's.
   int64_t seen_seq_ = 0;
   bool running_ = false;
@@ -403,10 +405,13 @@ const char* JobPhaseName(JobPhase phase) {
   return "unknown";
 }
 
-absl::StatusOr<std::unique_ptr<Job>> Job::Start(const JobConfig& config,
+absl::StatusOr<std::unique_ptr<Job>> Job::Start(const JobConfig& given,
                                                 const RunOptions& options) {
   FUSIONRL_RETURN_IF_ERROR(CheckOptions(options));
-  FUSIONRL_RETURN_IF_ERROR(ValidateJobConfig(config));
+  // The struct is the job: resolved here once and handed to the manager as
+  // it is (no YAML between them; the controller writes config.yaml).
+  JobConfig config = given;
+  FUSIONRL_RETURN_IF_ERROR(ResolveJobConfig(config));
   {
     // Bad input fails here, before anything is started or written: the task
     // and reward must exist in this process's registries.
@@ -450,15 +455,20 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Start(const JobConfig& config,
         [w, e, i] { e->worker_status[i] = w->Run(&e->stop_workers); });
   }
   // Submit once the workers are in, so the job is placed at once.
-  const absl::Time registered_by = absl::Now() + absl::Seconds(30);
+  const Clock& clock = RealClock();
+  const absl::Time registered_by = clock.MonotonicNow() + absl::Seconds(30);
   while (controller.registry().alive_count() < super_nodes &&
-         absl::Now() < registered_by) {
-    absl::SleepFor(absl::Milliseconds(5));
+         clock.MonotonicNow() < registered_by) {
+    SleepOnClock(clock, absl::Milliseconds(5));
   }
   auto stub = v1::JobService::NewStub(channel);
   RunOptions local = options;
   local.auth_token.clear();  // the in-process controller has none
-  FUSIONRL_ASSIGN_OR_RETURN(std::string job_id, SubmitTo(*stub, config, local));
+  JobSubmission submission;
+  submission.config = config;
+  submission.resume = options.resume;
+  FUSIONRL_ASSIGN_OR_RETURN(std::string job_id,
+                            controller.jobs().Submit(std::move(submission)));
   if (options.stop_requested != nullptr) {
     FUSIONRL_RETURN_IF_ERROR(
         controller.jobs().SetStopFlag(job_id, options.stop_requested));

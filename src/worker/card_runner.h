@@ -43,7 +43,10 @@ struct CardJob {
   std::string node_id;
   std::string super_node;
   std::string job_id;
-  const JobConfig* config = nullptr;
+  const JobConfig* config = nullptr;  // the node's one copy, shared
+  // The card's device; empty = config->device (a node of several GPUs puts
+  // card i on cuda:<i>).
+  std::string device;
   std::string resume_checkpoint;
   int local_rank = 0;
   int local_cards = 1;            // cards that train (the local ranks)

@@ -29,7 +29,7 @@ namespace fusionrl {
 
 absl::Status CardRunner::Setup() {
   const JobConfig& cfg = config();
-  FUSIONRL_ASSIGN_OR_RETURN(ctx_, PrepareJob(cfg, std::string()));
+  FUSIONRL_ASSIGN_OR_RETURN(ctx_, PrepareJob(cfg, std::string(), job_.device));
   sampler_ = std::make_unique<GroupSampler>(cfg, ctx_);
   // Each of the node's cards in the job gets an equal share of the threads.
   per_card_threads_ = std::max(1, job_.threads / job_.assigned_cards);
@@ -234,8 +234,8 @@ absl::Status CardRunner::SetUpRolloutThread() {
               }
               // The trainer moves it before its next step
               // (PrepareOptimizer).
-              return rollout_memory->WaitOptimizerOffloaded(clock_.Now() +
-                                                            timeout_);
+              return rollout_memory->WaitOptimizerOffloaded(
+                  clock_, clock_.Now() + timeout_);
             },
             deliver, segment_end);
       },

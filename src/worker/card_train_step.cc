@@ -50,8 +50,8 @@ absl::Status CardRunner::PrepareOptimizer() {
   int64_t back = m.OptimizerRestoreNeeded() ? 1 : 0;
   if (back == 0 && !device.is_cpu()) {
     // AdamW needs its state next to the parameters: wait for the room.
-    FUSIONRL_ASSIGN_OR_RETURN(back,
-                              m.WaitOptimizerRestore(clock_.Now() + timeout_));
+    FUSIONRL_ASSIGN_OR_RETURN(
+        back, m.WaitOptimizerRestore(clock_, clock_.Now() + timeout_));
   }
   if (back > 0) {
     FUSIONRL_RETURN_IF_ERROR(MoveOptimizerState(*trainer_, device));

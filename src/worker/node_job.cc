@@ -83,7 +83,6 @@ absl::Status RunNodeJob(const NodeContext& node, const Assignment& assignment) {
   ro.timeout = timeout;
   PlanRendezvous rendezvous(*node.client, ro, node.stopping, *node.clock);
   std::vector<absl::Status> status(cards);
-  std::vector<JobConfig> card_configs(cards);
   std::vector<CardJob> jobs(cards);
   for (int r = 0; r < cards; ++r) {
     const int index = assignment.card_indices[rollout_cards + r];
@@ -94,9 +93,8 @@ absl::Status RunNodeJob(const NodeContext& node, const Assignment& assignment) {
     job.node_id = node.node_id;
     job.super_node = node.super_node;
     job.job_id = assignment.job_id;
-    card_configs[r] = *config;
-    card_configs[r].device = device_of(index);
-    job.config = &card_configs[r];
+    job.config = config.get();
+    job.device = device_of(index);
     job.resume_checkpoint = assignment.resume_checkpoint;
     job.local_rank = r;
     job.local_cards = cards;
