@@ -99,6 +99,12 @@ namespace fusionrl {
 struct JobSubmission {
   JobConfig config;
   bool resume = false;  // continue from the newest committed checkpoint
+  // In-process callers (the embedded `fusionrl run`): read at every step
+  // commit; once true, the job stops as with Cancel(). Borrowed, must
+  // outlive the job. Given with the job, so a step that commits before the
+  // caller gets the id back still sees it: exact to the step, unlike a
+  // CancelJob call racing it.
+  const std::atomic<bool>* stop_flag = nullptr;
 };
 
 class JobManager {
@@ -141,12 +147,6 @@ class JobManager {
   // checkpoint ("step_<n>") and the job ends CANCELLED (resumable).
   absl::StatusOr<v1::JobStatus> Cancel(const std::string& job_id,
                                        const std::string& reason)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // In-process callers (the embedded `fusionrl run`): `flag` (borrowed, must
-  // outlive the job) is read at every step commit; once true, the job stops
-  // as with Cancel(). Exact to the step, unlike a CancelJob call racing it.
-  absl::Status SetStopFlag(const std::string& job_id,
-                           const std::atomic<bool>* flag)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Waits until the job changed after `seen_update` (or `deadline`, on the
   // manager's clock); returns its status and sets `*update` to the current

@@ -87,6 +87,7 @@ absl::StatusOr<std::string> JobManager::Submit(JobSubmission submission) {
   auto job = std::make_unique<Job>();
   job->id = absl::StrCat("job-", n);
   job->config = std::move(config);
+  job->stop_flag = submission.stop_flag;
   job->config_yaml = JobConfigToYaml(job->config);
   job->submitted = job->updated = clock_.Now();
   job->summary.kind = "rl";
@@ -252,17 +253,6 @@ absl::Status JobManager::StartLocked(Job& job) {
   } else {
     PlanStepLocked(job, job.first_step);
   }
-  return absl::OkStatus();
-}
-
-absl::Status JobManager::SetStopFlag(const std::string& job_id,
-                                     const std::atomic<bool>* flag) {
-  absl::MutexLock lock(&mu_);
-  Job* job = FindLocked(job_id);
-  if (job == nullptr) {
-    return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
-  }
-  job->stop_flag = flag;
   return absl::OkStatus();
 }
 

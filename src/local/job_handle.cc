@@ -467,12 +467,9 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Start(const JobConfig& given,
   JobSubmission submission;
   submission.config = config;
   submission.resume = options.resume;
+  submission.stop_flag = options.stop_requested;
   FUSIONRL_ASSIGN_OR_RETURN(std::string job_id,
                             controller.jobs().Submit(std::move(submission)));
-  if (options.stop_requested != nullptr) {
-    FUSIONRL_RETURN_IF_ERROR(
-        controller.jobs().SetStopFlag(job_id, options.stop_requested));
-  }
   return std::unique_ptr<Job>(new JobImpl(std::move(embedded), std::move(stub),
                                           std::move(job_id), config.output_dir,
                                           local));
