@@ -102,6 +102,10 @@ struct Embedded {
   // final checkpoint (its rollout prefetch); stopping the workers then would
   // cut that off.
   std::atomic<int> running_jobs{0};
+  // How long Stop waits for them: the job's collective timeout, the time
+  // any of its cards may be late (a final checkpoint of a large model on a
+  // loaded machine takes more than a few seconds).
+  absl::Duration grace = absl::Seconds(10);
   std::vector<std::unique_ptr<Worker>> workers;
   std::vector<std::thread> threads;
   std::vector<absl::Status> worker_status;
@@ -110,7 +114,7 @@ struct Embedded {
     // A job that ended lets every card finish within moments; a grace
     // period bounds the wait when one cannot (a failed peer, a hang).
     const Clock& clock = RealClock();
-    const absl::Time deadline = clock.MonotonicNow() + absl::Seconds(10);
+    const absl::Time deadline = clock.MonotonicNow() + grace;
     while (running_jobs.load() > 0 && clock.MonotonicNow() < deadline) {
       SleepOnClock(clock, absl::Milliseconds(5));
     }
@@ -423,6 +427,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Start(const JobConfig& given,
     FUSIONRL_RETURN_IF_ERROR(RewardRegistry::Global().Create(reward).status());
   }
   auto embedded = std::make_unique<Embedded>();
+  embedded->grace = absl::Seconds(config.run.collective_timeout_seconds);
   ControllerOptions copts;  // in-process only
   copts.heartbeat_interval = absl::Seconds(1);
   copts.heartbeat_timeout = absl::Seconds(30);
