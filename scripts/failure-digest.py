@@ -36,14 +36,19 @@ def digest(lines):
                 picked.extend(range(i + 1, min(i + 8, len(lines))))
     if not any(": Failure" in lines[i] or "FAILED" in lines[i] for i in picked):
         return lines[-25:]  # a script test, a crash or a timeout: its end
-    # Keep a [ RUN ] line only when a failure follows it before the next RUN.
+    # Keep a [ RUN ] line only when its own failure follows it (an assertion
+    # or its [  FAILED  ] line), not the run's closing summary.
     keep, run_at = [], None
     for i in sorted(set(picked)):
-        if lines[i].startswith("[ RUN      ]"):
+        line = lines[i]
+        if line.startswith("[ RUN      ]"):
             run_at = i
             continue
         if run_at is not None:
-            keep.append(run_at)
+            name = lines[run_at][12:].strip()
+            if line.endswith(": Failure") or line.startswith(
+                    f"[  FAILED  ] {name} ("):
+                keep.append(run_at)
             run_at = None
         keep.append(i)
     return [lines[i] for i in keep]

@@ -43,17 +43,31 @@ namespace fusionrl {
 // SiLU and the product, and for a MoE expert also the gather of its tokens
 // and the gate's scaling. Recomputing it keeps w1 x and w3 x only (Megatron-
 // LM's moe_act); it applies where mlp itself is kept or swapped.
+// model.activations.policy: keep | recompute | swap, the action of every
+// sub-block not set on its own; auto: at the first training step a planner
+// measures each sub-block and picks actions so the activations fit
+// budget_mib at the least extra time (engine/activation_planner.h).
+enum class ActivationPolicy { kKeep, kRecompute, kSwap, kAuto };
+absl::StatusOr<ActivationPolicy> ParseActivationPolicy(absl::string_view name);
+const char* ActivationPolicyName(ActivationPolicy policy);
+
+// One sub-block's own setting: kDefault ("" or unset in YAML) takes the
+// policy's action (keep for attention_core and mlp_act, which the policy
+// does not set); else keep | recompute | swap.
+enum class SubBlockActivation { kDefault, kKeep, kRecompute, kSwap };
+absl::StatusOr<SubBlockActivation> ParseSubBlockActivation(
+    absl::string_view name);
+const char* SubBlockActivationName(SubBlockActivation setting);
+
 struct ActivationConfig {
-  // keep | recompute | swap: the action of every sub-block not set below.
-  // auto: at the first training step a planner measures each sub-block and
-  // picks actions so the activations fit budget_mib at the least extra time
-  // (engine/activation_planner.h); the other fields must then be empty.
-  std::string policy = "keep";
-  std::string attention;       // "" = policy; else keep | recompute | swap
-  std::string mlp;             // "" = policy; else keep | recompute | swap
-  std::string norm;            // "" = policy; else keep | recompute | swap
-  std::string attention_core;  // "" = keep; else keep | recompute
-  std::string mlp_act;         // "" = keep; else keep | recompute
+  ActivationPolicy policy = ActivationPolicy::kKeep;
+  // Under policy auto these stay kDefault and `layers` empty.
+  SubBlockActivation attention = SubBlockActivation::kDefault;
+  SubBlockActivation mlp = SubBlockActivation::kDefault;
+  SubBlockActivation norm = SubBlockActivation::kDefault;
+  // keep | recompute only (a swap of these is refused).
+  SubBlockActivation attention_core = SubBlockActivation::kDefault;
+  SubBlockActivation mlp_act = SubBlockActivation::kDefault;
   // Per-layer overrides, applied last: entries "<layer>: <sub>=<action>,
   // <sub>=<action>" separated by ';', e.g. "0: mlp=keep; 3: attention=swap"
   // (sub: attention, mlp, norm, attention_core, mlp_act).

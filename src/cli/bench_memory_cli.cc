@@ -34,8 +34,8 @@ namespace fusionrl::cli {
 namespace {
 
 struct Policy {
-  std::string name;    // as given
-  std::string action;  // model.activations.policy
+  std::string name;                                   // as given
+  ActivationPolicy action = ActivationPolicy::kKeep;  // model.activations
   // selective: the finer units recomputed in every layer (attention_core
   // and mlp_act), every sub-block kept.
   bool finer_units = false;
@@ -48,16 +48,12 @@ struct Policy {
 absl::StatusOr<Policy> ParsePolicy(const std::string& text) {
   Policy p;
   p.name = text;
-  if (text == "none") {
-    p.action = "keep";
-    return p;
-  }
+  if (text == "none") return p;  // keep
   if (text == "recompute" || text == "swap") {
-    p.action = text;
+    p.action = *ParseActivationPolicy(text);
     return p;
   }
   if (text == "selective") {
-    p.action = "keep";
     p.finer_units = true;
     return p;
   }
@@ -67,7 +63,7 @@ absl::StatusOr<Policy> ParsePolicy(const std::string& text) {
     if (p.budget_is_percent) budget.pop_back();
     if (absl::SimpleAtod(budget, &p.budget_mib) && p.budget_mib > 0 &&
         (!p.budget_is_percent || p.budget_mib <= 100)) {
-      p.action = "auto";
+      p.action = ActivationPolicy::kAuto;
       return p;
     }
   }
@@ -121,13 +117,13 @@ absl::StatusOr<std::vector<PolicyRun>> RunPolicies(
     c.model.activations.policy = policies[i].action;
     c.model.activations.budget_mib = policies[i].budget_mib;
     if (policies[i].finer_units) {
-      c.model.activations.attention_core = "recompute";
-      c.model.activations.mlp_act = "recompute";
+      c.model.activations.attention_core = SubBlockActivation::kRecompute;
+      c.model.activations.mlp_act = SubBlockActivation::kRecompute;
     }
     FUSIONRL_ASSIGN_OR_RETURN(runs[i].ctx, PrepareJob(c, std::string()));
     FUSIONRL_ASSIGN_OR_RETURN(runs[i].batch,
                               SolutionBatch(runs[i].ctx, batch_size));
-    if (policies[i].action == "auto") {
+    if (policies[i].action == ActivationPolicy::kAuto) {
       PlannerOptions opts;
       opts.budget_bytes =
           static_cast<int64_t>(policies[i].budget_mib * 1048576.0);
@@ -264,7 +260,8 @@ int RunBenchMemory(const BenchMemoryArgs& args) {
       const Policy& p = policies[i];
       const PolicyRun& r = (*runs)[i];
       if (!r.error.empty()) {
-        out[p.name] = {{"activation_policy", p.action}, {"error", r.error}};
+        out[p.name] = {{"activation_policy", ActivationPolicyName(p.action)},
+                       {"error", r.error}};
         continue;
       }
       double max_diff = 0;
@@ -275,7 +272,7 @@ int RunBenchMemory(const BenchMemoryArgs& args) {
       const double t = Median(r.step_seconds);
       const ActivationReport& a = r.first;
       out[p.name] = {
-          {"activation_policy", p.action},
+          {"activation_policy", ActivationPolicyName(p.action)},
           {"held_bytes", a.held_bytes},
           {"device_held_bytes", a.device_held_bytes},
           {"device_peak_bytes", a.device_peak_bytes},

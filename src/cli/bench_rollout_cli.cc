@@ -120,9 +120,11 @@ double TrainForwardFlops(const ModelConfig& m, int vocab, int64_t rows,
   const double kv_proj = 2 * (2 * d * kv);
   const double rest = 2 * (d * q + q * d + 3 * d * m.d_ff) + 4 * t * q;
   const ActivationConfig& a = m.activations;
-  const bool window = m.moe_experts == 0 && p >= 1 && a.policy == "keep" &&
-                      a.attention.empty() && a.mlp.empty() && a.norm.empty() &&
-                      a.layers.empty();
+  const SubBlockActivation kDefault = SubBlockActivation::kDefault;
+  const bool window = m.moe_experts == 0 && p >= 1 &&
+                      a.policy == ActivationPolicy::kKeep &&
+                      a.attention == kDefault && a.mlp == kDefault &&
+                      a.norm == kDefault && a.layers.empty();
   const double last_rows = window ? static_cast<double>(r + 1) : t;
   const double per_row = (m.n_layers - 1) * t * (kv_proj + rest) + t * kv_proj +
                          last_rows * rest + r * 2 * d * vocab;

@@ -40,30 +40,29 @@ const char* ActivationActionName(ActivationAction action) {
 
 absl::StatusOr<std::vector<LayerActivationPlan>> ResolveActivationPlan(
     const ActivationConfig& config, int n_layers) {
-  if (config.policy == "auto") {
+  if (config.policy == ActivationPolicy::kAuto) {
     // The planner (engine/activation_planner.h) replaces it by measurement.
     return std::vector<LayerActivationPlan>(std::max(n_layers, 0));
   }
-  const auto policy = ParseAction(config.policy);
-  if (!policy) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown policy '", config.policy,
-                     "' (keep, recompute, swap or auto)"));
-  }
-  LayerActivationPlan base{*policy, *policy, *policy, ActivationAction::kKeep,
+  const ActivationAction policy = config.policy == ActivationPolicy::kRecompute
+                                      ? ActivationAction::kRecompute
+                                  : config.policy == ActivationPolicy::kSwap
+                                      ? ActivationAction::kSwap
+                                      : ActivationAction::kKeep;
+  LayerActivationPlan base{policy, policy, policy, ActivationAction::kKeep,
                            ActivationAction::kKeep};
   struct Field {
     const char* name;
-    const std::string* value;
+    SubBlockActivation setting;
     ActivationAction LayerActivationPlan::*member;
   };
   const Field fields[] = {
-      {"attention", &config.attention, &LayerActivationPlan::attention},
-      {"mlp", &config.mlp, &LayerActivationPlan::mlp},
-      {"norm", &config.norm, &LayerActivationPlan::norm},
-      {"attention_core", &config.attention_core,
+      {"attention", config.attention, &LayerActivationPlan::attention},
+      {"mlp", config.mlp, &LayerActivationPlan::mlp},
+      {"norm", config.norm, &LayerActivationPlan::norm},
+      {"attention_core", config.attention_core,
        &LayerActivationPlan::attention_core},
-      {"mlp_act", &config.mlp_act, &LayerActivationPlan::mlp_act}};
+      {"mlp_act", config.mlp_act, &LayerActivationPlan::mlp_act}};
   // attention_core and mlp_act are keep or recompute, and not set by the
   // policy (a recomputed sub-block already recomputes its inside).
   auto parse = [](const Field& f,
@@ -79,8 +78,9 @@ absl::StatusOr<std::vector<LayerActivationPlan>> ResolveActivationPlan(
     return *action;
   };
   for (const Field& f : fields) {
-    if (f.value->empty()) continue;
-    absl::StatusOr<ActivationAction> action = parse(f, *f.value);
+    if (f.setting == SubBlockActivation::kDefault) continue;
+    absl::StatusOr<ActivationAction> action =
+        parse(f, SubBlockActivationName(f.setting));
     if (!action.ok()) return action.status();
     base.*f.member = *action;
   }

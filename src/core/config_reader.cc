@@ -176,11 +176,13 @@ class Reader {
             absl::StatusOr<E> (*parse)(absl::string_view), const char* (*)(E)) {
     const YAML::Node* node = Find(key);
     if (node == nullptr) return;
-    if (!node->IsScalar()) {
+    if (!node->IsScalar() && !node->IsNull()) {
       Fail(key, absl::StrCat("expected a string, got ", Describe(*node)));
       return;
     }
-    absl::StatusOr<E> value = parse(node->Scalar());
+    // "key:" / "key: ~" reads as "": an enum that has an empty spelling
+    // (a sub-block's "take the policy's") takes it, others name their values.
+    absl::StatusOr<E> value = parse(node->IsNull() ? "" : node->Scalar());
     if (!value.ok()) {
       Fail(key, std::string(value.status().message()));
     } else {

@@ -91,8 +91,44 @@ constexpr Spelling<OverStalePolicy> kOverStalePolicies[] = {
     {OverStalePolicy::kDrop, "drop"}};
 constexpr Spelling<RolloutVersion> kRolloutVersions[] = {
     {RolloutVersion::kLagged, "lagged"}, {RolloutVersion::kNewest, "newest"}};
+constexpr Spelling<ActivationPolicy> kActivationPolicies[] = {
+    {ActivationPolicy::kKeep, "keep"},
+    {ActivationPolicy::kRecompute, "recompute"},
+    {ActivationPolicy::kSwap, "swap"},
+    {ActivationPolicy::kAuto, "auto"}};
+// kDefault is spelled "" and parsed before the table (an error lists the
+// actions, then says what empty means).
+constexpr Spelling<SubBlockActivation> kSubBlockActions[] = {
+    {SubBlockActivation::kKeep, "keep"},
+    {SubBlockActivation::kRecompute, "recompute"},
+    {SubBlockActivation::kSwap, "swap"}};
 
 }  // namespace
+
+absl::StatusOr<ActivationPolicy> ParseActivationPolicy(absl::string_view name) {
+  return ParseName<ActivationPolicy>(name, kActivationPolicies);
+}
+const char* ActivationPolicyName(ActivationPolicy policy) {
+  return NameOf(policy, kActivationPolicies);
+}
+
+absl::StatusOr<SubBlockActivation> ParseSubBlockActivation(
+    absl::string_view name) {
+  if (name.empty()) return SubBlockActivation::kDefault;
+  absl::StatusOr<SubBlockActivation> action =
+      ParseName<SubBlockActivation>(name, kSubBlockActions);
+  if (!action.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("must be keep, recompute or swap (empty: the policy's "
+                     "action); got '",
+                     name, "'"));
+  }
+  return action;
+}
+const char* SubBlockActivationName(SubBlockActivation setting) {
+  if (setting == SubBlockActivation::kDefault) return "";
+  return NameOf(setting, kSubBlockActions);
+}
 
 absl::StatusOr<AdvEstimator> ParseAdvEstimator(absl::string_view name) {
   return ParseName<AdvEstimator>(name, kAdvEstimators);

@@ -71,15 +71,17 @@ inline constexpr double kMaxCardBudgetMib = 1099511627776.0;
 
 template <class V>
 void VisitActivations(ActivationConfig& a, V& v) {
-  static constexpr absl::string_view kPolicies[] = {"keep", "recompute", "swap",
-                                                    "auto"};
-  v.String("policy", &a.policy, OneOf(kPolicies));
-  // "" or an action; checked with a clear message in CheckCrossField.
-  v.String("attention", &a.attention, AnyString());
-  v.String("mlp", &a.mlp, AnyString());
-  v.String("norm", &a.norm, AnyString());
-  v.String("attention_core", &a.attention_core, AnyString());
-  v.String("mlp_act", &a.mlp_act, AnyString());
+  v.Enum("policy", &a.policy, ParseActivationPolicy, ActivationPolicyName);
+  // "" (the default) or an action; attention_core and mlp_act are refused a
+  // swap with a clear message in CheckCrossField.
+  for (auto [key, field] :
+       {std::pair<const char*, SubBlockActivation*>{"attention", &a.attention},
+        {"mlp", &a.mlp},
+        {"norm", &a.norm},
+        {"attention_core", &a.attention_core},
+        {"mlp_act", &a.mlp_act}}) {
+    v.Enum(key, field, ParseSubBlockActivation, SubBlockActivationName);
+  }
   v.String("layers", &a.layers, AnyString());
   v.Double("budget_mib", &a.budget_mib, AtLeast(0));
 }

@@ -375,7 +375,7 @@ TEST(ConfigTest, LoadsMemorySection) {
 TEST(ConfigTest, LoadsActivationsSection) {
   absl::StatusOr<JobConfig> config = ParseJobConfig("model:\n", "job.yaml");
   ASSERT_TRUE(config.ok()) << config.status();
-  EXPECT_EQ(config->model.activations.policy, "keep");
+  EXPECT_EQ(config->model.activations.policy, ActivationPolicy::kKeep);
   EXPECT_EQ(config->model.activations.layers, "");
 
   config = ParseJobConfig(
@@ -384,6 +384,19 @@ TEST(ConfigTest, LoadsActivationsSection) {
       "attention=keep\"\n",
       "job.yaml");
   ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->model.activations.policy, ActivationPolicy::kRecompute);
+  EXPECT_EQ(config->model.activations.mlp, SubBlockActivation::kSwap);
+  EXPECT_EQ(config->model.activations.attention, SubBlockActivation::kDefault);
+  {
+    // Written and read back: the unset sub-blocks stay unset ("").
+    auto again = ParseJobConfig(JobConfigToYaml(*config), "job.yaml");
+    ASSERT_TRUE(again.ok()) << again.status();
+    ExpectSameConfig(*config, *again);
+    auto empty =
+        ParseJobConfig("model:\n  activations:\n    norm:\n", "job.yaml");
+    ASSERT_TRUE(empty.ok()) << empty.status();
+    EXPECT_EQ(empty->model.activations.norm, SubBlockActivation::kDefault);
+  }
   auto plan = ResolveActivationPlan(config->model.activations, 3);
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_EQ(plan->size(), 3u);
@@ -639,10 +652,12 @@ TEST(ConfigTest, RejectsUnknownBehaviourWeightMode) {
               absl::StatusCode::kInvalidArgument,
               {"job.yaml: algorithm.behaviour_weight_mode: expected a string, "
                "got a sequence"});
+  // An empty value reads as "": an enum without that spelling names its
+  // values (a sub-block's activation setting has it: the policy's action).
   ExpectError("algorithm:\n  behaviour_weight_mode:\n",
               absl::StatusCode::kInvalidArgument,
-              {"job.yaml: algorithm.behaviour_weight_mode: expected a string, "
-               "got an empty value"});
+              {"job.yaml: algorithm.behaviour_weight_mode: must be one of "
+               "truncate, mask; got ''"});
   EXPECT_FALSE(ParseBehaviourWeightMode("").ok());
   EXPECT_STREQ(BehaviourWeightModeName(static_cast<BehaviourWeightMode>(7)),
                "?");

@@ -170,43 +170,30 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                    "must be 0 (dense) or in [2, 64], got 1");
   }
   const ActivationConfig& act = m.activations;
-  if (act.policy == "auto" && act.budget_mib <= 0) {
+  const bool planned = act.policy == ActivationPolicy::kAuto;
+  if (planned && act.budget_mib <= 0) {
     return Invalid("model.activations.budget_mib",
                    "must be > 0 when model.activations.policy is auto");
   }
-  for (const auto& [key, value] :
-       {std::pair<const char*, const std::string*>{"attention", &act.attention},
-        {"mlp", &act.mlp},
-        {"norm", &act.norm}}) {
-    if (!value->empty() && *value != "keep" && *value != "recompute" &&
-        *value != "swap") {
-      return Invalid(absl::StrCat("model.activations.", key),
-                     absl::StrCat("must be keep, recompute or swap (empty = "
-                                  "model.activations.policy); got '",
-                                  *value, "'"));
-    }
-  }
   // The finer units: keep or recompute.
-  for (const auto& [key, value] : {std::pair<const char*, const std::string*>{
-                                       "attention_core", &act.attention_core},
-                                   {"mlp_act", &act.mlp_act}}) {
-    if (!value->empty() && *value != "keep" && *value != "recompute") {
+  for (const auto& [key, value] : {std::pair<const char*, SubBlockActivation>{
+                                       "attention_core", act.attention_core},
+                                   {"mlp_act", act.mlp_act}}) {
+    if (value == SubBlockActivation::kSwap) {
       return Invalid(absl::StrCat("model.activations.", key),
-                     absl::StrCat("must be keep or recompute (empty = keep); "
-                                  "got '",
-                                  *value, "'"));
+                     "must be keep or recompute (empty = keep); got 'swap'");
     }
   }
-  if (act.policy == "auto" &&
-      !(act.attention.empty() && act.mlp.empty() && act.norm.empty() &&
-        act.attention_core.empty() && act.mlp_act.empty() &&
-        act.layers.empty())) {
+  const SubBlockActivation kDefault = SubBlockActivation::kDefault;
+  if (planned && !(act.attention == kDefault && act.mlp == kDefault &&
+                   act.norm == kDefault && act.attention_core == kDefault &&
+                   act.mlp_act == kDefault && act.layers.empty())) {
     return Invalid("model.activations",
                    "under policy auto the planner chooses every sub-block: "
                    "leave attention, mlp, norm, attention_core, mlp_act and "
                    "layers unset");
   }
-  if (act.policy != "auto") {
+  if (!planned) {
     auto plan = ResolveActivationPlan(act, m.n_layers);
     if (!plan.ok()) {
       return Invalid("model.activations.layers",

@@ -287,7 +287,7 @@ absl::StatusOr<ActivationPlanReport> PlanActivations(
 absl::StatusOr<std::optional<ActivationPlanReport>> PlanActivationsForJob(
     PolicyModel& model, int64_t rows) {
   const ModelConfig& c = model.config();
-  if (c.activations.policy != "auto") return std::nullopt;
+  if (c.activations.policy != ActivationPolicy::kAuto) return std::nullopt;
   CollatedBatch batch;
   try {
     const int64_t t = c.max_seq_len;

@@ -52,15 +52,15 @@ std::unique_ptr<PolicyModel> Model(bool moe, const ActivationConfig& act) {
 
 ActivationConfig All(const std::string& policy) {
   ActivationConfig a;
-  a.policy = policy;
+  a.policy = ParseActivationPolicy(policy).value();
   return a;
 }
 
 ActivationConfig Mixed() {
   ActivationConfig a;
-  a.policy = "keep";
-  a.attention = "recompute";
-  a.mlp = "swap";
+  a.policy = ActivationPolicy::kKeep;
+  a.attention = SubBlockActivation::kRecompute;
+  a.mlp = SubBlockActivation::kSwap;
   a.layers = "1: attention=keep, mlp=recompute, norm=swap";
   return a;
 }
@@ -126,7 +126,7 @@ void ExpectSameGrads(const StepResult& a, const StepResult& b,
 
 ActivationConfig RecomputeAttentionAndMlp() {
   ActivationConfig a = All("recompute");
-  a.norm = "keep";
+  a.norm = SubBlockActivation::kKeep;
   return a;
 }
 
@@ -155,7 +155,8 @@ TEST_P(RecomputeTest, EveryPolicyGivesTheGradientsOfKeep) {
   for (const Case& c :
        {Case{All("recompute"), false}, Case{RecomputeAttentionAndMlp(), true},
         Case{All("swap"), true}, Case{Mixed(), true}}) {
-    SCOPED_TRACE(c.act.policy + " norm=" + c.act.norm + " " + c.act.layers);
+    SCOPED_TRACE(std::string(ActivationPolicyName(c.act.policy)) + " norm=" +
+                 SubBlockActivationName(c.act.norm) + " " + c.act.layers);
     auto model = Model(moe, c.act);
     const StepResult got = Train(*model, {batch});
     if (c.exact) {
@@ -188,9 +189,9 @@ TEST(RecomputeCoreTest, AttentionCoreRecomputeKeepsGradientsAndSavesMemory) {
         return PolicyModel::Create(c, kVocab, c10::Device("cpu"), 11).value();
       };
       ActivationConfig core;
-      core.attention_core = "recompute";
+      core.attention_core = SubBlockActivation::kRecompute;
       ActivationConfig whole;
-      whole.attention = "recompute";
+      whole.attention = SubBlockActivation::kRecompute;
       const CollatedBatch batch = Batch(3);
       auto keep_model = make(All("keep"));
       auto core_model = make(core);
@@ -289,9 +290,9 @@ TEST(RecomputeMlpActTest, MlpActRecomputeKeepsGradientsAndSavesMemory) {
   for (bool moe : {false, true}) {
     SCOPED_TRACE(moe ? "moe" : "dense");
     ActivationConfig act;
-    act.mlp_act = "recompute";
+    act.mlp_act = SubBlockActivation::kRecompute;
     ActivationConfig whole;
-    whole.mlp = "recompute";
+    whole.mlp = SubBlockActivation::kRecompute;
     const CollatedBatch batch = Batch(3);
     auto keep_model = Model(moe, All("keep"));
     auto act_model = Model(moe, act);
@@ -320,8 +321,8 @@ TEST(RecomputeMlpActTest, MlpActRecomputeKeepsGradientsAndSavesMemory) {
 
 TEST(RecomputeCoreTest, PlanResolvesAttentionCore) {
   ActivationConfig a;
-  a.policy = "recompute";
-  a.attention_core = "recompute";
+  a.policy = ActivationPolicy::kRecompute;
+  a.attention_core = SubBlockActivation::kRecompute;
   a.layers = "1: attention=keep; 2: attention_core=keep";
   auto plan = ResolveActivationPlan(a, 3);
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -330,11 +331,12 @@ TEST(RecomputeCoreTest, PlanResolvesAttentionCore) {
   EXPECT_EQ((*plan)[1].attention_core, ActivationAction::kRecompute);
   EXPECT_EQ((*plan)[2].attention_core, ActivationAction::kKeep);
   ActivationConfig policy_only;
-  policy_only.policy = "recompute";  // the policy does not set the core
+  policy_only.policy =
+      ActivationPolicy::kRecompute;  // the policy does not set the core
   EXPECT_EQ(ResolveActivationPlan(policy_only, 1).value()[0].attention_core,
             ActivationAction::kKeep);
   ActivationConfig swap;
-  swap.attention_core = "swap";
+  swap.attention_core = SubBlockActivation::kSwap;
   EXPECT_NE(ResolveActivationPlan(swap, 1).status().message().find(
                 "keep or recompute"),
             std::string::npos);
@@ -342,7 +344,7 @@ TEST(RecomputeCoreTest, PlanResolvesAttentionCore) {
   layer_swap.layers = "0: attention_core=swap";
   EXPECT_FALSE(ResolveActivationPlan(layer_swap, 1).ok());
   ActivationConfig act;
-  act.mlp_act = "recompute";
+  act.mlp_act = SubBlockActivation::kRecompute;
   act.layers = "1: mlp_act=keep";
   auto act_plan = ResolveActivationPlan(act, 2);
   ASSERT_TRUE(act_plan.ok()) << act_plan.status();
