@@ -426,8 +426,10 @@ const char* PlacementModeName(PlacementMode mode);
 
 // fused, with a lag and every thread shared: whether a card's trainer and
 // rollout compute at the same time or take turns on all its threads
-// (worker/card_turns.h). auto measures both and keeps the faster.
-enum class FusedTurns { kAuto, kConcurrent, kInterleaved };
+// (worker/card_turns.h). probe measures both and keeps the faster; auto
+// probes on an accelerator and takes turns (interleaved) on a CPU card,
+// where both roles are bound by the same cores (docs/BENCHMARKS.md).
+enum class FusedTurns { kAuto, kConcurrent, kInterleaved, kProbe };
 absl::StatusOr<FusedTurns> ParseFusedTurns(absl::string_view name);
 const char* FusedTurnsName(FusedTurns turns);
 
@@ -452,7 +454,7 @@ struct PlacementConfig {
   // so the card's compute is not left idle. Results do not depend on it
   // (docs/stalesync.md, "Threads").
   bool fused_share_idle_threads = true;
-  // fused, s > 0, sharing on: auto | concurrent | interleaved (see
+  // fused, s > 0, sharing on: auto | concurrent | interleaved | probe (see
   // FusedTurns). Results do not depend on it, only the speed.
   FusedTurns fused_turns = FusedTurns::kAuto;
   bool fail_if_unplaceable = false;  // false: wait for capacity, showing the

@@ -105,7 +105,7 @@ CLI::App* AddBenchCommand(CLI::App& app, BenchArgs& args) {
                     "comma-separated: colocated-sync, fused, "
                     "fused+stalesync[:s], disaggregated[:s], each with an "
                     "optional +turns:T (placement.fused_turns: auto, "
-                    "concurrent, interleaved) and +partial:N (partial "
+                    "concurrent, interleaved, probe) and +partial:N (partial "
                     "rollout, N tokens a segment; default "
                     "colocated-sync,disaggregated,fused,fused+stalesync:2)");
   bench->add_option("--repeats", args.repeats, "runs per mode (default 3)")

@@ -85,7 +85,8 @@ constexpr Spelling<OffloadPolicy> kOffloadPolicies[] = {
 constexpr Spelling<FusedTurns> kFusedTurns[] = {
     {FusedTurns::kAuto, "auto"},
     {FusedTurns::kConcurrent, "concurrent"},
-    {FusedTurns::kInterleaved, "interleaved"}};
+    {FusedTurns::kInterleaved, "interleaved"},
+    {FusedTurns::kProbe, "probe"}};
 constexpr Spelling<OverStalePolicy> kOverStalePolicies[] = {
     {OverStalePolicy::kRegenerate, "regenerate"},
     {OverStalePolicy::kDrop, "drop"}};

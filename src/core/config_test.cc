@@ -723,12 +723,13 @@ TEST(ConfigTest, ModesAndEstimatorsAreParsedOnceAsEnums) {
        "colocated",
        "must be one of colocated-sync, disaggregated, fused; got 'colocated'"},
       {"placement.fused_turns",
-       {"auto", "concurrent", "interleaved"},
+       {"auto", "concurrent", "interleaved", "probe"},
        [](const JobConfig& c) {
          return FusedTurnsName(c.placement.fused_turns);
        },
        "alternating",
-       "must be one of auto, concurrent, interleaved; got 'alternating'"},
+       "must be one of auto, concurrent, interleaved, probe; got "
+       "'alternating'"},
       {"stalesync.over_stale",
        {"regenerate", "drop"},
        [](const JobConfig& c) {
@@ -757,7 +758,7 @@ TEST(ConfigTest, ModesAndEstimatorsAreParsedOnceAsEnums) {
         absl::StrAppend(&yaml, "  cards_per_super_node: 2\n",
                         "  rollout_cards_per_super_node: 1\n");
       }
-      if (name == "concurrent" || name == "interleaved") {
+      if (name == "concurrent" || name == "interleaved" || name == "probe") {
         absl::StrAppend(&yaml, "  mode: fused\nstalesync:\n  ",
                         "max_policy_lag: 1\nalgorithm:\n  ",
                         "decoupled_loss: true\n");

@@ -646,11 +646,12 @@ TEST(RlJobTest, FusedPartialRolloutResumesExactlyAndStaysWithinTheLag) {
 // CpuDecoder::set_row_blocks) the uninterrupted run and the resumed one
 // would drift apart.
 //
-// The card also switches between computing both roles at once and taking
-// turns (worker/card_turns.h: after the first step a probe runs 6 steps
-// at once, then 6 in turns, at s = 2), so the uninterrupted run and the
-// resumed one (whose probe starts again after step 7) run steps 8-12 in
-// different modes: the numbers must not notice.
+// With placement.fused_turns probe (auto takes turns on a CPU card) the card
+// also switches between computing both roles at once and taking turns
+// (worker/card_turns.h: after the first step a probe runs 6 steps at once,
+// then 6 in turns, at s = 2), so the uninterrupted run and the resumed one
+// (whose probe starts again after step 7) run steps 8-12 in different
+// modes: the numbers must not notice.
 TEST(RlJobTest, FusedWithLagResumesExactlyWithTheCardsThreadsShared) {
   JobConfig c = TinyRlJob("resume-fused-lag2-shared-threads", 12);
   c.num_threads = 2;
@@ -660,6 +661,7 @@ TEST(RlJobTest, FusedWithLagResumesExactlyWithTheCardsThreadsShared) {
   c.rollout.max_new_tokens = 12;
   c.placement.mode = PlacementMode::kFused;
   ASSERT_TRUE(c.placement.fused_share_idle_threads);  // the default
+  c.placement.fused_turns = FusedTurns::kProbe;
   c.stalesync.max_policy_lag = 2;
   c.algorithm.decoupled_loss = true;
   ExpectExactLaggedResume(c, 12, 6);
@@ -676,10 +678,12 @@ TEST(RlJobTest, FusedWithLagResumesExactlyWithTheCardsThreadsShared) {
 }
 
 // placement.fused_turns pins the card's choice: every step runs in the
-// pinned mode, and the two modes give the same run.
+// pinned mode, and the two modes give the same run. auto, the default, on a
+// CPU card takes turns every step.
 TEST(RlJobTest, PinnedTurnsRunEveryStepInTheirModeAndGiveTheSameRun) {
   std::map<FusedTurns, std::string> dirs;
-  for (FusedTurns turns : {FusedTurns::kConcurrent, FusedTurns::kInterleaved}) {
+  for (FusedTurns turns :
+       {FusedTurns::kConcurrent, FusedTurns::kInterleaved, FusedTurns::kAuto}) {
     JobConfig c =
         TinyRlJob(absl::StrCat("fused-lag2-turns-", FusedTurnsName(turns)), 8);
     c.num_threads = 2;
@@ -690,7 +694,7 @@ TEST(RlJobTest, PinnedTurnsRunEveryStepInTheirModeAndGiveTheSameRun) {
     c.stalesync.max_policy_lag = 2;
     c.algorithm.decoupled_loss = true;
     ASSERT_TRUE(RunRlJob(c).ok());
-    const double want = turns == FusedTurns::kInterleaved ? 1.0 : 0.0;
+    const double want = turns == FusedTurns::kConcurrent ? 0.0 : 1.0;
     EXPECT_THAT(Column(c.output_dir, "card_turns_interleaved"),
                 ::testing::Each(want))
         << FusedTurnsName(turns);
@@ -700,6 +704,9 @@ TEST(RlJobTest, PinnedTurnsRunEveryStepInTheirModeAndGiveTheSameRun) {
                           "rollout_tokens", "staleness_2"}) {
     EXPECT_EQ(Column(dirs[FusedTurns::kConcurrent], key),
               Column(dirs[FusedTurns::kInterleaved], key))
+        << key;
+    EXPECT_EQ(Column(dirs[FusedTurns::kConcurrent], key),
+              Column(dirs[FusedTurns::kAuto], key))
         << key;
   }
 }

@@ -171,12 +171,19 @@ absl::Status CardRunner::SetUpRolloutThread() {
   if (trainer_shares && engine->fused() && fo.max_policy_lag > 0) {
     // Both roles share every thread: the card measures whether they
     // compute faster at once or in turns (worker/card_turns.h).
+    // auto on a CPU card takes turns without probing: both roles are bound
+    // by the same cores there, concurrent never won on either benchmark,
+    // and the probe's early blocks (answers still shortening) picked it on
+    // configs/bench.yaml at 0.77x colocated-sync against interleaved's 1.00x
+    // (docs/BENCHMARKS.md "auto on a CPU card"). probe measures anywhere.
+    const FusedTurns want = cfg.placement.fused_turns;
     CardTurns::Options turns;
     turns.settle_steps = static_cast<int>(fo.max_policy_lag) + 1;
-    turns.automatic = cfg.placement.fused_turns == FusedTurns::kAuto;
-    turns.fixed = cfg.placement.fused_turns == FusedTurns::kInterleaved
-                      ? CardTurns::Mode::kInterleaved
-                      : CardTurns::Mode::kConcurrent;
+    turns.automatic = want == FusedTurns::kProbe ||
+                      (want == FusedTurns::kAuto && !policy.device().is_cpu());
+    turns.fixed = want == FusedTurns::kConcurrent
+                      ? CardTurns::Mode::kConcurrent
+                      : CardTurns::Mode::kInterleaved;
     turns_ = std::make_unique<CardTurns>(turns, clock_);
   }
   if (share && engine->fused()) {
