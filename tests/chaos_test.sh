@@ -189,13 +189,10 @@ wait_job "$ADDR" "$resumed_job" "$OUT/ckpt-status.json" 300
 python3 - "$OUT" "$STEPS" <<'PY'
 import json, os, sys
 out, steps = sys.argv[1], int(sys.argv[2])
-failures = []
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond: failures.append(what)
-
 sys.path.insert(0, out)
 import checks
+from checks import check
+
 st = json.load(open(os.path.join(out, "status.json")))
 check(st["phase"] == "JOB_PHASE_SUCCEEDED", f"the job succeeded ({st['phase']})")
 sub, trained = int(st["groups_submitted"]), int(st["groups_trained"])
@@ -225,5 +222,5 @@ rows = checks.rows(os.path.join(out, "ckpt-kill", "metrics.jsonl"))
 check([r["step"] for r in rows] == list(range(1, 13)), f"metrics.jsonl: steps 1..12 exactly once ({len(rows)} lines)")
 ok, text = checks.groups_once(rows, 12)
 check(ok, f"every prompt group trained exactly once ({text})")
-sys.exit(1 if failures else 0)
+checks.finish()
 PY

@@ -105,7 +105,19 @@ wait_exit() {
 
 # Checks shared by the Python blocks below (imported from $OUT).
 cat >"$OUT/checks.py" <<'PY'
-import json, zipfile
+import json, sys, zipfile
+
+failures = []
+
+def check(cond, what):
+    """Prints one claim as ok or FAIL and remembers a failed one."""
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond:
+        failures.append(what)
+
+def finish():
+    """Ends a block of checks: exit status 1 when any failed."""
+    sys.exit(1 if failures else 0)
 
 def rows(path):
     return [json.loads(l) for l in open(path)]

@@ -115,10 +115,9 @@ job1=$(timeout 300 "$BIN" submit "$CFG" --controller "$ADDR" \
 python3 - "$submit_rc" "$job1" "$OUT" "$ref_summary" <<'PY'
 import json, os, sys
 rc, job, out, ref_path = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-failures = []
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond: failures.append(what)
+sys.path.insert(0, out)
+import checks
+from checks import check
 
 check(rc == 0, f"submit --wait exits 0 (got {rc})")
 check(job.startswith("job-"), f"submit prints the job id ({job!r})")
@@ -134,8 +133,6 @@ check(all(n["state"] == "alive" for n in st["nodes"]), "both nodes alive")
 check(int(st.get("controller_tensor_bytes", 0)) > 0,
       f"status: controller_tensor_bytes > 0 ({st.get('controller_tensor_bytes', 0)})")
 
-sys.path.insert(0, out)
-import checks
 ref = json.load(open(ref_path))
 summary_path = os.path.join(out, "cluster", "summary.json")
 check(os.path.exists(summary_path), "cluster summary.json written")
@@ -164,7 +161,7 @@ check(checks.optimizer_entries(os.path.join(out, "ref", "checkpoints", "final", 
       "final optimizer state holds the same tensors as the reference's")
 ok, text = checks.groups_once(rows, 16)
 check(ok, f"the cards trained every prompt group once ({text})")
-sys.exit(1 if failures else 0)
+checks.finish()
 PY
 
 # 3b. The c10d data plane: the same job, its gradients summed in a Gloo
@@ -181,17 +178,14 @@ job1c=$(timeout 300 "$BIN" submit "$CFG" --controller "$ADDR" \
 python3 - "$c10d_rc" "$OUT" <<'PY'
 import json, os, sys
 rc, out = int(sys.argv[1]), sys.argv[2]
-failures = []
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond: failures.append(what)
+sys.path.insert(0, out)
+import checks
+from checks import check
 check(rc == 0, f"c10d data plane: submit --wait exits 0 (got {rc})")
 st = json.load(open(os.path.join(out, "status-1c.json")))
 check(st["phase"] == "JOB_PHASE_SUCCEEDED", f"c10d job succeeded ({st['phase']} {st.get('message', '')!r})")
 check(int(st.get("controller_tensor_bytes", 0)) == 0,
       f"status: controller_tensor_bytes == 0 ({st.get('controller_tensor_bytes', 0)})")
-sys.path.insert(0, out)
-import checks
 rows = checks.rows(os.path.join(out, "cluster-c10d", "metrics.jsonl"))
 ref_rows = checks.rows(os.path.join(out, "ref", "metrics.jsonl"))
 check(all(r.get("controller_tensor_bytes") == 0 for r in rows) and len(rows) == 30,
@@ -207,7 +201,7 @@ check(checks.same_bytes(os.path.join(out, "ref", "checkpoints", "final", "model.
       "final model.pt is byte-identical to the reference's")
 ok, text = checks.groups_once(rows, 16)
 check(ok, f"the cards trained every prompt group once ({text})")
-sys.exit(1 if failures else 0)
+checks.finish()
 PY
 
 # 4. SIGKILL a worker mid-job (on the c10d data plane): the survivor's
@@ -227,10 +221,9 @@ wait_job "$ADDR" "$job2" "$OUT/status-2.json" 300
 python3 - "$OUT" "$steps_at_kill" <<'PY'
 import json, os, sys
 out, at_kill = sys.argv[1], int(sys.argv[2])
-failures = []
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond: failures.append(what)
+sys.path.insert(0, out)
+import checks
+from checks import check
 
 st = json.load(open(os.path.join(out, "status-2.json")))
 check(st["phase"] == "JOB_PHASE_SUCCEEDED", f"job survives the kill ({st['phase']} {st.get('message', '')!r})")
@@ -246,8 +239,6 @@ check(any("lost" in t for t in texts), "an event reports the lost node")
 for t in texts:
     print(f"     event: {t}")
 
-sys.path.insert(0, out)
-import checks
 rows = checks.rows(os.path.join(out, "kill", "metrics.jsonl"))
 steps = [r["step"] for r in rows]
 # The workers' side of the ledger: what the cards actually trained, summed
@@ -269,7 +260,7 @@ summary_path = os.path.join(out, "kill", "summary.json")
 check(os.path.exists(summary_path), "summary.json written")
 if os.path.exists(summary_path):
     check(json.load(open(summary_path))["steps"] == 40, "summary.json: 40 steps")
-sys.exit(1 if failures else 0)
+checks.finish()
 PY
 
 # 5. SIGTERM the controller while a job runs: the job stops after its
@@ -310,15 +301,12 @@ echo "ok   worker a exits 0 when the controller shuts down"
 python3 - "$OUT/drain" <<'PY' || fail "drain checks"
 import json, os, sys
 out = sys.argv[1]
-s = json.load(open(os.path.join(out, "summary.json")))
-rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
-bad = []
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond: bad.append(what)
-check(s["interrupted"] is True, "drained job is marked interrupted")
 sys.path.insert(0, os.path.dirname(out))
 import checks
+from checks import check
+s = json.load(open(os.path.join(out, "summary.json")))
+rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
+check(s["interrupted"] is True, "drained job is marked interrupted")
 ok, text = checks.groups_once(rows, 16)
 check(ok, f"the cards trained every prompt group once up to the stop ({text})")
 check(s["steps"] == len(rows) and s["steps"] >= 3,
@@ -326,7 +314,7 @@ check(s["steps"] == len(rows) and s["steps"] >= 3,
 ck = os.path.join(out, "checkpoints", f"step_{s['steps']}")
 check(s["checkpoint_dir"] == ck and os.path.exists(os.path.join(ck, "model.pt")),
       f"checkpoint of the last step written ({os.path.basename(ck)})")
-sys.exit(1 if bad else 0)
+checks.finish()
 PY
 
 # 6. StaleSync across super nodes (max_clock_skew k = 1) on a fresh cluster
@@ -346,10 +334,9 @@ job3=$(timeout 300 "$BIN" submit "$CFG" --controller "$ADDR2" \
 python3 - "$skew_rc" "$OUT" <<'PY' || fail "StaleSync clock-skew checks"
 import json, os, sys
 rc, out = int(sys.argv[1]), sys.argv[2]
-bad = []
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond: bad.append(what)
+sys.path.insert(0, out)
+import checks
+from checks import check
 check(rc == 0, f"StaleSync k=1 job: submit --wait exits 0 (got {rc})")
 st = json.load(open(os.path.join(out, "status-3.json")))
 check(st["phase"] == "JOB_PHASE_SUCCEEDED", f"StaleSync k=1 job succeeded ({st['phase']} {st.get('message', '')!r})")
@@ -377,12 +364,10 @@ check(sum(r["updates_received"] for r in rows) == 20, "the lead applied each of 
 syncs = [r["step"] for r in rows if r["weight_sync_bytes"] > 0]
 check(syncs == [10, 20], f"weights synced at the checkpoint and the end ({syncs})")
 # Both super nodes' cards report what they trained; the record sums them.
-sys.path.insert(0, out)
-import checks
 ok, text = checks.groups_once(rows, 16)
 check(ok, f"the cards of both super nodes trained every prompt group once ({text})")
 print(f"     final eval accuracy {s['final_eval_accuracy']:.3f} (start {s['initial_eval_accuracy']:.3f})")
-sys.exit(1 if bad else 0)
+checks.finish()
 PY
 
 # 6b. The same StaleSync job on the c10d data plane: each update goes into
@@ -408,10 +393,7 @@ import json, os, sys
 rc, out = int(sys.argv[1]), sys.argv[2]
 sys.path.insert(0, out)
 import checks
-bad = []
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond: bad.append(what)
+from checks import check
 check(rc == 0, f"StaleSync k=1 on c10d: submit --wait exits 0 (got {rc})")
 st = json.load(open(os.path.join(out, "status-3c.json")))
 check(st["phase"] == "JOB_PHASE_SUCCEEDED", f"StaleSync c10d job succeeded ({st['phase']} {st.get('message', '')!r})")
@@ -441,7 +423,7 @@ for d in diffs[:10]:
 check(checks.same_bytes(os.path.join(out, "skew-c10d-ref", "checkpoints", "final", "model.pt"),
                         os.path.join(out, "skew-c10d", "checkpoints", "final", "model.pt")),
       "final model.pt is byte-identical to the in-process run's, however the slowed node's timing fell")
-sys.exit(1 if bad else 0)
+checks.finish()
 PY
 
 # 7. submit --resume is exact. On the same cluster (worker b still slowed,
@@ -473,10 +455,7 @@ import json, os, sys
 rc, out, stopped = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 sys.path.insert(0, out)
 import checks
-bad = []
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond: bad.append(what)
+from checks import check
 check(rc == 0, f"submit --resume --wait exits 0 (got {rc})")
 whole = json.load(open(os.path.join(out, "whole", "summary.json")))
 res = json.load(open(os.path.join(out, "resume", "summary.json")))
@@ -505,7 +484,7 @@ check(checks.optimizer_entries(os.path.join(out, "whole", "checkpoints", "final"
       "final optimizer state holds the same tensors as the uninterrupted run's")
 ok, text = checks.groups_once(r_rows, 16)
 check(ok, f"across the stop and the resume every prompt group trained once ({text})")
-sys.exit(1 if bad else 0)
+checks.finish()
 PY
 
 # 7b. The same through worker processes for RL Fusion with StaleSync
@@ -538,10 +517,7 @@ import json, os, sys
 rc, out, stopped = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 sys.path.insert(0, out)
 import checks
-bad = []
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond: bad.append(what)
+from checks import check
 check(rc == 0, f"fused submit --resume --wait exits 0 (got {rc})")
 res = json.load(open(os.path.join(out, "resume-fused", "summary.json")))
 check(res["interrupted"] is False and res["resumed_from_step"] == stopped and res["steps"] == 20,
@@ -563,7 +539,7 @@ check(checks.same_bytes(os.path.join(out, "whole-fused", "checkpoints", "final",
       "final model.pt is byte-identical to the uninterrupted fused run's")
 ok, text = checks.groups_once(r_rows, 16)
 check(ok, f"across the stop and the resume every prompt group trained once ({text})")
-sys.exit(1 if bad else 0)
+checks.finish()
 PY
 
 # 8. Four worker processes on the c10d data plane (k = 0): the nodes' first
@@ -596,10 +572,7 @@ import json, os, sys
 rc, out = int(sys.argv[1]), sys.argv[2]
 sys.path.insert(0, out)
 import checks
-bad = []
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond: bad.append(what)
+from checks import check
 check(rc == 0, f"4 workers on c10d: submit --wait exits 0 (got {rc})")
 st = json.load(open(os.path.join(out, "status-4.json")))
 check(st["phase"] == "JOB_PHASE_SUCCEEDED", f"4-worker job succeeded ({st['phase']} {st.get('message', '')!r})")
@@ -620,7 +593,7 @@ check(checks.same_bytes(os.path.join(out, "four-ref", "checkpoints", "final", "m
       "final model.pt is byte-identical to the in-process run's")
 ok, text = checks.groups_once(rows, 16)
 check(ok, f"the cards trained every prompt group once ({text})")
-sys.exit(1 if bad else 0)
+checks.finish()
 PY
 
 # 9. StaleSync (k = 1) on the c10d data plane loses a super node: SIGKILL
@@ -645,10 +618,7 @@ import json, os, sys
 out = sys.argv[1]
 sys.path.insert(0, out)
 import checks
-bad = []
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond: bad.append(what)
+from checks import check
 st = json.load(open(os.path.join(out, "status-9.json")))
 check(st["phase"] == "JOB_PHASE_SUCCEEDED", f"k = 1 job survives the lost super node ({st['phase']} {st.get('message', '')!r})")
 check(int(st["step"]) == 16, f"step 16 ({st['step']})")
@@ -675,7 +645,7 @@ summary = json.load(open(os.path.join(out, "skew-kill", "summary.json")))
 crcs = summary.get("final_weights_crc32c", {})
 check(sorted(crcs) == ["a", "b", "c"] and len(set(crcs.values())) == 1,
       f"the three survivors end with equal weights ({crcs})")
-sys.exit(1 if bad else 0)
+checks.finish()
 PY
 
 # 10. SIGKILL the controller mid-job; start it again on the same address
@@ -713,10 +683,7 @@ import json, os, sys
 out, at_kill = sys.argv[1], int(sys.argv[2])
 sys.path.insert(0, out)
 import checks
-bad = []
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond: bad.append(what)
+from checks import check
 st = json.load(open(os.path.join(out, "status-10.json")))
 check(st["phase"] == "JOB_PHASE_SUCCEEDED", f"the job survives the controller's SIGKILL ({st['phase']} {st.get('message', '')!r})")
 sub, trained = int(st["groups_submitted"]), int(st["groups_trained"])
@@ -742,7 +709,7 @@ for d in diffs[:10]:
 check(checks.same_bytes(os.path.join(out, "ref", "checkpoints", "final", "model.pt"),
                         os.path.join(out, "restart", "checkpoints", "final", "model.pt")),
       "final model.pt is byte-identical to the uninterrupted run's")
-sys.exit(1 if bad else 0)
+checks.finish()
 PY
 
 # 10b. The same with RL Fusion and StaleSync across the two super nodes
@@ -769,10 +736,7 @@ import json, os, sys
 out = sys.argv[1]
 sys.path.insert(0, out)
 import checks
-bad = []
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond: bad.append(what)
+from checks import check
 st = json.load(open(os.path.join(out, "status-10b.json")))
 check(st["phase"] == "JOB_PHASE_SUCCEEDED", f"fused StaleSync job survives the controller's SIGKILL ({st['phase']} {st.get('message', '')!r})")
 sub, trained = int(st["groups_submitted"]), int(st["groups_trained"])
@@ -787,12 +751,12 @@ check([r["step"] for r in rows] == list(range(1, 17)), f"metrics.jsonl has steps
 check(max(r.get("max_staleness", 0) for r in rows) <= 1, "no sample trained above the policy lag")
 crcs = json.load(open(os.path.join(out, "restart-skew", "summary.json"))).get("final_weights_crc32c", {})
 check(sorted(crcs) == ["a", "b"] and len(set(crcs.values())) == 1, f"both super nodes end with equal weights ({crcs})")
-if bad:
+if checks.failures:
     # What the controller saw: every event and where each node ended.
     for t in texts:
         print(f"     event: {t}")
     for n in st.get("nodes", []):
         print(f"     node: {n.get('node_id', '?')} super node {n.get('super_node')} {n.get('state')}")
-sys.exit(1 if bad else 0)
+checks.finish()
 PY
 
