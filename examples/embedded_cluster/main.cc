@@ -5,6 +5,7 @@
 //
 //   embedded_cluster OUTPUT_DIR [STEPS]
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -97,10 +98,13 @@ int main(int argc, char** argv) {
     std::cerr << "job failed: " << summary.status().message() << "\n";
     return 1;
   }
-  std::cout << "done: " << summary->steps << " steps, largest clock skew "
-            << summary->max_clock_skew_seen << ", eval accuracy "
-            << summary->initial_eval_accuracy << " -> "
-            << summary->final_eval_accuracy << "\n";
+  // One write: the workers' log lines go to the same stdout meanwhile.
+  std::ostringstream done;
+  done << "done: " << summary->steps << " steps, largest clock skew "
+       << summary->max_clock_skew_seen << ", eval accuracy "
+       << summary->initial_eval_accuracy << " -> "
+       << summary->final_eval_accuracy << "\n";
+  std::cout << done.str() << std::flush;
   for (auto& w : workers) {
     if (absl::Status s = w->Stop(); !s.ok()) {
       std::cerr << "worker: " << s.message() << "\n";
