@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "controller/controller_state.h"
 #include "controller/http_server.h"
+#include "controller/job_manager_proto.h"
 #include "controller/services.h"
 #include "core/clock.h"
 #include "core/metrics.h"
@@ -70,9 +71,12 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(
     self->jobs_->Schedule();
   };
   hooks.on_heartbeat = [self](const v1::HeartbeatRequest& request) {
-    self->jobs_->RecordCardStates(
-        request.node_id(), std::vector<v1::CardState>(request.cards().begin(),
-                                                      request.cards().end()));
+    std::vector<CardReport> cards;
+    cards.reserve(request.cards_size());
+    for (const v1::CardState& c : request.cards()) {
+      cards.push_back(rpc::CardReportFromProto(c));
+    }
+    self->jobs_->RecordCardStates(request.node_id(), std::move(cards));
     return self->workers_shutdown_.load();
   };
   hooks.on_deregister = [self](const std::string& node_id) {
@@ -137,8 +141,13 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(
   if (!options.http_address.empty()) {
     HttpSources sources;
     sources.cluster = [self] { return self->ClusterStatus(); };
-    sources.history = [self](const std::string& job_id, int64_t after_seq) {
-      return self->jobs_->History(job_id, after_seq);
+    sources.history = [self](
+                          const std::string& job_id,
+                          int64_t after_seq) -> absl::StatusOr<v1::JobHistory> {
+      absl::StatusOr<JobHistory> history =
+          self->jobs_->History(job_id, after_seq);
+      if (!history.ok()) return history.status();
+      return rpc::JobHistoryToProto(*history);
     };
     sources.rpc = [self] { return self->rpc_stats_.Get(); };
     sources.grpc_address =
@@ -168,7 +177,7 @@ int Controller::http_port() const {
 }
 
 v1::ClusterStatus Controller::ClusterStatus() const {
-  v1::ClusterStatus status = jobs_->ClusterStatus();
+  v1::ClusterStatus status = rpc::ClusterToProto(jobs_->Cluster());
   status.set_version(FUSIONRL_VERSION);
   const absl::Time now = clock_.Now();
   status.set_time_us(absl::ToUnixMicros(now));

@@ -26,6 +26,7 @@
 #include "controller/job_manager.h"
 #include "controller/rpc_stats.h"
 #include "core/clock.h"
+#include "fusionrl/v1/job.pb.h"
 
 namespace grpc {
 class Server;

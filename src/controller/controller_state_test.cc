@@ -78,9 +78,12 @@ class ControllerStateTest : public ::testing::Test {
   }
 
   std::string Submit(int super_nodes, int steps) {
-    v1::SubmitJobRequest r;
-    r.set_config_yaml(JobYaml(out_, super_nodes, steps));
-    auto id = process_->jobs.Submit(r);
+    JobSubmission submission;
+    auto config = ParseJobConfig(JobYaml(out_, super_nodes, steps), "job.yaml");
+    EXPECT_TRUE(config.ok()) << config.status();
+    if (!config.ok()) return "";
+    submission.config = *std::move(config);
+    auto id = process_->jobs.Submit(std::move(submission));
     EXPECT_TRUE(id.ok()) << id.status();
     return id.value_or("");
   }
@@ -116,10 +119,10 @@ class ControllerStateTest : public ::testing::Test {
     return steps;
   }
 
-  v1::JobStatus Status(const std::string& job) {
+  JobStatus Status(const std::string& job) {
     auto st = process_->jobs.Status(job);
     EXPECT_TRUE(st.ok()) << st.status();
-    return st.value_or(v1::JobStatus());
+    return st.value_or(JobStatus());
   }
 
   FakeClock clock_;
@@ -138,14 +141,14 @@ TEST_F(ControllerStateTest, ATwoNodeJobContinuesFromItsLastCommittedStep) {
   ASSERT_TRUE(Finish(job, b, pb).value_or(false));
   const StepPlan a2 = Plan(job, a, 2);
   ASSERT_EQ(a2.step, 2);
-  EXPECT_EQ(Status(job).step(), 1);
+  EXPECT_EQ(Status(job).step, 1);
 
   Restart();  // mid step 2
 
-  v1::JobStatus st = Status(job);
-  EXPECT_EQ(st.phase(), v1::JOB_PHASE_RUNNING) << st.message();
-  EXPECT_EQ(st.step(), 1);
-  EXPECT_EQ(st.groups_trained(), 4);
+  JobStatus st = Status(job);
+  EXPECT_EQ(st.phase, JobPhase::kRunning) << st.message;
+  EXPECT_EQ(st.step, 1);
+  EXPECT_EQ(st.groups_trained, 4);
   EXPECT_EQ(process_->registry.alive_count(), 2);
   // Step 2 spanned two nodes: replanned as attempt 2, same groups, a new
   // rendezvous generation; a's old attempt is refused.
@@ -156,9 +159,9 @@ TEST_F(ControllerStateTest, ATwoNodeJobContinuesFromItsLastCommittedStep) {
   EXPECT_EQ(pa.groups, a2.groups);
   EXPECT_GT(pa.rendezvous_generation, a2.rendezvous_generation);
   bool event = false;
-  const v1::JobStatus restarted = Status(job);
-  for (const v1::JobEvent& e : restarted.events()) {
-    event = event || absl::StrContains(e.text(), "controller restarted");
+  const JobStatus restarted = Status(job);
+  for (const JobEvent& e : restarted.events) {
+    event = event || absl::StrContains(e.text, "controller restarted");
   }
   EXPECT_TRUE(event);
   for (int64_t step = 2; step <= 4; ++step) {
@@ -176,13 +179,13 @@ TEST_F(ControllerStateTest, ATwoNodeJobContinuesFromItsLastCommittedStep) {
   done.step = end.step;
   ASSERT_TRUE(process_->jobs.FinishStep(done, absl::ZeroDuration()).ok());
   st = Status(job);
-  EXPECT_EQ(st.phase(), v1::JOB_PHASE_SUCCEEDED) << st.message();
-  EXPECT_EQ(st.groups_trained(), 16);
-  EXPECT_EQ(st.groups_submitted(), 16);
+  EXPECT_EQ(st.phase, JobPhase::kSucceeded) << st.message;
+  EXPECT_EQ(st.groups_trained, 16);
+  EXPECT_EQ(st.groups_submitted, 16);
   EXPECT_THAT(MetricsSteps(), ::testing::ElementsAre(1, 2, 3, 4));
   // A finished job is remembered as finished.
   Restart();
-  EXPECT_EQ(Status(job).phase(), v1::JOB_PHASE_SUCCEEDED);
+  EXPECT_EQ(Status(job).phase, JobPhase::kSucceeded);
   // New ids and jobs never reuse old ones.
   const std::string c = AddNode("c");
   EXPECT_EQ(c, "node-3");
@@ -202,8 +205,8 @@ TEST_F(ControllerStateTest, ASingleNodeStepInFlightIsKeptAndCommitsOnce) {
   ASSERT_TRUE(Finish(job, a, p1).value_or(false));
   Restart();  // after the commit: a retried report is still "committed"
   EXPECT_TRUE(Finish(job, a, p1).value_or(false));
-  EXPECT_EQ(Status(job).step(), 1);
-  EXPECT_EQ(Status(job).groups_trained(), 4);
+  EXPECT_EQ(Status(job).step, 1);
+  EXPECT_EQ(Status(job).groups_trained, 4);
   const StepPlan p2 = Plan(job, a, 2);
   ASSERT_TRUE(Finish(job, a, p2).value_or(false));
   EXPECT_THAT(MetricsSteps(), ::testing::ElementsAre(1, 2));
@@ -223,12 +226,12 @@ TEST_F(ControllerStateTest,
   std::filesystem::copy_file(dir_ + "/journal", dir_ + "/journal.before");
   ASSERT_TRUE(Finish(job, a, Plan(job, a, 2)).value_or(false));
   Restart();  // compacts: the snapshot holds steps 1 and 2
-  EXPECT_EQ(Status(job).step(), 2);
+  EXPECT_EQ(Status(job).step, 2);
   process_.reset();
   std::filesystem::rename(dir_ + "/journal.before", dir_ + "/journal");
   Restart();
-  EXPECT_EQ(Status(job).step(), 2);
-  EXPECT_EQ(Status(job).groups_trained(), 8);
+  EXPECT_EQ(Status(job).step, 2);
+  EXPECT_EQ(Status(job).groups_trained, 8);
   ASSERT_TRUE(Finish(job, a, Plan(job, a, 3)).value_or(false));
   EXPECT_THAT(MetricsSteps(), ::testing::ElementsAre(1, 2, 3));
 }
@@ -245,8 +248,8 @@ TEST_F(ControllerStateTest, ADamagedJournalTailIsDroppedAndTheRestRestored) {
   }
   process_ = std::make_unique<Process>(clock_, dir_);
   ASSERT_NE(process_->state, nullptr);
-  EXPECT_EQ(Status(job).step(), 1);
-  EXPECT_EQ(Status(job).phase(), v1::JOB_PHASE_RUNNING);
+  EXPECT_EQ(Status(job).step, 1);
+  EXPECT_EQ(Status(job).phase, JobPhase::kRunning);
   // A damaged snapshot is refused outright.
   process_.reset();
   {

@@ -38,9 +38,7 @@ JobManager::~JobManager() = default;
 bool JobManager::Terminal(const Job& job) { return job.over; }
 
 bool JobManager::Settled(const Job& job) {
-  return job.phase == v1::JOB_PHASE_SUCCEEDED ||
-         job.phase == v1::JOB_PHASE_FAILED ||
-         job.phase == v1::JOB_PHASE_CANCELLED;
+  return JobPhaseIsTerminal(job.phase);
 }
 
 JobManager::Job* JobManager::FindLocked(const std::string& id) const {
@@ -53,9 +51,7 @@ JobManager::Job* JobManager::FindLocked(const std::string& id) const {
 }
 
 void JobManager::EventLocked(Job& job, const std::string& text) {
-  v1::JobEvent e;
-  e.set_time_us(absl::ToUnixMicros(clock_.Now()));
-  e.set_text(text);
+  JobEvent e{clock_.Now(), text};
   if (job.events.size() >= kMaxEvents) job.events.erase(job.events.begin());
   job.events.push_back(std::move(e));
   job.updated = clock_.Now();
@@ -87,7 +83,7 @@ void JobManager::ApplyOutputResultLocked(const JobOutputs::Result& result) {
     FailLocked(*job, message, code);
   } else if (!Settled(*job)) {
     // It ended before its Open was performed; its Close is still queued.
-    job->end_phase = v1::JOB_PHASE_FAILED;
+    job->end_phase = JobPhase::kFailed;
     job->end_message = message;
     job->error_code = code;
   }
@@ -159,9 +155,9 @@ absl::StatusOr<Assignment> JobManager::GetAssignment(const std::string& node_id,
 }
 
 void JobManager::RecordCardStates(const std::string& node_id,
-                                  const std::vector<v1::CardState>& cards) {
+                                  std::vector<CardReport> cards) {
   absl::MutexLock lock(&mu_);
-  card_states_[node_id] = cards;
+  card_states_[node_id] = std::move(cards);
 }
 
 void JobManager::NodesLost(const std::vector<std::string>& node_ids,
@@ -224,7 +220,7 @@ void JobManager::CheckStalls(absl::Duration stall_timeout, StallAction action) {
   const absl::Time now = clock_.Now();
   for (auto& [n, job_ptr] : jobs_) {
     Job& job = *job_ptr;
-    if (Terminal(job) || job.phase != v1::JOB_PHASE_RUNNING ||
+    if (Terminal(job) || job.phase != JobPhase::kRunning ||
         now - job.progress_at < stall_timeout) {
       continue;
     }
@@ -236,12 +232,12 @@ void JobManager::CheckStalls(absl::Duration stall_timeout, StallAction action) {
       for (int index : part.cards) {
         std::string doing = "no report";
         if (it != card_states_.end()) {
-          for (const v1::CardState& c : it->second) {
-            if (c.index() != index) continue;
-            doing = c.activity().empty()
+          for (const CardReport& c : it->second) {
+            if (c.index != index) continue;
+            doing = c.activity.empty()
                         ? std::string("idle")
-                        : absl::StrFormat("%s for %.0f s", c.activity(),
-                                          c.activity_seconds());
+                        : absl::StrFormat("%s for %.0f s", c.activity,
+                                          c.activity_seconds);
           }
         }
         absl::StrAppend(&cards, "; card ", part.node_id, "/", index, ": ",

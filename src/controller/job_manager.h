@@ -48,8 +48,8 @@
 //   update_exchange.cc StaleSync's update exchange
 //   job_outputs.h      config.yaml / metrics.jsonl / summary.json, written
 //                      by a queue outside this class's lock
-//   status_view.cc     the JobStatus view
-//   work_proto.cc      the WorkService's wire types <-> the plain structs
+//   status_view.cc     the status views (job_view.h)
+//   job_state_io.cc    the state journal's records <-> the jobs
 //   job_manager.cc     lookups, events, assignments, lost nodes
 // One class rather than helper classes taking `Job&`: every part needs the
 // same lock, condition variable, clock, FailLocked() and EventLocked(), and
@@ -59,9 +59,13 @@
 // record formatting) are free functions or classes of their own and are
 // tested alone. The job and attempt structs are in job_state.h.
 //
-// Entry points: the typed ones (core/step_protocol.h) are for in-process
-// callers (local/in_process_work_client.h); the v1:: ones are thin
-// conversions for the gRPC services (services.cc). Both run the same code.
+// Types: the manager speaks plain structs only: core/step_protocol.h for
+// the step protocol, job_view.h for what it reports. In-process callers
+// (local/in_process_work_client.h) call it directly; the gRPC services
+// convert at their edge (job_manager_proto.h), so every caller runs the
+// same code. The one wire type left here is the state journal's record
+// (v1::JobState, declared only): the journal's persistent format, made and
+// read in job_state_io.cc.
 //
 // Thread safety: all methods may be called from any thread.
 #ifndef FUSIONRL_CONTROLLER_JOB_MANAGER_H_
@@ -82,16 +86,16 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "controller/job_outputs.h"
+#include "controller/job_view.h"
 #include "controller/rendezvous_store.h"
 #include "core/clock.h"
 #include "core/node_registry.h"
 #include "core/step_protocol.h"
-#include "fusionrl/v1/common.pb.h"
-#include "fusionrl/v1/job.pb.h"
-#include "fusionrl/v1/state.pb.h"
-#include "fusionrl/v1/work.pb.h"
 
 namespace fusionrl {
+namespace v1 {
+class JobState;  // proto/fusionrl/v1/state.proto: the journal's record
+}  // namespace v1
 
 // A job as the manager takes it. `config` is resolved and valid
 // (ParseJobConfig, or ResolveJobConfig for one built in code);
@@ -126,38 +130,34 @@ class JobManager {
   // (the local Job handle) passes its own, resolved (ResolveJobConfig).
   absl::StatusOr<std::string> Submit(JobSubmission submission)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The wire's form: parses and validates the YAML (InvalidArgument /
-  // NotFound with the key, as `fusionrl validate`), then Submit above.
-  absl::StatusOr<std::string> Submit(const v1::SubmitJobRequest& request)
+  absl::StatusOr<JobStatus> Status(const std::string& job_id) const
       ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<v1::JobStatus> Status(const std::string& job_id) const
-      ABSL_LOCKS_EXCLUDED(mu_);
-  std::vector<v1::JobStatus> List() const ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<JobStatus> List() const ABSL_LOCKS_EXCLUDED(mu_);
   // Every node the registry knows (with the unfinished job it works for and
   // its cards' last states) and every job, newest first; the caller fills
   // version, time and uptime.
-  v1::ClusterStatus ClusterStatus() const ABSL_LOCKS_EXCLUDED(mu_);
+  ClusterView Cluster() const ABSL_LOCKS_EXCLUDED(mu_);
   // The job's step records with seq > after_seq (JobHistory's comment).
-  absl::StatusOr<v1::JobHistory> History(const std::string& job_id,
-                                         int64_t after_seq) const
+  absl::StatusOr<JobHistory> History(const std::string& job_id,
+                                     int64_t after_seq) const
       ABSL_LOCKS_EXCLUDED(mu_);
   // Records kept per job (the newest).
   static constexpr size_t kHistoryLimit = 4096;
   // Stops the job gracefully: after the current step the lead writes a
   // checkpoint ("step_<n>") and the job ends CANCELLED (resumable).
-  absl::StatusOr<v1::JobStatus> Cancel(const std::string& job_id,
-                                       const std::string& reason)
+  absl::StatusOr<JobStatus> Cancel(const std::string& job_id,
+                                   const std::string& reason)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Waits until the job changed after `seen_update` (or `deadline`, on the
   // manager's clock); returns its status and sets `*update` to the current
   // change counter.
-  absl::StatusOr<v1::JobStatus> WaitForUpdate(const std::string& job_id,
-                                              uint64_t seen_update,
-                                              absl::Time deadline,
-                                              uint64_t* update) const
+  absl::StatusOr<JobStatus> WaitForUpdate(const std::string& job_id,
+                                          uint64_t seen_update,
+                                          absl::Time deadline,
+                                          uint64_t* update) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // --- the step protocol, typed (in-process callers) -----------------------
+  // --- the step protocol (WorkService) --------------------------------------
   // `wait` / `timeout`: how long the call may wait, at most 60 s for the
   // long polls (InvalidArgument otherwise); the job's collective timeout
   // applies as well to Reduce, FinishStep and ExchangeUpdates.
@@ -181,8 +181,15 @@ class JobManager {
   absl::StatusOr<bool> FinishStep(const StepReport& report,
                                   absl::Duration timeout)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The same, for a report whose lead metrics arrived formatted (the wire's
+  // metrics_json, a JSON object): kept as they came.
+  absl::StatusOr<bool> FinishStep(const StepReport& report,
+                                  std::string metrics_json,
+                                  absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // StaleSync across super nodes: hands in the node's update and returns the
-  // other nodes' updates that are due, oldest first per node.
+  // other nodes' updates that are due, oldest first per node. A set
+  // `call.crc32c` is checked against the payload (DataLoss).
   absl::StatusOr<std::vector<ReceivedUpdate>> ExchangeUpdates(
       UpdateCall call, absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
   // The c10d data plane's rendezvous (controller/rendezvous_store.h): one store
@@ -204,29 +211,6 @@ class JobManager {
   // controller_tensor_bytes in its status and records. Set once, before
   // jobs run (Controller::Start).
   void SetWeightBytesSource(std::function<int64_t(const std::string&)> source)
-      ABSL_LOCKS_EXCLUDED(mu_);
-
-  // --- WorkService (wire types; conversions in work_proto.cc) --------------
-  absl::StatusOr<v1::GetAssignmentResponse> GetAssignment(
-      const v1::GetAssignmentRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<v1::StepPlan> GetStepPlan(const v1::GetStepPlanRequest& r)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // `deadline`: the caller's own deadline, on the manager's clock (the
-  // job's collective timeout applies as well).
-  absl::StatusOr<std::string> Reduce(const v1::ReduceRequest& request,
-                                     absl::Time deadline)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Accepts the lead's metrics as metrics_json (a JSON object).
-  absl::StatusOr<v1::FinishStepResponse> FinishStep(
-      const v1::FinishStepRequest& request, absl::Time deadline)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // StaleSync across super nodes: see proto/fusionrl/v1/work.proto. The
-  // update's CRC-32C is checked (DataLoss).
-  absl::StatusOr<v1::ExchangeUpdatesResponse> ExchangeUpdates(
-      const v1::ExchangeUpdatesRequest& request, absl::Time deadline)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<v1::StoreResponse> Store(const v1::StoreRequest& request,
-                                          absl::Time deadline)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // --- cluster events -----------------------------------------------------
@@ -259,8 +243,7 @@ class JobManager {
 
   // Cards' last reported states, for status (from heartbeats).
   void RecordCardStates(const std::string& node_id,
-                        const std::vector<v1::CardState>& cards)
-      ABSL_LOCKS_EXCLUDED(mu_);
+                        std::vector<CardReport> cards) ABSL_LOCKS_EXCLUDED(mu_);
 
   // --- state for a restarted controller (job_state_io.cc) -----------------
   // Receives the whole state of every job that changed, in change order,
@@ -286,7 +269,6 @@ class JobManager {
   struct Job;
   struct Attempt;
   struct ReportedStep;
-  struct HandedUpdate;
   class FlushOnExit;
 
   // --- job_manager.cc ---
@@ -315,7 +297,7 @@ class JobManager {
   // --- job_queue.cc ---
   void TryPlaceLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status StartLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishJobLocked(Job& job, v1::JobPhase phase, const std::string& message)
+  void FinishJobLocked(Job& job, JobPhase phase, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Publishes the end decided by FinishJobLocked, once the job's outputs
   // are written (`closed`: the Close result; null when it had none).
@@ -360,7 +342,7 @@ class JobManager {
   void CommitLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Run totals, the metrics record and the progress line of a committed
   // attempt's lead report.
-  // Appends a StepRecord (nothing when it carries nothing).
+  // Appends a HistoryRecord (nothing when it carries nothing).
   void AddHistoryLocked(Job& job, int64_t step, std::string metrics_json,
                         double eval_accuracy, std::string checkpoint_dir)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -392,17 +374,6 @@ class JobManager {
   void RollBackSkewedLocked(Job& job, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // --- reduce_round.cc ---
-  absl::StatusOr<std::string> ReduceImpl(ReduceCall call, absl::Time deadline)
-      ABSL_LOCKS_EXCLUDED(mu_);
-
-  // --- update_exchange.cc ---
-  // `sent_crc32c`: the CRC-32C the sender computed (wire callers), checked
-  // against the payload.
-  absl::StatusOr<std::vector<HandedUpdate>> ExchangeUpdatesImpl(
-      UpdateCall call, std::optional<uint32_t> sent_crc32c, absl::Time deadline)
-      ABSL_LOCKS_EXCLUDED(mu_);
-
   // --- job_state_io.cc ---
   v1::JobState SaveJobLocked(const Job& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -412,7 +383,7 @@ class JobManager {
   void JournalChanges() ABSL_LOCKS_EXCLUDED(mu_, journal_mu_);
 
   // --- status_view.cc ---
-  v1::JobStatus StatusLocked(const Job& job) const
+  JobStatus StatusLocked(const Job& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // The rendezvous scope of a job's generation ("<job>/<generation>").
@@ -432,7 +403,7 @@ class JobManager {
   uint64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
   // node id -> job id it runs.
   std::map<std::string, std::string> node_job_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::vector<v1::CardState>> card_states_
+  std::map<std::string, std::vector<CardReport>> card_states_
       ABSL_GUARDED_BY(mu_);
   int64_t tensor_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<int64_t(const std::string&)> weight_bytes_ ABSL_GUARDED_BY(mu_);

@@ -19,28 +19,6 @@
 
 namespace fusionrl {
 
-absl::StatusOr<std::string> JobManager::Submit(
-    const v1::SubmitJobRequest& request) {
-  if (request.config_yaml().empty()) {
-    return absl::InvalidArgumentError("config_yaml: empty job description");
-  }
-  if (request.config_yaml().size() > (4 << 20)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config_yaml: ", request.config_yaml().size(),
-                     " bytes; a job description is at most 4 MiB"));
-  }
-  const std::string source =
-      request.source_name().empty() ? "<submitted>" : request.source_name();
-  std::vector<std::string> overrides(request.overrides().begin(),
-                                     request.overrides().end());
-  JobSubmission submission;
-  FUSIONRL_ASSIGN_OR_RETURN(
-      submission.config,
-      ParseJobConfig(request.config_yaml(), source, overrides));
-  submission.resume = request.resume();
-  return Submit(std::move(submission));
-}
-
 absl::StatusOr<std::string> JobManager::Submit(JobSubmission submission) {
   // Cheap, and a program's struct may have skipped ResolveJobConfig.
   FUSIONRL_RETURN_IF_ERROR(ValidateJobConfig(submission.config));
@@ -131,8 +109,8 @@ void JobManager::Schedule() {
   FlushOnExit flush(*this);
   absl::MutexLock lock(&mu_);
   for (auto& [n, job] : jobs_) {
-    if (job->phase == v1::JOB_PHASE_PENDING ||
-        job->phase == v1::JOB_PHASE_WAITING_FOR_CAPACITY) {
+    if (job->phase == JobPhase::kPending ||
+        job->phase == JobPhase::kWaitingForCapacity) {
       TryPlaceLocked(*job);
     }
   }
@@ -143,10 +121,10 @@ void JobManager::TryPlaceLocked(Job& job) {
   // is still waiting (no starvation of big jobs by small ones).
   for (auto& [n, other] : jobs_) {
     if (other.get() == &job) break;
-    if (other->phase == v1::JOB_PHASE_PENDING ||
-        other->phase == v1::JOB_PHASE_WAITING_FOR_CAPACITY) {
+    if (other->phase == JobPhase::kPending ||
+        other->phase == JobPhase::kWaitingForCapacity) {
       if (job.message.empty()) {
-        job.phase = v1::JOB_PHASE_PENDING;
+        job.phase = JobPhase::kPending;
         job.message = absl::StrCat("queued behind ", other->id);
         ++job.update;
       }
@@ -169,9 +147,8 @@ void JobManager::TryPlaceLocked(Job& job) {
                  static_cast<int>(absl::StatusCode::kFailedPrecondition));
       return;
     }
-    if (job.phase != v1::JOB_PHASE_WAITING_FOR_CAPACITY ||
-        job.message != reason) {
-      job.phase = v1::JOB_PHASE_WAITING_FOR_CAPACITY;
+    if (job.phase != JobPhase::kWaitingForCapacity || job.message != reason) {
+      job.phase = JobPhase::kWaitingForCapacity;
       job.message = reason;
       EventLocked(job, absl::StrCat("waiting for capacity: ", reason));
     }
@@ -212,7 +189,7 @@ void JobManager::TryPlaceLocked(Job& job) {
 }
 
 absl::Status JobManager::StartLocked(Job& job) {
-  job.phase = v1::JOB_PHASE_RUNNING;
+  job.phase = JobPhase::kRunning;
   job.message.clear();
   job.started = clock_.Now();
   job.progress_at = job.started;
@@ -256,8 +233,8 @@ absl::Status JobManager::StartLocked(Job& job) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::JobStatus> JobManager::Cancel(const std::string& job_id,
-                                                 const std::string& reason) {
+absl::StatusOr<JobStatus> JobManager::Cancel(const std::string& job_id,
+                                             const std::string& reason) {
   FlushOnExit flush(*this);
   absl::MutexLock lock(&mu_);
   Job* job = FindLocked(job_id);
@@ -266,12 +243,12 @@ absl::StatusOr<v1::JobStatus> JobManager::Cancel(const std::string& job_id,
   }
   if (Terminal(*job)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        job_id, " already ended (", v1::JobPhase_Name(job->end_phase), ")"));
+        job_id, " already ended (", JobPhaseText(job->end_phase), ")"));
   }
   const std::string why = reason.empty() ? "cancelled" : reason;
-  if (job->phase != v1::JOB_PHASE_RUNNING) {
+  if (job->phase != JobPhase::kRunning) {
     // Not started: no outputs, so the end is published at once.
-    FinishJobLocked(*job, v1::JOB_PHASE_CANCELLED, why);
+    FinishJobLocked(*job, JobPhase::kCancelled, why);
   } else if (!job->stop_requested) {
     job->stop_requested = true;
     job->stop_reason = why;
@@ -313,7 +290,7 @@ bool JobManager::WaitIdle(absl::Time deadline) const {
   return idle();
 }
 
-void JobManager::FinishJobLocked(Job& job, v1::JobPhase phase,
+void JobManager::FinishJobLocked(Job& job, JobPhase phase,
                                  const std::string& message) {
   job.over = true;
   job.end_phase = phase;
@@ -330,14 +307,14 @@ void JobManager::FinishJobLocked(Job& job, v1::JobPhase phase,
   job.outbox.clear();
   if (job.has_outputs) {
     std::optional<JobSummary> summary;
-    if (phase == v1::JOB_PHASE_SUCCEEDED || phase == v1::JOB_PHASE_CANCELLED) {
+    if (phase == JobPhase::kSucceeded || phase == JobPhase::kCancelled) {
       JobSummary& s = job.summary;
       s.final_eval_accuracy = job.last_eval;
       s.steps = job.last_committed;
       s.policy_version = job.policy_version;
       s.final_train_reward = job.reward_mean;
       s.checkpoint_dir = job.checkpoint_dir;
-      s.interrupted = phase == v1::JOB_PHASE_CANCELLED;
+      s.interrupted = phase == JobPhase::kCancelled;
       s.tokens_per_second =
           job.loop_seconds > 0 ? s.rollout_tokens / job.loop_seconds : 0;
       s.wall_seconds = absl::ToDoubleSeconds(clock_.Now() - job.started);
@@ -355,8 +332,8 @@ void JobManager::FinishJobLocked(Job& job, v1::JobPhase phase,
   }
   // Let the next queued job in.
   for (auto& [n, other] : jobs_) {
-    if (other->phase == v1::JOB_PHASE_PENDING ||
-        other->phase == v1::JOB_PHASE_WAITING_FOR_CAPACITY) {
+    if (other->phase == JobPhase::kPending ||
+        other->phase == JobPhase::kWaitingForCapacity) {
       other->message.clear();
       TryPlaceLocked(*other);
       break;
@@ -369,7 +346,7 @@ void JobManager::PublishEndLocked(Job& job, const JobOutputs::Result* closed) {
   const std::string message = job.end_message;
   job.phase = job.end_phase;
   job.message = job.end_message;
-  if (closed != nullptr && job.end_phase != v1::JOB_PHASE_FAILED) {
+  if (closed != nullptr && job.end_phase != JobPhase::kFailed) {
     if (closed->wrote_summary) {
       job.summary_json = closed->summary_json;
       const JobSummary& s = job.summary;
@@ -378,13 +355,13 @@ void JobManager::PublishEndLocked(Job& job, const JobOutputs::Result* closed) {
                    s.final_eval_accuracy, FormatDuration(s.wall_seconds),
                    FormatCount(s.tokens_per_second));
     } else if (!closed->status.ok()) {
-      job.phase = v1::JOB_PHASE_FAILED;
+      job.phase = JobPhase::kFailed;
       job.message = absl::StrCat("writing summary: ", closed->status.message());
       job.end_phase = job.phase;
       job.end_message = job.message;
     }
   }
-  EventLocked(job, absl::StrCat(v1::JobPhase_Name(job.phase),
+  EventLocked(job, absl::StrCat(JobPhaseText(job.phase),
                                 message.empty() ? "" : ": ", message));
 }
 
@@ -393,7 +370,7 @@ void JobManager::FailLocked(Job& job, const std::string& message, int code) {
   job.error_code = code;
   if (job.current) job.current->aborted = true;
   spdlog::error("[{}] {} failed: {}", job.config.name, job.id, message);
-  FinishJobLocked(job, v1::JOB_PHASE_FAILED, message);
+  FinishJobLocked(job, JobPhase::kFailed, message);
 }
 
 }  // namespace fusionrl

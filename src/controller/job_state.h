@@ -45,18 +45,9 @@ struct ReduceRound {
 struct JobManager::ReportedStep {
   StepReport report;
   // A report that came over the wire carries the lead's record as JSON
-  // (v1::FinishStepRequest.metrics_json) and no typed metrics; an in-process
+  // (FinishStepRequest.metrics_json) and no typed metrics; an in-process
   // one has typed metrics and this empty. Formatted once, at commit.
   std::string metrics_json;
-};
-
-// An update handed out by the exchange (the wire adds node and round).
-struct JobManager::HandedUpdate {
-  std::string node_id;
-  int64_t step = 0;
-  int64_t round = 0;
-  std::string payload;
-  uint32_t crc32c = 0;
 };
 
 struct JobManager::Attempt {
@@ -96,14 +87,14 @@ struct JobManager::Job {
   // The published phase and message (what Status shows). A job that ended
   // is `over` at once; its terminal phase (end_phase) is published once its
   // outputs are written (job_outputs.h).
-  v1::JobPhase phase = v1::JOB_PHASE_PENDING;
+  JobPhase phase = JobPhase::kPending;
   std::string message;
   bool over = false;
-  v1::JobPhase end_phase = v1::JOB_PHASE_UNSPECIFIED;
+  JobPhase end_phase = JobPhase::kPending;  // meaningful once `over`
   std::string end_message;
   absl::Time submitted, started, updated;
   uint64_t update = 0;
-  std::vector<v1::JobEvent> events;
+  std::vector<JobEvent> events;
 
   struct Part {
     std::string node_id;
@@ -166,7 +157,7 @@ struct JobManager::Job {
   std::string last_metrics_json;  // the last committed step's record
   // Step records for observers and curves (the newest kHistoryLimit; in
   // memory only: a restarted controller starts a new history).
-  std::deque<v1::StepRecord> history;
+  std::deque<HistoryRecord> history;
   int64_t history_seq = 0;  // seq of the newest record
   int error_code = 0;       // FAILED: absl/gRPC canonical code
 

@@ -8,9 +8,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "controller/job_manager.h"
+#include "controller/job_manager_proto.h"
 #include "controller/job_state.h"
 #include "core/status_macros.h"
 #include "fusionrl/config.h"
+#include "fusionrl/v1/state.pb.h"
 #include "spdlog/spdlog.h"
 
 namespace fusionrl {
@@ -61,14 +63,16 @@ v1::JobState JobManager::SaveJobLocked(const Job& job) const {
   v1::JobState s;
   s.set_id(job.id);
   s.set_config_yaml(job.config_yaml);
-  s.set_phase(job.phase);
+  s.set_phase(rpc::JobPhaseToProto(job.phase));
   s.set_message(job.message);
   s.set_over(job.over);
-  s.set_end_phase(job.end_phase);
+  s.set_end_phase(rpc::JobPhaseToProto(job.end_phase));
   s.set_end_message(job.end_message);
   s.set_submitted_us(Us(job.submitted));
   s.set_started_us(Us(job.started));
-  for (const v1::JobEvent& e : job.events) *s.add_events() = e;
+  for (const JobEvent& e : job.events) {
+    *s.add_events() = rpc::JobEventToProto(e);
+  }
   for (const Job::Part& part : job.parts) {
     v1::JobState::Part* p = s.add_parts();
     p->set_node_id(part.node_id);
@@ -181,16 +185,18 @@ absl::Status JobManager::RestoreJobLocked(const v1::JobState& s) {
   j.id = s.id();
   j.config = std::move(config);
   j.config_yaml = s.config_yaml();
-  j.phase = s.phase();
+  j.phase = rpc::JobPhaseFromProto(s.phase());
   j.message = s.message();
   j.over = s.over();
-  j.end_phase = s.end_phase();
+  j.end_phase = rpc::JobPhaseFromProto(s.end_phase());
   j.end_message = s.end_message();
   j.submitted = FromUs(s.submitted_us());
   j.started = FromUs(s.started_us());
   j.updated = clock_.Now();
   j.progress_at = j.updated;
-  j.events.assign(s.events().begin(), s.events().end());
+  for (const v1::JobEvent& e : s.events()) {
+    j.events.push_back(rpc::JobEventFromProto(e));
+  }
   for (const v1::JobState::Part& p : s.parts()) {
     Job::Part part;
     part.node_id = p.node_id();
@@ -244,7 +250,7 @@ absl::Status JobManager::RestoreJobLocked(const v1::JobState& s) {
   j.summary_json = s.summary_json();
   j.error_code = s.error_code();
 
-  const bool running = j.phase == v1::JOB_PHASE_RUNNING && !j.over;
+  const bool running = j.phase == JobPhase::kRunning && !j.over;
   if (j.over) {
     // Ended: its outputs were written or are lost with the old process;
     // status shows how it ended.
@@ -252,7 +258,7 @@ absl::Status JobManager::RestoreJobLocked(const v1::JobState& s) {
     j.message = j.end_message;
   } else if (!running) {
     // Queued: placed again by Schedule().
-    j.phase = v1::JOB_PHASE_PENDING;
+    j.phase = JobPhase::kPending;
     j.parts.clear();
   }
   if (running) {

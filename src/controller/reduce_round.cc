@@ -14,13 +14,9 @@
 
 namespace fusionrl {
 
-absl::StatusOr<std::string> JobManager::Reduce(ReduceCall call,
+absl::StatusOr<std::string> JobManager::Reduce(ReduceCall r,
                                                absl::Duration timeout) {
-  return ReduceImpl(std::move(call), clock_.Now() + timeout);
-}
-
-absl::StatusOr<std::string> JobManager::ReduceImpl(ReduceCall r,
-                                                   absl::Time deadline) {
+  absl::Time deadline = clock_.Now() + timeout;
   const size_t width = DtypeWidth(r.dtype);
   if (r.payload.size() % width != 0) {
     return absl::InvalidArgumentError(absl::StrCat(

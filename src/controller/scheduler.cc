@@ -128,20 +128,6 @@ CardRole RoleOf(const PlacementConfig& r, int position) {
 
 }  // namespace
 
-absl::string_view CardRoleName(CardRole role) {
-  switch (role) {
-    case CardRole::kColocated:
-      return "colocated";
-    case CardRole::kFused:
-      return "fused";
-    case CardRole::kRollout:
-      return "rollout";
-    case CardRole::kTrain:
-      return "train";
-  }
-  return "unknown";
-}
-
 absl::StatusOr<Placement> Place(const PlacementConfig& request,
                                 const std::vector<NodeView>& nodes,
                                 const BusyCards& busy) {

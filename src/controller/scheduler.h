@@ -9,20 +9,11 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/card_role.h"
 #include "core/node_registry.h"
 #include "fusionrl/config.h"
 
 namespace fusionrl {
-
-// What a card does for a job.
-//   kColocated: trains and samples, alternating (placement.mode
-//               colocated-sync).
-//   kFused:     trains and samples at the same time (RL Fusion; mode fused).
-//   kRollout / kTrain: one or the other (mode disaggregated).
-enum class CardRole { kColocated, kFused, kRollout, kTrain };
-
-// "colocated", "fused", "rollout", "train".
-absl::string_view CardRoleName(CardRole role);
 
 struct CardAssignment {
   std::string node_id;  // NodeView::id

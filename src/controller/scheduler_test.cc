@@ -56,6 +56,7 @@ std::string PlaceToString(const PlacementConfig& request,
 }
 
 TEST(SchedulerTest, CardRoleNames) {
+  EXPECT_EQ(CardRoleName(CardRole::kIdle), "idle");
   EXPECT_EQ(CardRoleName(CardRole::kColocated), "colocated");
   EXPECT_EQ(CardRoleName(CardRole::kFused), "fused");
   EXPECT_EQ(CardRoleName(CardRole::kRollout), "rollout");

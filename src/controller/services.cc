@@ -1,7 +1,10 @@
 #include "controller/services.h"
 
+#include <algorithm>
 #include <chrono>
 
+#include "absl/time/clock.h"
+#include "controller/job_manager_proto.h"
 #include "core/clock.h"
 #include "rpc/auth.h"
 #include "rpc/status_convert.h"
@@ -12,13 +15,16 @@ namespace {
 using rpc::CheckAuth;
 using rpc::ToGrpcStatus;
 
-// The call's own deadline as absl::Time (InfiniteFuture when it has none).
-absl::Time CallDeadline(const grpc::ServerContext& context) {
+// What is left of the call's own deadline (InfiniteDuration when it has
+// none). gRPC deadlines are wall-clock times: read here, at the edge, and
+// handed on as a duration, which the manager measures on its own clock.
+absl::Duration CallTimeout(const grpc::ServerContext& context) {
   const auto deadline = context.deadline();
   if (deadline == std::chrono::system_clock::time_point::max()) {
-    return absl::InfiniteFuture();
+    return absl::InfiniteDuration();
   }
-  return absl::FromChrono(deadline);
+  return std::max(absl::ZeroDuration(),
+                  absl::FromChrono(deadline) - absl::Now());
 }
 
 grpc::Status CheckId(const std::string& value, const char* field) {
@@ -47,7 +53,7 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
                                        const v1::SubmitJobRequest* request,
                                        v1::SubmitJobResponse* response) {
   FUSIONRL_GRPC_RETURN_IF_ERROR(CheckAuth(*context, auth_token_));
-  absl::StatusOr<std::string> id = jobs_.Submit(*request);
+  absl::StatusOr<std::string> id = rpc::SubmitJob(jobs_, *request);
   if (!id.ok()) return ToGrpcStatus(id.status());
   response->set_job_id(*id);
   return grpc::Status::OK;
@@ -58,9 +64,9 @@ grpc::Status JobServiceImpl::GetJobStatus(
     v1::JobStatus* response) {
   FUSIONRL_GRPC_RETURN_IF_ERROR(CheckAuth(*context, auth_token_));
   FUSIONRL_GRPC_RETURN_IF_ERROR(CheckId(request->job_id(), "job_id"));
-  absl::StatusOr<v1::JobStatus> status = jobs_.Status(request->job_id());
+  absl::StatusOr<JobStatus> status = jobs_.Status(request->job_id());
   if (!status.ok()) return ToGrpcStatus(status.status());
-  *response = *std::move(status);
+  *response = rpc::JobStatusToProto(*status);
   return grpc::Status::OK;
 }
 
@@ -84,20 +90,16 @@ grpc::Status JobServiceImpl::WatchJob(
       return grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled");
     }
     uint64_t update = 0;
-    absl::StatusOr<v1::JobStatus> status = jobs_.WaitForUpdate(
+    absl::StatusOr<JobStatus> status = jobs_.WaitForUpdate(
         request->job_id(), seen,
-        std::min(CallDeadline(*context), jobs_.clock().Now() + kRefresh),
+        jobs_.clock().Now() + std::min(CallTimeout(*context), kRefresh),
         &update);
     if (!status.ok()) return ToGrpcStatus(status.status());
     seen = update;
-    if (!writer->Write(*status)) {
+    if (!writer->Write(rpc::JobStatusToProto(*status))) {
       return grpc::Status(grpc::StatusCode::CANCELLED, "watcher went away");
     }
-    const v1::JobPhase phase = status->phase();
-    if (phase == v1::JOB_PHASE_SUCCEEDED || phase == v1::JOB_PHASE_FAILED ||
-        phase == v1::JOB_PHASE_CANCELLED) {
-      return grpc::Status::OK;
-    }
+    if (JobPhaseIsTerminal(status->phase)) return grpc::Status::OK;
     if (min_interval > absl::ZeroDuration()) {
       SleepOnClock(jobs_.clock(), min_interval);
     }
@@ -113,10 +115,10 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "reason: at most 1024 characters");
   }
-  absl::StatusOr<v1::JobStatus> status =
+  absl::StatusOr<JobStatus> status =
       jobs_.Cancel(request->job_id(), request->reason());
   if (!status.ok()) return ToGrpcStatus(status.status());
-  *response = *std::move(status);
+  *response = rpc::JobStatusToProto(*status);
   return grpc::Status::OK;
 }
 
@@ -124,7 +126,9 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
                                       const v1::ListJobsRequest* request,
                                       v1::ListJobsResponse* response) {
   FUSIONRL_GRPC_RETURN_IF_ERROR(CheckAuth(*context, auth_token_));
-  for (v1::JobStatus& s : jobs_.List()) *response->add_jobs() = std::move(s);
+  for (const JobStatus& s : jobs_.List()) {
+    *response->add_jobs() = rpc::JobStatusToProto(s);
+  }
   return grpc::Status::OK;
 }
 
@@ -145,10 +149,10 @@ grpc::Status JobServiceImpl::GetJobHistory(
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "after_seq: must be >= 0");
   }
-  absl::StatusOr<v1::JobHistory> history =
+  absl::StatusOr<JobHistory> history =
       jobs_.History(request->job_id(), request->after_seq());
   if (!history.ok()) return ToGrpcStatus(history.status());
-  *response = *std::move(history);
+  *response = rpc::JobHistoryToProto(*history);
   return grpc::Status::OK;
 }
 
@@ -160,7 +164,8 @@ grpc::Status WorkServiceImpl::GetAssignment(
     v1::GetAssignmentResponse* response) {
   FUSIONRL_GRPC_RETURN_IF_ERROR(CheckAuth(*context, auth_token_));
   FUSIONRL_GRPC_RETURN_IF_ERROR(CheckId(request->node_id(), "node_id"));
-  absl::StatusOr<v1::GetAssignmentResponse> r = jobs_.GetAssignment(*request);
+  absl::StatusOr<v1::GetAssignmentResponse> r =
+      rpc::GetAssignment(jobs_, *request);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *response = *std::move(r);
   return grpc::Status::OK;
@@ -172,7 +177,7 @@ grpc::Status WorkServiceImpl::GetStepPlan(grpc::ServerContext* context,
   FUSIONRL_GRPC_RETURN_IF_ERROR(CheckAuth(*context, auth_token_));
   FUSIONRL_GRPC_RETURN_IF_ERROR(CheckId(request->job_id(), "job_id"));
   FUSIONRL_GRPC_RETURN_IF_ERROR(CheckId(request->node_id(), "node_id"));
-  absl::StatusOr<v1::StepPlan> plan = jobs_.GetStepPlan(*request);
+  absl::StatusOr<v1::StepPlan> plan = rpc::GetStepPlan(jobs_, *request);
   if (!plan.ok()) return ToGrpcStatus(plan.status());
   *response = *std::move(plan);
   return grpc::Status::OK;
@@ -186,7 +191,7 @@ grpc::Status WorkServiceImpl::ExchangeUpdates(
   FUSIONRL_GRPC_RETURN_IF_ERROR(
       CheckId(request->update().node_id(), "update.node_id"));
   absl::StatusOr<v1::ExchangeUpdatesResponse> got =
-      jobs_.ExchangeUpdates(*request, CallDeadline(*context));
+      rpc::ExchangeUpdates(jobs_, *request, CallTimeout(*context));
   if (!got.ok()) return ToGrpcStatus(got.status());
   *response = *std::move(got);
   return grpc::Status::OK;
@@ -199,7 +204,7 @@ grpc::Status WorkServiceImpl::Store(grpc::ServerContext* context,
   FUSIONRL_GRPC_RETURN_IF_ERROR(CheckId(request->job_id(), "job_id"));
   FUSIONRL_GRPC_RETURN_IF_ERROR(CheckId(request->node_id(), "node_id"));
   absl::StatusOr<v1::StoreResponse> got =
-      jobs_.Store(*request, CallDeadline(*context));
+      rpc::Store(jobs_, *request, CallTimeout(*context));
   if (!got.ok()) return ToGrpcStatus(got.status());
   *response = *std::move(got);
   return grpc::Status::OK;
@@ -212,7 +217,7 @@ grpc::Status WorkServiceImpl::Reduce(grpc::ServerContext* context,
   FUSIONRL_GRPC_RETURN_IF_ERROR(CheckId(request->job_id(), "job_id"));
   FUSIONRL_GRPC_RETURN_IF_ERROR(CheckId(request->node_id(), "node_id"));
   absl::StatusOr<std::string> sum =
-      jobs_.Reduce(*request, CallDeadline(*context));
+      rpc::Reduce(jobs_, *request, CallTimeout(*context));
   if (!sum.ok()) return ToGrpcStatus(sum.status());
   *response->mutable_payload() = *std::move(sum);
   return grpc::Status::OK;
@@ -229,7 +234,7 @@ grpc::Status WorkServiceImpl::FinishStep(grpc::ServerContext* context,
                         "metrics_json: at most 1 MiB");
   }
   absl::StatusOr<v1::FinishStepResponse> r =
-      jobs_.FinishStep(*request, CallDeadline(*context));
+      rpc::FinishStep(jobs_, *request, CallTimeout(*context));
   if (!r.ok()) return ToGrpcStatus(r.status());
   *response = *std::move(r);
   return grpc::Status::OK;

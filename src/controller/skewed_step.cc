@@ -154,7 +154,7 @@ void JobManager::RollBackSkewedLocked(Job& job, const std::string& why) {
   job.summary.rollout_tokens = job.tokens_at_sync;
   job.last_eval = job.last_eval_at_sync;
   if (undone > 0) outputs_.RollBack(job.id, r);
-  while (!job.history.empty() && job.history.back().step() > r) {
+  while (!job.history.empty() && job.history.back().step > r) {
     job.history.pop_back();  // seq stays: observers see the steps again
   }
   // The clocks, the gate and the controller data plane's exchange start

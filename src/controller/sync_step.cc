@@ -212,7 +212,7 @@ StepPlan JobManager::EndPlanLocked(const Job& job, int index,
 absl::StatusOr<std::optional<StepPlan>> JobManager::SyncPlanLocked(
     const Job& job, int index, int local_rank, int64_t want) const {
   const Attempt* a = job.current.get();
-  if (a != nullptr && job.phase == v1::JOB_PHASE_RUNNING && a->step == want &&
+  if (a != nullptr && job.phase == JobPhase::kRunning && a->step == want &&
       !a->aborted) {
     const int k = a->Member(index);
     if (k >= 0) return TrainPlanLocked(job, *a, k, local_rank);
@@ -249,9 +249,9 @@ absl::StatusOr<StepPlan> JobManager::GetStepPlan(const std::string& job_id,
       StepPlan plan;
       plan.kind = PlanKind::kAbandon;
       plan.message =
-          absl::StrCat(job->id, " ended: ", v1::JobPhase_Name(job->end_phase),
-                       " ", job->end_message);
-      if (job->ending && job->end_phase != v1::JOB_PHASE_FAILED) {
+          absl::StrCat(job->id, " ended: ", JobPhaseText(job->end_phase), " ",
+                       job->end_message);
+      if (job->ending && job->end_phase != JobPhase::kFailed) {
         // It ended with its end checkpoint after this step: the cards keep
         // what they sampled ahead of it (worker/rollout_prefetch.h).
         plan.step = job->last_committed + 1;
@@ -271,7 +271,7 @@ absl::StatusOr<StepPlan> JobManager::GetStepPlan(const std::string& job_id,
     }
     const int64_t want = step == 0 ? job->first_step : step;
     std::optional<StepPlan> plan;
-    if (job->skewed && job->phase == v1::JOB_PHASE_RUNNING) {
+    if (job->skewed && job->phase == JobPhase::kRunning) {
       FUSIONRL_ASSIGN_OR_RETURN(const Attempt* a,
                                 SkewedAttemptLocked(*job, index, want));
       if (a != nullptr) {
@@ -295,6 +295,15 @@ absl::StatusOr<bool> JobManager::FinishStep(const StepReport& report,
                                             absl::Duration timeout) {
   ReportedStep r;
   r.report = report;
+  return FinishStepImpl(std::move(r), clock_.Now() + timeout);
+}
+
+absl::StatusOr<bool> JobManager::FinishStep(const StepReport& report,
+                                            std::string metrics_json,
+                                            absl::Duration timeout) {
+  ReportedStep r;
+  r.report = report;
+  r.metrics_json = std::move(metrics_json);
   return FinishStepImpl(std::move(r), clock_.Now() + timeout);
 }
 
@@ -336,8 +345,8 @@ absl::StatusOr<bool> JobManager::FinishStepImpl(ReportedStep r,
     FinishJobLocked(
         *job,
         job->stop_requested && job->last_committed < job->config.run.total_steps
-            ? v1::JOB_PHASE_CANCELLED
-            : v1::JOB_PHASE_SUCCEEDED,
+            ? JobPhase::kCancelled
+            : JobPhase::kSucceeded,
         job->stop_requested ? job->stop_reason : "");
     return true;
   }
@@ -446,13 +455,13 @@ void JobManager::AddHistoryLocked(Job& job, int64_t step,
   if (metrics_json.empty() && eval_accuracy < 0 && checkpoint_dir.empty()) {
     return;
   }
-  v1::StepRecord& rec = job.history.emplace_back();
-  rec.set_seq(++job.history_seq);
-  rec.set_step(step);
-  rec.set_time_us(absl::ToUnixMicros(clock_.Now()));
-  rec.set_metrics_json(std::move(metrics_json));
-  rec.set_eval_accuracy(eval_accuracy);
-  rec.set_checkpoint_dir(std::move(checkpoint_dir));
+  HistoryRecord& rec = job.history.emplace_back();
+  rec.seq = ++job.history_seq;
+  rec.step = step;
+  rec.time = clock_.Now();
+  rec.metrics_json = std::move(metrics_json);
+  rec.eval_accuracy = eval_accuracy;
+  rec.checkpoint_dir = std::move(checkpoint_dir);
   while (job.history.size() > kHistoryLimit) job.history.pop_front();
 }
 

@@ -17,20 +17,8 @@
 namespace fusionrl {
 
 absl::StatusOr<std::vector<ReceivedUpdate>> JobManager::ExchangeUpdates(
-    UpdateCall call, absl::Duration timeout) {
-  FUSIONRL_ASSIGN_OR_RETURN(std::vector<HandedUpdate> got,
-                            ExchangeUpdatesImpl(std::move(call), std::nullopt,
-                                                clock_.Now() + timeout));
-  std::vector<ReceivedUpdate> out;
-  out.reserve(got.size());
-  for (HandedUpdate& u : got) out.push_back({u.step, std::move(u.payload)});
-  return out;
-}
-
-absl::StatusOr<std::vector<JobManager::HandedUpdate>>
-JobManager::ExchangeUpdatesImpl(UpdateCall u,
-                                std::optional<uint32_t> sent_crc32c,
-                                absl::Time deadline) {
+    UpdateCall u, absl::Duration timeout) {
+  absl::Time deadline = clock_.Now() + timeout;
   if (u.step < 1 || u.round < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("update: step must be >= 1 and round >= 0, got step ",
@@ -43,11 +31,11 @@ JobManager::ExchangeUpdatesImpl(UpdateCall u,
   }
   // Kept with the update: receivers over the wire check it end to end.
   const uint32_t crc = Crc32c(u.payload);
-  if (sent_crc32c.has_value() && crc != *sent_crc32c) {
+  if (u.crc32c.has_value() && crc != *u.crc32c) {
     return absl::DataLossError(absl::StrFormat(
         "update of %s step %d round %d: CRC-32C of the %d bytes is 0x%08x, "
         "expected 0x%08x",
-        u.node_id, u.step, u.round, u.payload.size(), crc, *sent_crc32c));
+        u.node_id, u.step, u.round, u.payload.size(), crc, *u.crc32c));
   }
   FlushOnExit flush(*this);  // a mismatched update fails the job
   absl::MutexLock lock(&mu_);
@@ -129,7 +117,7 @@ JobManager::ExchangeUpdatesImpl(UpdateCall u,
 
   // Hand over what this node has not received, up to its own key; drop
   // updates every other node has received.
-  std::vector<HandedUpdate> out;
+  std::vector<ReceivedUpdate> out;
   const int n = static_cast<int>(job->parts.size());
   for (int m = 0; m < n; ++m) {
     if (m == me) continue;
@@ -137,8 +125,8 @@ JobManager::ExchangeUpdatesImpl(UpdateCall u,
     for (const Job::Update& up : job->outbox[m]) {
       if (up.key <= mark) continue;
       if (up.key > key) break;
-      out.push_back({job->parts[m].node_id, up.key.first, up.key.second,
-                     up.payload, up.crc32c});
+      out.push_back({up.key.first, up.payload, job->parts[m].node_id,
+                     up.key.second, up.crc32c});
       job->tensor_bytes += static_cast<int64_t>(up.payload.size());
       tensor_bytes_ += static_cast<int64_t>(up.payload.size());
       mark = up.key;

@@ -57,4 +57,22 @@ absl::StatusOr<JobSummary> ParseSummary(const std::string& text) {
   return s;
 }
 
+const char* JobPhaseName(JobPhase phase) {
+  switch (phase) {
+    case JobPhase::kPending:
+      return "pending";
+    case JobPhase::kWaitingForCapacity:
+      return "waiting_for_capacity";
+    case JobPhase::kRunning:
+      return "running";
+    case JobPhase::kSucceeded:
+      return "succeeded";
+    case JobPhase::kFailed:
+      return "failed";
+    case JobPhase::kCancelled:
+      return "cancelled";
+  }
+  return "unknown";
+}
+
 }  // namespace fusionrl

@@ -1,4 +1,5 @@
-// summary.json: the one-file result of a job (see fusionrl/job.h).
+// summary.json: the one-file result of a job (see fusionrl/job.h). The
+// public header's JobPhaseName is defined with it (job_summary.cc).
 #ifndef FUSIONRL_CORE_JOB_SUMMARY_H_
 #define FUSIONRL_CORE_JOB_SUMMARY_H_
 

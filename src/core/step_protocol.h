@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -150,12 +151,18 @@ struct ReduceCall : StepCallHeader {
 struct UpdateCall : StepCallHeader {
   int64_t due_step = 0;
   std::string payload;  // float32 values
+  // The payload's CRC-32C as its sender computed it, when it crossed a wire:
+  // the controller checks it (DataLoss). In process: unset.
+  std::optional<uint32_t> crc32c;
 };
 
 // Another super node's update, checked end to end (CRC-32C) by the client.
 struct ReceivedUpdate {
   int64_t step = 0;
   std::string payload;  // float32 values, as sent
+  std::string node_id;  // the node that sent it
+  int64_t round = 0;
+  uint32_t crc32c = 0;  // of `payload`, as the controller received it
 };
 
 // The rendezvous store of the c10d data plane (controller/rendezvous_store.h):

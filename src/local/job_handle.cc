@@ -30,6 +30,7 @@
 #include "local/in_process_work_client.h"
 #include "nlohmann/json.hpp"
 #include "rpc/auth.h"
+#include "rpc/enum_proto.h"
 #include "rpc/status_convert.h"
 #include "spdlog/spdlog.h"
 #include "worker/worker.h"
@@ -41,23 +42,6 @@ constexpr absl::Duration kCallTimeout = absl::Seconds(30);
 // How long the handle keeps asking a controller that does not answer
 // before it gives the job up (a restarted controller answers within it).
 constexpr absl::Duration kUnreachableTimeout = absl::Seconds(90);
-
-JobPhase FromProto(v1::JobPhase phase) {
-  switch (phase) {
-    case v1::JOB_PHASE_WAITING_FOR_CAPACITY:
-      return JobPhase::kWaitingForCapacity;
-    case v1::JOB_PHASE_RUNNING:
-      return JobPhase::kRunning;
-    case v1::JOB_PHASE_SUCCEEDED:
-      return JobPhase::kSucceeded;
-    case v1::JOB_PHASE_FAILED:
-      return JobPhase::kFailed;
-    case v1::JOB_PHASE_CANCELLED:
-      return JobPhase::kCancelled;
-    default:
-      return JobPhase::kPending;
-  }
-}
 
 bool Terminal(v1::JobPhase phase) {
   return phase == v1::JOB_PHASE_SUCCEEDED || phase == v1::JOB_PHASE_FAILED ||
@@ -259,7 +243,7 @@ class JobImpl final : public Job {
   bool Update(const v1::JobStatus& status, absl::StatusOr<JobSummary>* result) {
     {
       absl::MutexLock lock(&mu_);
-      progress_.phase = FromProto(status.phase());
+      progress_.phase = rpc::JobPhaseFromProto(status.phase());
       progress_.message = status.message();
       progress_.step = status.step();
       progress_.total_steps = status.total_steps();
@@ -390,24 +374,6 @@ absl::Status CheckOptions(const RunOptions& options) {
 }
 
 }  // namespace
-
-const char* JobPhaseName(JobPhase phase) {
-  switch (phase) {
-    case JobPhase::kPending:
-      return "pending";
-    case JobPhase::kWaitingForCapacity:
-      return "waiting_for_capacity";
-    case JobPhase::kRunning:
-      return "running";
-    case JobPhase::kSucceeded:
-      return "succeeded";
-    case JobPhase::kFailed:
-      return "failed";
-    case JobPhase::kCancelled:
-      return "cancelled";
-  }
-  return "unknown";
-}
 
 absl::StatusOr<std::unique_ptr<Job>> Job::Start(const JobConfig& given,
                                                 const RunOptions& options) {

@@ -1,7 +1,7 @@
 // The step protocol's plain structs (core/step_protocol.h) <-> their
 // WorkService messages (proto/fusionrl/v1/work.proto), both directions in
 // one place: the worker's GrpcWorkClient and the controller's WorkService
-// edge (controller/work_proto.cc) use the same conversions.
+// edge (controller/job_manager_proto.cc) use the same conversions.
 #ifndef FUSIONRL_RPC_STEP_PROTOCOL_PROTO_H_
 #define FUSIONRL_RPC_STEP_PROTOCOL_PROTO_H_
 

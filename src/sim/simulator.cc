@@ -33,7 +33,7 @@
 #include "core/node_registry.h"
 #include "core/status_macros.h"
 #include "core/step_protocol.h"
-#include "fusionrl/v1/job.pb.h"
+#include "fusionrl/config.h"
 #include "sim/simulation.h"
 
 namespace fusionrl::sim {
@@ -68,11 +68,8 @@ absl::StatusOr<SimRunResult> Simulation::Run() {
     nodes_.push_back(std::move(node));
   }
   jobs_.Schedule();
-  v1::SubmitJobRequest submit;
-  submit.set_config_yaml(spec_.job_yaml);
-  submit.set_source_name(spec_.source_name);
-  auto add = [&submit](const std::string& o) { submit.add_overrides(o); };
-  for (const std::string& o : spec_.job_overrides) add(o);
+  std::vector<std::string> overrides = spec_.job_overrides;
+  auto add = [&overrides](std::string o) { overrides.push_back(std::move(o)); };
   add(absl::StrCat("placement.mode=", PlacementModeName(spec_.mode.placement)));
   add(absl::StrCat("placement.super_nodes=", n_));
   add(absl::StrCat("placement.cards_per_super_node=", c_));
@@ -83,12 +80,16 @@ absl::StatusOr<SimRunResult> Simulation::Run() {
   if (s_ > 0) add("algorithm.decoupled_loss=true");
   add("run.data_plane=c10d");
   add(QuotedOverride("output_dir", spec_.output_dir));
-  FUSIONRL_ASSIGN_OR_RETURN(job_id_, jobs_.Submit(submit));
-  FUSIONRL_ASSIGN_OR_RETURN(v1::JobStatus st, jobs_.Status(job_id_));
-  if (st.phase() != v1::JOB_PHASE_RUNNING) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        spec_.source_name, ": the controller did not start the ",
-        "job: ", v1::JobPhase_Name(st.phase()), " ", st.message()));
+  JobSubmission submission;
+  FUSIONRL_ASSIGN_OR_RETURN(
+      submission.config,
+      ParseJobConfig(spec_.job_yaml, spec_.source_name, overrides));
+  FUSIONRL_ASSIGN_OR_RETURN(job_id_, jobs_.Submit(std::move(submission)));
+  FUSIONRL_ASSIGN_OR_RETURN(JobStatus st, jobs_.Status(job_id_));
+  if (st.phase != JobPhase::kRunning) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(spec_.source_name, ": the controller did not start the ",
+                     "job: ", JobPhaseText(st.phase), " ", st.message));
   }
   skewed_ = k_ > 0 && n_ > 1;
   for (auto& n : nodes_) {
@@ -125,16 +126,16 @@ absl::StatusOr<SimRunResult> Simulation::Run() {
   r.mode = spec_.mode.name;
   r.super_nodes = n_;
   r.cards = n_ * c_;
-  r.steps = st.step();
-  r.job_phase = v1::JobPhase_Name(st.phase());
-  if (st.phase() != v1::JOB_PHASE_SUCCEEDED) {
+  r.steps = st.step;
+  r.job_phase = JobPhaseText(st.phase);
+  if (st.phase != JobPhase::kSucceeded) {
     return absl::InternalError(absl::StrCat("the simulated job ended ",
-                                            r.job_phase, ": ", st.message()));
+                                            r.job_phase, ": ", st.message));
   }
-  r.groups_submitted = st.groups_submitted();
-  r.groups_trained = st.groups_trained();
-  r.controller_rollout_tokens = st.rollout_tokens();
-  r.max_clock_skew = st.max_clock_skew_seen();
+  r.groups_submitted = st.groups_submitted;
+  r.groups_trained = st.groups_trained;
+  r.controller_rollout_tokens = st.rollout_tokens;
+  r.max_clock_skew = st.max_clock_skew_seen;
   r.tokens = tokens_;
   r.seconds = end_time_;
   r.mean_step_seconds = r.steps > 0 ? end_time_ / r.steps : 0;

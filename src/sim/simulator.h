@@ -79,7 +79,7 @@ struct SimRunResult {
   int64_t tokens = 0;                     // the simulator's own count
   double seconds = 0;                     // virtual time of the run
   double mean_step_seconds = 0;           // seconds / steps
-  std::string job_phase;                  // JobPhase name at the end
+  std::string job_phase;                  // "SUCCEEDED" (JobPhaseText)
 };
 
 // Runs one simulation. InvalidArgument / FailedPrecondition for a job the

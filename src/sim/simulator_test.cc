@@ -128,7 +128,7 @@ TEST_F(SimulatorTest, EveryPromptGroupIsTrainedOnceInEveryMode) {
     SCOPED_TRACE(mode);
     auto r = Run(m, mode, 3, 2, 7);
     ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->job_phase, "JOB_PHASE_SUCCEEDED");
+    EXPECT_EQ(r->job_phase, "SUCCEEDED");
     EXPECT_EQ(r->steps, 7);
     // 3 super nodes x 2 cards x 2 groups per card, 7 steps.
     EXPECT_EQ(r->groups_submitted, 7 * 12);

@@ -13,11 +13,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/card_role.h"
 #include "core/memory_manager.h"
 
 namespace fusionrl {
-
-enum class CardRole { kIdle, kColocated, kFused, kRollout, kTrain };
 
 struct CardCounters {
   std::atomic<bool> active{false};              // in a job

@@ -12,6 +12,7 @@
 #include "fusionrl/v1/node.grpc.pb.h"
 #include "fusionrl/version.h"
 #include "rpc/auth.h"
+#include "rpc/enum_proto.h"
 #include "rpc/status_convert.h"
 #include "spdlog/spdlog.h"
 #include "worker/card_counters.h"
@@ -25,22 +26,6 @@ std::string HostName() {
   char buf[256] = {0};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
   return buf;
-}
-
-v1::CardRole RoleToProto(CardRole role) {
-  switch (role) {
-    case CardRole::kColocated:
-      return v1::CARD_ROLE_COLOCATED;
-    case CardRole::kFused:
-      return v1::CARD_ROLE_FUSED;
-    case CardRole::kRollout:
-      return v1::CARD_ROLE_ROLLOUT;
-    case CardRole::kTrain:
-      return v1::CARD_ROLE_TRAIN;
-    case CardRole::kIdle:
-      break;
-  }
-  return v1::CARD_ROLE_IDLE;
 }
 
 }  // namespace
@@ -151,8 +136,9 @@ absl::Status Worker::Run(const std::atomic<bool>* stop) {
         const int64_t busy = s.cards[i]->busy_us.load();
         v1::CardState* card = request.add_cards();
         card->set_index(static_cast<int>(i));
-        card->set_role(s.cards[i]->active ? RoleToProto(s.cards[i]->role.load())
-                                          : v1::CARD_ROLE_IDLE);
+        card->set_role(s.cards[i]->active
+                           ? rpc::CardRoleToProto(s.cards[i]->role.load())
+                           : v1::CARD_ROLE_IDLE);
         if (std::shared_ptr<CardMemoryManager> m = s.cards[i]->Memory()) {
           for (const auto& [name, bytes] : m->Snapshot()) {
             (*card->mutable_memory_bytes())[name] = bytes;
