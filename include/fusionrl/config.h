@@ -400,8 +400,10 @@ const char* OverStalePolicyName(OverStalePolicy policy);
 // lagged = exactly the oldest the lag allows, so the versions, and with
 // them the whole run, depend on the config alone; newest = the newest
 // version published when the step's rollout starts (fresher samples, but
-// timing decides which version samples what).
-enum class RolloutVersion { kLagged, kNewest };
+// timing decides which version samples what); jit = newest, started just
+// in time: as late as the measured rollout and training times say still
+// hides it, never beyond the lag (timing decides, as with newest).
+enum class RolloutVersion { kLagged, kNewest, kJustInTime };
 absl::StatusOr<RolloutVersion> ParseRolloutVersion(absl::string_view name);
 const char* RolloutVersionName(RolloutVersion rule);
 
@@ -426,7 +428,12 @@ struct StaleSyncConfig {
   // a resume continues exactly. newest: from the newest version published
   // when the step's rollout starts (staleness <= s, often less; which
   // version samples what depends on timing, so neither runs nor resumes
-  // repeat bit for bit; no prompt group is lost or trained twice).
+  // repeat bit for bit; no prompt group is lost or trained twice). jit:
+  // newest, but the i-th step's rollout waits for version v0 + i - d, d in
+  // 1..s the fewest training steps predicted to cover one step's rollout
+  // (the card's measured seconds, with a 20% margin; s until both are
+  // measured): staleness only where it buys overlap
+  // (docs/stalesync.md#just-in-time-admission).
   RolloutVersion rollout_version = RolloutVersion::kLagged;
   // Partial rollout (N > 0): a response of step t samples its tokens
   // [jN, (j+1)N) from the version that samples step t + j (lagged), j at

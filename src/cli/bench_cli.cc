@@ -33,22 +33,30 @@ struct Mode {
   int lag = 0;
   int partial = 0;                       // stalesync.partial_rollout_tokens
   FusedTurns turns = FusedTurns::kAuto;  // placement.fused_turns
+  // stalesync.rollout_version; unset: the config's.
+  std::optional<RolloutVersion> version;
 };
 
 absl::StatusOr<Mode> ParseMode(const std::string& full) {
   Mode m;
   m.name = full;
-  // Suffixes: "+partial:N" turns on partial rollout with N tokens a
-  // segment; "+turns:T" pins placement.fused_turns.
+  // Suffixes, in this order: "+turns:T" pins placement.fused_turns;
+  // "+partial:N" turns on partial rollout with N tokens a segment;
+  // "+version:V" sets stalesync.rollout_version.
   std::string text = full;
-  for (const std::string suffix : {"+partial", "+turns"}) {
+  for (const std::string suffix : {"+version", "+partial", "+turns"}) {
     const size_t at = text.find(suffix);
     if (at == std::string::npos) continue;
     std::string value = text.substr(at + suffix.size());
     text = text.substr(0, at);
     const bool partial = suffix == "+partial";
+    const bool version = suffix == "+version";
     bool ok = value.size() >= 2 && value[0] == ':';
-    if (ok && partial) {
+    if (ok && version) {
+      absl::StatusOr<RolloutVersion> v = ParseRolloutVersion(value.substr(1));
+      ok = v.ok();
+      if (ok) m.version = *v;
+    } else if (ok && partial) {
       ok = absl::SimpleAtoi(value.substr(1), &m.partial) && m.partial >= 1;
     } else if (ok) {
       absl::StatusOr<FusedTurns> turns = ParseFusedTurns(value.substr(1));
@@ -58,10 +66,12 @@ absl::StatusOr<Mode> ParseMode(const std::string& full) {
     if (!ok) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--modes: '", full, "': expected <mode>",
-          partial ? "+partial:N, N >= 1 (stalesync.partial_rollout_tokens)"
-                  : "+turns:T, T one of auto, concurrent, interleaved "
-                    "(placement.fused_turns)",
-          "; +turns comes before +partial"));
+          version   ? "+version:V, V one of lagged, newest, jit "
+                      "(stalesync.rollout_version)"
+          : partial ? "+partial:N, N >= 1 (stalesync.partial_rollout_tokens)"
+                    : "+turns:T, T one of auto, concurrent, interleaved, "
+                      "probe (placement.fused_turns)",
+          "; suffixes come in the order +turns, +partial, +version"));
     }
   }
   if (text == "colocated-sync" || text == "fused") {
@@ -90,7 +100,7 @@ absl::StatusOr<Mode> ParseMode(const std::string& full) {
   return absl::InvalidArgumentError(absl::StrCat(
       "--modes: unknown mode '", text,
       "' (colocated-sync, fused, fused+stalesync[:s], disaggregated[:s], "
-      "each optionally +turns:T and +partial:N)"));
+      "each optionally +turns:T, +partial:N and +version:V)"));
 }
 
 }  // namespace
@@ -105,8 +115,9 @@ CLI::App* AddBenchCommand(CLI::App& app, BenchArgs& args) {
                     "comma-separated: colocated-sync, fused, "
                     "fused+stalesync[:s], disaggregated[:s], each with an "
                     "optional +turns:T (placement.fused_turns: auto, "
-                    "concurrent, interleaved, probe) and +partial:N (partial "
-                    "rollout, N tokens a segment; default "
+                    "concurrent, interleaved, probe), +partial:N (partial "
+                    "rollout, N tokens a segment) and +version:V "
+                    "(stalesync.rollout_version: lagged, newest, jit; default "
                     "colocated-sync,disaggregated,fused,fused+stalesync:2)");
   bench->add_option("--repeats", args.repeats, "runs per mode (default 3)")
       ->check(CLI::Range(1, 100));
@@ -162,6 +173,7 @@ JobConfig RunConfig(const JobConfig& base, const Mode& mode,
   if (mode.lag > 0) c.algorithm.decoupled_loss = true;
   c.stalesync.partial_rollout_tokens = mode.partial;
   c.placement.fused_turns = mode.turns;
+  if (mode.version) c.stalesync.rollout_version = *mode.version;
   std::string dir_name = mode.name;
   std::replace(dir_name.begin(), dir_name.end(), ':', '_');
   c.output_dir = absl::StrCat(work, "/", dir_name, "-", r);

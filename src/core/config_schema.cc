@@ -91,7 +91,9 @@ constexpr Spelling<OverStalePolicy> kOverStalePolicies[] = {
     {OverStalePolicy::kRegenerate, "regenerate"},
     {OverStalePolicy::kDrop, "drop"}};
 constexpr Spelling<RolloutVersion> kRolloutVersions[] = {
-    {RolloutVersion::kLagged, "lagged"}, {RolloutVersion::kNewest, "newest"}};
+    {RolloutVersion::kLagged, "lagged"},
+    {RolloutVersion::kNewest, "newest"},
+    {RolloutVersion::kJustInTime, "jit"}};
 constexpr Spelling<ActivationPolicy> kActivationPolicies[] = {
     {ActivationPolicy::kKeep, "keep"},
     {ActivationPolicy::kRecompute, "recompute"},

@@ -738,12 +738,12 @@ TEST(ConfigTest, ModesAndEstimatorsAreParsedOnceAsEnums) {
        "resample",
        "must be one of regenerate, drop; got 'resample'"},
       {"stalesync.rollout_version",
-       {"lagged", "newest"},
+       {"lagged", "newest", "jit"},
        [](const JobConfig& c) {
          return RolloutVersionName(c.stalesync.rollout_version);
        },
        "latest",
-       "must be one of lagged, newest; got 'latest'"},
+       "must be one of lagged, newest, jit; got 'latest'"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.key);

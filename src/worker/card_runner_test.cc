@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "core/fake_clock.h"
 #include "core/memory_manager.h"
 #include "engine/job_common.h"
 #include "engine/rollout.h"
@@ -377,6 +378,90 @@ TEST(FusedRolloutTest, AdmitsStepsOnlyWithinThePolicyLag) {
   fused.Stop();
 }
 
+// Just-in-time admission (rollout_version jit, s = 3): once the card has
+// measured a training step (10 s from Take to Publish on the fake clock)
+// and a step's rollout (`rollout` seconds), the 5th step of the frame waits
+// for version v0 + 4 - d, d = ceil(1.2 x rollout / 10) in 1..3, and samples
+// from the newest version then. A fast rollout (2 s: d = 1) is admitted two
+// versions later than the lag allows; a slow one (25 s: d = 3) as early as
+// the lag allows. Admitting one version earlier (or later) than d fails.
+class JustInTimeAdmissionTest
+    : public ::testing::TestWithParam<std::pair<double, int64_t>> {};
+
+TEST_P(JustInTimeAdmissionTest, WaitsAsLongAsTheMeasuredTimesAllow) {
+  const auto [rollout_seconds, lag] = GetParam();
+  FakeClock clock;
+  auto policy = testing_util::TinyModel();
+  auto snapshot = policy->CloneFrozen();
+  auto engine =
+      std::make_unique<RolloutEngine>(*snapshot, 0, std::vector<int>{1});
+  RecordingSampler sampler;
+  FusedRollout::SampleFn recording = sampler.Fn();
+  FusedRollout::Options o;
+  o.max_policy_lag = 3;
+  o.lagged = false;
+  o.just_in_time = true;
+  o.prompts_per_step = 2;
+  o.max_steps_per_round = 4;  // steps 1..4 in one round: one measurement
+  o.timeout = absl::Seconds(10);
+  FusedRollout fused(
+      std::move(snapshot), std::move(engine), o,
+      [&, r = rollout_seconds](
+          RolloutEngine& e, const std::vector<StepGroups>& steps, int rank,
+          int64_t version, const GroupSampler::DeliverFn& deliver,
+          const GroupSampler::SegmentEndFn& end) {
+        // The round takes `r` seconds a step, before it hands anything over.
+        clock.Advance(absl::Seconds(r * static_cast<double>(steps.size())));
+        return recording(e, steps, rank, version, deliver, end);
+      },
+      nullptr, clock);
+  fused.Publish(policy->parameters(), 0);
+  // Nothing measured yet: steps 1..4 are admitted as the lag s allows.
+  absl::StatusOr<RolloutBatch> b1 = fused.Take(TrainPlan(1, 2));
+  ASSERT_TRUE(b1.ok()) << b1.status();
+  EXPECT_EQ(b1->admission_lag, 3);
+  ASSERT_EQ(sampler.WaitFor(4).size(), 4u);
+  auto waiting_for_5 = [&] {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (fused.waiting_for_step() != 5 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return fused.waiting_for_step() == 5 && sampler.Sampled().size() == 4;
+  };
+  // Train steps 1..4, 10 s each; step 5 (i = 4) starts at version 4 - d.
+  for (int64_t v = 1; v <= 4 - lag; ++v) {
+    if (v > 1) {
+      ASSERT_TRUE(fused.Take(TrainPlan(v, 2)).ok());
+    }
+    clock.Advance(absl::Seconds(10));
+    ASSERT_TRUE(waiting_for_5()) << "before version " << v;
+    fused.Publish(policy->parameters(), v);
+  }
+  auto seen = sampler.WaitFor(5);
+  ASSERT_EQ(seen.size(), 5u);
+  EXPECT_EQ(seen[4], std::make_pair(int64_t{5}, 4 - lag));
+  for (int64_t step = 4 - lag + 1; step <= 5; ++step) {
+    absl::StatusOr<RolloutBatch> b = fused.Take(TrainPlan(step, 2));
+    ASSERT_TRUE(b.ok()) << b.status();
+    if (step == 5) {
+      EXPECT_EQ(b->admission_lag, lag);
+      EXPECT_EQ(b->samples.front().behaviour_version, 4 - lag);
+    }
+    clock.Advance(absl::Seconds(10));
+    fused.Publish(policy->parameters(), step);
+  }
+  fused.Stop();
+}
+
+INSTANTIATE_TEST_SUITE_P(FastAndSlowRollout, JustInTimeAdmissionTest,
+                         ::testing::Values(std::make_pair(2.0, int64_t{1}),
+                                           std::make_pair(25.0, int64_t{3})),
+                         [](const auto& info) {
+                           return info.param.second == 1
+                                      ? std::string("FastRolloutLag1")
+                                      : std::string("SlowRolloutLag3");
+                         });
+
 // Several steps sampled in one engine call (continuous batching across
 // steps) give each step the batch a call of its own gives it: the same
 // tokens and rewards, log-probs to float rounding, every step delivered
@@ -402,8 +487,9 @@ TEST(GroupSamplerTest, StepsSampledTogetherEqualStepsSampledAlone) {
   };
   std::vector<StepGroups> steps;
   for (int64_t step = 4; step <= 6; ++step) {
-    steps.push_back(
-        {step, TrainPlan(step, config.rollout.prompts_per_step).groups});
+    steps.push_back({step,
+                     TrainPlan(step, config.rollout.prompts_per_step).groups,
+                     std::nullopt});
   }
   std::map<int64_t, RolloutBatch> together;
   const absl::Status st = sampler.SampleSteps(

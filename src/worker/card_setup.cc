@@ -118,6 +118,8 @@ absl::Status CardRunner::SetUpRolloutThread() {
   FusedRollout::Options fo;
   fo.max_policy_lag = cfg.stalesync.max_policy_lag;
   fo.lagged = cfg.stalesync.rollout_version == RolloutVersion::kLagged;
+  fo.just_in_time =
+      cfg.stalesync.rollout_version == RolloutVersion::kJustInTime;
   fo.prompts_per_step = cfg.rollout.prompts_per_step;
   fo.partial_rollout_tokens = cfg.stalesync.partial_rollout_tokens;
   fo.snapshot_version = trainer_->version();

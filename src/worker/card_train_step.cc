@@ -134,6 +134,10 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
       StepBatch(plan, &times.rollout_wait, &thread_samples, &over_stale));
   times.rollout = batch.seconds;
   times.gate_wait = batch.gate_wait_seconds;
+  const int64_t admission_lag =
+      cfg.stalesync.rollout_version == RolloutVersion::kJustInTime
+          ? batch.admission_lag
+          : -1;
   const int64_t max_staleness =
       StalenessFilter::MaxStaleness(batch.samples, trainer_->version());
   FUSIONRL_RETURN_IF_ERROR(PrepareOptimizer());
@@ -223,6 +227,7 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   parts.totals = &totals;
   parts.train = &ts;
   parts.max_staleness = max_staleness;
+  parts.admission_lag = admission_lag;
   parts.times = times;
   parts.exchange = exchange;
   parts.split = split;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <exception>
 #include <limits>
 #include <utility>
@@ -17,6 +18,20 @@
 #include "engine/rollout.h"
 
 namespace fusionrl {
+namespace {
+
+// Just in time: how much longer than predicted a step's rollout may take
+// and still be ready, and the weight of the newest measurement.
+constexpr double kJitMargin = 1.2;
+constexpr double kJitAverageWeight = 0.3;
+
+void Average(double& average, double seconds) {
+  average = average <= 0 ? seconds
+                         : (1 - kJitAverageWeight) * average +
+                               kJitAverageWeight * seconds;
+}
+
+}  // namespace
 
 FusedRollout::FusedRollout(std::unique_ptr<PolicyModel> snapshot,
                            std::unique_ptr<RolloutEngine> engine,
@@ -41,6 +56,11 @@ void FusedRollout::Publish(const std::vector<at::Tensor>& weights,
   copy.reserve(weights.size());
   for (const at::Tensor& p : weights) copy.push_back(p.detach().clone());
   absl::MutexLock lock(&mu_);
+  if (taken_at_ != absl::InfinitePast()) {
+    Average(train_step_seconds_,
+            absl::ToDoubleSeconds(clock_.MonotonicNow() - taken_at_));
+    taken_at_ = absl::InfinitePast();
+  }
   if (version <= published_version_) {
     // A roll-back published an older state again: the versions after it,
     // and a snapshot taken from them, belong to the abandoned timeline.
@@ -73,9 +93,19 @@ int64_t FusedRollout::waiting_for_step() const {
   return waiting_for_step_;
 }
 
+int64_t FusedRollout::AdmitLagLocked() const {
+  const int64_t s = options_.max_policy_lag;
+  if (!options_.just_in_time || s <= 1 || rollout_step_seconds_ <= 0 ||
+      train_step_seconds_ <= 0) {
+    return s;
+  }
+  const double steps =
+      std::ceil(kJitMargin * rollout_step_seconds_ / train_step_seconds_);
+  return std::clamp<int64_t>(static_cast<int64_t>(steps), 1, s);
+}
+
 int64_t FusedRollout::AdmitVersionLocked(int64_t step) const {
-  return AdmitVersion(frame_version_, step - base_step_,
-                      options_.max_policy_lag);
+  return AdmitVersion(frame_version_, step - base_step_, AdmitLagLocked());
 }
 
 int64_t FusedRollout::SampleVersionLocked(int64_t step) const {
@@ -265,6 +295,7 @@ std::optional<FusedRollout::Round> FusedRollout::NextRound(bool wait) {
     round.version = snapshot_version_;
     round.frame_version = frame_version_;
     round.base_step = base_step_;
+    round.lag = AdmitLagLocked();
     // Carried responses that continue from this version come first: they
     // take the engine's slots before the new steps' responses.
     for (auto it = carried_.begin(); it != carried_.end();) {
@@ -323,6 +354,7 @@ void FusedRollout::Deliver(const Round& round, int64_t step, RolloutBatch batch,
   if (round.generation != generation_) return;  // reset meanwhile: drop
   batch.gate_wait_seconds += gate_wait_seconds_;
   gate_wait_seconds_ = 0;
+  if (batch.admission_lag < 0) batch.admission_lag = round.lag;
   (batch.unfinished.empty() ? ready_ : carried_)[step] = std::move(batch);
   changed_.SignalAll();
 }
@@ -349,6 +381,7 @@ bool FusedRollout::EndRound(const Round& round, absl::Status status,
 }
 
 bool FusedRollout::RunRound(const Round& round) {
+  const absl::Time started = clock_.MonotonicNow();
   size_t delivered = 0;
   absl::Status status;
   auto sample = [&] {
@@ -380,6 +413,12 @@ bool FusedRollout::RunRound(const Round& round) {
     worker.join();
   } else {
     sample();
+  }
+  if (options_.just_in_time && delivered > 0) {
+    absl::MutexLock lock(&mu_);
+    Average(rollout_step_seconds_,
+            absl::ToDoubleSeconds(clock_.MonotonicNow() - started) /
+                static_cast<double>(delivered));
   }
   return EndRound(round, std::move(status), delivered);
 }
@@ -444,6 +483,7 @@ absl::StatusOr<RolloutBatch> FusedRollout::Take(const StepPlan& plan) {
   }
   RolloutBatch batch = std::move(it->second);
   ready_.erase(it);
+  taken_at_ = clock_.MonotonicNow();
   return batch;
 }
 

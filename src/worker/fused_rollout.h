@@ -19,6 +19,16 @@
 // need: one copy when it is ahead of the trainer, at most s + 1 when the
 // trainer waits for it); newest = the newest published one.
 //
+// Just in time (newest with Options::just_in_time; rollout_version jit):
+// the i-th step waits for version v0 + i - d instead of v0 + i - s, d in
+// 1..s the fewest training steps predicted to cover one step's rollout:
+// ceil(1.2 x rollout seconds a step / training seconds a step), both the
+// card's own moving averages (a step's rollout: its round's wall time per
+// step; a training step: from Take() to the next Publish()), d = s until
+// both are measured. It samples from the newest version then, so
+// staleness is what overlap needs, never above s. Timing decides d, as it
+// decides newest's versions.
+//
 // Rounds of several steps (max_steps_per_round > 1): when the steps after
 // the next one are admitted too and sample from the same version (lagged:
 // the first s + 1 steps after a reset all sample from v0; newest: every
@@ -97,6 +107,7 @@ class FusedRollout {
   struct Options {
     int64_t max_policy_lag = 0;  // s
     bool lagged = true;          // stalesync.rollout_version
+    bool just_in_time = false;   // jit (with lagged false; see above)
     int prompts_per_step = 1;    // the job's, to advance predicted groups
     int rollout_threads = 1;     // intra-op threads of the rollout thread
     // At most this many steps sampled in one engine call (see above); 1 =
@@ -203,6 +214,7 @@ class FusedRollout {
     // The frame the round's segment ends follow.
     int64_t frame_version = 0;
     int64_t base_step = 0;
+    int64_t lag = 0;  // the admission lag its steps were admitted with
   };
 
   void Loop();
@@ -229,6 +241,8 @@ class FusedRollout {
   // one it samples from (lagged: that, at least v0; newest: the newest).
   int64_t AdmitVersionLocked(int64_t step) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The lag admission uses now: s, or just in time the predicted d.
+  int64_t AdmitLagLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t SampleVersionLocked(int64_t step) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops published versions no coming round samples from.
@@ -280,6 +294,11 @@ class FusedRollout {
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   // Time the thread waited on the gate since its last delivered batch.
   double gate_wait_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  // Just in time: moving averages of a step's rollout and training wall
+  // seconds (0: not measured yet), and when the trainer last took a batch.
+  double rollout_step_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  double train_step_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time taken_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int64_t waiting_for_step_ ABSL_GUARDED_BY(mu_) = -1;
   std::thread thread_;  // main thread only

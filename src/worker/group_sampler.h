@@ -48,6 +48,9 @@ struct RolloutBatch {
   // Fused: how long the rollout thread waited for the policy version that
   // StaleSync admission needed before sampling this batch.
   double gate_wait_seconds = 0;
+  // Fused: the policy lag the step was admitted with (s; just in time the
+  // predicted d; -1 where no rollout thread sampled it).
+  int64_t admission_lag = -1;
 
   // Recounts tokens, correct, finished and reward_sum over the samples.
   void Recount();

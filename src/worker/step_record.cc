@@ -59,6 +59,10 @@ MetricFields StepRecord(const StepRecordParts& p) {
   for (size_t i = 0; i < t.staleness.size(); ++i) {
     rec.push_back({absl::StrCat("staleness_", i), t.staleness[i]});
   }
+  if (p.admission_lag >= 0) {
+    rec.push_back(
+        {"rollout_admission_lag", static_cast<double>(p.admission_lag)});
+  }
   if (p.moe) {
     // The lead card's own router statistics (like the other trainer stats).
     rec.push_back({"moe_aux_loss", ts.moe_aux_loss});

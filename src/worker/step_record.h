@@ -46,6 +46,9 @@ struct StepRecordParts {
   const StepTotals* totals = nullptr;  // summed over the job's cards
   const TrainStats* train = nullptr;   // the lead card's
   int64_t max_staleness = 0;
+  // rollout_version jit: the lag the step's rollout was admitted with
+  // (recorded as rollout_admission_lag); -1: not recorded.
+  int64_t admission_lag = -1;
   StepTimes times;
   StepExchange exchange;
   RoleSplit split;           // the lead card's time split since the last one
