@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace fusionrl {
@@ -149,36 +150,35 @@ absl::StatusOr<std::vector<int>> EosIds(const Json& j, const Fields& f,
   return f.Bad(key, "expected an integer or a list of integers", v);
 }
 
-absl::Status ReadRopeScaling(const Json& j, const Fields& f,
-                             RopeScalingConfig* out) {
+// One rope settings object: transformers v4's `rope_scaling`, or v5's
+// `rope_parameters` (which also holds rope_theta). `key` names it in
+// messages. The type comes from rope_type (or v4's older `type`); default
+// is no scaling; linear and llama3 are read; any other (yarn, dynamic,
+// longrope, ...) is refused by name.
+absl::Status ReadRopeObject(const Json& r, const Fields& f, const char* key,
+                            RopeScalingConfig* out) {
   *out = RopeScalingConfig{};
-  if (!f.Has("rope_scaling")) return absl::OkStatus();
-  const Json& r = j["rope_scaling"];
-  if (!r.is_object()) {
-    return f.Bad("rope_scaling", "expected an object or null", r);
-  }
+  if (!r.is_object()) return f.Bad(key, "expected an object or null", r);
   std::string type;
   if (r.contains("rope_type") && r["rope_type"].is_string()) {
     type = r["rope_type"].get<std::string>();
   } else if (r.contains("type") && r["type"].is_string()) {
     type = r["type"].get<std::string>();
   } else {
-    return f.Bad("rope_scaling", "expected a rope_type", r);
+    return f.Bad(key, "expected a rope_type", r);
   }
-  const Fields rf(r, absl::StrCat(f.file(), ": rope_scaling"));
+  const Fields rf(r, absl::StrCat(f.file(), ": ", key));
   if (type == "default") return absl::OkStatus();
   if (type != "linear" && type != "llama3") {
     return f.Unsupported(
-        "rope_scaling",
-        absl::StrCat("rope type '", type,
-                     "' is not supported (default, linear and llama3 are)"));
+        key, absl::StrCat("rope type '", type,
+                          "' is not supported (default, linear and llama3 "
+                          "are)"));
   }
   out->type = type;
   auto factor = rf.Number("factor", std::nullopt);
   if (!factor.ok()) return factor.status();
-  if (!(*factor > 0)) {
-    return f.Bad("rope_scaling", "expected factor > 0", r);
-  }
+  if (!(*factor > 0)) return f.Bad(key, "expected factor > 0", r);
   out->factor = *factor;
   if (type == "llama3") {
     auto low = rf.Number("low_freq_factor", std::nullopt);
@@ -188,7 +188,7 @@ absl::Status ReadRopeScaling(const Json& j, const Fields& f,
     auto orig = rf.Int("original_max_position_embeddings", std::nullopt);
     if (!orig.ok()) return orig.status();
     if (!(*high > *low) || *low <= 0 || *orig <= 0) {
-      return f.Bad("rope_scaling",
+      return f.Bad(key,
                    "expected 0 < low_freq_factor < high_freq_factor and "
                    "original_max_position_embeddings > 0",
                    r);
@@ -197,6 +197,59 @@ absl::Status ReadRopeScaling(const Json& j, const Fields& f,
     out->high_freq_factor = *high;
     out->original_max_position_embeddings = *orig;
   }
+  return absl::OkStatus();
+}
+
+bool SameRope(const RopeScalingConfig& a, const RopeScalingConfig& b) {
+  return a.type == b.type && a.factor == b.factor &&
+         a.low_freq_factor == b.low_freq_factor &&
+         a.high_freq_factor == b.high_freq_factor &&
+         a.original_max_position_embeddings ==
+             b.original_max_position_embeddings;
+}
+
+// rope_theta and the rotary scaling, from either form transformers writes:
+// v4's top-level rope_theta and rope_scaling, or v5's rope_parameters
+// {rope_type, rope_theta, ...}. Where a file holds both forms they must
+// agree: silently taking one would train a different model than the
+// file's authors describe.
+absl::Status ReadRope(const Json& j, const Fields& f, ModelConfig* m) {
+  auto theta = f.Number("rope_theta", 10000.0);
+  if (!theta.ok()) return theta.status();
+  m->rope_theta = *theta;
+  RopeScalingConfig v4;
+  if (f.Has("rope_scaling")) {
+    FUSIONRL_RETURN_IF_ERROR(
+        ReadRopeObject(j["rope_scaling"], f, "rope_scaling", &v4));
+  }
+  m->rope_scaling = v4;
+  if (!f.Has("rope_parameters")) return absl::OkStatus();
+  const Json& p = j["rope_parameters"];
+  if (p.is_object() && !p.contains("rope_type") && !p.contains("type") &&
+      !p.empty() && p.begin()->is_object()) {
+    return f.Unsupported(
+        "rope_parameters",
+        "rope parameters per layer type (an object of objects) are not "
+        "supported; one set for every layer is");
+  }
+  RopeScalingConfig v5;
+  FUSIONRL_RETURN_IF_ERROR(ReadRopeObject(p, f, "rope_parameters", &v5));
+  const Fields pf(p, absl::StrCat(f.file(), ": rope_parameters"));
+  auto v5_theta = pf.Number("rope_theta", *theta);
+  if (!v5_theta.ok()) return v5_theta.status();
+  if (f.Has("rope_theta") && *v5_theta != *theta) {
+    return f.Unsupported(
+        "rope_theta",
+        absl::StrCat(*theta, " differs from rope_parameters.rope_theta (",
+                     *v5_theta, ")"));
+  }
+  if (f.Has("rope_scaling") && !SameRope(v4, v5)) {
+    return f.Unsupported("rope_scaling",
+                         "differs from rope_parameters (rope type '" + v4.type +
+                             "' against '" + v5.type + "')");
+  }
+  m->rope_theta = *v5_theta;
+  m->rope_scaling = v5;
   return absl::OkStatus();
 }
 
@@ -248,7 +301,11 @@ absl::StatusOr<HfModelInfo> ReadHfModelConfig(const std::string& dir) {
                          "num_attention_heads, num_key_value_heads, "
                          "intermediate_size) must be >= 1");
   }
-  const int default_head_dim = m.d_model / m.n_heads;
+  // Each architecture's own default where config.json has no head_dim:
+  // Qwen3Config's is 128 (not hidden_size / heads); Llama's and Mistral's
+  // configs fall back to hidden_size / heads.
+  const int default_head_dim =
+      arch == "Qwen3ForCausalLM" ? 128 : m.d_model / m.n_heads;
   // Qwen2's modeling code always uses hidden_size / num_attention_heads.
   if (arch == "Qwen2ForCausalLM") {
     m.head_dim = default_head_dim;
@@ -267,10 +324,9 @@ absl::StatusOr<HfModelInfo> ReadHfModelConfig(const std::string& dir) {
         "head_dim",
         absl::StrCat("must be even for rotary embeddings, got ", m.head_dim));
   }
-  HF_ASSIGN(m.rope_theta, f.Number("rope_theta", 10000.0));
+  if (auto s = ReadRope(j, f, &m); !s.ok()) return s;
   HF_ASSIGN(m.norm_eps, f.Number("rms_norm_eps", 1e-6));
   HF_ASSIGN(m.tie_embeddings, f.Bool("tie_word_embeddings", false));
-  if (auto s = ReadRopeScaling(j, f, &m.rope_scaling); !s.ok()) return s;
   HF_ASSIGN(info.max_position_embeddings, f.Int("max_position_embeddings", 0));
   HF_ASSIGN(info.torch_dtype, f.String("torch_dtype", ""));
   HF_ASSIGN(info.bos_token_id, f.Int("bos_token_id", -1));

@@ -271,12 +271,15 @@ void BpeTokenizer::MergeSymbolsLong(std::vector<int>* symbols) const {
 
 std::string BpeTokenizer::DecodeImpl(const std::vector<int>& ids,
                                      bool skip_special) const {
-  static constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
   std::string bytes;
   for (int id : ids) {
     if (id < 0 || id >= vocab_size_ || !id_known_[id]) {
-      bytes.append(kReplacement);
-    } else if (!(skip_special && id_special_[id])) {
+      // An id the tokenizer does not know (a model's vocabulary is often
+      // larger than its tokenizer's: Qwen's 151936 against 151669) decodes
+      // to nothing, as Hugging Face tokenizers' decode skips it.
+      continue;
+    }
+    if (!(skip_special && id_special_[id])) {
       bytes.append(id_bytes_[id]);
     }
   }

@@ -195,10 +195,14 @@ TEST(BpeTokenizerTest, NormalizesToNfc) {
   EXPECT_EQ(MustEncode(*tok, "\xC3\xA9"), (std::vector<int>{0xC3, 0xA9}));
 }
 
-TEST(BpeTokenizerTest, DecodesUnknownIdsAndBrokenBytesAsReplacement) {
+// Ids outside the tokenizer are dropped, as Hugging Face's decode drops
+// them; bytes that do not form UTF-8 become U+FFFD, as its byte-level
+// decoder makes them.
+TEST(BpeTokenizerTest, DropsUnknownIdsAndDecodesBrokenBytesAsReplacement) {
   const auto tok = Make(SmallTokenizer());
   ASSERT_NE(tok, nullptr);
-  EXPECT_EQ(tok->Decode({'h', -1, 100000, 'i'}), "h\xEF\xBF\xBD\xEF\xBF\xBDi");
+  EXPECT_EQ(tok->Decode({'h', -1, 100000, 'i'}), "hi");
+  EXPECT_EQ(tok->DecodeWithSpecial({'h', 100000, 'i'}), "hi");
   // Half of a two-byte character.
   EXPECT_EQ(tok->Decode({'a', 0xC3}), "a\xEF\xBF\xBD");
 }
