@@ -293,9 +293,7 @@ absl::StatusOr<StepPlan> JobManager::GetStepPlan(const std::string& job_id,
 
 absl::StatusOr<bool> JobManager::FinishStep(const StepReport& report,
                                             absl::Duration timeout) {
-  ReportedStep r;
-  r.report = report;
-  return FinishStepImpl(std::move(r), clock_.Now() + timeout);
+  return FinishStep(report, /*metrics_json=*/"", timeout);
 }
 
 absl::StatusOr<bool> JobManager::FinishStep(const StepReport& report,

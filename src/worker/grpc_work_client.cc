@@ -173,8 +173,8 @@ absl::StatusOr<std::vector<ReceivedUpdate>> GrpcWorkClient::ExchangeUpdates(
           absl::StrCat("update of ", got.node_id(), " step ", got.step(),
                        " round ", got.round(), ": CRC-32C mismatch"));
     }
-    out.push_back({got.step(), std::move(*got.mutable_payload()),
-                   got.node_id(), got.round(), got.crc32c()});
+    out.push_back({got.step(), std::move(*got.mutable_payload()), got.node_id(),
+                   got.round(), got.crc32c()});
   }
   return out;
 }
