@@ -152,6 +152,12 @@ class JobImpl final : public Job {
     grpc::ClientContext ctx;
     Prepare(ctx);
     grpc::Status st = stub_->CancelJob(&ctx, request, &ignored);
+    // FAILED_PRECONDITION: the job already ended (CancelJob's one use of
+    // it), e.g. right after an earlier Cancel(): nothing left to stop, and
+    // Cancel() is idempotent.
+    if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      return absl::OkStatus();
+    }
     if (!st.ok()) {
       absl::Status s = rpc::FromGrpcStatus(st);
       return absl::Status(s.code(),
