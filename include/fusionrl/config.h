@@ -146,6 +146,12 @@ enum class DecodeMode { kFused, kComposite, kStatic };
 absl::StatusOr<DecodeMode> ParseDecodeMode(absl::string_view name);
 const char* DecodeModeName(DecodeMode mode);
 
+// What happens to a response cut at rollout.max_new_tokens
+// (rollout.overlong): keep | mask | penalize (see RolloutConfig).
+enum class OverlongMode { kKeep, kMask, kPenalize };
+absl::StatusOr<OverlongMode> ParseOverlongMode(absl::string_view name);
+const char* OverlongModeName(OverlongMode mode);
+
 struct RolloutConfig {
   int prompts_per_step = 16;  // prompt groups sampled per RL step
   int group_size = 8;         // responses per prompt (GRPO/RLOO group)
@@ -169,6 +175,16 @@ struct RolloutConfig {
   // version in one engine call, a finished sequence's slot taking the next
   // waiting one of the same or a later step (worker/fused_rollout.h).
   bool cross_step_batching = true;
+  // Responses cut at max_new_tokens without a stop token (docs/tasks.md
+  // "Overlong responses"): keep = graded and trained as written; mask =
+  // graded (their group's advantages use the reward) but their tokens leave
+  // the loss (DAPO's overlong filter); penalize = DAPO's soft overlong
+  // punishment: a response longer than max_new_tokens - overlong_buffer
+  // loses overlong_penalty x (length - (max_new_tokens - overlong_buffer)) /
+  // overlong_buffer of reward, up to overlong_penalty at the cap.
+  OverlongMode overlong = OverlongMode::kKeep;
+  int overlong_buffer = 0;        // penalize: tokens of the ramp; 0 = auto
+  double overlong_penalty = 1.0;  // penalize: reward lost at the cap
 };
 
 // Every string-valued mode of the config below is an enum, parsed once by
@@ -241,6 +257,24 @@ absl::StatusOr<BehaviourWeightMode> ParseBehaviourWeightMode(
 // "truncate", "mask" (the YAML spelling; "?" for a value out of range).
 const char* BehaviourWeightModeName(BehaviourWeightMode mode);
 
+// Rollout/trainer mismatch correction (algorithm.rollout_correction): the
+// rollout engine's log-probs differ from the trainer's for the same weights
+// (fused decode kernels, bf16, top-k/top-p, MoE capacity drops), so the
+// trainer recomputes the proximal log-probs and weights each token by
+// w = pi_trainer / pi_rollout:
+//   none: no correction (the PPO ratio is taken against the rollout's
+//         log-probs);
+//   tis:  truncated importance sampling, min(w, cap);
+//   mis:  masked importance sampling (IcePop-style, both sides): the token
+//         leaves the policy loss where w > cap or w < 1 / cap.
+// It is decoupled PPO's behaviour weight with its own rule, so it also
+// corrects a StaleSync policy lag; validation refuses it together with
+// algorithm.decoupled_loss (one weight, one rule).
+enum class RolloutCorrection { kNone, kTis, kMis };
+absl::StatusOr<RolloutCorrection> ParseRolloutCorrection(
+    absl::string_view name);
+const char* RolloutCorrectionName(RolloutCorrection correction);
+
 // Policy-gradient algorithm: advantage estimator + clipped surrogate loss.
 struct AlgorithmConfig {
   // grpo | rloo | reinforce_pp
@@ -273,6 +307,15 @@ struct AlgorithmConfig {
       BehaviourWeightLevel::kToken;
   BehaviourWeightMode behaviour_weight_mode =  // truncate | mask
       BehaviourWeightMode::kTruncate;
+  // none | tis | mis (see RolloutCorrection), with its cap (> 1; verl's
+  // default threshold 2).
+  RolloutCorrection rollout_correction = RolloutCorrection::kNone;
+  double rollout_correction_cap = 2.0;
+  // The trainer recomputes the proximal log-probs and weights tokens by
+  // pi_prox / pi_behaviour: decoupled PPO or a rollout correction.
+  bool RecomputesProximal() const {
+    return decoupled_loss || rollout_correction != RolloutCorrection::kNone;
+  }
 };
 
 // Optimizer and batching.

@@ -174,6 +174,7 @@ int RunExport(const ExportArgs& args) {
   export_options.max_shard_bytes =
       static_cast<uint64_t>(args.max_shard_mb * 1e6);
   export_options.tokenizer_dir = loaded->tokenizer_dir;
+  export_options.source_dir = loaded->hf_path;
   export_options.bos_token_id = loaded->bos_token_id;
   export_options.eos_token_ids = loaded->eos_token_ids;
   export_options.max_position_embeddings = loaded->max_position_embeddings;

@@ -67,6 +67,14 @@ constexpr Spelling<BehaviourWeightLevel> kBehaviourWeightLevels[] = {
 constexpr Spelling<BehaviourWeightMode> kBehaviourWeightModes[] = {
     {BehaviourWeightMode::kTruncate, "truncate"},
     {BehaviourWeightMode::kMask, "mask"}};
+constexpr Spelling<OverlongMode> kOverlongModes[] = {
+    {OverlongMode::kKeep, "keep"},
+    {OverlongMode::kMask, "mask"},
+    {OverlongMode::kPenalize, "penalize"}};
+constexpr Spelling<RolloutCorrection> kRolloutCorrections[] = {
+    {RolloutCorrection::kNone, "none"},
+    {RolloutCorrection::kTis, "tis"},
+    {RolloutCorrection::kMis, "mis"}};
 constexpr Spelling<PlacementMode> kPlacementModes[] = {
     {PlacementMode::kColocatedSync, "colocated-sync"},
     {PlacementMode::kDisaggregated, "disaggregated"},
@@ -165,6 +173,21 @@ absl::StatusOr<BehaviourWeightLevel> ParseBehaviourWeightLevel(
 }
 const char* BehaviourWeightLevelName(BehaviourWeightLevel level) {
   return NameOf(level, kBehaviourWeightLevels);
+}
+
+absl::StatusOr<OverlongMode> ParseOverlongMode(absl::string_view name) {
+  return ParseName<OverlongMode>(name, kOverlongModes);
+}
+const char* OverlongModeName(OverlongMode mode) {
+  return NameOf(mode, kOverlongModes);
+}
+
+absl::StatusOr<RolloutCorrection> ParseRolloutCorrection(
+    absl::string_view name) {
+  return ParseName<RolloutCorrection>(name, kRolloutCorrections);
+}
+const char* RolloutCorrectionName(RolloutCorrection correction) {
+  return NameOf(correction, kRolloutCorrections);
 }
 
 absl::StatusOr<BehaviourWeightMode> ParseBehaviourWeightMode(

@@ -164,6 +164,9 @@ void VisitRollout(RolloutConfig& r, V& v) {
   v.Enum("decode", &r.decode, ParseDecodeMode, DecodeModeName);
   v.Int("decode_slots", &r.decode_slots, AtLeast(0));
   v.Bool("cross_step_batching", &r.cross_step_batching);
+  v.Enum("overlong", &r.overlong, ParseOverlongMode, OverlongModeName);
+  v.Int("overlong_buffer", &r.overlong_buffer, AtLeast(0));
+  v.Double("overlong_penalty", &r.overlong_penalty, AtLeast(0));
 }
 
 template <class V>
@@ -187,6 +190,9 @@ void VisitAlgorithm(AlgorithmConfig& a, V& v) {
          ParseBehaviourWeightLevel, BehaviourWeightLevelName);
   v.Enum("behaviour_weight_mode", &a.behaviour_weight_mode,
          ParseBehaviourWeightMode, BehaviourWeightModeName);
+  v.Enum("rollout_correction", &a.rollout_correction, ParseRolloutCorrection,
+         RolloutCorrectionName);
+  v.Double("rollout_correction_cap", &a.rollout_correction_cap, Above(1));
 }
 
 template <class V>

@@ -462,7 +462,9 @@ TEST(ConfigTest, LoadsActivationsSection) {
 
 TEST(ConfigTest, LoadJobConfigReadsFileAndSetsSourcePath) {
   const std::string path =
-      WriteTempFile("load.yaml", "name: from_file\nrollout:\n  top_k: 5\n");
+      WriteTempFile("load.yaml",
+                    "name: from_file\nrollout:\n  top_k: 5\n"
+                    "algorithm:\n  rollout_correction: tis\n");
   absl::StatusOr<JobConfig> config = LoadJobConfig(path, {"rollout.top_k=7"});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->name, "from_file");
@@ -582,13 +584,82 @@ TEST(ConfigTest, RejectsWrongTypes) {
 
 TEST(ConfigTest, AcceptsYamlBoolSpellingsAndQuotedNumbers) {
   absl::StatusOr<JobConfig> config = ParseJobConfig(
-      "algorithm:\n  norm_adv_by_std: False\nrollout:\n  temperature: '0.5'\n"
-      "  top_k: +3\n",
+      "algorithm:\n  norm_adv_by_std: False\n  rollout_correction: tis\n"
+      "rollout:\n  temperature: '0.5'\n  top_k: +3\n",
       "job.yaml");
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_FALSE(config->algorithm.norm_adv_by_std);
   EXPECT_EQ(config->rollout.temperature, 0.5);
   EXPECT_EQ(config->rollout.top_k, 3);
+}
+
+// Top-k / top-p behaviour log-probs are the truncated distribution's: the
+// plain PPO ratio would take them as the trainer's, so sampling with either
+// needs a recomputed proximal policy (decoupled PPO or a rollout correction).
+TEST(ConfigTest, TruncatedSamplingNeedsARecomputedProximalPolicy) {
+  for (const char* sampling : {"  top_k: 20\n", "  top_p: 0.9\n"}) {
+    SCOPED_TRACE(sampling);
+    const std::string rollout = absl::StrCat("rollout:\n", sampling);
+    absl::StatusOr<JobConfig> plain = ParseJobConfig(rollout, "job.yaml");
+    ASSERT_FALSE(plain.ok());
+    EXPECT_THAT(std::string(plain.status().message()),
+                HasSubstr("needs the trainer to recompute the proximal "
+                          "log-probs"));
+    for (const char* fix : {"algorithm:\n  rollout_correction: tis\n",
+                            "algorithm:\n  decoupled_loss: true\n",
+                            "rollout:\n  temperature: 0\n"}) {
+      SCOPED_TRACE(fix);
+      const std::string text =
+          std::string(fix).rfind("rollout", 0) == 0
+              ? absl::StrCat("rollout:\n", sampling, "  temperature: 0\n")
+              : absl::StrCat(rollout, fix);
+      EXPECT_TRUE(ParseJobConfig(text, "job.yaml").ok()) << text;
+    }
+  }
+}
+
+TEST(ConfigTest, RolloutCorrectionAndDecoupledLossAreOneWeight) {
+  absl::StatusOr<JobConfig> both = ParseJobConfig(
+      "algorithm:\n  decoupled_loss: true\n  rollout_correction: mis\n",
+      "job.yaml");
+  ASSERT_FALSE(both.ok());
+  EXPECT_THAT(std::string(both.status().message()),
+              HasSubstr("job.yaml: algorithm.rollout_correction: mis with "
+                        "algorithm.decoupled_loss: true"));
+  // A rollout correction is a behaviour weight: it also admits a lag.
+  EXPECT_TRUE(ParseJobConfig("algorithm:\n  rollout_correction: tis\n"
+                             "placement:\n  mode: fused\n"
+                             "stalesync:\n  max_policy_lag: 1\n",
+                             "job.yaml")
+                  .ok());
+  absl::StatusOr<JobConfig> bad_cap =
+      ParseJobConfig("algorithm:\n  rollout_correction_cap: 1\n", "job.yaml");
+  ASSERT_FALSE(bad_cap.ok());
+  EXPECT_THAT(std::string(bad_cap.status().message()),
+              HasSubstr("algorithm.rollout_correction_cap: must be > 1"));
+}
+
+TEST(ConfigTest, OverlongSettingsAreParsedAndChecked) {
+  absl::StatusOr<JobConfig> c = ParseJobConfig(
+      "rollout:\n  max_new_tokens: 32\n  overlong: penalize\n"
+      "  overlong_buffer: 8\n  overlong_penalty: 0.5\n",
+      "job.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rollout.overlong, OverlongMode::kPenalize);
+  EXPECT_EQ(c->rollout.overlong_buffer, 8);
+  EXPECT_EQ(c->rollout.overlong_penalty, 0.5);
+  absl::StatusOr<JobConfig> unknown =
+      ParseJobConfig("rollout:\n  overlong: drop\n", "job.yaml");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_THAT(std::string(unknown.status().message()),
+              HasSubstr("rollout.overlong: must be one of keep, mask, "
+                        "penalize; got 'drop'"));
+  absl::StatusOr<JobConfig> long_buffer = ParseJobConfig(
+      "rollout:\n  max_new_tokens: 8\n  overlong_buffer: 9\n", "job.yaml");
+  ASSERT_FALSE(long_buffer.ok());
+  EXPECT_THAT(std::string(long_buffer.status().message()),
+              HasSubstr("rollout.overlong_buffer: must be <= "
+                        "rollout.max_new_tokens (8), got 9"));
 }
 
 TEST(ConfigTest, RejectsOutOfRangeValue) {
@@ -815,7 +886,8 @@ TEST(ConfigTest, RefusesPolicyLagWithoutDecoupledLoss) {
             "job.yaml: stalesync.max_policy_lag: 2 > 0 requires "
             "algorithm.decoupled_loss: true (samples from an older policy "
             "trained with the plain PPO ratio give a biased update); set "
-            "algorithm.decoupled_loss: true, or stalesync.max_policy_lag: 0");
+            "algorithm.decoupled_loss: true (or algorithm.rollout_correction: "
+            "tis | mis), or stalesync.max_policy_lag: 0");
   // The override that set the lag is blamed.
   ExpectError("placement:\n  mode: fused\n", absl::StatusCode::kInvalidArgument,
               {"--set stalesync.max_policy_lag=1: 1 > 0 requires "
@@ -1115,6 +1187,11 @@ TEST(ConfigTest, RoundTripsThroughYaml) {
   c.task.seed = -3;
   c.rollout.temperature = 0.1 + 0.2;  // 0.30000000000000004
   c.rollout.top_p = 0.9;
+  c.rollout.overlong = OverlongMode::kPenalize;
+  c.rollout.overlong_buffer = 4;
+  c.rollout.overlong_penalty = 0.5;
+  c.algorithm.rollout_correction = RolloutCorrection::kMis;
+  c.algorithm.rollout_correction_cap = 3.0;
   c.algorithm.norm_adv_by_std = false;
   c.algorithm.clip_ratio_high = 0.28;
   c.algorithm.gamma = 0.0;

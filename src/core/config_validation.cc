@@ -256,17 +256,53 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                                 "disaggregated, got ",
                                 p.rollout_cards_per_super_node));
   }
+  const AlgorithmConfig& a = c.algorithm;
+  // decoupled_loss and rollout_correction are one weight, pi_prox /
+  // pi_behaviour, each with its own rule: both at once would be ambiguous.
+  if (a.decoupled_loss && a.rollout_correction != RolloutCorrection::kNone) {
+    return Invalid(
+        "algorithm.rollout_correction",
+        absl::StrCat(RolloutCorrectionName(a.rollout_correction),
+                     " with algorithm.decoupled_loss: true weights each token "
+                     "by the same pi_prox / pi_behaviour twice; use one: "
+                     "rollout_correction (its cap and rule) or decoupled_loss "
+                     "(behaviour_weight_cap/_level/_mode)"));
+  }
   // A lag lets samples of an older policy reach the trainer; the plain PPO
   // ratio takes their behaviour log-probs as the proximal policy's, which
-  // biases the update. Only the decoupled loss corrects for it.
-  if (c.stalesync.max_policy_lag > 0 && !c.algorithm.decoupled_loss) {
+  // biases the update. Only a recomputed proximal policy with a behaviour
+  // weight (decoupled PPO, or a rollout correction) corrects for it.
+  if (c.stalesync.max_policy_lag > 0 && !a.RecomputesProximal()) {
     return Invalid(
         "stalesync.max_policy_lag",
         absl::StrCat(c.stalesync.max_policy_lag,
                      " > 0 requires algorithm.decoupled_loss: true (samples "
                      "from an older policy trained with the plain PPO ratio "
                      "give a biased update); set algorithm.decoupled_loss: "
-                     "true, or stalesync.max_policy_lag: 0"));
+                     "true (or algorithm.rollout_correction: tis | mis), or "
+                     "stalesync.max_policy_lag: 0"));
+  }
+  // Top-k / top-p sampling draws from a truncated distribution, and the
+  // behaviour log-probs are that distribution's; the trainer's are the full
+  // distribution's. Taken as the PPO ratio's old log-probs they would make
+  // every ratio < 1 from the start: only a recomputed proximal policy with
+  // the behaviour weight pi_prox / pi_sampled uses them rightly.
+  const RolloutConfig& r = c.rollout;
+  const bool truncated = r.top_k > 0 || r.top_p < 1.0;
+  if (r.temperature > 0 && truncated && !a.RecomputesProximal()) {
+    return Invalid(
+        r.top_k > 0 ? "rollout.top_k" : "rollout.top_p",
+        "sampling from a top-k / top-p truncated distribution needs the "
+        "trainer to recompute the proximal log-probs (the behaviour log-probs "
+        "are the truncated distribution's, not the policy's); set "
+        "algorithm.rollout_correction: tis (or algorithm.decoupled_loss: "
+        "true), or rollout.top_k: 0 and rollout.top_p: 1");
+  }
+  if (r.overlong_buffer > r.max_new_tokens) {
+    return Invalid(
+        "rollout.overlong_buffer",
+        absl::StrCat("must be <= rollout.max_new_tokens (", r.max_new_tokens,
+                     "), got ", r.overlong_buffer));
   }
   if (const int n = c.stalesync.partial_rollout_tokens; n > 0) {
     const std::string key = "stalesync.partial_rollout_tokens";

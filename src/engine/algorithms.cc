@@ -219,6 +219,59 @@ at::Tensor BehaviourWeights(const at::Tensor& prox_logp,
                             const at::Tensor& mask, WeightLevel level,
                             double cap, BehaviourWeightMode mode,
                             double* capped) {
+  return BehaviourWeights(prox_logp, behaviour_logp, mask,
+                          BehaviourWeightRule{level, cap, 0.0, mode}, capped);
+}
+
+BehaviourWeightRule BehaviourWeightRuleOf(const AlgorithmConfig& a) {
+  const double cap = a.rollout_correction_cap;
+  switch (a.rollout_correction) {
+    case RolloutCorrection::kTis:
+      return {WeightLevel::kToken, cap, 0.0, BehaviourWeightMode::kTruncate};
+    case RolloutCorrection::kMis:
+      return {WeightLevel::kToken, cap, 1.0 / cap, BehaviourWeightMode::kMask};
+    case RolloutCorrection::kNone:
+      break;
+  }
+  return {a.behaviour_weight_level, a.behaviour_weight_cap, 0.0,
+          a.behaviour_weight_mode};
+}
+
+LogProbDiff MaskedLogProbDiff(const at::Tensor& a, const at::Tensor& b,
+                              const at::Tensor& mask) {
+  CheckSameShape2d(a, "a", b, "b");
+  CheckSameShape2d(a, "a", mask, "mask");
+  const at::Tensor m = MaskAs(mask, a).detach();
+  const at::Tensor d = ((a - b).detach().abs() * m);
+  LogProbDiff out;
+  out.tokens = m.sum().item<double>();
+  if (out.tokens > 0) {
+    out.sum = d.sum().item<double>();
+    out.max = d.max().item<double>();
+  }
+  return out;
+}
+
+double OverlongPenalty(int64_t length, int max_new_tokens, int buffer,
+                       double penalty) {
+  const int64_t start = static_cast<int64_t>(max_new_tokens) - buffer;
+  if (buffer <= 0 || length <= start) return 0.0;
+  if (length >= max_new_tokens) return penalty;
+  return penalty * static_cast<double>(length - start) /
+         static_cast<double>(buffer);
+}
+
+int OverlongBuffer(int max_new_tokens, int configured) {
+  return configured > 0 ? configured : std::max(1, max_new_tokens / 5);
+}
+
+at::Tensor BehaviourWeights(const at::Tensor& prox_logp,
+                            const at::Tensor& behaviour_logp,
+                            const at::Tensor& mask,
+                            const BehaviourWeightRule& rule, double* capped) {
+  const WeightLevel level = rule.level;
+  const double cap = rule.cap;
+  const BehaviourWeightMode mode = rule.mode;
   CheckSameShape2d(prox_logp, "prox_logp", behaviour_logp, "behaviour_logp");
   CheckSameShape2d(prox_logp, "prox_logp", mask, "mask");
   const at::Tensor m = MaskAs(mask, prox_logp).detach();
@@ -232,7 +285,10 @@ at::Tensor BehaviourWeights(const at::Tensor& prox_logp,
               .expand_as(d);
   }
   // Written as !(raw <= cap) so that a NaN weight counts as over the cap.
-  const at::Tensor over = at::logical_not(raw <= cap);
+  at::Tensor over = at::logical_not(raw <= cap);
+  if (rule.floor > 0 && mode == BehaviourWeightMode::kMask) {
+    over = at::logical_or(over, raw < rule.floor);
+  }
   at::Tensor w;
   switch (mode) {
     case BehaviourWeightMode::kTruncate:

@@ -132,6 +132,52 @@ at::Tensor BehaviourWeights(const at::Tensor& prox_logp,
                             double cap, BehaviourWeightMode mode,
                             double* capped = nullptr);
 
+// The rule of the behaviour weight: decoupled PPO's (level, cap, mode), or
+// a rollout correction's. `floor` > 0 (MIS) also masks a raw weight below
+// it (kMask only): both tails of pi_prox / pi_behaviour leave the loss.
+struct BehaviourWeightRule {
+  WeightLevel level = WeightLevel::kToken;
+  double cap = 5.0;
+  double floor = 0.0;
+  BehaviourWeightMode mode = BehaviourWeightMode::kTruncate;
+};
+
+// algorithm.rollout_correction tis: {token, cap, 0, truncate} (verl's TIS);
+// mis: {token, cap, 1 / cap, mask} (masked IS on both sides, IcePop-style);
+// none: the decoupled loss's behaviour_weight_level / _cap / _mode.
+BehaviourWeightRule BehaviourWeightRuleOf(const AlgorithmConfig& algorithm);
+
+// BehaviourWeights under `rule`; `capped` receives the fraction of valid
+// tokens outside [floor, cap] (a NaN weight counts as outside).
+at::Tensor BehaviourWeights(const at::Tensor& prox_logp,
+                            const at::Tensor& behaviour_logp,
+                            const at::Tensor& mask,
+                            const BehaviourWeightRule& rule,
+                            double* capped = nullptr);
+
+// |a - b| over the valid tokens of `mask` (float [B, T]): its sum, maximum
+// and the token count (all 0 without a valid token).
+struct LogProbDiff {
+  double sum = 0;
+  double max = 0;
+  double tokens = 0;
+};
+LogProbDiff MaskedLogProbDiff(const at::Tensor& a, const at::Tensor& b,
+                              const at::Tensor& mask);
+
+// DAPO's soft overlong punishment (rollout.overlong: penalize): the reward
+// a response of `length` tokens loses, with L = max_new_tokens and the
+// ramp's `buffer` B (> 0):
+//   0                                    for length <= L - B,
+//   penalty * (length - (L - B)) / B     for L - B < length <= L,
+//   penalty                              beyond (a response never is).
+double OverlongPenalty(int64_t length, int max_new_tokens, int buffer,
+                       double penalty);
+
+// rollout.overlong_buffer resolved: `configured`, or when 0 a fifth of
+// max_new_tokens (DAPO: 4096 of 20480), at least 1.
+int OverlongBuffer(int max_new_tokens, int configured);
+
 }  // namespace fusionrl::algo
 
 #endif  // FUSIONRL_ENGINE_ALGORITHMS_H_

@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <set>
@@ -221,6 +222,19 @@ absl::Status ExportHfModel(const PolicyModel& model, const std::string& out_dir,
   FUSIONRL_RETURN_IF_ERROR(
       WriteFileAtomic((tmp_dir / "config.json").string(), config_json));
   nlohmann::ordered_json gen = nlohmann::ordered_json::object();
+  if (!options.source_dir.empty()) {
+    const fs::path source_gen =
+        fs::path(options.source_dir) / "generation_config.json";
+    if (fs::exists(source_gen)) {
+      std::ifstream in(source_gen);
+      gen = nlohmann::ordered_json::parse(in, nullptr,
+                                          /*allow_exceptions=*/false);
+      if (!gen.is_object()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "export: ", source_gen.string(), " is not a JSON object"));
+      }
+    }
+  }
   if (options.bos_token_id >= 0) gen["bos_token_id"] = options.bos_token_id;
   if (options.eos_token_ids.size() == 1) {
     gen["eos_token_id"] = options.eos_token_ids[0];
@@ -235,9 +249,9 @@ absl::Status ExportHfModel(const PolicyModel& model, const std::string& out_dir,
       return absl::NotFoundError(absl::StrCat("export: no tokenizer.json in '",
                                               options.tokenizer_dir, "'"));
     }
-    for (const char* name :
-         {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-          "vocab.json", "merges.txt", "added_tokens.json"}) {
+    for (const char* name : {"tokenizer.json", "tokenizer_config.json",
+                             "chat_template.jinja", "special_tokens_map.json",
+                             "vocab.json", "merges.txt", "added_tokens.json"}) {
       if (!fs::exists(src / name)) continue;
       fs::copy_file(src / name, tmp_dir / name,
                     fs::copy_options::overwrite_existing, ec);

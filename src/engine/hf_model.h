@@ -39,9 +39,13 @@ struct HfExportOptions {
   // transformers' save_pretrained does (its default is 5 GB).
   uint64_t max_shard_bytes = 5'000'000'000ULL;
   // Tokenizer files (tokenizer.json, tokenizer_config.json and, when
-  // present, special_tokens_map.json, vocab.json, merges.txt,
-  // generation_config.json's neighbours) are copied from here; "" = none.
+  // present, chat_template.jinja, special_tokens_map.json, vocab.json,
+  // merges.txt, added_tokens.json) are copied from here; "" = none.
   std::string tokenizer_dir;
+  // The Hugging Face directory the model was imported from ("" = none): its
+  // generation_config.json is kept (the authors' sampling defaults:
+  // temperature, top_p, top_k, do_sample, ...), with bos/eos set below.
+  std::string source_dir;
   int bos_token_id = -1;  // config.json / generation_config.json
   std::vector<int> eos_token_ids;
   // config.json's max_position_embeddings: the imported model's context

@@ -181,6 +181,54 @@ TEST_P(HfImportTest, GreedyGenerationMatchesTokenForToken) {
   }
 }
 
+// Export keeps what the model's authors ship beside the weights: the
+// generation_config.json sampling defaults of the source directory (bos/eos
+// set from the job) and chat_template.jinja.
+TEST_P(HfImportTest, ExportKeepsSamplingDefaultsAndTheChatTemplate) {
+  REQUIRE_FIXTURE(dir, GetParam());
+  auto model = Import(dir);
+  ASSERT_NE(model, nullptr);
+  const fs::path root = fs::path(::testing::TempDir()) /
+                        (std::string("hf_export_defaults_") + GetParam());
+  const fs::path source = root / "source", tokenizer = root / "tokenizer",
+                 out = root / "out";
+  fs::remove_all(root);
+  fs::create_directories(source);
+  fs::create_directories(tokenizer);
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
+    fs::copy_file(fs::path(dir) / name, tokenizer / name);
+  }
+  const std::string jinja =
+      "{% for m in messages %}{{ m.content }}{% endfor %}";
+  std::ofstream(tokenizer / "chat_template.jinja") << jinja;
+  std::ofstream(source / "generation_config.json")
+      << R"({"do_sample": true, "temperature": 0.6, "top_p": 0.95,)"
+      << R"( "top_k": 20, "eos_token_id": 7, "bos_token_id": 1})";
+  HfExportOptions options;
+  options.tokenizer_dir = tokenizer.string();
+  options.source_dir = source.string();
+  options.bos_token_id = 151643;
+  options.eos_token_ids = {151645, 151643};
+  ASSERT_TRUE(ExportHfModel(*model, out.string(), options).ok());
+  std::ifstream gen_in(out / "generation_config.json");
+  const nlohmann::json gen = nlohmann::json::parse(gen_in);
+  EXPECT_EQ(gen.at("do_sample"), true);
+  EXPECT_EQ(gen.at("temperature"), 0.6);
+  EXPECT_EQ(gen.at("top_p"), 0.95);
+  EXPECT_EQ(gen.at("top_k"), 20);
+  EXPECT_EQ(gen.at("bos_token_id"), 151643);
+  EXPECT_EQ(gen.at("eos_token_id"), (std::vector<int>{151645, 151643}));
+  std::ifstream jinja_in(out / "chat_template.jinja");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(jinja_in), {}), jinja);
+  // A source whose generation_config.json is not an object is refused.
+  std::ofstream(source / "generation_config.json") << "[1, 2]";
+  const absl::Status bad = ExportHfModel(*model, out.string(), options);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("generation_config.json is not a JSON object"),
+            std::string::npos)
+      << bad;
+}
+
 TEST_P(HfImportTest, ExportRoundTripIsBitIdentical) {
   REQUIRE_FIXTURE(dir, GetParam());
   auto model = Import(dir);

@@ -7,6 +7,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <string_view>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +21,7 @@
 #include "engine/rollout.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
+#include "tasks/rewards.h"
 
 namespace fusionrl {
 
@@ -203,6 +206,7 @@ absl::Status ExportJobPolicy(const JobConfig& config, const JobContext& ctx,
   options.tokenizer_dir = !config.model.tokenizer.empty()
                               ? config.model.tokenizer
                               : config.model.hf_path;
+  options.source_dir = config.model.hf_path;
   options.bos_token_id = ctx.tokenizer->bos_id();
   if (!config.model.hf_path.empty()) {
     FUSIONRL_ASSIGN_OR_RETURN(HfModelInfo info,
@@ -283,6 +287,22 @@ std::string DecodeResponse(const JobContext& ctx,
   return ctx.tokenizer->Decode(body);
 }
 
+Verdict ScoreCompletion(const JobContext& ctx, const Problem& problem,
+                        const std::vector<int>& prompt_ids,
+                        const std::vector<int>& response_ids) {
+  // The generation prompt's end: a few tokens hold a "<think>\n" opener.
+  constexpr size_t kTail = 8;
+  const size_t from = prompt_ids.size() > kTail ? prompt_ids.size() - kTail : 0;
+  const std::vector<int> tail(prompt_ids.begin() + from, prompt_ids.end());
+  const bool prompt_opens_thinking =
+      tasks::EndsInsideThinking(ctx.tokenizer->Decode(tail));
+  const std::string response = DecodeResponse(ctx, response_ids);
+  const std::optional<std::string_view> answer =
+      tasks::AnswerText(response, prompt_opens_thinking);
+  if (!answer.has_value()) return Verdict{0.0, false};
+  return ctx.reward->Score(problem, *answer);
+}
+
 absl::StatusOr<EvalResult> EvaluateGreedy(PolicyModel& model,
                                           const JobContext& ctx,
                                           int max_new_tokens) {
@@ -307,8 +327,8 @@ absl::StatusOr<EvalResult> EvaluateGreedy(PolicyModel& model,
     FUSIONRL_ASSIGN_OR_RETURN(auto completions,
                               engine.Generate(prompts, greedy, /*seed=*/0));
     for (size_t j = i; j < end; ++j) {
-      const Verdict v = ctx.reward->Score(
-          problems[j], DecodeResponse(ctx, completions[j - i].tokens));
+      const Verdict v = ScoreCompletion(ctx, problems[j], prompts[j - i],
+                                        completions[j - i].tokens);
       reward_sum += v.reward;
       correct += v.correct ? 1 : 0;
     }

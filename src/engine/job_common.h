@@ -96,6 +96,15 @@ std::string DecodeResponse(const Tokenizer& tokenizer,
 std::string DecodeResponse(const JobContext& ctx,
                            const std::vector<int>& tokens);
 
+// The task's verdict on a completion of `prompt_ids`: the response decoded
+// up to the job's stop ids and graded on its answer text (tasks/rewards.h
+// AnswerText: after the last "</think>"). A response that ends inside a
+// thinking block, its own or one the prompt's generation prompt opened, has
+// no answer: {0, wrong}.
+Verdict ScoreCompletion(const JobContext& ctx, const Problem& problem,
+                        const std::vector<int>& prompt_ids,
+                        const std::vector<int>& response_ids);
+
 struct EvalResult {
   double accuracy = 0;  // fraction of eval problems answered correctly
   double reward_mean = 0;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/master_weights.h"
 #include "engine/model.h"
 #include "engine/trainer.h"
 
@@ -83,7 +84,7 @@ int64_t OptimizerStateBytes(const Trainer& trainer) {
     sum.Add(state->exp_avg_sq());
     sum.Add(state->max_exp_avg_sq());
   }
-  return sum.bytes();
+  return sum.bytes() + trainer.master_weights().MasterBytes();
 }
 
 int64_t KvCacheBytes(const KvCache& cache) {
@@ -109,6 +110,7 @@ absl::Status MoveOptimizerState(Trainer& trainer, c10::Device device) {
     ForEachAdamWTensor(trainer.optimizer(), [&](at::Tensor& t) {
       if (t.defined() && t.device() != device) t = t.to(device);
     });
+    trainer.master_weights().MoveMastersTo(device);
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("cannot move optimizer state to ",
                                             device.str(), ": ",

@@ -72,13 +72,17 @@ std::pair<at::Tensor, at::Tensor> SampleNext(const at::Tensor& logits,
   }
   auto scaled = greedy ? logits.to(at::kFloat)
                        : logits.to(at::kFloat) / params.temperature;
-  auto logp_all = at::log_softmax(scaled, -1);
+  // The recorded log-prob is that of the distribution actually sampled
+  // from: with top-k / top-p, the renormalised truncated one (the behaviour
+  // policy of the importance weights pi_prox / pi_behaviour).
+  const at::Tensor sampled =
+      greedy ? scaled : FilterLogits(scaled, params.top_k, params.top_p);
+  auto logp_all = at::log_softmax(sampled, -1);
   at::Tensor next;
   if (greedy) {
     next = scaled.argmax(-1);
   } else {
-    auto probs =
-        at::softmax(FilterLogits(scaled, params.top_k, params.top_p), -1);
+    auto probs = at::softmax(sampled, -1);
     auto cdf = probs.cumsum(-1);
     // Inverse-CDF draw with u in (0, 1]: the first token whose cumulative
     // mass reaches u; zero-probability tokens can never be chosen.

@@ -183,6 +183,48 @@ TEST(RolloutTest, TopKOneSamplingIsGreedy) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].tokens, b[i].tokens);
 }
 
+// With top-k / top-p the recorded behaviour log-prob is that of the
+// distribution sampled from: log softmax of the truncated, temperature-
+// scaled logits, recomputed here from an uncached forward. (With the full
+// distribution's log-prob instead, every entry differs by the log of the
+// kept mass.)
+TEST(RolloutTest, TruncatedSamplingRecordsTheSampledDistributionsLogProbs) {
+  auto model = TinyModel();
+  RolloutEngine engine(*model, kPad, kEos);
+  for (auto [top_k, top_p] : {std::pair{3, 1.0}, std::pair{0, 0.6}}) {
+    SamplingParams p;
+    p.temperature = 0.8;
+    p.top_k = top_k;
+    p.top_p = top_p;
+    p.max_new_tokens = 6;
+    auto prompts = Prompts();
+    auto out = engine.Generate(prompts, p, 17).value();
+    torch::NoGradGuard no_grad;
+    double truncated_mass_gap = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      std::vector<int64_t> seq(prompts[i].begin(), prompts[i].end());
+      for (size_t t = 0; t < out[i].tokens.size(); ++t) {
+        auto tokens = torch::tensor(seq, torch::kLong).unsqueeze(0);
+        auto valid = torch::ones_like(tokens, torch::kBool);
+        auto logits =
+            model->Forward(tokens, PositionsFromValid(valid), valid)[0][-1] /
+            0.8;
+        auto want = torch::log_softmax(FilterLogits(logits, top_k, top_p), -1);
+        auto full = torch::log_softmax(logits, -1);
+        const int tok = out[i].tokens[t];
+        EXPECT_NEAR(out[i].logp[t], want[tok].item<double>(), 1e-4)
+            << "top_k " << top_k << " top_p " << top_p << " sequence " << i
+            << " token " << t;
+        truncated_mass_gap +=
+            want[tok].item<double>() - full[tok].item<double>();
+        seq.push_back(tok);
+      }
+    }
+    // The check above can tell the two apart: truncation removed mass.
+    EXPECT_GT(truncated_mass_gap, 0.1) << "top_k " << top_k;
+  }
+}
+
 TEST(RolloutTest, SampledTokenFrequenciesFollowTheDistribution) {
   // One decode step from many identical prompts: the empirical frequency of
   // each token should match softmax(logits / T).

@@ -6,7 +6,7 @@
 // only (the prompt is context, not a target). RL then starts from a policy
 // that knows the task's format and sometimes succeeds, as real post-training
 // starts from an SFT model.
-#include <torch/optim/adamw.h>
+#include <ATen/ATen.h>
 
 #include <chrono>
 
@@ -17,6 +17,7 @@
 #include "engine/checkpoint.h"
 #include "engine/invariant_ops.h"
 #include "engine/job_common.h"
+#include "engine/master_weights.h"
 #include "engine/trainer.h"
 #include "fusionrl/job.h"
 #include "spdlog/spdlog.h"
@@ -37,11 +38,8 @@ absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config) {
                             MetricsLog::Open(out + "/metrics.jsonl", true));
   const auto& sc = config.sft;
   const auto& o = config.optim;
-  torch::optim::AdamW adamw(policy.parameters(),
-                            torch::optim::AdamWOptions(sc.lr)
-                                .betas(std::make_tuple(o.beta1, o.beta2))
-                                .eps(o.eps)
-                                .weight_decay(o.weight_decay));
+  // Float32 master weights for a bf16 policy (engine/master_weights.h).
+  MasterWeightAdamW adamw(policy.parameters(), AdamWSettingsOf(o, sc.lr));
   OptimConfig schedule = o;
   schedule.lr = sc.lr;
   schedule.warmup_steps = sc.warmup_steps;
@@ -79,7 +77,7 @@ absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config) {
     const CollatedBatch cb =
         Collate(batch, ctx.tokenizer->pad_id(), ctx.device);
     policy.set_training(true);
-    adamw.zero_grad();
+    adamw.ZeroGrad();
     auto logp = ResponseTokenLogProbs(policy, cb, 1.0,
                                       config.optim.logits_chunk_tokens, false)
                     .logp;
@@ -88,14 +86,13 @@ absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config) {
     // in RL training (the logged "loss" stays the likelihood term).
     const at::Tensor aux = policy.AuxLoss();
     (aux.defined() ? loss + aux : loss).backward();
-    auto params = policy.parameters();
+    adamw.GradientsToMasters();
     const double grad_norm =
-        o.grad_clip > 0 ? InvariantClipGradNorm(params, o.grad_clip) : 0.0;
+        o.grad_clip > 0 ? InvariantClipGradNorm(adamw.stepped(), o.grad_clip)
+                        : 0.0;
     const double lr = LearningRateAt(schedule, step - 1);
-    for (auto& group : adamw.param_groups()) {
-      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-    }
-    adamw.step();
+    adamw.SetLearningRate(lr);
+    adamw.Step();
     train_seconds += SecondsSince(t0);
     const double loss_v = loss.item<double>();
     if (!std::isfinite(loss_v)) {

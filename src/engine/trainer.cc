@@ -15,10 +15,21 @@
 #include "engine/activation_planner.h"
 #include "engine/algorithms.h"
 #include "engine/invariant_ops.h"
+#include "engine/master_weights.h"
 #include "engine/trainer_batch.h"
 #include "engine/vocab_kernels.h"
 
 namespace fusionrl {
+
+AdamWSettings AdamWSettingsOf(const OptimConfig& optim, double lr) {
+  AdamWSettings s;
+  s.lr = lr;
+  s.beta1 = optim.beta1;
+  s.beta2 = optim.beta2;
+  s.eps = optim.eps;
+  s.weight_decay = optim.weight_decay;
+  return s;
+}
 
 double LearningRateAt(const OptimConfig& optim, int64_t step) {
   if (optim.warmup_steps > 0 && step < optim.warmup_steps) {
@@ -28,7 +39,7 @@ double LearningRateAt(const OptimConfig& optim, int64_t step) {
 }
 
 struct Trainer::Optim {
-  std::unique_ptr<torch::optim::AdamW> adamw;
+  std::unique_ptr<MasterWeightAdamW> adamw;
 };
 
 Trainer::Trainer(PolicyModel& policy, PolicyModel* reference,
@@ -42,6 +53,10 @@ Trainer::Trainer(PolicyModel& policy, PolicyModel* reference,
                                                   : 1.0),
       pad_id_(pad_id),
       max_new_tokens_(config.rollout.max_new_tokens),
+      overlong_(config.rollout.overlong),
+      overlong_buffer_(algo::OverlongBuffer(config.rollout.max_new_tokens,
+                                            config.rollout.overlong_buffer)),
+      overlong_penalty_(config.rollout.overlong_penalty),
       logits_chunk_tokens_(config.optim.logits_chunk_tokens),
       sync_(sync) {}
 
@@ -56,11 +71,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   }
   auto optim = std::make_unique<Optim>();
   const auto& o = config.optim;
-  optim->adamw = std::make_unique<torch::optim::AdamW>(
-      policy.parameters(), torch::optim::AdamWOptions(o.lr)
-                               .betas(std::make_tuple(o.beta1, o.beta2))
-                               .eps(o.eps)
-                               .weight_decay(o.weight_decay));
+  optim->adamw = std::make_unique<MasterWeightAdamW>(policy.parameters(),
+                                                     AdamWSettingsOf(o, o.lr));
   // model.activations.policy auto: plan for the largest micro-batch.
   FUSIONRL_RETURN_IF_ERROR(
       PlanActivationsForJob(policy,
@@ -72,8 +84,14 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   return trainer;
 }
 
-torch::optim::AdamW& Trainer::optimizer() { return *optim_state_->adamw; }
+torch::optim::AdamW& Trainer::optimizer() {
+  return optim_state_->adamw->adamw();
+}
 const torch::optim::AdamW& Trainer::optimizer() const {
+  return optim_state_->adamw->adamw();
+}
+MasterWeightAdamW& Trainer::master_weights() { return *optim_state_->adamw; }
+const MasterWeightAdamW& Trainer::master_weights() const {
   return *optim_state_->adamw;
 }
 
@@ -105,7 +123,45 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
     }
   }
   const auto device = policy_.device();
-  const CollatedBatch full = Collate(samples, pad_id_, device);
+  CollatedBatch full = Collate(samples, pad_id_, device);
+  TrainStats stats;
+  // rollout.overlong: responses cut at max_new_tokens keep their reward in
+  // their group's statistics, but leave the loss (mask), or lose reward on
+  // the length ramp (penalize; every response past the ramp's start).
+  std::vector<double> rewards(batch);
+  {
+    int64_t trained = 0, cut = 0;
+    double penalty_sum = 0;
+    std::vector<int64_t> masked_rows;
+    for (int64_t b = 0; b < batch; ++b) {
+      const Sample& s = samples[b];
+      rewards[b] = s.reward;
+      if (s.excluded) continue;
+      ++trained;
+      if (!s.finished) ++cut;
+      if (overlong_ == OverlongMode::kPenalize) {
+        const double p = algo::OverlongPenalty(
+            static_cast<int64_t>(s.response_ids.size()), max_new_tokens_,
+            overlong_buffer_, overlong_penalty_);
+        rewards[b] -= p;
+        penalty_sum += p;
+      } else if (overlong_ == OverlongMode::kMask && !s.finished) {
+        masked_rows.push_back(b);
+      }
+    }
+    if (!masked_rows.empty()) {
+      full.response_mask.index_fill_(
+          0,
+          at::tensor(masked_rows, at::TensorOptions().dtype(at::kLong))
+              .to(device),
+          0.0);
+    }
+    stats.overlong_frac =
+        trained > 0 ? static_cast<double>(cut) / static_cast<double>(trained)
+                    : 0.0;
+    stats.overlong_penalty_mean =
+        trained > 0 ? penalty_sum / static_cast<double>(trained) : 0.0;
+  }
   const auto& mask = full.response_mask;
   const int64_t r_len = mask.size(1);
   const bool use_kl = algo_.kl_coef > 0 && reference_ != nullptr;
@@ -129,7 +185,8 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
   // a policy lag > 0 requires the decoupled loss, config validation).
   at::Tensor old_logp = full.behaviour_logp;
   at::Tensor behaviour_weight;
-  TrainStats stats;
+  const algo::BehaviourWeightRule rule = algo::BehaviourWeightRuleOf(algo_);
+  const bool recompute = algo_.RecomputesProximal();
   const int64_t mini = optim_.mini_batch_size > 0
                            ? std::min<int64_t>(optim_.mini_batch_size, batch)
                            : batch;
@@ -140,10 +197,10 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
   // no-grad recomputation is skipped. Not with the KL as a reward penalty:
   // the rewards (and advantages) need the proximal log-probs before the
   // first training forward.
-  const bool prox_in_forward = algo_.decoupled_loss && algo_.ppo_epochs == 1 &&
-                               mini == batch && !kl_in_reward;
+  const bool prox_in_forward =
+      recompute && algo_.ppo_epochs == 1 && mini == batch && !kl_in_reward;
   double weight_sum = 0, capped_sum = 0;
-  if (algo_.decoupled_loss && !prox_in_forward) {
+  if (recompute && !prox_in_forward) {
     at::NoGradGuard no_grad;
     if (compute_hook_) compute_hook_();
     policy_.set_training(false);
@@ -151,9 +208,8 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
                                      logits_chunk_tokens_, false)
                    .logp;
     double capped = 0;
-    behaviour_weight = algo::BehaviourWeights(
-        old_logp, full.behaviour_logp, mask, algo_.behaviour_weight_level,
-        algo_.behaviour_weight_cap, algo_.behaviour_weight_mode, &capped);
+    behaviour_weight = algo::BehaviourWeights(old_logp, full.behaviour_logp,
+                                              mask, rule, &capped);
     stats.behaviour_weight_mean = MaskedMean(behaviour_weight, mask);
     stats.behaviour_weight_truncated = capped;
   }
@@ -165,7 +221,7 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
     std::vector<float> scores_host(batch);
     std::vector<int64_t> last_idx(batch);
     for (int64_t b = 0; b < batch; ++b) {
-      scores_host[b] = static_cast<float>(samples[b].reward);
+      scores_host[b] = static_cast<float>(rewards[b]);
       last_idx[b] = static_cast<int64_t>(samples[b].response_ids.size()) - 1;
     }
     auto scores = at::tensor(scores_host).to(device);
@@ -249,6 +305,7 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
   policy_.set_training(true);
   double loss_sum = 0, pg_sum = 0, kl_sum = 0, ent_sum = 0, clip_sum = 0;
   double token_weight = 0;
+  double diff_sum = 0, diff_tokens = 0;
   // MoE router statistics, summed weighted by micro-batch sequences.
   const bool moe = policy_.config().moe_experts > 0;
   double moe_seqs = 0, moe_aux_sum = 0, moe_z_sum = 0, moe_drop_sum = 0;
@@ -286,7 +343,7 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
       const bool trained = totals[0] > 0;
       const bool exchanges = sync_ != nullptr && sync_->ExchangesGradients();
       if (!trained && !exchanges) continue;
-      adamw.zero_grad();
+      adamw.ZeroGrad();
       double mini_loss = 0;
       for (int64_t u0 = m0; trained && u0 < m0 + m_n; u0 += micro) {
         const int64_t u_n = std::min(micro, m0 + m_n - u0);
@@ -316,13 +373,21 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
           at::NoGradGuard no_grad;
           old_mb = logp.detach();
           double capped = 0;
-          weight_mb = algo::BehaviourWeights(
-              old_mb, mb.behaviour_logp, mb.response_mask,
-              algo_.behaviour_weight_level, algo_.behaviour_weight_cap,
-              algo_.behaviour_weight_mode, &capped);
+          weight_mb = algo::BehaviourWeights(old_mb, mb.behaviour_logp,
+                                             mb.response_mask, rule, &capped);
           const double n = mb.response_mask.sum().item<double>();
           weight_sum += MaskedMean(weight_mb, mb.response_mask) * n;
           capped_sum += capped * n;
+        }
+        if (epoch == 0 && m0 == 0) {
+          // The trainer's log-probs of the weights that (in a synchronous
+          // step) sampled these tokens, against the rollout engine's.
+          at::NoGradGuard no_grad;
+          const algo::LogProbDiff d = algo::MaskedLogProbDiff(
+              logp.detach(), mb.behaviour_logp, mb.response_mask);
+          diff_sum += d.sum;
+          diff_tokens += d.tokens;
+          stats.logp_diff_max = std::max(stats.logp_diff_max, d.max);
         }
         auto pg = algo::PpoClipLoss(logp, old_mb, adv, mb.response_mask,
                                     algo_.clip_ratio_low, algo_.clip_ratio_high,
@@ -392,8 +457,11 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
           if (!any_update) continue;
         }
       }
-      // The norm is a thread-count-invariant sum (engine/invariant_ops.h).
-      const double grad_norm = InvariantClipGradNorm(params, optim_.grad_clip);
+      // Clipped and stepped in float32 (the masters of a bf16 policy). The
+      // norm is a thread-count-invariant sum (engine/invariant_ops.h).
+      adamw.GradientsToMasters();
+      const double grad_norm =
+          InvariantClipGradNorm(adamw.stepped(), optim_.grad_clip);
       if (!std::isfinite(grad_norm)) {
         return absl::InternalError(
             absl::StrCat("trainer: non-finite gradient norm at policy version ",
@@ -401,10 +469,8 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
                          "); lower optim.lr or enable optim.grad_clip"));
       }
       const double lr = LearningRateAt(optim_, optimizer_steps_);
-      for (auto& group : adamw.param_groups()) {
-        static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-      }
-      adamw.step();
+      adamw.SetLearningRate(lr);
+      adamw.Step();
       ++optimizer_steps_;
       ++stats.optimizer_steps;
       loss_sum += mini_loss;
@@ -418,6 +484,7 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
   stats.kl = kl_sum / tw;
   stats.entropy = ent_sum / tw;
   stats.clip_frac = clip_sum / tw;
+  stats.logp_diff_mean = diff_tokens > 0 ? diff_sum / diff_tokens : 0.0;
   if (prox_in_forward) {
     stats.behaviour_weight_mean = weight_sum / tw;
     stats.behaviour_weight_truncated = capped_sum / tw;
@@ -436,7 +503,7 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
 absl::Status Trainer::SaveOptimizer(const std::string& path) const {
   try {
     torch::serialize::OutputArchive archive;
-    optim_state_->adamw->save(archive);
+    optim_state_->adamw->Save(archive);
     archive.write("optimizer_steps", at::tensor(optimizer_steps_));
     archive.save_to(path);
   } catch (const c10::Error& e) {
@@ -451,7 +518,7 @@ absl::Status Trainer::LoadOptimizer(const std::string& path) {
   try {
     torch::serialize::InputArchive archive;
     archive.load_from(path);
-    optim_state_->adamw->load(archive);
+    optim_state_->adamw->Load(archive);
     at::Tensor steps;
     archive.read("optimizer_steps", steps);
     optimizer_steps_ = steps.item<int64_t>();
@@ -466,7 +533,7 @@ absl::Status Trainer::LoadOptimizer(const std::string& path) {
 absl::StatusOr<std::string> Trainer::OptimizerState() const {
   try {
     torch::serialize::OutputArchive archive;
-    optim_state_->adamw->save(archive);
+    optim_state_->adamw->Save(archive);
     archive.write("optimizer_steps", at::tensor(optimizer_steps_));
     std::ostringstream out;
     archive.save_to(out);
@@ -482,7 +549,7 @@ absl::Status Trainer::RestoreOptimizerState(const std::string& bytes) {
     torch::serialize::InputArchive archive;
     std::istringstream in(bytes);
     archive.load_from(in);
-    optim_state_->adamw->load(archive);
+    optim_state_->adamw->Load(archive);
     at::Tensor steps;
     archive.read("optimizer_steps", steps);
     optimizer_steps_ = steps.item<int64_t>();

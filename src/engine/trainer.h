@@ -57,6 +57,9 @@ class AdamW;
 
 namespace fusionrl {
 
+class MasterWeightAdamW;
+struct AdamWSettings;
+
 struct TrainStats {
   double loss = 0;                // total loss (mean over optimizer steps)
   double pg_loss = 0;             // clipped surrogate part
@@ -76,6 +79,17 @@ struct TrainStats {
   // otherwise.
   double behaviour_weight_mean = 1;
   double behaviour_weight_truncated = 0;
+  // Rollout/trainer mismatch, |log pi_trainer - log pi_rollout| over the
+  // response tokens of the step's first mini-batch before its first update
+  // (the trainer's log-probs of the weights that sampled them, in a
+  // synchronous step): mean and max. Measured in every mode; with a policy
+  // lag it includes the lag's drift.
+  double logp_diff_mean = 0;
+  double logp_diff_max = 0;
+  // rollout.overlong: the fraction of trained responses cut at
+  // max_new_tokens, and the mean reward they lost (penalize).
+  double overlong_frac = 0;
+  double overlong_penalty_mean = 0;
   int optimizer_steps = 0;
   // MoE policies only (model.moe_experts > 0): router statistics of the
   // step's training forward passes, averaged over layers and over the
@@ -169,6 +183,10 @@ class Trainer {
   // trainer; not to be stepped or re-created by the caller.
   torch::optim::AdamW& optimizer();
   const torch::optim::AdamW& optimizer() const;
+  // The optimizer with its float32 master weights (a bf16 policy's;
+  // engine/master_weights.h).
+  MasterWeightAdamW& master_weights();
+  const MasterWeightAdamW& master_weights() const;
 
  private:
   Trainer(PolicyModel& policy, PolicyModel* reference, const JobConfig& config,
@@ -182,6 +200,9 @@ class Trainer {
   double temperature_;
   int pad_id_;
   int max_new_tokens_;
+  OverlongMode overlong_;
+  int overlong_buffer_;  // resolved: > 0
+  double overlong_penalty_;
   int64_t logits_chunk_tokens_;  // optim.logits_chunk_tokens
   GradientSync* sync_;
   int64_t version_ = 0;
@@ -193,6 +214,9 @@ class Trainer {
 // Learning rate at optimizer step `step` (0-based): linear warm-up from
 // lr / warmup_steps to lr over warmup_steps, then constant.
 double LearningRateAt(const OptimConfig& optim, int64_t step);
+
+// AdamW's settings from optim.beta1/beta2/eps/weight_decay, at `lr`.
+AdamWSettings AdamWSettingsOf(const OptimConfig& optim, double lr);
 
 }  // namespace fusionrl
 

@@ -9,8 +9,10 @@
 #include <thread>
 #include <vector>
 
+#include "engine/algorithms.h"
 #include "engine/grad_sync.h"
 #include "engine/intra_op_threads.h"
+#include "engine/master_weights.h"
 #include "engine/rollout.h"
 #include "engine/test_util.h"
 #include "gtest/gtest.h"
@@ -797,6 +799,233 @@ namespace {
 // Two data-parallel ranks (threads, c10d Gloo) each train on half of the
 // groups: their weights stay identical, and their summed gradient is the one
 // a single trainer computes on the whole batch.
+// algorithm.rollout_correction weighs each token by pi_trainer / pi_rollout
+// against the trainer's recomputed log-probs: groups 0-1 on-policy (weight
+// 1), groups 2-3 with rollout log-probs log(4) off (weight 4, or 1/4).
+//   tis (cap 2): weight 4 -> 2, weight 1/4 stays 1/4;
+//   mis (cap 2): both 4 and 1/4 leave [1/2, 2] and are masked.
+// The per-token mismatch is reported as |delta log p|.
+TEST(TrainerTest, RolloutCorrectionTruncatesOrMasksBothTails) {
+  JobConfig c = TinyJob();
+  auto probe = TinyModel(3);
+  std::vector<Sample> on_policy = FourGroupsOfFour();
+  SetBehaviourLogProbs(*probe, on_policy, 0.0f);
+  std::vector<Sample> kept = on_policy, over = on_policy, under = on_policy;
+  for (size_t i = 8; i < on_policy.size(); ++i) {
+    for (float& lp : over[i].behaviour_logp) lp -= std::log(4.0f);
+    for (float& lp : under[i].behaviour_logp) lp += std::log(4.0f);
+    kept[i].excluded = true;
+  }
+  TrainStats plain_stats, kept_stats, st;
+  const auto plain = GradsAfterStep(c, on_policy, &plain_stats);
+  EXPECT_NEAR(plain_stats.logp_diff_max, 0.0, 1e-5);
+  const auto g01_alone = GradsAfterStep(c, kept, &kept_stats);
+  const double n = static_cast<double>(plain_stats.tokens);
+  const double n01 = static_cast<double>(kept_stats.tokens);
+  ASSERT_GT(n, n01);
+  auto expect_grads = [&](const std::vector<at::Tensor>& got, double w23,
+                          const char* what) {
+    for (size_t i = 0; i < plain.size(); ++i) {
+      const at::Tensor g01 = g01_alone[i] * (n01 / n);
+      const at::Tensor want = g01 + w23 * (plain[i] - g01);
+      EXPECT_TRUE(torch::allclose(got[i], want, 1e-4, 1e-6))
+          << what << " parameter " << i << " max diff "
+          << (got[i] - want).abs().max().item<double>();
+    }
+  };
+  c.algorithm.rollout_correction_cap = 2.0;
+  c.algorithm.rollout_correction = RolloutCorrection::kTis;
+  expect_grads(GradsAfterStep(c, over, &st), 2.0, "tis over");
+  EXPECT_NEAR(st.behaviour_weight_truncated, (n - n01) / n, 1e-6);
+  EXPECT_NEAR(st.logp_diff_mean, std::log(4.0) * (n - n01) / n, 1e-4);
+  EXPECT_NEAR(st.logp_diff_max, std::log(4.0), 1e-4);
+  expect_grads(GradsAfterStep(c, under, &st), 0.25, "tis under");
+  EXPECT_EQ(st.behaviour_weight_truncated, 0.0);
+  c.algorithm.rollout_correction = RolloutCorrection::kMis;
+  expect_grads(GradsAfterStep(c, over, &st), 0.0, "mis over");
+  EXPECT_NEAR(st.behaviour_weight_truncated, (n - n01) / n, 1e-6);
+  expect_grads(GradsAfterStep(c, under, &st), 0.0, "mis under");
+  EXPECT_NEAR(st.behaviour_weight_truncated, (n - n01) / n, 1e-6);
+  // Without a correction the PPO ratio is taken against the rollout's
+  // log-probs: none of the above.
+  c.algorithm.rollout_correction = RolloutCorrection::kNone;
+  const auto uncorrected = GradsAfterStep(c, over, &st);
+  double diff = 0;
+  for (size_t i = 0; i < plain.size(); ++i) {
+    const at::Tensor g01 = g01_alone[i] * (n01 / n);
+    diff += (uncorrected[i] - (g01 + 2.0 * (plain[i] - g01)))
+                .abs()
+                .sum()
+                .item<double>();
+  }
+  EXPECT_GT(diff, 1e-3);
+}
+
+// Samples 8..15 marked cut at the cap (finished = false), the others
+// finished.
+std::vector<Sample> HalfCutAtTheCap() {
+  std::vector<Sample> s = FourGroupsOfFour();
+  for (size_t i = 0; i < s.size(); ++i) s[i].finished = i < 8 || i % 2 == 0;
+  return s;
+}
+
+// rollout.overlong mask: a cut response keeps its reward in its group's
+// advantages but leaves the loss, exactly as a sample excluded from it.
+TEST(TrainerTest, OverlongMaskDropsCutResponsesFromTheLoss) {
+  JobConfig c = TinyJob();
+  std::vector<Sample> samples = HalfCutAtTheCap();
+  std::vector<Sample> as_excluded = samples;
+  for (Sample& s : as_excluded) s.excluded = !s.finished;
+  TrainStats keep_stats, mask_stats, excluded_stats;
+  const auto keep = GradsAfterStep(c, samples, &keep_stats);
+  EXPECT_DOUBLE_EQ(keep_stats.overlong_frac, 0.25);
+  c.rollout.overlong = OverlongMode::kMask;
+  const auto masked = GradsAfterStep(c, samples, &mask_stats);
+  c.rollout.overlong = OverlongMode::kKeep;
+  const auto excluded = GradsAfterStep(c, as_excluded, &excluded_stats);
+  EXPECT_EQ(mask_stats.tokens, excluded_stats.tokens);
+  EXPECT_LT(mask_stats.tokens, keep_stats.tokens);
+  double keep_vs_mask = 0;
+  for (size_t i = 0; i < keep.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(masked[i], excluded[i], 1e-5, 1e-7))
+        << "parameter " << i;
+    keep_vs_mask += (keep[i] - masked[i]).abs().sum().item<double>();
+  }
+  EXPECT_GT(keep_vs_mask, 1e-4);
+}
+
+// rollout.overlong penalize: the step is the keep step on rewards lowered by
+// DAPO's length ramp (max_new_tokens 6, buffer 3: lengths 4, 5, 6 lose 1/3,
+// 2/3, 1 of overlong_penalty).
+TEST(TrainerTest, OverlongPenaltyLowersRewardsOnTheLengthRamp) {
+  EXPECT_DOUBLE_EQ(algo::OverlongPenalty(3, 6, 3, 0.9), 0.0);
+  EXPECT_DOUBLE_EQ(algo::OverlongPenalty(4, 6, 3, 0.9), 0.3);
+  EXPECT_DOUBLE_EQ(algo::OverlongPenalty(6, 6, 3, 0.9), 0.9);
+  EXPECT_EQ(algo::OverlongBuffer(20480, 0), 4096);
+  EXPECT_EQ(algo::OverlongBuffer(3, 0), 1);
+  EXPECT_EQ(algo::OverlongBuffer(64, 7), 7);
+  JobConfig c = TinyJob();
+  c.rollout.max_new_tokens = 6;
+  c.rollout.overlong_buffer = 3;
+  c.rollout.overlong_penalty = 0.9;
+  std::vector<Sample> samples = FourGroupsOfFour();
+  std::vector<Sample> lowered = samples;
+  double penalty_sum = 0;
+  for (Sample& s : lowered) {
+    const double p = algo::OverlongPenalty(
+        static_cast<int64_t>(s.response_ids.size()), 6, 3, 0.9);
+    s.reward -= p;
+    penalty_sum += p;
+  }
+  ASSERT_GT(penalty_sum, 0.5);
+  TrainStats penalized_stats, lowered_stats, keep_stats;
+  const auto keep = GradsAfterStep(c, samples, &keep_stats);
+  c.rollout.overlong = OverlongMode::kPenalize;
+  const auto penalized = GradsAfterStep(c, samples, &penalized_stats);
+  EXPECT_NEAR(penalized_stats.overlong_penalty_mean, penalty_sum / 16, 1e-12);
+  c.rollout.overlong = OverlongMode::kKeep;
+  const auto by_hand = GradsAfterStep(c, lowered, &lowered_stats);
+  double keep_vs_penalized = 0;
+  for (size_t i = 0; i < keep.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(penalized[i], by_hand[i], 1e-5, 1e-7))
+        << "parameter " << i;
+    keep_vs_penalized += (keep[i] - penalized[i]).abs().sum().item<double>();
+  }
+  EXPECT_GT(keep_vs_penalized, 1e-4);
+}
+
+// bf16 training keeps float32 master weights: at a learning rate of 1e-6 a
+// bf16 policy's weights move as a float32 policy's do (stepping the bf16
+// parameters directly, every update below half a bf16 ulp, ~1e-4 here,
+// would vanish), and the bf16 parameters are the masters rounded.
+TEST(TrainerTest, Bf16PolicyTrainsFloat32MasterWeights) {
+  JobConfig c = TinyJob();
+  c.optim.lr = 1e-6;
+  std::vector<Sample> samples = FourGroupsOfFour();
+  auto delta_after_steps = [&](const std::string& dtype,
+                               std::vector<at::Tensor>* params_out) {
+    JobConfig job = c;
+    job.model.dtype = dtype;
+    auto model = PolicyModel::Create(job.model, 98, kCpu, 3).value();
+    std::vector<at::Tensor> before;
+    for (const auto& p : model->parameters()) {
+      before.push_back(p.detach().to(at::kFloat).clone());
+    }
+    auto trainer = Trainer::Create(*model, nullptr, job, kPad).value();
+    for (int step = 0; step < 3; ++step) {
+      EXPECT_TRUE(trainer->Step(samples).ok());
+    }
+    const auto& stepped = trainer->master_weights().stepped();
+    std::vector<at::Tensor> delta;
+    for (size_t i = 0; i < before.size(); ++i) {
+      delta.push_back((stepped[i].detach() - before[i]).flatten());
+    }
+    if (params_out != nullptr) *params_out = model->parameters();
+    for (size_t i = 0; i < stepped.size(); ++i) {
+      EXPECT_EQ(stepped[i].scalar_type(), at::kFloat);
+    }
+    return at::cat(delta);
+  };
+  std::vector<at::Tensor> bf16_params;
+  const at::Tensor d32 = delta_after_steps("float32", nullptr);
+  const at::Tensor d16 = delta_after_steps("bfloat16", &bf16_params);
+  const double n32 = d32.norm().item<double>();
+  const double n16 = d16.norm().item<double>();
+  const double cosine = (d32 * d16).sum().item<double>() / (n32 * n16 + 1e-30);
+  ASSERT_GT(n32, 0.0);
+  EXPECT_NEAR(n16 / n32, 1.0, 0.1) << "float32 " << n32 << " bf16 " << n16;
+  EXPECT_GT(cosine, 0.9);
+  for (const at::Tensor& p : bf16_params) {
+    EXPECT_EQ(p.scalar_type(), at::kBFloat16);
+  }
+}
+
+// The masters are part of the optimizer state (checkpoints, step
+// snapshots), and a parameter written from outside between steps (a weight
+// sync) is re-read into its master instead of being undone.
+TEST(TrainerTest, MasterWeightsTravelWithTheOptimizerStateAndFollowWrites) {
+  JobConfig c = TinyJob();
+  c.optim.lr = 1e-6;
+  c.model.dtype = "bfloat16";
+  std::vector<Sample> samples = FourGroupsOfFour();
+  auto model = PolicyModel::Create(c.model, 98, kCpu, 3).value();
+  auto trainer = Trainer::Create(*model, nullptr, c, kPad).value();
+  ASSERT_TRUE(trainer->master_weights().has_masters());
+  ASSERT_TRUE(trainer->Step(samples).ok());
+  const std::string state = trainer->OptimizerState().value();
+  std::vector<at::Tensor> masters;
+  for (const auto& m : trainer->master_weights().stepped()) {
+    masters.push_back(m.detach().clone());
+  }
+  auto twin = PolicyModel::Create(c.model, 98, kCpu, 3).value();
+  {
+    at::NoGradGuard no_grad;
+    auto src = model->parameters();
+    auto dst = twin->parameters();
+    for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+  }
+  auto restored = Trainer::Create(*twin, nullptr, c, kPad).value();
+  ASSERT_TRUE(restored->RestoreOptimizerState(state).ok());
+  const auto& got = restored->master_weights().stepped();
+  bool some_master_below_bf16 = false;
+  for (size_t i = 0; i < masters.size(); ++i) {
+    EXPECT_TRUE(at::equal(got[i].detach(), masters[i])) << "master " << i;
+    some_master_below_bf16 =
+        some_master_below_bf16 ||
+        !at::equal(masters[i], masters[i].to(at::kBFloat16).to(at::kFloat));
+  }
+  EXPECT_TRUE(some_master_below_bf16);  // the restore carried real bits
+  // A weight sync writes the parameters: the next step starts from them.
+  {
+    at::NoGradGuard no_grad;
+    for (auto& p : twin->parameters()) p.fill_(0.5);
+  }
+  restored->master_weights().GradientsToMasters();
+  for (const auto& m : restored->master_weights().stepped()) {
+    EXPECT_TRUE(at::equal(m.detach(), at::full_like(m.detach(), 0.5)));
+  }
+}
+
 TEST(TrainerDataParallelTest, RanksMatchOneTrainerOnTheWholeBatch) {
   JobConfig c = TinyJob();
   c.algorithm.loss_agg_mode = LossAggMode::kSeqMeanTokenSumNorm;

@@ -393,10 +393,10 @@ class MathReward final : public RewardFn {
 }  // namespace
 
 std::optional<std::string> ExtractMathAnswer(std::string_view response) {
-  const size_t think = response.rfind("</think>");
-  if (think != std::string_view::npos) {
-    response = response.substr(think + 8);
-  }
+  const std::optional<std::string_view> answer =
+      AnswerText(response, /*prompt_opens_thinking=*/false);
+  if (!answer.has_value()) return std::nullopt;
+  response = *answer;
   if (const auto boxed = LastBoxed(response); boxed.has_value()) {
     return std::string(*boxed);
   }

@@ -86,7 +86,26 @@ TEST(MathRewardTest, ExtractsNothingFromTextWithoutNumbers) {
 TEST(MathRewardTest, SearchesOnlyAfterThinking) {
   EXPECT_EQ(Extract("<think>maybe 5</think>It is 6."), "6");
   EXPECT_FALSE(ExtractMathAnswer("<think>maybe 5</think>no idea").has_value());
-  EXPECT_EQ(Extract("<think>maybe 5 ..."), "5");  // no </think>: all text
+  // Still thinking (no </think>): no answer, whatever the thoughts name.
+  EXPECT_FALSE(ExtractMathAnswer("<think>maybe 5 ...").has_value());
+  EXPECT_FALSE(
+      ExtractMathAnswer("<think>a</think>so <think>maybe 5").has_value());
+}
+
+// The thinking rule every reward's grading goes through (ScoreCompletion):
+// the answer follows the last </think>; a block left open, by the response
+// or by a generation prompt ending in "<think>\n", means no answer.
+TEST(AnswerTextTest, GradesOnlyTextAfterClosedThinking) {
+  EXPECT_EQ(AnswerText("42", false), "42");
+  EXPECT_EQ(AnswerText("<think>7?</think> 42", false), " 42");
+  EXPECT_EQ(AnswerText("7?</think>42", true), "42");
+  EXPECT_EQ(AnswerText("7?</think>42", false), "42");
+  EXPECT_FALSE(AnswerText("<think>maybe 42", false).has_value());
+  EXPECT_FALSE(AnswerText("maybe 42", true).has_value());
+  EXPECT_FALSE(AnswerText("<think>a</think>b<think>maybe 42", false));
+  EXPECT_TRUE(EndsInsideThinking("<|im_start|>assistant\n<think>\n"));
+  EXPECT_FALSE(EndsInsideThinking("<think>\n\n</think>\n\n"));
+  EXPECT_FALSE(EndsInsideThinking("no tags"));
 }
 
 TEST(MathRewardTest, ScoresGsm8kResponses) {

@@ -237,6 +237,27 @@ class CountdownReward final : public RewardFn {
 
 }  // namespace
 
+bool EndsInsideThinking(std::string_view text) {
+  const size_t open = text.rfind("<think>");
+  if (open == std::string_view::npos) return false;
+  const size_t close = text.rfind("</think>");
+  return close == std::string_view::npos || close < open;
+}
+
+std::optional<std::string_view> AnswerText(std::string_view response,
+                                           bool prompt_opens_thinking) {
+  constexpr std::string_view kClose = "</think>";
+  const size_t close = response.rfind(kClose);
+  if (close == std::string_view::npos) {
+    if (prompt_opens_thinking || EndsInsideThinking(response)) {
+      return std::nullopt;
+    }
+    return response;
+  }
+  if (EndsInsideThinking(response)) return std::nullopt;
+  return response.substr(close + kClose.size());
+}
+
 absl::StatusOr<int64_t> EvalCountdownExpression(std::string_view expr,
                                                 std::vector<int64_t>* numbers) {
   return ExprParser(expr, numbers).Parse();

@@ -35,6 +35,22 @@ struct CountdownPrompt {
 // only, at least one number).
 absl::StatusOr<CountdownPrompt> ParseCountdownPrompt(std::string_view prompt);
 
+// Thinking models: what of a response a reward grades. The answer is the
+// text after the last "</think>"; a response that ends inside a thinking
+// block, opened by itself ("<think>" after its last "</think>") or by the
+// prompt's generation prompt (Qwen3-Thinking and QwQ templates end the
+// prompt with "<think>\n", `prompt_opens_thinking`) and never closed, has
+// no answer: nullopt, graded as a wrong answer, never as its thinking text
+// (a response cut at max_new_tokens mid-thought would otherwise be graded on
+// whatever number it last mentioned). Without any think tag, the whole
+// response.
+std::optional<std::string_view> AnswerText(std::string_view response,
+                                           bool prompt_opens_thinking);
+
+// `text` ends inside a thinking block: it has a "<think>" after its last
+// "</think>".
+bool EndsInsideThinking(std::string_view text);
+
 // 1.0 iff the response, surrounding whitespace trimmed, equals the answer
 // (also trimmed).
 std::unique_ptr<RewardFn> MakeExactReward();
@@ -54,8 +70,8 @@ std::unique_ptr<RewardFn> MakeNumericReward();
 std::unique_ptr<RewardFn> MakeCountdownReward();
 
 // The final answer of a math response, as text:
-//   1. if the response has "</think>", only the text after the last one is
-//      searched (a response still thinking has no answer);
+//   1. only AnswerText(response, false) is searched: the text after the
+//      last "</think>" (a response still thinking has no answer);
 //   2. the content of the last complete \boxed{...} or \fbox{...} (braces
 //      balanced, "\{" "\}" literal; an empty one does not count);
 //   3. else, after the last "####": its first number token, or if it has

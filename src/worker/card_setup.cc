@@ -101,7 +101,8 @@ std::unique_ptr<HierarchicalSync> CardRunner::MakeSync() {
       },
       [this, client, header](int64_t step, int64_t round, int64_t due_step,
                              std::string payload) {
-        UpdateCall call{header(step, round), due_step, std::move(payload)};
+        UpdateCall call{header(step, round), due_step, std::move(payload),
+                        std::nullopt};
         return client->ExchangeUpdates(std::move(call), timeout_);
       },
       [this, client](int64_t generation, int node_rank, int nodes) {

@@ -187,8 +187,8 @@ absl::Status GroupSampler::SampleSteps(
       batches[k].unfinished.push_back(static_cast<int32_t>(j));
     } else {
       const Verdict v =
-          ctx_.reward->Score(batches[k].problems[j / rc.group_size],
-                             DecodeResponse(ctx_, s.response_ids));
+          ScoreCompletion(ctx_, batches[k].problems[j / rc.group_size],
+                          s.prompt_ids, s.response_ids);
       s.reward = v.reward;
       s.correct = v.correct;
     }
