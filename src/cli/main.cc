@@ -13,6 +13,8 @@
 //   fusionrl generate --model DIR --prompt TEXT [--chat] [--json] [...]
 //   fusionrl export <checkpoint> --out DIR [--dtype bfloat16]
 //   fusionrl tokenize --tokenizer DIR [--decode | --bench]   (stdin->stdout)
+//   fusionrl chat-template --model DIR [--name NAME] [--now RFC3339]
+//                                                            (stdin->stdout)
 //   fusionrl controller --listen HOST:PORT [...]      (docs/cluster.md)
 //   fusionrl worker --controller HOST:PORT [--cards N] [--super-node NAME]
 //   fusionrl submit <job.yaml> --controller HOST:PORT [--wait]
@@ -39,6 +41,7 @@
 #include "cli/bench_memory_cli.h"
 #include "cli/bench_rollout_cli.h"
 #include "cli/bench_weights_cli.h"
+#include "cli/chat_template_cli.h"
 #include "cli/cluster_cli.h"
 #include "cli/exit_codes.h"
 #include "cli/model_cli.h"
@@ -178,6 +181,9 @@ int main(int argc, char** argv) {
   CLI::App* simulate = fusionrl::cli::AddSimulateCommand(app, simulate_args);
   fusionrl::cli::TokenizeArgs tokenize_args;
   CLI::App* tokenize = fusionrl::cli::AddTokenizeCommand(app, tokenize_args);
+  fusionrl::cli::ChatTemplateArgs chat_template_args;
+  CLI::App* chat_template =
+      fusionrl::cli::AddChatTemplateCommand(app, chat_template_args);
 
   fusionrl::cli::GenerateArgs generate_args;
   fusionrl::cli::ExportArgs export_args;
@@ -214,6 +220,10 @@ int main(int argc, char** argv) {
   }
   if (tokenize->parsed()) {
     return fusionrl::cli::RunTokenize(tokenize_args, std::cin, std::cout);
+  }
+  if (chat_template->parsed()) {
+    return fusionrl::cli::RunChatTemplate(chat_template_args, std::cin,
+                                          std::cout);
   }
   if (cluster.controller->parsed() || cluster.worker->parsed() ||
       cluster.submit->parsed() || cluster.status->parsed()) {

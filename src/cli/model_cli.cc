@@ -103,12 +103,11 @@ int RunGenerate(const GenerateArgs& args) {
     std::vector<ChatMessage> messages;
     if (!args.system.empty()) messages.push_back({"system", args.system});
     messages.push_back({"user", args.prompt});
-    text = RenderChat(m.chat.format, m.chat.info, messages, true);
-    const char* end = m.chat.format == ChatFormat::kChatML   ? "<|im_end|>"
-                      : m.chat.format == ChatFormat::kLlama3 ? "<|eot_id|>"
-                                                             : "";
-    const int id = m.tokenizer->TokenToId(end);
-    if (id >= 0) stop.push_back(id);
+    absl::StatusOr<std::string> rendered = m.chat.Render(messages, true);
+    if (!rendered.ok()) return Fail(rendered.status());
+    text = *std::move(rendered);
+    const int id = m.tokenizer->TokenToId(m.chat.end_of_turn());
+    if (!m.chat.end_of_turn().empty() && id >= 0) stop.push_back(id);
   } else if (!args.system.empty()) {
     return Fail(absl::InvalidArgumentError("--system needs --chat"));
   }

@@ -502,14 +502,15 @@ TEST(HfRlTest, GrpoRaisesRewardOnTheRealVocabulary) {
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   PolicyModel& model = *loaded->policy;
   const Tokenizer& tok = *loaded->tokenizer;
-  ASSERT_EQ(loaded->chat.format, ChatFormat::kChatML);
+  ASSERT_EQ(loaded->chat.end_of_turn(), "<|im_end|>");
 
   std::vector<std::vector<int>> questions;
   for (const char* q :
        {"What is 2 + 3?", "Name a colour.", "Say hello.", "Count to three."}) {
-    const std::string text =
-        RenderChat(loaded->chat.format, loaded->chat.info, {{"user", q}}, true);
-    auto ids = tok.Encode(text);
+    const absl::StatusOr<std::string> text =
+        loaded->chat.Render({{"user", q}}, true);
+    ASSERT_TRUE(text.ok()) << text.status();
+    auto ids = tok.Encode(*text);
     ASSERT_TRUE(ids.ok()) << ids.status();
     questions.push_back(*ids);
   }

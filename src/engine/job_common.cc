@@ -69,54 +69,10 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadJobTokenizer(
   return tokenizer;
 }
 
-absl::StatusOr<DetectedChatTemplate> ResolveChatFormat(
-    const JobConfig& config) {
-  DetectedChatTemplate out;
-  if (!config.task.chat_template.empty()) {
-    auto format = ParseChatFormat(config.task.chat_template);
-    if (!format.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("task.chat_template: ", format.status().message()));
-    }
-    out.format = *format;
-    return out;
-  }
+absl::StatusOr<ChatRenderer> ResolveChatRenderer(const JobConfig& config) {
   const ModelConfig& m = config.model;
-  const std::string& dir = !m.tokenizer.empty() ? m.tokenizer : m.hf_path;
-  if (dir.empty()) return out;  // the built-in tasks' plain prompts
-  const std::string path =
-      (std::filesystem::path(dir) / "tokenizer_config.json").string();
-  std::ifstream in(path);
-  nlohmann::json j;
-  if (in) {
-    j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  }
-  std::string chat_template;
-  if (j.is_object() && j.contains("chat_template")) {
-    const auto& t = j["chat_template"];
-    if (t.is_string()) chat_template = t.get<std::string>();
-    // A list of named templates: the "default" one.
-    if (t.is_array()) {
-      for (const auto& e : t) {
-        if (e.is_object() && e.value("name", "") == "default" &&
-            e.contains("template") && e["template"].is_string()) {
-          chat_template = e["template"].get<std::string>();
-        }
-      }
-    }
-  }
-  if (chat_template.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path,
-        ": no chat_template; set task.chat_template: chatml | llama3 | "
-        "none"));
-  }
-  auto detected = DetectChatTemplate(chat_template);
-  if (!detected.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": ", detected.status().message()));
-  }
-  return *detected;
+  return ChatRenderer::ForJob(config.task.chat_template,
+                              !m.tokenizer.empty() ? m.tokenizer : m.hf_path);
 }
 
 absl::StatusOr<JobContext> PrepareJob(const JobConfig& config,
@@ -127,10 +83,7 @@ absl::StatusOr<JobContext> PrepareJob(const JobConfig& config,
   FUSIONRL_ASSIGN_OR_RETURN(
       ctx.device, ResolveDevice(device.empty() ? config.device : device));
   FUSIONRL_ASSIGN_OR_RETURN(ctx.tokenizer, LoadJobTokenizer(config.model));
-  FUSIONRL_ASSIGN_OR_RETURN(DetectedChatTemplate chat,
-                            ResolveChatFormat(config));
-  ctx.chat_format = chat.format;
-  ctx.chat_info = chat.info;
+  FUSIONRL_ASSIGN_OR_RETURN(ctx.chat, ResolveChatRenderer(config));
   ctx.system_prompt = config.task.system_prompt;
   FUSIONRL_ASSIGN_OR_RETURN(ctx.task,
                             TaskRegistry::Global().Create(config.task));
@@ -154,10 +107,8 @@ absl::StatusOr<JobContext> PrepareJob(const JobConfig& config,
                               ReadHfModelConfig(config.model.hf_path));
     for (int id : info.eos_token_ids) add_stop(id);
   }
-  if (ctx.chat_format == ChatFormat::kChatML) {
-    add_stop(ctx.tokenizer->TokenToId("<|im_end|>"));
-  } else if (ctx.chat_format == ChatFormat::kLlama3) {
-    add_stop(ctx.tokenizer->TokenToId("<|eot_id|>"));
+  if (!ctx.chat.end_of_turn().empty()) {
+    add_stop(ctx.tokenizer->TokenToId(ctx.chat.end_of_turn()));
   }
 
   const int vocab = config.model.vocab_size > 0 ? config.model.vocab_size
@@ -225,6 +176,24 @@ absl::Status ExportJobPolicy(const JobConfig& config, const JobContext& ctx,
   return absl::OkStatus();
 }
 
+namespace {
+
+bool IsStopId(const JobContext& ctx, int id) {
+  return std::find(ctx.stop_ids.begin(), ctx.stop_ids.end(), id) !=
+         ctx.stop_ids.end();
+}
+
+// A rendering error of `problem`'s conversation, naming the problem.
+absl::Status ProblemError(const Problem& problem, const absl::Status& status) {
+  std::string prompt = problem.prompt.substr(0, 60);
+  if (prompt.size() < problem.prompt.size()) prompt += "...";
+  return absl::Status(status.code(),
+                      absl::StrCat("the conversation of problem '", prompt,
+                                   "': ", status.message()));
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<int>> EncodePrompt(const Tokenizer& tokenizer,
                                               const std::string& prompt) {
   FUSIONRL_ASSIGN_OR_RETURN(std::vector<int> ids, tokenizer.Encode(prompt));
@@ -236,31 +205,30 @@ absl::StatusOr<std::vector<int>> EncodeProblemPrompt(const JobContext& ctx,
                                                      const Problem& problem) {
   const std::vector<ChatMessage> messages =
       ProblemMessages(problem, ctx.system_prompt);
-  const std::string text = RenderChat(ctx.chat_format, ctx.chat_info, messages,
-                                      /*add_generation_prompt=*/true);
-  if (ctx.chat_format == ChatFormat::kNone) {
-    return EncodePrompt(*ctx.tokenizer, text);
-  }
+  absl::StatusOr<std::string> text =
+      ctx.chat.Render(messages, /*add_generation_prompt=*/true);
+  if (!text.ok()) return ProblemError(problem, text.status());
+  if (!ctx.chat.writes_bos()) return EncodePrompt(*ctx.tokenizer, *text);
   // The chat format writes any begin-of-text token itself.
-  return ctx.tokenizer->Encode(text);
+  return ctx.tokenizer->Encode(*text);
 }
 
 absl::StatusOr<Sample> SolutionSample(const JobContext& ctx,
                                       const Problem& problem) {
   Sample s;
   FUSIONRL_ASSIGN_OR_RETURN(s.prompt_ids, EncodeProblemPrompt(ctx, problem));
-  FUSIONRL_ASSIGN_OR_RETURN(s.response_ids,
-                            ctx.tokenizer->Encode(ctx.task->Solution(problem)));
-  // A chat model ends its turn with the format's end-of-turn token.
-  int end = ctx.tokenizer->eos_id();
-  if (ctx.chat_format == ChatFormat::kChatML) {
-    const int id = ctx.tokenizer->TokenToId("<|im_end|>");
-    if (id >= 0) end = id;
-  } else if (ctx.chat_format == ChatFormat::kLlama3) {
-    const int id = ctx.tokenizer->TokenToId("<|eot_id|>");
-    if (id >= 0) end = id;
+  // The assistant's turn as the chat format writes it (a template may add
+  // more than the answer, e.g. Qwen3's empty thinking block), up to and
+  // including its first stop token; without one, eos ends it.
+  absl::StatusOr<std::string> turn = ctx.chat.AssistantTurn(
+      ProblemMessages(problem, ctx.system_prompt), ctx.task->Solution(problem));
+  if (!turn.ok()) return ProblemError(problem, turn.status());
+  FUSIONRL_ASSIGN_OR_RETURN(std::vector<int> ids, ctx.tokenizer->Encode(*turn));
+  for (int id : ids) {
+    s.response_ids.push_back(id);
+    if (IsStopId(ctx, id)) return s;
   }
-  s.response_ids.push_back(end);
+  s.response_ids.push_back(ctx.tokenizer->eos_id());
   return s;
 }
 

@@ -39,9 +39,8 @@ struct JobContext {
   // generation_config.json eos ids and the chat format's end-of-turn token.
   std::vector<int> stop_ids;
   // How a problem becomes the prompt text (task.chat_template, or the
-  // model's tokenizer_config.json chat_template).
-  ChatFormat chat_format = ChatFormat::kNone;
-  ChatTemplateInfo chat_info;
+  // model's own chat template).
+  ChatRenderer chat;
   std::string system_prompt;  // task.system_prompt
 };
 
@@ -50,11 +49,11 @@ struct JobContext {
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadJobTokenizer(
     const ModelConfig& model);
 
-// The chat format of a job: task.chat_template when set; else, for a model
-// with a tokenizer directory, the format its tokenizer_config.json's
-// chat_template is recognised as (InvalidArgument naming the file when it
-// has none or an unrecognised one); else none.
-absl::StatusOr<DetectedChatTemplate> ResolveChatFormat(const JobConfig& config);
+// The chat renderer of a job: task.chat_template when set; else, for a
+// model with a tokenizer directory, the model's own chat template
+// (NotFound / InvalidArgument naming the file when it has none or it does
+// not parse); else none (tasks/chat_format.h).
+absl::StatusOr<ChatRenderer> ResolveChatRenderer(const JobConfig& config);
 
 // Sets LibTorch's thread count, resolves the device (`device`, or
 // config.device when empty), builds tokenizer, task, reward and policy
@@ -81,6 +80,8 @@ absl::StatusOr<std::vector<int>> EncodePrompt(const Tokenizer& tokenizer,
 // generation prompt, then encoded; bos first when the tokenizer has one and
 // the format does not write it (format none). For the built-in tasks
 // (format none, no system prompt) this is EncodePrompt(prompt).
+// InvalidArgument when the template rejects the conversation, naming the
+// problem.
 absl::StatusOr<std::vector<int>> EncodeProblemPrompt(const JobContext& ctx,
                                                      const Problem& problem);
 

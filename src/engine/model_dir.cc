@@ -68,7 +68,7 @@ absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir,
   if (!out.tokenizer_dir.empty()) {
     JobConfig job;
     job.model = m;
-    auto chat = ResolveChatFormat(job);
+    auto chat = ResolveChatRenderer(job);
     if (chat.ok()) {
       out.chat = *chat;
     } else {

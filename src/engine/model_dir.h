@@ -35,9 +35,9 @@ struct LoadedModel {
   std::vector<int> eos_token_ids;  // generation stops at any of these
   // The Hugging Face config's max_position_embeddings, 0 when unknown.
   int max_position_embeddings = 0;
-  // The chat format of the tokenizer's chat_template; InvalidArgument text
-  // in chat_error when it has none or an unrecognised one.
-  DetectedChatTemplate chat;
+  // The model's own chat template (tasks/chat_format.h); the error's text
+  // in chat_error when it has none or it does not parse.
+  ChatRenderer chat;
   std::string chat_error;
 };
 

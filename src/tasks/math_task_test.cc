@@ -363,7 +363,7 @@ TEST_F(MathTaskTest, ParsesEachRecordForm) {
   EXPECT_EQ(p->system, "S");
   ASSERT_EQ(p->messages.size(), 4u);
   EXPECT_EQ(p->messages[2].role, "assistant");
-  EXPECT_EQ(RenderChat(ChatFormat::kChatML, {}, ProblemMessages(*p, "X"), true),
+  EXPECT_EQ(RenderChat(ChatFormat::kChatML, ProblemMessages(*p, "X"), true),
             "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU1<|im_end|>\n"
             "<|im_start|>assistant\nA1<|im_end|>\n<|im_start|>user\nU2"
             "<|im_end|>\n<|im_start|>assistant\n");

@@ -1,0 +1,89 @@
+// `fusionrl chat-template`: renders conversations read from stdin with a
+// model's chat template (see chat_template_cli.h).
+#include "cli/chat_template_cli.h"
+
+#include <istream>
+#include <ostream>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "cli/exit_codes.h"
+#include "nlohmann/json.hpp"
+#include "tasks/chat_template.h"
+
+namespace fusionrl::cli {
+namespace {
+
+using nlohmann::ordered_json;
+
+std::string ErrorLine(const std::string& message) {
+  return ordered_json{{"error", message}}.dump(
+      -1, ' ', false, ordered_json::error_handler_t::replace);
+}
+
+// The output line for one input line.
+std::string RenderLine(const ChatTemplate& chat_template,
+                       const std::string& line, int line_number,
+                       absl::Time now) {
+  ordered_json variables =
+      ordered_json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (variables.is_discarded() || !variables.is_object()) {
+    return ErrorLine(absl::StrCat("stdin line ", line_number,
+                                  ": expected a JSON object per line"));
+  }
+  if (!variables.contains("messages")) {
+    return ErrorLine(
+        absl::StrCat("stdin line ", line_number, ": no \"messages\""));
+  }
+  absl::StatusOr<std::string> text =
+      RenderConversation(chat_template, variables, now);
+  if (!text.ok()) return ErrorLine(std::string(text.status().message()));
+  return ordered_json(*text).dump(-1, ' ', false,
+                                  ordered_json::error_handler_t::replace);
+}
+
+}  // namespace
+
+CLI::App* AddChatTemplateCommand(CLI::App& app, ChatTemplateArgs& args) {
+  CLI::App* cmd = app.add_subcommand(
+      "chat-template",
+      "render conversations (one JSON object a line on stdin) with a "
+      "model's chat template; one JSON string (or {\"error\"}) a line out");
+  cmd->add_option("--model", args.model_dir,
+                  "model directory with chat_template.jinja or "
+                  "tokenizer_config.json")
+      ->required();
+  cmd->add_option("--name", args.name,
+                  "a named template of tokenizer_config.json (default: "
+                  "'default')");
+  cmd->add_option("--now", args.now,
+                  "strftime_now's clock, RFC 3339 (e.g. "
+                  "2024-07-26T12:00:00Z; default: now)");
+  return cmd;
+}
+
+int RunChatTemplate(const ChatTemplateArgs& args, std::istream& in,
+                    std::ostream& out) {
+  absl::Time now = absl::Now();
+  std::string error;
+  if (!args.now.empty() &&
+      !absl::ParseTime(absl::RFC3339_full, args.now, &now, &error)) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--now '", args.now, "': not an RFC 3339 time (", error, ")")));
+  }
+  absl::StatusOr<ChatTemplate> chat_template =
+      LoadChatTemplate(args.model_dir, args.name);
+  if (!chat_template.ok()) return Fail(chat_template.status());
+  std::string line;
+  for (int line_number = 1; std::getline(in, line); ++line_number) {
+    out << RenderLine(*chat_template, line, line_number, now) << '\n';
+  }
+  out << std::flush;
+  return kExitOk;
+}
+
+}  // namespace fusionrl::cli

@@ -1,0 +1,65 @@
+// A model's own chat template, loaded from its Hugging Face directory and
+// rendered with the Jinja interpreter (jinja.h) exactly as transformers'
+// apply_chat_template renders it.
+//
+// Precedence (transformers'): `chat_template.jinja` in the directory, then
+// tokenizer_config.json's `chat_template`, either a string or a list of
+// {"name", "template"} entries (the one named `name`, else "default").
+//
+// Thread safety: a loaded ChatTemplate is immutable; the functions are
+// pure and may run concurrently on one template.
+#ifndef FUSIONRL_TASKS_CHAT_TEMPLATE_H_
+#define FUSIONRL_TASKS_CHAT_TEMPLATE_H_
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "fusionrl/task.h"  // ChatMessage
+#include "nlohmann/json_fwd.hpp"
+#include "tasks/jinja.h"
+
+namespace fusionrl {
+
+struct ChatTemplate {
+  std::string source;  // the Jinja text
+  // Where it came from: "<dir>/chat_template.jinja" or
+  // "<dir>/tokenizer_config.json" (+ " (template 'name')" for a named one).
+  std::string origin;
+  // From tokenizer_config.json ("" when absent or null); passed to the
+  // template as `bos_token` / `eos_token`.
+  std::string bos_token;
+  std::string eos_token;
+  jinja::Template compiled;
+};
+
+// Loads and compiles the template of the model directory `model_dir`.
+// NotFound when the directory has neither file or no `chat_template`;
+// InvalidArgument (naming the file) for malformed JSON, a template that
+// does not parse, or a `name` that is not among the named templates (the
+// message lists them).
+absl::StatusOr<ChatTemplate> LoadChatTemplate(std::string_view model_dir,
+                                              std::string_view name = "");
+
+// Renders `variables`, the whole template context: `messages`, and
+// optionally `tools`, `add_generation_prompt` (default false) and any other
+// keyword (e.g. `enable_thinking`). `bos_token` / `eos_token` come from the
+// template unless `variables` sets them; `now` is strftime_now's clock
+// (shown in the local time zone, as transformers does). Errors as
+// jinja::Template::Render; a raise_exception message is in the status.
+absl::StatusOr<std::string> RenderConversation(
+    const ChatTemplate& chat_template, const nlohmann::ordered_json& variables,
+    absl::Time now);
+
+// RenderConversation for plain-text messages: `extra` (a JSON object, or
+// null) adds keywords such as `tools` or `enable_thinking`.
+absl::StatusOr<std::string> RenderMessages(
+    const ChatTemplate& chat_template, const std::vector<ChatMessage>& messages,
+    bool add_generation_prompt, const nlohmann::ordered_json& extra,
+    absl::Time now);
+
+}  // namespace fusionrl
+
+#endif  // FUSIONRL_TASKS_CHAT_TEMPLATE_H_
