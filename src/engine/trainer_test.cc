@@ -973,6 +973,8 @@ TEST(TrainerTest, Bf16PolicyTrainsFloat32MasterWeights) {
   const double n16 = d16.norm().item<double>();
   const double cosine = (d32 * d16).sum().item<double>() / (n32 * n16 + 1e-30);
   ASSERT_GT(n32, 0.0);
+  RecordProperty("update_norm_ratio", std::to_string(n16 / n32));
+  RecordProperty("update_cosine", std::to_string(cosine));
   EXPECT_NEAR(n16 / n32, 1.0, 0.1) << "float32 " << n32 << " bf16 " << n16;
   EXPECT_GT(cosine, 0.9);
   for (const at::Tensor& p : bf16_params) {
