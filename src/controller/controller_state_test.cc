@@ -77,9 +77,11 @@ class ControllerStateTest : public ::testing::Test {
     return *id;
   }
 
-  std::string Submit(int super_nodes, int steps) {
+  std::string Submit(int super_nodes, int steps,
+                     const std::vector<std::string>& overrides = {}) {
     JobSubmission submission;
-    auto config = ParseJobConfig(JobYaml(out_, super_nodes, steps), "job.yaml");
+    auto config = ParseJobConfig(JobYaml(out_, super_nodes, steps), "job.yaml",
+                                 overrides);
     EXPECT_TRUE(config.ok()) << config.status();
     if (!config.ok()) return "";
     submission.config = *std::move(config);
@@ -209,6 +211,48 @@ TEST_F(ControllerStateTest, ASingleNodeStepInFlightIsKeptAndCommitsOnce) {
   EXPECT_EQ(Status(job).groups_trained, 4);
   const StepPlan p2 = Plan(job, a, 2);
   ASSERT_TRUE(Finish(job, a, p2).value_or(false));
+  EXPECT_THAT(MetricsSteps(), ::testing::ElementsAre(1, 2));
+}
+
+// StaleSync clock skew: the controller is killed after it committed a
+// weight sync (the journal holds the commit) and before the node whose
+// report committed it heard the answer. The restarted controller rolls the
+// job back to that very sync and answers the retried report "not
+// committed" (an attempt it rolled back), so a card must keep a sync it
+// finished whatever the answer
+// (CardRunnerTest/SkewedControllerRestartTest).
+TEST_F(ControllerStateTest,
+       ASkewedJobRollsBackToTheSyncWhoseCommitsAnswerWasLost) {
+  const std::string a = AddNode("a"), b = AddNode("b");
+  const std::string job =
+      Submit(2, 4, {"stalesync.max_clock_skew=1", "run.checkpoint_every=2"});
+  for (int64_t step = 1; step <= 2; ++step) {
+    const StepPlan pa = Plan(job, a, step == 1 ? 0 : step);
+    const StepPlan pb = Plan(job, b, step == 1 ? 0 : step);
+    ASSERT_EQ(pa.kind, PlanKind::kTrain);
+    ASSERT_EQ(pb.kind, PlanKind::kTrain);
+    ASSERT_TRUE(pa.exchange_updates);
+    EXPECT_EQ(pa.sync_weights, step == 2);
+    EXPECT_EQ(pa.rollback_to_step, -1);
+    ASSERT_TRUE(Finish(job, a, pa).value_or(false));
+    if (step < 2) {
+      ASSERT_TRUE(Finish(job, b, pb).value_or(false));
+      continue;
+    }
+    ASSERT_TRUE(Finish(job, b, pb).ok());  // commits the sync of step 2...
+    EXPECT_EQ(Status(job).step, 2);
+    Restart();  // ...and its answer is lost: b retries
+    EXPECT_FALSE(Finish(job, b, pb).value_or(true));
+  }
+  // Both go on from the sync b was told did not commit.
+  for (const std::string& node : {a, b}) {
+    const StepPlan p3 = Plan(job, node, 3);
+    ASSERT_EQ(p3.kind, PlanKind::kTrain);
+    EXPECT_EQ(p3.step, 3);
+    EXPECT_EQ(p3.attempt, 2);
+    EXPECT_EQ(p3.rollback_to_step, 2);
+  }
+  EXPECT_EQ(Status(job).step, 2);
   EXPECT_THAT(MetricsSteps(), ::testing::ElementsAre(1, 2));
 }
 

@@ -178,11 +178,17 @@ absl::StatusOr<int64_t> CardRunner::OnTrain(const StepPlan& plan) {
     Finish(abort).IgnoreError();
   }
   if (plan.exchange_updates && step.ok()) {
-    // Not accepted: the job rolled back meanwhile, and the next plan
-    // restores the last weight sync.
-    if (committed && plan.sync_weights) {
+    // Keep the sync whatever the answer: the controller commits it once
+    // every node reported it and then may roll back to it, while this
+    // answer can say "not committed" although it committed (a controller
+    // killed before its answer left rolls back on restart, and answers the
+    // retried report as one of an attempt it rolled back). A sync that
+    // never committed is dropped by the roll-back to an older one.
+    if (plan.sync_weights) {
       FUSIONRL_RETURN_IF_ERROR(KeepSyncPoint(plan.step));
     }
+    // Not accepted: the job rolled back meanwhile, and the next plan
+    // restores the last weight sync.
     if (fused_ != nullptr && committed) PublishToRollout();
     return plan.step + 1;
   }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "core/fake_clock.h"
@@ -157,6 +158,62 @@ INSTANTIATE_TEST_SUITE_P(CardRunnerTest, AbortedAttemptTest,
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "AtFirstReduceRound"
                                              : "AfterTraining";
+                         });
+
+// StaleSync clock skew: the controller is killed right after it committed
+// a step (journaled) and before the card heard the answer. The restarted
+// controller rolls the job back to its last committed weight sync and
+// answers the card's retried report "not committed" (its attempt was rolled
+// back). When the killed step was itself a sync step, that sync is the
+// roll-back target: the card must have kept it although the answer said
+// "not committed" (the cluster test saw "roll-back to the weight sync of
+// step 8: this card kept those of steps 0, 4 only"). Either way the job
+// goes on from the sync and ends with the weights of the run that never
+// rolled back, bit for bit.
+class SkewedControllerRestartTest : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(SkewedControllerRestartTest, RollsBackToTheSyncTheCardKept) {
+  const int64_t restart_after = GetParam();
+  const JobConfig clean_config = TinyJob("skew-no-restart", 4);
+  FakeWorkClient clean(4, clean_config.rollout.prompts_per_step);
+  clean.Skewed(/*sync_every=*/2);
+  const CardRun a = RunOneCard(clean_config, clean);
+  ASSERT_TRUE(a.status.ok()) << a.status;
+  const std::vector<std::pair<int64_t, int>> want_clean = {
+      {1, 1}, {2, 1}, {3, 1}, {4, 1}};
+  EXPECT_EQ(a.committed, want_clean);
+
+  const JobConfig config =
+      TinyJob(absl::StrCat("skew-restart-after-", restart_after), 4);
+  FakeWorkClient fake(4, config.rollout.prompts_per_step);
+  fake.Skewed(/*sync_every=*/2, restart_after);
+  const CardRun b = RunOneCard(config, fake);
+  ASSERT_TRUE(b.status.ok()) << b.status;
+  // Steps up to the restart committed in attempt 1; the job went on from
+  // the sync of step 2 in attempt 2.
+  std::vector<std::pair<int64_t, int>> want;
+  for (int64_t step = 1; step <= restart_after; ++step) {
+    want.push_back({step, 1});
+  }
+  for (int64_t step = 3; step <= 4; ++step) want.push_back({step, 2});
+  EXPECT_EQ(b.committed, want);
+  const StepReport& rerun = b.reports[restart_after];
+  EXPECT_EQ(rerun.step, 3);
+  EXPECT_EQ(rerun.attempt, 2);
+  EXPECT_EQ(rerun.policy_version, 3);
+  const std::string wa =
+      FileBytes(clean_config.output_dir + "/checkpoints/final/model.pt");
+  const std::string wb =
+      FileBytes(config.output_dir + "/checkpoints/final/model.pt");
+  ASSERT_FALSE(wa.empty());
+  EXPECT_TRUE(wa == wb) << "final weights differ after the roll-back";
+}
+
+INSTANTIATE_TEST_SUITE_P(CardRunnerTest, SkewedControllerRestartTest,
+                         ::testing::Values(2, 3),
+                         [](const ::testing::TestParamInfo<int64_t>& info) {
+                           return info.param == 2 ? "AfterASyncStep"
+                                                  : "AfterALaterStep";
                          });
 
 TEST(CardRunnerTest, AnInjectedReduceErrorBecomesTheJobsError) {

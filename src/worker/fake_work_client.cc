@@ -23,7 +23,13 @@ std::string Doubled(const std::string& payload) {
 }  // namespace
 
 bool FakeWorkClient::TwinLocked() const {
-  return (step_ == abort_step_ && attempt_ == 1) || step_ == fail_reduce_step_;
+  return (step_ == abort_step_ && attempt_ == 1) ||
+         step_ == fail_reduce_step_ || skew_sync_every_ > 0;
+}
+
+bool FakeWorkClient::SyncStepLocked(int64_t step) const {
+  return skew_sync_every_ > 0 &&
+         (step % skew_sync_every_ == 0 || step == total_steps_);
 }
 
 absl::StatusOr<Assignment> FakeWorkClient::GetAssignment(const std::string&,
@@ -62,6 +68,12 @@ absl::StatusOr<StepPlan> FakeWorkClient::GetStepPlan(const std::string&,
                          static_cast<uint64_t>(prompts_per_step_);
   for (int i = 0; i < prompts_per_step_; ++i) plan.groups.push_back(first + i);
   plan.data_cursor_after = first + prompts_per_step_;
+  if (skew_sync_every_ > 0) {
+    plan.exchange_updates = true;
+    plan.sync_weights = SyncStepLocked(step_);
+    plan.updates_due_step = plan.sync_weights ? step_ : step_ - 1;
+    plan.rollback_to_step = rollback_to_;
+  }
   return plan;
 }
 
@@ -101,14 +113,42 @@ absl::StatusOr<bool> FakeWorkClient::FinishStep(const StepReport& report,
     return false;
   }
   committed_.push_back({step_, attempt_});
+  if (skew_sync_every_ > 0) {
+    if (SyncStepLocked(step_)) last_sync_ = step_;
+    if (step_ == restart_after_ && attempt_ == 1) {
+      // Killed after the commit was journaled, before the answer left: the
+      // restarted controller rolls back to the last sync (a new epoch), and
+      // the retried report belongs to the old one.
+      step_ = last_sync_ + 1;
+      attempt_ = 2;
+      rollback_to_ = last_sync_;
+      return false;
+    }
+    ++step_;
+    return true;
+  }
   ++step_;
   attempt_ = 1;
   return true;
 }
 
 absl::StatusOr<std::vector<ReceivedUpdate>> FakeWorkClient::ExchangeUpdates(
-    UpdateCall, absl::Duration) {
-  return absl::UnimplementedError("the fake plans no StaleSync skew");
+    UpdateCall call, absl::Duration) {
+  absl::MutexLock l(&mu_);
+  if (skew_sync_every_ <= 0) {
+    return absl::UnimplementedError("the fake plans no StaleSync skew");
+  }
+  if (call.step != step_ || call.attempt != attempt_) {
+    return absl::AbortedError(absl::StrCat("step ", call.step, " attempt ",
+                                           call.attempt, " is not current"));
+  }
+  // The twin super node's update equals ours.
+  ReceivedUpdate twin;
+  twin.step = call.step;
+  twin.payload = std::move(call.payload);
+  twin.node_id = "twin";
+  twin.round = call.round;
+  return std::vector<ReceivedUpdate>{std::move(twin)};
 }
 
 absl::Status FakeWorkClient::PublishWeights(const std::string& key,

@@ -2,7 +2,8 @@
 // tests of the card loop (CardRunner, PlanRendezvous, FusedRollout) without
 // gRPC or a JobManager. In the spirit of c10d's FakeProcessGroup, it has
 // fault switches: an attempt that another (imaginary) node aborts, an error
-// injected into a collective round, slow plans, a failing FinishStep.
+// injected into a collective round, slow plans, a failing FinishStep, a
+// StaleSync job whose controller restarts after a commit.
 //
 // Plans: steps 1..total_steps, one card (local rank 0), prompt groups
 // (s - 1) * P .. s * P - 1 for step s, then END with the "final"
@@ -51,6 +52,20 @@ class FakeWorkClient final : public WorkClient {
     absl::MutexLock l(&mu_);
     waits_left_ = times;
   }
+  // StaleSync clock skew (k = 1) with a twin super node: every step
+  // exchanges its update (nodes = 2; the twin's update equals the card's,
+  // so the merged update is the card's own) and syncs the weights at every
+  // `sync_every`-th step and the last. With `restart_after` > 0 the
+  // controller is killed right after it committed step `restart_after`
+  // (attempt 1), before its answer reached the card: the restarted
+  // controller rolls the job back to its last weight sync, answers the
+  // card's retried report "not committed" (an attempt it rolled back) and
+  // plans the step after that sync as attempt 2 with rollback_to_step set.
+  void Skewed(int64_t sync_every, int64_t restart_after = -1) {
+    absl::MutexLock l(&mu_);
+    skew_sync_every_ = sync_every;
+    restart_after_ = restart_after;
+  }
 
   // --- what the card sent ----------------------------------------------------
   std::vector<StepReport> reports() const {
@@ -91,6 +106,7 @@ class FakeWorkClient final : public WorkClient {
 
  private:
   bool TwinLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool SyncStepLocked(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int64_t total_steps_;
   const int prompts_per_step_;
@@ -103,6 +119,10 @@ class FakeWorkClient final : public WorkClient {
   int64_t fail_reduce_step_ ABSL_GUARDED_BY(mu_) = -1;
   absl::Status reduce_error_ ABSL_GUARDED_BY(mu_);
   int waits_left_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t skew_sync_every_ ABSL_GUARDED_BY(mu_) = 0;  // 0: not skewed
+  int64_t restart_after_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t last_sync_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t rollback_to_ ABSL_GUARDED_BY(mu_) = -1;
   int reduce_calls_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<StepReport> reports_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<int64_t, int>> committed_ ABSL_GUARDED_BY(mu_);
