@@ -214,15 +214,6 @@ PolicyLossResult PpoClipLoss(const at::Tensor& logp, const at::Tensor& old_logp,
   return result;
 }
 
-at::Tensor BehaviourWeights(const at::Tensor& prox_logp,
-                            const at::Tensor& behaviour_logp,
-                            const at::Tensor& mask, WeightLevel level,
-                            double cap, BehaviourWeightMode mode,
-                            double* capped) {
-  return BehaviourWeights(prox_logp, behaviour_logp, mask,
-                          BehaviourWeightRule{level, cap, 0.0, mode}, capped);
-}
-
 BehaviourWeightRule BehaviourWeightRuleOf(const AlgorithmConfig& a) {
   const double cap = a.rollout_correction_cap;
   switch (a.rollout_correction) {

@@ -121,39 +121,30 @@ PolicyLossResult PpoClipLoss(const at::Tensor& logp, const at::Tensor& old_logp,
 //              zeroes the weight, while the loss is still divided by the
 //              count of the unmasked loss_mask; PpoClipLoss with this weight
 //              and the sample mask does the same).
+// With `floor` > 0 in kMask (MIS), a raw weight below the floor is masked
+// too: both tails of pi_prox / pi_behaviour leave the loss.
 // w is 0 on padding; no gradient flows through the weights. `capped`
-// (optional) receives the fraction of valid tokens whose raw weight
-// exceeded the cap (truncated or masked, by mode; a NaN weight counts as
-// over the cap and is masked in kMask). With behaviour == proximal
-// (staleness 0) every weight is 1.
-at::Tensor BehaviourWeights(const at::Tensor& prox_logp,
-                            const at::Tensor& behaviour_logp,
-                            const at::Tensor& mask, WeightLevel level,
-                            double cap, BehaviourWeightMode mode,
-                            double* capped = nullptr);
-
-// The rule of the behaviour weight: decoupled PPO's (level, cap, mode), or
-// a rollout correction's. `floor` > 0 (MIS) also masks a raw weight below
-// it (kMask only): both tails of pi_prox / pi_behaviour leave the loss.
+// (optional) receives the fraction of valid tokens whose raw weight is
+// outside [floor, cap] (truncated or masked, by mode; a NaN weight counts as
+// outside and is masked in kMask). With behaviour == proximal (staleness 0)
+// every weight is 1.
 struct BehaviourWeightRule {
   WeightLevel level = WeightLevel::kToken;
   double cap = 5.0;
-  double floor = 0.0;
+  double floor = 0.0;  // kMask only; 0 = no lower bound
   BehaviourWeightMode mode = BehaviourWeightMode::kTruncate;
 };
-
-// algorithm.rollout_correction tis: {token, cap, 0, truncate} (verl's TIS);
-// mis: {token, cap, 1 / cap, mask} (masked IS on both sides, IcePop-style);
-// none: the decoupled loss's behaviour_weight_level / _cap / _mode.
-BehaviourWeightRule BehaviourWeightRuleOf(const AlgorithmConfig& algorithm);
-
-// BehaviourWeights under `rule`; `capped` receives the fraction of valid
-// tokens outside [floor, cap] (a NaN weight counts as outside).
 at::Tensor BehaviourWeights(const at::Tensor& prox_logp,
                             const at::Tensor& behaviour_logp,
                             const at::Tensor& mask,
                             const BehaviourWeightRule& rule,
                             double* capped = nullptr);
+
+// The rule of the job: algorithm.rollout_correction tis: {token, cap, 0,
+// truncate} (verl's TIS); mis: {token, cap, 1 / cap, mask} (masked IS on
+// both sides, IcePop-style); none: the decoupled loss's
+// behaviour_weight_level / _cap / _mode.
+BehaviourWeightRule BehaviourWeightRuleOf(const AlgorithmConfig& algorithm);
 
 // |a - b| over the valid tokens of `mask` (float [B, T]): its sum, maximum
 // and the token count (all 0 without a valid token).

@@ -602,21 +602,24 @@ TEST(AlgorithmsTest, BehaviourWeightsPerTokenAndPerSequenceWithTruncation) {
   const at::Tensor mask = Make({1, 1, 1, 0}, {2, 2});
   double truncated = -1;
   // Token level, cap 2.5: {2, min(3, 2.5)}, {0.5, 0 (pad)}; 1 of 3 capped.
-  ExpectTensorNear(BehaviourWeights(prox, behaviour, mask, WeightLevel::kToken,
-                                    2.5, kTruncate, &truncated),
-                   {2, 2.5, 0.5, 0}, 1e-12);
+  ExpectTensorNear(
+      BehaviourWeights(prox, behaviour, mask,
+                       {WeightLevel::kToken, 2.5, 0.0, kTruncate}, &truncated),
+      {2, 2.5, 0.5, 0}, 1e-12);
   EXPECT_NEAR(truncated, 1.0 / 3, 1e-12);
   // Sequence level: row 0 exp(log 2 + log 3) = 6 -> capped at 5 on both
   // tokens; row 1 exp(log 0.5) = 0.5 (the padding's d is ignored).
   ExpectTensorNear(
-      BehaviourWeights(prox, behaviour, mask, WeightLevel::kSequence, 5.0,
-                       kTruncate, &truncated),
+      BehaviourWeights(prox, behaviour, mask,
+                       {WeightLevel::kSequence, 5.0, 0.0, kTruncate},
+                       &truncated),
       {5, 5, 0.5, 0}, 1e-12);
   EXPECT_NEAR(truncated, 2.0 / 3, 1e-12);
   // No staleness: every valid weight is exactly 1.
-  ExpectTensorNear(BehaviourWeights(behaviour, behaviour, mask,
-                                    WeightLevel::kSequence, 5.0, kTruncate),
-                   {1, 1, 1, 0}, 0.0);
+  ExpectTensorNear(
+      BehaviourWeights(behaviour, behaviour, mask,
+                       {WeightLevel::kSequence, 5.0, 0.0, kTruncate}),
+      {1, 1, 1, 0}, 0.0);
 }
 
 // The same weights in mask mode (AReaL's behav_imp_weight_cap): a weight
@@ -629,31 +632,51 @@ TEST(AlgorithmsTest, BehaviourWeightsMaskDropsWeightsOverTheCap) {
   const at::Tensor mask = Make({1, 1, 1, 0}, {2, 2});
   double capped = -1;
   // Token level, cap 2.5: {2, 3 -> dropped}, {0.5, 0 (pad)}; 1 of 3 capped.
-  ExpectTensorNear(BehaviourWeights(prox, behaviour, mask, WeightLevel::kToken,
-                                    2.5, kMask, &capped),
-                   {2, 0, 0.5, 0}, 1e-12);
+  ExpectTensorNear(
+      BehaviourWeights(prox, behaviour, mask,
+                       {WeightLevel::kToken, 2.5, 0.0, kMask}, &capped),
+      {2, 0, 0.5, 0}, 1e-12);
   EXPECT_NEAR(capped, 1.0 / 3, 1e-12);
   // Sequence level, cap 5: row 0's weight 6 drops both of its tokens.
   ExpectTensorNear(
-      BehaviourWeights(prox, behaviour, mask, WeightLevel::kSequence, 5.0,
-                       kMask, &capped),
+      BehaviourWeights(prox, behaviour, mask,
+                       {WeightLevel::kSequence, 5.0, 0.0, kMask}, &capped),
       {0, 0, 0.5, 0}, 1e-12);
   EXPECT_NEAR(capped, 2.0 / 3, 1e-12);
   // A cap above every weight changes nothing in either mode.
   for (BehaviourWeightMode mode : {kTruncate, kMask}) {
-    ExpectTensorNear(BehaviourWeights(prox, behaviour, mask,
-                                      WeightLevel::kToken, 10.0, mode, &capped),
-                     {2, 3, 0.5, 0}, 1e-12);
+    ExpectTensorNear(
+        BehaviourWeights(prox, behaviour, mask,
+                         {WeightLevel::kToken, 10.0, 0.0, mode}, &capped),
+        {2, 3, 0.5, 0}, 1e-12);
     EXPECT_EQ(capped, 0.0);
   }
   // A weight equal to the cap is not over it: with no staleness and cap 1,
   // nothing is truncated or masked.
   for (BehaviourWeightMode mode : {kTruncate, kMask}) {
-    ExpectTensorNear(BehaviourWeights(behaviour, behaviour, mask,
-                                      WeightLevel::kToken, 1.0, mode, &capped),
-                     {1, 1, 1, 0}, 0.0);
+    ExpectTensorNear(
+        BehaviourWeights(behaviour, behaviour, mask,
+                         {WeightLevel::kToken, 1.0, 0.0, mode}, &capped),
+        {1, 1, 1, 0}, 0.0);
     EXPECT_EQ(capped, 0.0);
   }
+  // MIS's floor (rollout_correction: mis, cap 2.5 -> floor 0.4) masks the
+  // lower tail too: {2, 3 -> dropped}, {0.5, pad}, and 0.5 survives the
+  // floor 0.4 but not 0.6. Truncation ignores the floor.
+  ExpectTensorNear(
+      BehaviourWeights(prox, behaviour, mask,
+                       {WeightLevel::kToken, 2.5, 0.6, kMask}, &capped),
+      {2, 0, 0, 0}, 1e-12);
+  EXPECT_NEAR(capped, 2.0 / 3, 1e-12);
+  ExpectTensorNear(
+      BehaviourWeights(prox, behaviour, mask,
+                       {WeightLevel::kToken, 2.5, 0.4, kMask}, &capped),
+      {2, 0, 0.5, 0}, 1e-12);
+  ExpectTensorNear(
+      BehaviourWeights(prox, behaviour, mask,
+                       {WeightLevel::kToken, 2.5, 0.6, kTruncate}, &capped),
+      {2, 2.5, 0.5, 0}, 1e-12);
+  EXPECT_NEAR(capped, 1.0 / 3, 1e-12);
 }
 
 // Truncate vs mask through the decoupled loss. Two valid tokens, A = 1,
@@ -682,8 +705,9 @@ TEST(AlgorithmsTest, DecoupledLossTruncatesOrMasksTokensOverTheCap) {
     const at::Tensor logp =
         Make({-1 + std::log(1.1), -2 + std::log(1.1)}, {1, 2}).requires_grad_();
     double capped = -1;
-    const at::Tensor w = BehaviourWeights(
-        prox, behaviour, mask, WeightLevel::kToken, 3.0, c.mode, &capped);
+    const at::Tensor w =
+        BehaviourWeights(prox, behaviour, mask,
+                         {WeightLevel::kToken, 3.0, 0.0, c.mode}, &capped);
     EXPECT_NEAR(capped, 0.5, 1e-12);
     const PolicyLossResult r = PpoClipLoss(logp, prox, adv, mask, 0.2, 0.2, 3.0,
                                            AggMode::kTokenMean, {}, w);

@@ -42,8 +42,8 @@ MasterWeightAdamW::MasterWeightAdamW(std::vector<at::Tensor> params,
 MasterWeightAdamW::~MasterWeightAdamW() = default;
 
 void MasterWeightAdamW::ZeroGrad() {
-  adamw_->zero_grad();
-  if (!has_masters()) return;
+  // The parameters' gradients only: a master's is overwritten by
+  // GradientsToMasters() before anything reads it.
   for (at::Tensor& p : params_) {
     if (p.grad().defined()) p.mutable_grad().zero_();
   }

@@ -58,7 +58,7 @@ class MasterWeightAdamW {
   // Some parameter is in a low precision and has a float32 master.
   bool has_masters() const { return masters_ > 0; }
 
-  // Zeroes the gradients of the parameters and of the masters.
+  // Zeroes the parameters' gradients (backward accumulates into them).
   void ZeroGrad();
 
   // Hands the parameters' gradients (as accumulated by backward, and
