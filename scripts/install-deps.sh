@@ -11,6 +11,7 @@ PACKAGES=(
   nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
   libpcre2-dev libutf8proc-dev libcpp-httplib-dev
   python3 openssl curl
+  python3-grpcio python3-grpc-tools  # examples/env_server (its test)
   chromium  # the dashboard test drives the page headless
   python3-torch
 )

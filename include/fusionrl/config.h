@@ -517,6 +517,37 @@ struct MemoryConfig {
   OffloadPolicy offload_optimizer = OffloadPolicy::kAuto;
 };
 
+// Multi-turn rollouts (include/fusionrl/environment.h, docs/agents.md): an
+// environment answers each assistant turn; a sample is a whole episode.
+struct EnvConfig {
+  // "" = single-turn rollouts (the default); a registered environment
+  // ("calculator", "no_tools", your own) or "remote" (gRPC servers).
+  std::string name;
+  // remote: "host:port", or several comma-separated (episodes are spread
+  // over them by their index).
+  std::string address;
+  // How tool calls are written and parsed: auto = from the chat template
+  // (hermes for <tool_call>, llama3 for Llama-3 templates, plain without a
+  // template); hermes | llama3 | plain ("[name text]").
+  std::string tool_format = "auto";
+  int max_turns = 4;  // assistant turns per episode
+  // Model + environment tokens after the prompt; 0 = whatever the model's
+  // max_seq_len leaves after the prompt. rollout.max_new_tokens bounds
+  // each turn.
+  int max_episode_tokens = 0;
+  double call_deadline_seconds = 10;  // each Open / Step call
+  double episode_env_seconds = 60;    // all environment calls of an episode
+  int max_concurrency = 16;           // environment calls in flight at once
+  // An episode whose environment failed (error, deadline, unreachable):
+  // zero = trained with reward 0; drop = its group kept out of the loss.
+  std::string on_failure = "zero";
+  // A turn's answer joins the decode batch this many decode steps after
+  // the turn ended (the rollout waits for it then, never earlier): the
+  // schedule, so the samples, do not depend on how fast the environment
+  // answered. Larger values hide slower environments.
+  int admit_after_steps = 1;
+};
+
 // How clients of a cluster controller (`fusionrl submit`, `fusionrl status`)
 // authenticate; the controller and workers take the same as flags.
 struct ClusterConfig {
@@ -543,6 +574,7 @@ struct JobConfig {
   StaleSyncConfig stalesync;
   MemoryConfig memory;
   ClusterConfig cluster;
+  EnvConfig env;
 };
 
 // Reads `path`, applies `overrides` ("key.path=value", YAML scalar syntax

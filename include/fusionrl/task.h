@@ -95,7 +95,7 @@ using TaskFactory =
 using RewardFactory = std::function<std::unique_ptr<RewardFn>()>;
 
 // name -> factory. Global() comes with the built-in tasks (addition,
-// countdown, repeat, reverse, sort, jsonl, math) and rewards (exact,
+// countdown, multiply, repeat, reverse, sort, jsonl, math) and rewards (exact,
 // char_match, numeric, countdown, math) registered.
 class TaskRegistry {
  public:

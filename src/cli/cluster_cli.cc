@@ -141,6 +141,18 @@ std::string FormatStatus(const v1::JobStatus& s) {
           load, 100 * rec.value("moe_dropped_frac", 0.0),
           rec.value("moe_aux_loss", 0.0));
     }
+    if (rec.is_object() && rec.contains("env_turns_mean")) {
+      // Multi-turn episodes at the last step.
+      absl::StrAppendFormat(
+          &out,
+          "  episodes: %.2f turns  %.2f tool calls  %.2f tool errors  "
+          "%.3fs in the environment  %.0f failed by it\n",
+          rec.value("env_turns_mean", 0.0),
+          rec.value("env_tool_calls_mean", 0.0),
+          rec.value("env_tool_errors_mean", 0.0),
+          rec.value("env_seconds_mean", 0.0),
+          rec.value("env_failed_episodes", 0.0));
+    }
   }
   if (s.max_clock_skew() > 0) {
     std::string clocks;

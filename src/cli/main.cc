@@ -52,6 +52,7 @@
 #include "fusionrl/config.h"
 #include "fusionrl/job.h"
 #include "fusionrl/version.h"
+#include "rpc/remote_environment.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -118,6 +119,8 @@ absl::StatusOr<fusionrl::JobConfig> LoadConfig(const JobArgs& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // env.name: remote (gRPC environment servers) for every command.
+  fusionrl::rpc::RegisterRemoteEnvironment();
 #ifdef __GLIBC__
   // Keep large blocks (gradient buffers, Reduce payloads, activations) in
   // the heap instead of mmap/munmap per allocation: every fresh mapping is

@@ -273,6 +273,25 @@ void VisitCluster(ClusterConfig& c, V& v) {
   v.String("auth_token_env", &c.auth_token_env, AnyString());
 }
 
+inline constexpr absl::string_view kToolFormats[] = {"auto", "hermes", "llama3",
+                                                     "plain"};
+inline constexpr absl::string_view kEnvFailurePolicies[] = {"zero", "drop"};
+
+template <class V>
+void VisitEnv(EnvConfig& e, V& v) {
+  v.String("name", &e.name, AnyString());
+  v.String("address", &e.address, AnyString());
+  v.String("tool_format", &e.tool_format, OneOf(kToolFormats));
+  v.Int("max_turns", &e.max_turns, Closed(1, 1024));
+  v.Int("max_episode_tokens", &e.max_episode_tokens, Closed(0, 1 << 24));
+  v.Double("call_deadline_seconds", &e.call_deadline_seconds,
+           OpenClosed(0, 86400));
+  v.Double("episode_env_seconds", &e.episode_env_seconds, OpenClosed(0, 86400));
+  v.Int("max_concurrency", &e.max_concurrency, Closed(1, 4096));
+  v.String("on_failure", &e.on_failure, OneOf(kEnvFailurePolicies));
+  v.Int("admit_after_steps", &e.admit_after_steps, Closed(1, 1 << 20));
+}
+
 // `source_path` is deliberately not a key.
 template <class V>
 void VisitJob(JobConfig& c, V& v) {
@@ -293,6 +312,7 @@ void VisitJob(JobConfig& c, V& v) {
   v.Section("stalesync", [&] { VisitStaleSync(c.stalesync, v); });
   v.Section("memory", [&] { VisitMemory(c.memory, v); });
   v.Section("cluster", [&] { VisitCluster(c.cluster, v); });
+  v.Section("env", [&] { VisitEnv(c.env, v); });
 }
 
 // ---------------------------------------------------------------------------

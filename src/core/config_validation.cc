@@ -304,6 +304,30 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
         absl::StrCat("must be <= rollout.max_new_tokens (", r.max_new_tokens,
                      "), got ", r.overlong_buffer));
   }
+  if (!c.env.name.empty()) {
+    if (c.stalesync.partial_rollout_tokens > 0) {
+      return Invalid("stalesync.partial_rollout_tokens",
+                     "must be 0 with env.name set (an episode is sampled "
+                     "whole, from one policy version; interrupting it between "
+                     "environment turns is not supported)");
+    }
+    if (c.env.name == "remote" && c.env.address.empty()) {
+      return Invalid("env.address",
+                     "env.name: remote needs the environment server's "
+                     "host:port (several comma-separated)");
+    }
+    if (c.env.max_episode_tokens > 0 &&
+        c.env.max_episode_tokens < c.rollout.max_new_tokens) {
+      return Invalid("env.max_episode_tokens",
+                     absl::StrCat("must be 0 or >= rollout.max_new_tokens (",
+                                  c.rollout.max_new_tokens, "), got ",
+                                  c.env.max_episode_tokens));
+    }
+  } else if (!c.env.address.empty()) {
+    return Invalid("env.address",
+                   "is set but env.name is not: set env.name: remote to use "
+                   "environment servers");
+  }
   if (const int n = c.stalesync.partial_rollout_tokens; n > 0) {
     const std::string key = "stalesync.partial_rollout_tokens";
     if (p.mode == PlacementMode::kColocatedSync) {

@@ -129,6 +129,41 @@ void CpuDecoder::MoveSlot(int64_t from, int64_t to) {
   length_[to] = length_[from];
 }
 
+void CpuDecoder::ParkSlot(int64_t slot, ParkedSlot* out) const {
+  const int64_t dh = layout_.head_dim;
+  const int64_t n = length_[slot] * dh;
+  out->length = length_[slot];
+  out->entries.resize(layers_.size() * 2 * layout_.kv_heads * n);
+  float* dst = out->entries.data();
+  for (const Layer& l : layers_) {
+    for (const at::Tensor* cache : {&l.cache_k, &l.cache_v}) {
+      for (int64_t h = 0; h < layout_.kv_heads; ++h) {
+        const int64_t src = (slot * layout_.kv_heads + h) * capacity_ * dh;
+        std::memcpy(dst, cache->data_ptr<float>() + src, n * sizeof(float));
+        dst += n;
+      }
+    }
+  }
+}
+
+void CpuDecoder::RestoreSlot(const ParkedSlot& parked, int64_t slot) {
+  TORCH_CHECK(parked.length <= capacity_, "CpuDecoder: parked slot of ",
+              parked.length, " entries exceeds the capacity ", capacity_);
+  const int64_t dh = layout_.head_dim;
+  const int64_t n = parked.length * dh;
+  const float* src = parked.entries.data();
+  for (Layer& l : layers_) {
+    for (at::Tensor* cache : {&l.cache_k, &l.cache_v}) {
+      for (int64_t h = 0; h < layout_.kv_heads; ++h) {
+        const int64_t dst = (slot * layout_.kv_heads + h) * capacity_ * dh;
+        std::memcpy(cache->data_ptr<float>() + dst, src, n * sizeof(float));
+        src += n;
+      }
+    }
+  }
+  length_[slot] = parked.length;
+}
+
 void CpuDecoder::Linear(at::Tensor& out, const at::Tensor& in,
                         const at::Tensor& w_t, const at::Tensor& bias) {
   if (bias.defined()) {

@@ -48,6 +48,16 @@ class CpuDecoder {
                    int64_t length, int64_t slot);
   // Moves slot `from` into slot `to` (its cache entries and length).
   void MoveSlot(int64_t from, int64_t to);
+  // A slot's cache entries copied out: a multi-turn episode waiting on its
+  // environment parks its slot (engine/episode_decoder.h) and is restored
+  // into whichever slot is free when it continues.
+  struct ParkedSlot {
+    std::vector<float> entries;  // per layer: keys then values, per head
+    int64_t length = 0;
+  };
+  void ParkSlot(int64_t slot, ParkedSlot* out) const;
+  void RestoreSlot(const ParkedSlot& parked, int64_t slot);
+  int64_t capacity() const { return capacity_; }
 
   // Rows of a step are split into this many blocks (fewer when a block would
   // hold under kMinRowsPerThread rows), each run through every layer by one

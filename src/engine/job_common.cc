@@ -15,6 +15,7 @@
 #include "core/hf_config.h"
 #include "core/metrics.h"
 #include "core/status_macros.h"
+#include "engine/agent_loop.h"
 #include "engine/checkpoint.h"
 #include "engine/hf_model.h"
 #include "engine/intra_op_threads.h"
@@ -109,6 +110,19 @@ absl::StatusOr<JobContext> PrepareJob(const JobConfig& config,
   }
   if (!ctx.chat.end_of_turn().empty()) {
     add_stop(ctx.tokenizer->TokenToId(ctx.chat.end_of_turn()));
+  }
+
+  ctx.env = config.env;
+  if (!config.env.name.empty()) {
+    absl::StatusOr<std::unique_ptr<Environment>> env =
+        EnvironmentRegistry::Global().Create(config.env);
+    if (!env.ok()) {
+      return absl::Status(env.status().code(),
+                          absl::StrCat("env.name: ", env.status().message()));
+    }
+    ctx.environment = *std::move(env);
+    FUSIONRL_ASSIGN_OR_RETURN(
+        ctx.tool_format, ResolveToolFormat(config.env.tool_format, ctx.chat));
   }
 
   const int vocab = config.model.vocab_size > 0 ? config.model.vocab_size
@@ -286,6 +300,22 @@ absl::StatusOr<EvalResult> EvaluateGreedy(PolicyModel& model,
   int64_t correct = 0;
   for (size_t i = 0; i < problems.size(); i += kBatch) {
     const size_t end = std::min(problems.size(), i + kBatch);
+    if (ctx.environment != nullptr) {
+      // Multi-turn: greedy episodes against the job's environment.
+      const std::vector<Problem> slice(problems.begin() + i,
+                                       problems.begin() + end);
+      std::vector<SequenceKey> keys;
+      for (size_t j = i; j < end; ++j) {
+        keys.push_back(SequenceKey{0, static_cast<int64_t>(j), 0, 0});
+      }
+      FUSIONRL_ASSIGN_OR_RETURN(EpisodeBatch episodes,
+                                AgentLoop(ctx).Run(model, slice, keys, greedy));
+      for (const Sample& s : episodes.samples) {
+        reward_sum += s.reward;
+        correct += s.correct ? 1 : 0;
+      }
+      continue;
+    }
     std::vector<std::vector<int>> prompts;
     for (size_t j = i; j < end; ++j) {
       FUSIONRL_ASSIGN_OR_RETURN(auto ids,

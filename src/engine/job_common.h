@@ -15,10 +15,12 @@
 #include "engine/model.h"
 #include "engine/sample.h"
 #include "fusionrl/config.h"
+#include "fusionrl/environment.h"
 #include "fusionrl/job.h"
 #include "fusionrl/task.h"
 #include "fusionrl/tokenizer.h"
 #include "tasks/chat_format.h"
+#include "tasks/tool_calls.h"
 
 namespace fusionrl {
 
@@ -42,6 +44,11 @@ struct JobContext {
   // model's own chat template).
   ChatRenderer chat;
   std::string system_prompt;  // task.system_prompt
+  // Multi-turn rollouts (env.name set; null otherwise): the environment and
+  // how the policy writes tool calls (env.tool_format resolved).
+  std::shared_ptr<Environment> environment;
+  ToolFormat tool_format = ToolFormat::kPlain;
+  EnvConfig env;  // the job's env section
 };
 
 // The job's tokenizer: model.tokenizer's directory, else model.hf_path's,

@@ -57,12 +57,13 @@ double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Tokens [n] (int64) and their log-probs [n] (float) drawn from logits
-// [n, V] with one uniform per row (u: CPU float [n]): the fused vocabulary
-// kernel on a CPU without top-k/top-p, else the composite ops.
-std::pair<at::Tensor, at::Tensor> SampleNext(const at::Tensor& logits,
-                                             const at::Tensor& u,
-                                             const SamplingParams& params) {
+}  // namespace
+
+// The fused vocabulary kernel on a CPU without top-k/top-p, else the
+// composite ops.
+std::pair<at::Tensor, at::Tensor> SampleTokens(const at::Tensor& logits,
+                                               const at::Tensor& u,
+                                               const SamplingParams& params) {
   const bool greedy = params.temperature <= 0.0;
   const bool unfiltered = greedy || (params.top_k <= 0 && params.top_p >= 1.0);
   if (unfiltered && logits.device().is_cpu()) {
@@ -93,6 +94,13 @@ std::pair<at::Tensor, at::Tensor> SampleNext(const at::Tensor& logits,
   }
   auto token_logp = logp_all.gather(-1, next.unsqueeze(-1)).squeeze(-1);
   return {next, token_logp};
+}
+
+namespace {
+std::pair<at::Tensor, at::Tensor> SampleNext(const at::Tensor& logits,
+                                             const at::Tensor& u,
+                                             const SamplingParams& params) {
+  return SampleTokens(logits, u, params);
 }
 
 // Left-padded batch of `prompts` [n, len] and its validity [n, len + extra]

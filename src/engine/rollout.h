@@ -42,6 +42,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -169,6 +170,11 @@ class RolloutEngine {
   // static): its prefill cache is held next to the batch's.
   bool shares_prefixes() const { return path_ != DecodePath::kStatic; }
   const DecodeStats& last_stats() const { return stats_; }
+  // The policy it samples from, and its decode settings (the multi-turn
+  // EpisodeDecoder follows them).
+  PolicyModel& model() const { return model_; }
+  int row_blocks() const { return row_blocks_; }
+  bool fused_path() const { return path_ == DecodePath::kFused; }
 
  private:
   bool IsStop(int id) const;
@@ -191,6 +197,13 @@ class RolloutEngine {
   double compaction_fraction_ = -1;
   DecodeStats stats_;
 };
+
+// Tokens [n] (int64) and their log-probs [n] (float) drawn from logits
+// [n, V] with one uniform per row (u: CPU float [n], RowUniform), the way
+// every decode path samples (greedy at temperature 0).
+std::pair<at::Tensor, at::Tensor> SampleTokens(const at::Tensor& logits,
+                                               const at::Tensor& u,
+                                               const SamplingParams& params);
 
 // Sets logits outside the top-k (k > 0) and outside the smallest set whose
 // probability reaches top_p (top_p < 1) to -inf. The most likely token always

@@ -12,12 +12,26 @@
 
 namespace fusionrl {
 
+// A multi-turn episode's record (env.name set; all zero otherwise).
+struct EpisodeStats {
+  int32_t turns = 0;        // assistant turns
+  int32_t tool_calls = 0;   // calls parsed and sent to the environment
+  int32_t tool_errors = 0;  // malformed calls and calls to unknown tools
+  double env_seconds = 0;   // time in environment calls
+  bool env_failed = false;  // the environment failed the episode
+};
+
 struct Sample {
   uint64_t group_id = 0;              // samples of one prompt share a group id
   uint64_t problem_index = 0;         // Task::TrainProblem index of the prompt
   std::vector<int> prompt_ids;        // bos + prompt tokens
   std::vector<int> response_ids;      // sampled tokens, eos included if hit
   std::vector<float> behaviour_logp;  // log-prob of each response token
+  // Multi-turn episodes: per response token, 1 for a token the policy
+  // sampled, 0 for one the environment's answer added (never trained, its
+  // behaviour_logp is 0). Empty: every response token is the policy's.
+  std::vector<uint8_t> loss_mask;
+  EpisodeStats episode;
   // The policy version that sampled it; with a partial rollout (a response
   // continued under newer weights), the oldest of its tokens' versions:
   // staleness is counted from it.

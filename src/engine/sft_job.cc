@@ -14,6 +14,7 @@
 #include "core/metrics.h"
 #include "core/status_macros.h"
 #include "engine/activation_planner.h"
+#include "engine/agent_loop.h"
 #include "engine/checkpoint.h"
 #include "engine/invariant_ops.h"
 #include "engine/job_common.h"
@@ -62,6 +63,17 @@ absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config) {
     std::vector<Sample> batch;
     for (int i = 0; i < sc.batch_size; ++i) {
       const Problem p = ctx.task->TrainProblem(cursor++);
+      if (ctx.environment != nullptr) {
+        // Multi-turn: a demonstrated episode (its environment tokens masked
+        // out of the loss), where the environment has demonstrations.
+        absl::StatusOr<Sample> demo = DemonstrationSample(ctx, p, cursor);
+        if (demo.ok()) {
+          tokens += static_cast<int64_t>(demo->response_ids.size());
+          batch.push_back(*std::move(demo));
+          continue;
+        }
+        if (!absl::IsNotFound(demo.status())) return demo.status();
+      }
       FUSIONRL_ASSIGN_OR_RETURN(Sample s, SolutionSample(ctx, p));
       if (static_cast<int>(s.response_ids.size()) > max_new) {
         return absl::InvalidArgumentError(

@@ -39,7 +39,8 @@ CollatedBatch Collate(const std::vector<Sample>& samples, int pad_id,
     for (size_t j = 0; j < s.response_ids.size(); ++j) {
       ids[b][p_len + j] = s.response_ids[j];
       val[b][p_len + j] = true;
-      mask[b][j] = s.excluded ? 0.0f : 1.0f;
+      const bool model_token = j >= s.loss_mask.size() || s.loss_mask[j];
+      mask[b][j] = s.excluded || !model_token ? 0.0f : 1.0f;
       if (j < s.behaviour_logp.size()) blp[b][j] = s.behaviour_logp[j];
     }
   }

@@ -305,6 +305,56 @@ TEST(TrainerTest, ExcludedGroupsContributeNothing) {
   }
 }
 
+// Multi-turn episodes: tokens the environment wrote (loss_mask 0) are in
+// the context of the later model tokens but in no loss term or normaliser.
+// Their behaviour log-probs (0 from the rollout) are moved here: if they
+// were trained, their ratios and so the gradient would change.
+TEST(TrainerTest, EnvironmentTokensGetZeroGradient) {
+  for (LossAggMode mode :
+       {LossAggMode::kTokenMean, LossAggMode::kSeqMeanTokenMean,
+        LossAggMode::kSeqMeanTokenSum}) {
+    JobConfig c = TinyJob();
+    c.algorithm.loss_agg_mode = mode;
+    auto probe = TinyModel(3);
+    std::vector<Sample> masked = FourGroupsOfFour();
+    SetBehaviourLogProbs(*probe, masked, 0.0f);
+    int64_t model_tokens = 0;
+    for (Sample& s : masked) {
+      s.loss_mask.assign(s.response_ids.size(), 1);
+      // Every second token from the first on (the final eos stays the
+      // model's) is the environment's.
+      for (size_t t = 0; t + 1 < s.response_ids.size(); t += 2) {
+        s.loss_mask[t] = 0;
+      }
+      for (uint8_t m : s.loss_mask) model_tokens += m;
+    }
+    std::vector<Sample> moved = masked;
+    for (Sample& s : moved) {
+      for (size_t t = 0; t < s.response_ids.size(); ++t) {
+        // Inside the PPO clip range: a trained token would move the loss.
+        if (!s.loss_mask[t]) s.behaviour_logp[t] -= 0.1f;
+      }
+    }
+    std::vector<Sample> unmasked = moved;
+    for (Sample& s : unmasked) s.loss_mask.clear();
+    TrainStats a_stats, b_stats, c_stats;
+    const auto a = GradsAfterStep(c, masked, &a_stats);
+    const auto b = GradsAfterStep(c, moved, &b_stats);
+    const auto u = GradsAfterStep(c, unmasked, &c_stats);
+    EXPECT_EQ(a_stats.tokens, model_tokens) << LossAggModeName(mode);
+    double unmasked_diff = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_TRUE(torch::equal(a[i], b[i]))
+          << LossAggModeName(mode) << " parameter " << i << " max diff "
+          << (a[i] - b[i]).abs().max().item<double>();
+      unmasked_diff =
+          std::max(unmasked_diff, (a[i] - u[i]).abs().max().item<double>());
+    }
+    // The same batch without the mask trains those tokens: another gradient.
+    EXPECT_GT(unmasked_diff, 1e-4) << LossAggModeName(mode);
+  }
+}
+
 TEST(TrainerTest, MiniBatchesTakeSeveralOptimizerStepsAndOneVersion) {
   JobConfig c = TinyJob();
   c.optim.mini_batch_size = 8;

@@ -14,6 +14,7 @@
 #include "core/crc32c.h"
 #include "engine/checkpoint.h"
 #include "engine/test_util.h"
+#include "fusionrl/environment.h"
 #include "fusionrl/job.h"
 #include "fusionrl/task.h"
 #include "gmock/gmock.h"
@@ -788,6 +789,73 @@ TEST(RlJobTest, FusedWithLagResumeWithoutPrefetchTrainsEveryGroupOnce) {
     ExpectEveryGroupTrainedOnce(c.output_dir, 6 * 4);
     for (double st : Column(c.output_dir, "max_staleness")) EXPECT_LE(st, 2);
   }
+}
+
+// Two turns per episode: the first is answered with a tool message, the
+// second ends the episode with no reward of the environment's (the task's
+// reward, test_length, scores the last turn: it varies, so steps learn).
+class TwoTurnEnvironment final : public Environment {
+ public:
+  class Ep final : public Episode {
+   public:
+    absl::StatusOr<Observation> Step(const AssistantTurn& turn,
+                                     absl::Time) override {
+      Observation o;
+      o.done = turn.index >= 1;
+      if (!o.done) o.messages.push_back({"tool", "ok"});
+      o.metrics["steps"] = 1;
+      return o;
+    }
+  };
+  absl::StatusOr<std::unique_ptr<Episode>> Open(const Problem&, uint64_t,
+                                                absl::Time,
+                                                EpisodeStart*) override {
+    return std::unique_ptr<Episode>(new Ep);
+  }
+};
+
+JobConfig TwoTurnJob(const std::string& out, int steps) {
+  static const bool registered = [] {
+    return EnvironmentRegistry::Global()
+        .Register("test_two_turns",
+                  [](const EnvConfig&)
+                      -> absl::StatusOr<std::unique_ptr<Environment>> {
+                    return std::make_unique<TwoTurnEnvironment>();
+                  })
+        .ok();
+  }();
+  EXPECT_TRUE(registered);
+  JobConfig c = TinyRlJob(out, steps);
+  c.env.name = "test_two_turns";
+  c.env.max_turns = 2;
+  return c;
+}
+
+// Multi-turn episodes resume exactly: synchronously, and fused with lag 2,
+// where the checkpoint keeps the episodes the rollout had finished ahead
+// (each trained once after the resume) and those not started are sampled
+// after it from their own keys.
+TEST(RlJobTest, MultiTurnEpisodesResumeExactly) {
+  JobConfig c = TwoTurnJob("resume-episodes", 4);
+  ExpectExactResume(c, 4, 2);
+  const std::vector<double> turns =
+      Column(c.output_dir + "-straight", "env_turns_mean");
+  ASSERT_EQ(turns.size(), 4u);
+  for (double t : turns) {
+    EXPECT_GT(t, 1.0);
+    EXPECT_LE(t, 2.0);
+  }
+  for (double f : Column(c.output_dir + "-straight", "env_masked_frac")) {
+    EXPECT_GT(f, 0.0);
+  }
+  for (double f : Column(c.output_dir + "-straight", "env_failed_episodes")) {
+    EXPECT_EQ(f, 0.0);
+  }
+  c = TwoTurnJob("resume-episodes-fused-lag2", 6);
+  c.placement.mode = PlacementMode::kFused;
+  c.stalesync.max_policy_lag = 2;
+  c.algorithm.decoupled_loss = true;
+  ExpectExactLaggedResume(c, 6, 3);
 }
 
 // A card whose memory budget cannot hold the rollout's KV cache fails the

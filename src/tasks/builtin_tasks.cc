@@ -28,6 +28,7 @@ constexpr uint64_t kTrainProbeProblems = 64;
 constexpr uint64_t kTrainProbeAttempts = 1000;
 
 constexpr int kMaxAdditionDigits = 18;  // the sum still fits in int64_t
+constexpr int kMaxMultiplyDigits = 9;   // the product still fits in int64_t
 constexpr int kMaxStringLength = 1000;  // reverse, sort
 constexpr int kMaxCountdownOperands = 8;
 constexpr int kMaxCountdownOperand = 9999;
@@ -87,6 +88,36 @@ class AdditionTask final : public SyntheticTask {
     int64_t lo = 1;
     for (int i = 1; i < digits; ++i) lo *= 10;
     return UniformInt(rng, digits == 1 ? 0 : lo, lo * 10 - 1);
+  }
+
+  const int min_digits_;
+  const int max_digits_;
+};
+
+// "347*29=" -> "10063" (the calculator environment's task). Operands have a
+// uniform digit count in [min_digits, max_digits] and no leading zeros; a
+// one-digit operand is 1-9, never 0, so no product is trivially 0.
+class MultiplyTask final : public SyntheticTask {
+ public:
+  explicit MultiplyTask(const TaskConfig& c)
+      : SyntheticTask("multiply", "exact", c.seed),
+        min_digits_(c.min_digits),
+        max_digits_(c.max_digits) {}
+
+ protected:
+  Problem Generate(std::mt19937_64& rng) const override {
+    const int64_t a = Operand(rng);
+    const int64_t b = Operand(rng);
+    return {absl::StrCat(a, "*", b, "="), absl::StrCat(a * b)};
+  }
+
+ private:
+  int64_t Operand(std::mt19937_64& rng) const {
+    const int digits =
+        static_cast<int>(UniformInt(rng, min_digits_, max_digits_));
+    int64_t lo = 1;
+    for (int i = 1; i < digits; ++i) lo *= 10;
+    return UniformInt(rng, lo, lo * 10 - 1);
   }
 
   const int min_digits_;
@@ -311,6 +342,12 @@ absl::StatusOr<std::unique_ptr<Task>> MakeAdditionTask(const TaskConfig& c) {
   FUSIONRL_RETURN_IF_ERROR(CheckEvalSize(c));
   FUSIONRL_RETURN_IF_ERROR(CheckLengths(c, "addition", kMaxAdditionDigits));
   return Finish(std::make_unique<AdditionTask>(c), c.eval_size);
+}
+
+absl::StatusOr<std::unique_ptr<Task>> MakeMultiplyTask(const TaskConfig& c) {
+  FUSIONRL_RETURN_IF_ERROR(CheckEvalSize(c));
+  FUSIONRL_RETURN_IF_ERROR(CheckLengths(c, "multiply", kMaxMultiplyDigits));
+  return Finish(std::make_unique<MultiplyTask>(c), c.eval_size);
 }
 
 absl::StatusOr<std::unique_ptr<Task>> MakeReverseTask(const TaskConfig& c) {

@@ -1,6 +1,6 @@
-// The built-in tasks (addition, reverse, sort, repeat, countdown, jsonl), their
-// shared base and the seeding helpers. Private to fusionrl_tasks; users reach
-// the tasks through TaskRegistry::Global().
+// The built-in tasks (addition, multiply, reverse, sort, repeat, countdown,
+// jsonl), their shared base and the seeding helpers. Private to
+// fusionrl_tasks; users reach the tasks through TaskRegistry::Global().
 //
 // Determinism: every random draw comes from a std::mt19937_64 seeded with
 // ProblemSeed(task seed, stream, index, attempt), and integers are drawn with
@@ -81,6 +81,7 @@ class SyntheticTask : public Task {
 // Factories registered in TaskRegistry::Global(). Each validates the config
 // fields it uses (InvalidArgument naming the key) and returns a ready task.
 absl::StatusOr<std::unique_ptr<Task>> MakeAdditionTask(const TaskConfig& c);
+absl::StatusOr<std::unique_ptr<Task>> MakeMultiplyTask(const TaskConfig& c);
 absl::StatusOr<std::unique_ptr<Task>> MakeReverseTask(const TaskConfig& c);
 absl::StatusOr<std::unique_ptr<Task>> MakeSortTask(const TaskConfig& c);
 absl::StatusOr<std::unique_ptr<Task>> MakeRepeatTask(const TaskConfig& c);

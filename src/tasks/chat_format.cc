@@ -152,6 +152,27 @@ absl::StatusOr<std::string> ChatRenderer::Render(
   return text;
 }
 
+absl::StatusOr<std::string> ChatRenderer::Render(
+    const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+    const std::string& tools_json) const {
+  if (template_ == nullptr || tools_json.empty()) {
+    return Render(messages, add_generation_prompt);
+  }
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+  extra["tools"] = nlohmann::ordered_json::parse(tools_json, nullptr, false);
+  if (extra["tools"].is_discarded()) {
+    return absl::InvalidArgumentError("chat template: tools are not JSON");
+  }
+  absl::StatusOr<std::string> text = RenderMessages(
+      *template_, messages, add_generation_prompt, extra, ChatTemplateClock());
+  if (!text.ok()) {
+    return absl::Status(
+        text.status().code(),
+        absl::StrCat(Describe(), ": ", text.status().message()));
+  }
+  return text;
+}
+
 absl::StatusOr<std::string> ChatRenderer::AssistantTurn(
     const std::vector<ChatMessage>& messages, std::string_view answer) const {
   if (template_ == nullptr && format_ == ChatFormat::kNone) {
@@ -181,6 +202,10 @@ std::string ChatRenderer::Describe() const {
     return absl::StrCat("the chat template of ", template_->origin);
   }
   return absl::StrCat("chat format ", AsAbsl(ChatFormatName(format_)));
+}
+
+const std::string* ChatRenderer::template_source() const {
+  return template_ == nullptr ? nullptr : &template_->source;
 }
 
 std::vector<ChatMessage> ProblemMessages(const Problem& problem,

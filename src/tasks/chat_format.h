@@ -74,6 +74,16 @@ class ChatRenderer {
   // conversation (raise_exception: its message) or fails.
   absl::StatusOr<std::string> Render(const std::vector<ChatMessage>& messages,
                                      bool add_generation_prompt) const;
+  // The same with the template's `tools` variable set to `tools_json` (a
+  // JSON array, tool_calls.h ToolsJson; "" = none). Plain formats do not
+  // write tools.
+  absl::StatusOr<std::string> Render(const std::vector<ChatMessage>& messages,
+                                     bool add_generation_prompt,
+                                     const std::string& tools_json) const;
+  // Whether this is the plain format `none` (no roles, no markers).
+  bool is_none() const {
+    return template_ == nullptr && format_ == ChatFormat::kNone;
+  }
 
   // The text of the assistant's turn answering `messages` with `answer`, as
   // the model is trained to write it (SFT targets): the rendering of
@@ -99,6 +109,11 @@ class ChatRenderer {
 
   // "the chat template of <file>", or the plain format's name.
   std::string Describe() const;
+
+  // The Jinja source of the model's template; null for a plain format
+  // (then format() names it). Read by env.tool_format: auto.
+  const std::string* template_source() const;
+  ChatFormat format() const { return format_; }
 
  private:
   ChatFormat format_ = ChatFormat::kNone;

@@ -102,6 +102,7 @@ TaskRegistry& TaskRegistry::Global() {
         {"countdown", tasks::MakeCountdownTask},
         {"jsonl", tasks::MakeJsonlTask},
         {"math", tasks::MakeMathTask},
+        {"multiply", tasks::MakeMultiplyTask},
         {"repeat", tasks::MakeRepeatTask},
         {"reverse", tasks::MakeReverseTask},
         {"sort", tasks::MakeSortTask},

@@ -991,9 +991,10 @@ TaskFactory EchoFactory() {
 }
 
 TEST(RegistryTest, GlobalHasTheBuiltins) {
-  EXPECT_EQ(TaskRegistry::Global().Names(),
-            (std::vector<std::string>{"addition", "countdown", "jsonl", "math",
-                                      "repeat", "reverse", "sort"}));
+  EXPECT_EQ(
+      TaskRegistry::Global().Names(),
+      (std::vector<std::string>{"addition", "countdown", "jsonl", "math",
+                                "multiply", "repeat", "reverse", "sort"}));
   const std::vector<std::string> rewards = RewardRegistry::Global().Names();
   for (const char* name : {"countdown", "exact", "math", "numeric"}) {
     EXPECT_NE(std::find(rewards.begin(), rewards.end(), name), rewards.end());
@@ -1005,7 +1006,7 @@ TEST(RegistryTest, UnknownNamesListTheKnownOnes) {
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(s.message(),
             "task.name: unknown task 'nope' (known: addition, countdown, "
-            "jsonl, math, repeat, reverse, sort)");
+            "jsonl, math, multiply, repeat, reverse, sort)");
 
   TaskConfig config = Config("addition");
   config.reward = "nope";

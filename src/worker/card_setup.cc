@@ -17,6 +17,7 @@
 #include "engine/model.h"
 #include "engine/rollout.h"
 #include "engine/trainer.h"
+#include "rpc/remote_environment.h"
 #include "spdlog/spdlog.h"
 #include "worker/card_runner_impl.h"
 #include "worker/card_turns.h"
@@ -29,6 +30,7 @@ namespace fusionrl {
 
 absl::Status CardRunner::Setup() {
   const JobConfig& cfg = config();
+  rpc::RegisterRemoteEnvironment();  // env.name: remote
   FUSIONRL_ASSIGN_OR_RETURN(ctx_, PrepareJob(cfg, std::string(), job_.device));
   sampler_ = std::make_unique<GroupSampler>(cfg, ctx_);
   // Each of the node's cards in the job gets an equal share of the threads.

@@ -234,6 +234,7 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   parts.interleaved = interleaved;
   parts.snapshot_updates = fused_ != nullptr ? fused_->snapshot_updates() : 0;
   parts.moe = cfg.model.moe_experts > 0;
+  parts.env = !cfg.env.name.empty();
   MetricFields rec = StepRecord(parts);
   if (plan.eval_after) {
     Doing(absl::StrCat("evaluation after step ", plan.step));

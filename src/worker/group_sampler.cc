@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/seed.h"
 #include "core/status_macros.h"
+#include "engine/agent_loop.h"
 #include "engine/job_common.h"
 #include "engine/memory_accounting.h"
 #include "engine/rollout.h"
@@ -48,6 +49,10 @@ absl::Status GroupSampler::SampleSteps(
     RolloutEngine& engine, const std::vector<StepGroups>& steps, int rank,
     int64_t version, CardMemoryManager& memory, const OffloadFn& on_offload,
     const DeliverFn& deliver, const SegmentEndFn& segment_end) const {
+  if (ctx_.environment != nullptr) {
+    return SampleEpisodes(engine, steps, rank, version, memory, on_offload,
+                          deliver);
+  }
   const auto& rc = config_.rollout;
   const int64_t max_new = rc.max_new_tokens;
   auto t0 = std::chrono::steady_clock::now();
@@ -203,6 +208,102 @@ absl::Status GroupSampler::SampleSteps(
     memory.Set(MemoryCategory::kKvCache, 0);
   };
   return engine.Generate(prompts, sampling, keys, finished).status();
+}
+
+absl::Status GroupSampler::SampleEpisodes(RolloutEngine& engine,
+                                          const std::vector<StepGroups>& steps,
+                                          int rank, int64_t version,
+                                          CardMemoryManager& memory,
+                                          const OffloadFn& on_offload,
+                                          const DeliverFn& deliver) const {
+  const auto& rc = config_.rollout;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<RolloutBatch> batches(steps.size());
+  std::vector<Problem> problems;
+  std::vector<SequenceKey> keys;
+  int64_t largest_step = 0;
+  for (size_t k = 0; k < steps.size(); ++k) {
+    if (steps[k].partial.has_value()) {
+      return absl::FailedPreconditionError(
+          "rollout: a multi-turn job has no partial rollouts to continue");
+    }
+    uint64_t seed =
+        MixSeed(MixSeed(config_.seed, kRolloutStream), steps[k].step);
+    if (rank > 0) seed = MixSeed(seed, rank);
+    RolloutBatch& batch = batches[k];
+    batch.groups = steps[k].groups;
+    for (uint64_t index : steps[k].groups) {
+      batch.problems.push_back(ctx_.task->TrainProblem(index));
+      for (int i = 0; i < rc.group_size; ++i) {
+        fusionrl::Sample s;
+        s.group_id = index;
+        s.problem_index = index;
+        s.behaviour_version = version;
+        keys.push_back(SequenceKey{
+            seed, static_cast<int64_t>(batch.samples.size()), 0, 0});
+        batch.samples.push_back(std::move(s));
+        problems.push_back(batch.problems.back());
+      }
+    }
+    largest_step = std::max<int64_t>(largest_step, batch.samples.size());
+  }
+  const int64_t slots =
+      engine.max_batch() > 0 ? engine.max_batch() : largest_step;
+  // The episodes' KV caches: slots of max_seq_len entries, plus each
+  // group's prefill.
+  int64_t kv_bytes =
+      KvCacheBytesFor(config_.model, slots, config_.model.max_seq_len);
+  const MemoryDecision kv = memory.RequestKvCache(kv_bytes);
+  if (!kv.granted()) return absl::ResourceExhaustedError(kv.message);
+  if (kv.outcome == MemoryDecision::Outcome::kGrantedAfterOffload) {
+    FUSIONRL_RETURN_IF_ERROR(on_offload(kv));
+  }
+  absl::Cleanup release = [&] { memory.Set(MemoryCategory::kKvCache, 0); };
+  SamplingParams sampling;
+  sampling.temperature = rc.temperature;
+  sampling.top_k = rc.top_k;
+  sampling.top_p = rc.top_p;
+  sampling.max_new_tokens = rc.max_new_tokens;
+  FUSIONRL_ASSIGN_OR_RETURN(
+      EpisodeBatch episodes,
+      AgentLoop(ctx_).Run(engine.model(), problems, keys, sampling, slots,
+                          engine.row_blocks(), engine.fused_path()));
+  const bool drop = config_.env.on_failure == "drop";
+  size_t next = 0;
+  for (size_t k = 0; k < steps.size(); ++k) {
+    RolloutBatch& batch = batches[k];
+    for (fusionrl::Sample& s : batch.samples) {
+      fusionrl::Sample& e = episodes.samples[next++];
+      s.prompt_ids = std::move(e.prompt_ids);
+      s.response_ids = std::move(e.response_ids);
+      s.behaviour_logp = std::move(e.behaviour_logp);
+      s.loss_mask = std::move(e.loss_mask);
+      s.finished = e.finished;
+      s.reward = e.reward;
+      s.correct = e.correct;
+      s.episode = e.episode;
+    }
+    if (drop) {
+      for (size_t g = 0; g < batch.samples.size(); g += rc.group_size) {
+        bool failed = false;
+        for (int i = 0; i < rc.group_size; ++i) {
+          failed |= batch.samples[g + i].episode.env_failed;
+        }
+        if (!failed) continue;
+        for (int i = 0; i < rc.group_size; ++i) {
+          batch.samples[g + i].excluded = true;
+        }
+      }
+    }
+    batch.Recount();
+    batch.round_seconds = k == 0 ? std::chrono::duration<double>(
+                                       std::chrono::steady_clock::now() - t0)
+                                       .count()
+                                 : 0;
+    batch.seconds = batch.round_seconds;
+    deliver(steps[k].step, std::move(batch));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace fusionrl

@@ -103,6 +103,12 @@ class GroupSampler {
   // `unfinished`; a step given back with `partial` continues them (prompt +
   // response so far, the same sampling keys from the next token on), takes
   // the new tokens' versions into token_versions, and is delivered again.
+  //
+  // Multi-turn (env.name set): each sample is an episode of the job's
+  // environment (engine/agent_loop.h), sampled with the key above; the
+  // steps are delivered in order once all their episodes have ended. With
+  // env.on_failure drop, a group with an episode the environment failed is
+  // excluded from the loss.
   absl::Status SampleSteps(RolloutEngine& engine,
                            const std::vector<StepGroups>& steps, int rank,
                            int64_t version, CardMemoryManager& memory,
@@ -111,6 +117,12 @@ class GroupSampler {
                            const SegmentEndFn& segment_end = nullptr) const;
 
  private:
+  absl::Status SampleEpisodes(RolloutEngine& engine,
+                              const std::vector<StepGroups>& steps, int rank,
+                              int64_t version, CardMemoryManager& memory,
+                              const OffloadFn& on_offload,
+                              const DeliverFn& deliver) const;
+
   const JobConfig& config_;
   const JobContext& ctx_;
 };

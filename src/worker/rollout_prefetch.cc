@@ -53,6 +53,12 @@ absl::Status WriteRolloutPrefetch(const std::string& path,
       p->set_correct(s.correct);
       p->mutable_token_versions()->Add(s.token_versions.begin(),
                                        s.token_versions.end());
+      p->set_loss_mask(std::string(s.loss_mask.begin(), s.loss_mask.end()));
+      p->set_turns(s.episode.turns);
+      p->set_tool_calls(s.episode.tool_calls);
+      p->set_tool_errors(s.episode.tool_errors);
+      p->set_env_seconds(s.episode.env_seconds);
+      p->set_env_failed(s.episode.env_failed);
     }
   }
   std::error_code ec;
@@ -111,6 +117,12 @@ absl::StatusOr<RolloutPrefetch> ReadRolloutPrefetch(const std::string& path) {
       s.correct = p.correct();
       s.token_versions.assign(p.token_versions().begin(),
                               p.token_versions().end());
+      s.loss_mask.assign(p.loss_mask().begin(), p.loss_mask().end());
+      s.episode.turns = p.turns();
+      s.episode.tool_calls = p.tool_calls();
+      s.episode.tool_errors = p.tool_errors();
+      s.episode.env_seconds = p.env_seconds();
+      s.episode.env_failed = p.env_failed();
     }
     for (const int32_t j : batch.unfinished) {
       if (j < 0 || j >= static_cast<int32_t>(batch.samples.size())) {

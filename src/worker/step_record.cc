@@ -1,5 +1,7 @@
 #include "worker/step_record.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "engine/trainer.h"
 
@@ -66,6 +68,15 @@ MetricFields StepRecord(const StepRecordParts& p) {
   if (p.admission_lag >= 0) {
     rec.push_back(
         {"rollout_admission_lag", static_cast<double>(p.admission_lag)});
+  }
+  if (p.env) {
+    const double tokens = std::max(1.0, t.tokens);
+    rec.push_back({"env_turns_mean", t.env_turns / n});
+    rec.push_back({"env_tool_calls_mean", t.env_tool_calls / n});
+    rec.push_back({"env_tool_errors_mean", t.env_tool_errors / n});
+    rec.push_back({"env_seconds_mean", t.env_seconds / n});
+    rec.push_back({"env_masked_frac", t.env_tokens / tokens});
+    rec.push_back({"env_failed_episodes", t.env_failed});
   }
   if (p.moe) {
     // The lead card's own router statistics (like the other trainer stats).

@@ -55,6 +55,7 @@ struct StepRecordParts {
   bool interleaved = false;  // the card's roles took turns (card_turns.h)
   int64_t snapshot_updates = 0;
   bool moe = false;  // model.moe_experts > 0: router statistics
+  bool env = false;  // env.name set: the episodes' counts
 };
 
 // The record's fields, in the order metrics.jsonl lists them.

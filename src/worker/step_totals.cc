@@ -23,6 +23,12 @@ constexpr double StepTotals::*kScalars[] = {
     &StepTotals::partial_samples,
     &StepTotals::partial_newer_tokens,
     &StepTotals::over_stale,
+    &StepTotals::env_turns,
+    &StepTotals::env_tool_calls,
+    &StepTotals::env_tool_errors,
+    &StepTotals::env_seconds,
+    &StepTotals::env_tokens,
+    &StepTotals::env_failed,
 };
 constexpr size_t kNumScalars = std::size(kScalars);
 
@@ -41,6 +47,14 @@ absl::StatusOr<StepTotals> StepTotals::Of(const RolloutBatch& batch,
   t.thread_samples = static_cast<double>(thread_samples);
   t.over_stale = static_cast<double>(over_stale);
   t.staleness.assign(static_cast<size_t>(std::max(0, max_lag)) + 1, 0.0);
+  for (const Sample& s : batch.samples) {
+    t.env_turns += s.episode.turns;
+    t.env_tool_calls += s.episode.tool_calls;
+    t.env_tool_errors += s.episode.tool_errors;
+    t.env_seconds += s.episode.env_seconds;
+    t.env_failed += s.episode.env_failed ? 1 : 0;
+    for (const uint8_t m : s.loss_mask) t.env_tokens += m == 0 ? 1 : 0;
+  }
   std::set<uint64_t> groups;
   for (const Sample& s : batch.samples) {
     if (s.excluded) continue;

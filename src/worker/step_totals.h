@@ -43,6 +43,16 @@ struct StepTotals {
   double partial_newer_tokens = 0;
   // Samples over the policy lag before the filter (regenerated or dropped).
   double over_stale = 0;
+  // Multi-turn episodes (env.name set), over every sample of the batch:
+  // assistant turns, tool calls, malformed or unknown calls, seconds in
+  // environment calls, environment tokens (masked out of the loss) and
+  // episodes the environment failed.
+  double env_turns = 0;
+  double env_tool_calls = 0;
+  double env_tool_errors = 0;
+  double env_seconds = 0;
+  double env_tokens = 0;
+  double env_failed = 0;
 
   // The totals of `batch`, trained at `trainer_version` (the version the
   // step starts from) in a job with policy lag `max_lag`. Staleness of a

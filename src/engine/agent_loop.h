@@ -1,0 +1,86 @@
+// AgentLoop: multi-turn rollouts of a job whose env.name is set
+// (include/fusionrl/environment.h, docs/agents.md).
+//
+// For each sample it opens an episode of the job's environment, renders
+// the opening conversation (and the offered tools) in the job's chat
+// format, and runs every episode through an EpisodeDecoder. At each turn's
+// end it decodes the turn, parses its tool calls in the model's format
+// (tasks/tool_calls.h), and calls the environment on a pool of
+// env.max_concurrency threads, each call with a deadline; the answer's
+// messages are rendered in the chat template's tool role and tokenized
+// once: the observation text is the template's rendering of the
+// conversation with the new messages (and the generation prompt) minus
+// its rendering without them; format none writes each message as
+// "(content)".
+//
+// A failed environment (an error, a deadline, an unreachable server) ends
+// its episode with env_failed set: with env.on_failure zero the episode is
+// trained with reward 0, with drop its whole group is excluded. The job
+// goes on; the counts are in the step's metrics.
+//
+// Thread safety: Run() is not reentrant; the environment calls run on the
+// pool's threads.
+#ifndef FUSIONRL_ENGINE_AGENT_LOOP_H_
+#define FUSIONRL_ENGINE_AGENT_LOOP_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/episode_decoder.h"
+#include "engine/job_common.h"
+#include "engine/rollout.h"
+#include "engine/sample.h"
+
+namespace fusionrl {
+
+struct EpisodeBatch {
+  std::vector<Sample> samples;  // one per problem, in order
+  // Environment metrics (Observation::metrics), summed over the episodes.
+  std::map<std::string, double> env_metrics;
+  EpisodeDecodeStats decode;
+};
+
+class AgentLoop {
+ public:
+  // Borrowed; ctx.environment must be set.
+  explicit AgentLoop(const JobContext& ctx) : ctx_(ctx) {}
+
+  // One episode per problem; keys[i] is episode i's sampling key (its
+  // seed and index also seed the environment's episode). `slots`: episodes
+  // decoded at once (0 = all). Fills each Sample's prompt, response, loss
+  // mask, behaviour log-probs, finished (= the environment ended it),
+  // reward, correct and episode stats; group ids are the caller's.
+  absl::StatusOr<EpisodeBatch> Run(PolicyModel& model,
+                                   const std::vector<Problem>& problems,
+                                   const std::vector<SequenceKey>& keys,
+                                   const SamplingParams& params,
+                                   int64_t slots = 0, int row_blocks = 0,
+                                   bool fused = true) const;
+
+ private:
+  const JobContext& ctx_;
+};
+
+// A supervised sample of a demonstrated episode of `problem`
+// (Environment::Demonstrate, run against the environment in this thread):
+// the loss mask covers the demonstrated turns, the environment's answers
+// are masked out. NotFound when the environment has no demonstration for
+// it.
+absl::StatusOr<Sample> DemonstrationSample(const JobContext& ctx,
+                                           const Problem& problem,
+                                           uint64_t seed);
+
+// The environment's metrics and the episodes' counts of a batch, named as
+// the step metrics: env_turns_mean, env_tool_calls_mean,
+// env_tool_errors_mean, env_seconds_mean, env_masked_frac,
+// env_failed_episodes, and env_<metric> (summed).
+std::map<std::string, double> EpisodeMetrics(
+    const std::vector<Sample>& samples,
+    const std::map<std::string, double>& env_metrics);
+
+}  // namespace fusionrl
+
+#endif  // FUSIONRL_ENGINE_AGENT_LOOP_H_
