@@ -114,43 +114,15 @@ absl::StatusOr<std::vector<int>> PromptIds(
   return EncodeRendered(ctx, text, /*prompt=*/true);
 }
 
-// The tokens that follow an assistant turn (the last message of
-// `conversation`) when the environment answers with `answer`: the
-// template's rendering of conversation + answer with the generation prompt
-// minus its rendering of the conversation, after whatever the template
-// writes between the turn's end-of-turn token and the next message.
+// The tokens that follow an assistant turn (tasks/tool_calls.h
+// ObservationText), tokenized once.
 absl::StatusOr<std::vector<int>> ObservationIds(
     const JobContext& ctx, const std::vector<ChatMessage>& conversation,
     const std::vector<ChatMessage>& answer, const std::string& tools_json,
     bool stopped) {
-  std::string text;
-  if (ctx.chat.is_none()) {
-    for (const ChatMessage& m : answer)
-      absl::StrAppend(&text, "(", m.content, ")");
-    return EncodeRendered(ctx, text, false);
-  }
-  FUSIONRL_ASSIGN_OR_RETURN(std::string before,
-                            ctx.chat.Render(conversation, false, tools_json));
-  std::vector<ChatMessage> after = conversation;
-  after.insert(after.end(), answer.begin(), answer.end());
-  FUSIONRL_ASSIGN_OR_RETURN(std::string full,
-                            ctx.chat.Render(after, true, tools_json));
-  if (full.compare(0, before.size(), before) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        ctx.chat.Describe(),
-        ": the conversation with the environment's answer does not extend "
-        "its rendering without it; the answer cannot be appended token-in/"
-        "token-out"));
-  }
-  const std::string& eot = ctx.chat.end_of_turn();
-  if (!eot.empty()) {
-    const size_t at = before.rfind(eot);
-    if (at != std::string::npos) {
-      if (!stopped) text = eot;
-      text += before.substr(at + eot.size());
-    }
-  }
-  text += full.substr(before.size());
+  FUSIONRL_ASSIGN_OR_RETURN(
+      std::string text,
+      ObservationText(ctx.chat, conversation, answer, tools_json, stopped));
   return EncodeRendered(ctx, text, false);
 }
 
