@@ -16,25 +16,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SERVER=$ROOT/examples/env_server/calculator_server.py
 
-# The first python3 with the modules: PATH may start with a python3 of its
-# own (pyenv, a venv) beside Debian's.
-PY=""
-for candidate in "${FUSIONRL_PYTHON:-}" python3 /usr/bin/python3; do
-  [ -n "$candidate" ] || continue
-  if "$candidate" -c "import grpc, grpc_tools.protoc" >/dev/null 2>&1; then
-    PY=$candidate
-    break
-  fi
-done
-if [ -z "$PY" ]; then
-  msg="env_server_python: no python3 with the grpc and grpc_tools modules (apt-get install python3-grpcio python3-grpc-tools)"
-  if [ "${CI:-}" = "true" ] || [ "${FUSIONRL_REQUIRE_ALL_TESTS:-0}" = 1 ]; then
-    echo "FAIL: $msg"
-    exit 1
-  fi
-  echo "SKIP: $msg"
-  exit 77
-fi
+source "$ROOT/tests/grpc_python.sh" env_server_python
 
 WORK=$(mktemp -d)
 pids=()

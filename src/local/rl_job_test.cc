@@ -831,7 +831,8 @@ JobConfig TwoTurnJob(const std::string& out, int steps) {
   return c;
 }
 
-// Multi-turn episodes resume exactly: synchronously, and fused with lag 2,
+// Multi-turn episodes resume exactly: synchronously, fused with lag 2 and
+// disaggregated with lag 1,
 // where the checkpoint keeps the episodes the rollout had finished ahead
 // (each trained once after the resume) and those not started are sampled
 // after it from their own keys.
@@ -854,6 +855,13 @@ TEST(RlJobTest, MultiTurnEpisodesResumeExactly) {
   c = TwoTurnJob("resume-episodes-fused-lag2", 6);
   c.placement.mode = PlacementMode::kFused;
   c.stalesync.max_policy_lag = 2;
+  c.algorithm.decoupled_loss = true;
+  ExpectExactLaggedResume(c, 6, 3);
+  c = TwoTurnJob("resume-episodes-disaggregated-lag1", 6);
+  c.placement.mode = PlacementMode::kDisaggregated;
+  c.placement.cards_per_super_node = 2;
+  c.placement.rollout_cards_per_super_node = 1;
+  c.stalesync.max_policy_lag = 1;
   c.algorithm.decoupled_loss = true;
   ExpectExactLaggedResume(c, 6, 3);
 }
