@@ -126,6 +126,13 @@ absl::StatusOr<std::vector<int>> ObservationIds(
   return EncodeRendered(ctx, text, false);
 }
 
+// A token for the prompt of a sample that has none (its episode failed
+// before it had one): bos, or eos for tokenizers without one.
+int PlaceholderToken(const JobContext& ctx) {
+  return ctx.tokenizer->bos_id() >= 0 ? ctx.tokenizer->bos_id()
+                                      : ctx.tokenizer->eos_id();
+}
+
 struct EpisodeState {
   const Problem* problem = nullptr;
   std::shared_ptr<Episode> episode;
@@ -341,8 +348,23 @@ absl::StatusOr<EpisodeBatch> AgentLoop::Run(
     std::vector<std::vector<int>> prompts;
     std::vector<SequenceKey> run_keys;
     std::vector<size_t> index;
+    // An opening the environment made too long for the model fails its
+    // episode, not the batch.
+    const int64_t room = std::max<int64_t>(1, ctx_.env.max_episode_tokens);
     for (size_t i = 0; i < episodes.size(); ++i) {
       if (episodes[i].failed) continue;
+      const int64_t len = static_cast<int64_t>(episodes[i].prompt_ids.size());
+      if (len + room > model.config().max_seq_len) {
+        Driver::Fail(episodes[i],
+                     absl::InvalidArgumentError(absl::StrCat(
+                         "the episode's opening is ", len,
+                         " tokens; with env.max_episode_tokens (", room,
+                         ") it does not fit model.max_seq_len (",
+                         model.config().max_seq_len, ")")));
+        // The sample keeps the shape of a failed one, within the model.
+        episodes[i].prompt_ids = {PlaceholderToken(ctx_)};
+        continue;
+      }
       prompts.push_back(episodes[i].prompt_ids);
       run_keys.push_back(keys[i]);
       index.push_back(i);
@@ -383,8 +405,8 @@ absl::StatusOr<EpisodeBatch> AgentLoop::Run(
     if (s.prompt_ids.empty()) {
       absl::StatusOr<std::vector<int>> ids =
           EncodeProblemPrompt(ctx_, problems[i]);
-      s.prompt_ids = ids.ok() ? *std::move(ids)
-                              : std::vector<int>{ctx_.tokenizer->bos_id()};
+      s.prompt_ids =
+          ids.ok() ? *std::move(ids) : std::vector<int>{PlaceholderToken(ctx_)};
     }
     if (s.response_ids.empty()) {
       // Never decoded (the environment failed at the start): one masked

@@ -204,6 +204,43 @@ TEST(AgentLoopTest, AFailedOrHungEnvironmentFailsItsEpisodesAndTheRunGoesOn) {
   }
 }
 
+// Opens with a user turn too long for the model for one problem.
+class LongOpeningEnvironment final : public Environment {
+ public:
+  absl::StatusOr<std::unique_ptr<Episode>> Open(const Problem& problem,
+                                                uint64_t seed, absl::Time t,
+                                                EpisodeStart* start) override {
+    auto episode = calculator_->Open(problem, seed, t, start);
+    if (problem.answer == "long") {
+      start->messages = {{"user", std::string(100, 'x')}};
+    }
+    return episode;
+  }
+  std::unique_ptr<Environment> calculator_ =
+      EnvironmentRegistry::Global().Create(EnvConfig{"calculator"}).value();
+};
+
+TEST(AgentLoopTest, AnOpeningTooLongForTheModelFailsItsEpisodeOnly) {
+  JobConfig c = CalculatorJob();
+  JobContext ctx = Prepare(c);
+  ctx.environment = std::make_shared<LongOpeningEnvironment>();
+  std::vector<Problem> problems = {Problem{"12*34=", "408"},
+                                   Problem{"1*1=", "long"}};
+  std::vector<SequenceKey> keys = {{1, 0, 0, 0}, {1, 1, 0, 0}};
+  SamplingParams params;
+  params.max_new_tokens = 6;
+  absl::StatusOr<EpisodeBatch> out =
+      AgentLoop(ctx).Run(*ctx.policy, problems, keys, params);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_FALSE(out->samples[0].episode.env_failed);
+  EXPECT_GE(out->samples[0].episode.turns, 1);
+  const Sample& failed = out->samples[1];
+  EXPECT_TRUE(failed.episode.env_failed);
+  // Within the model, every token masked.
+  EXPECT_LE(failed.prompt_ids.size() + failed.response_ids.size(), 64u);
+  EXPECT_EQ(failed.loss_mask, std::vector<uint8_t>{0});
+}
+
 TEST(AgentLoopTest, CalculatorEpisodesAreReproducibleAndMaskedRight) {
   JobConfig c = CalculatorJob();
   JobContext ctx = Prepare(c);

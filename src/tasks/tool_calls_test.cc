@@ -493,8 +493,9 @@ TEST(ObservationTextTest, ChatMLFollowsTheTurnsEndOfTurnToken) {
   // A turn cut by its token budget did not write the end-of-turn token.
   text = ObservationText(chatml, conversation, {{"tool", "2"}}, "", false);
   ASSERT_TRUE(text.ok()) << text.status();
-  EXPECT_EQ(*text,
-            "<|im_end|>\n<|im_start|>tool\n2<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(
+      *text,
+      "<|im_end|>\n<|im_start|>tool\n2<|im_end|>\n<|im_start|>assistant\n");
 }
 
 std::string TestDataDir() {
@@ -533,11 +534,11 @@ TEST(RealTemplatesObservationTest, Qwen3ToolResponses) {
             "\n<|im_start|>user\n<tool_response>\n10063\n</tool_response>"
             "<|im_end|>\n<|im_start|>assistant\n");
   conversation.push_back({"tool", "10063"});
-  conversation.push_back(
-      {"assistant", "<tool_call>\n{\"name\": \"calc\", \"arguments\": "
-                    "{\"expression\": \"10063+1\"}}\n</tool_call>"});
-  text = ObservationText(qwen3, conversation, {{"tool", "10064"}, {"tool", "x"}},
-                         tools_json, true);
+  conversation.push_back({"assistant",
+                          "<tool_call>\n{\"name\": \"calc\", \"arguments\": "
+                          "{\"expression\": \"10063+1\"}}\n</tool_call>"});
+  text = ObservationText(qwen3, conversation,
+                         {{"tool", "10064"}, {"tool", "x"}}, tools_json, true);
   ASSERT_TRUE(text.ok()) << text.status();
   EXPECT_EQ(*text,
             "\n<|im_start|>user\n<tool_response>\n10064\n</tool_response>\n"
