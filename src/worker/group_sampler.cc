@@ -249,10 +249,12 @@ absl::Status GroupSampler::SampleEpisodes(RolloutEngine& engine,
   }
   const int64_t slots =
       engine.max_batch() > 0 ? engine.max_batch() : largest_step;
-  // The episodes' KV caches: slots of max_seq_len entries, plus each
-  // group's prefill.
-  int64_t kv_bytes =
-      KvCacheBytesFor(config_.model, slots, config_.model.max_seq_len);
+  // The episodes' KV caches, max_seq_len entries each: the decode slots
+  // and the parked caches of episodes waiting on the environment (fused),
+  // or one cache per episode (composite): at most every episode's.
+  const int64_t kv_bytes =
+      KvCacheBytesFor(config_.model, static_cast<int64_t>(problems.size()),
+                      config_.model.max_seq_len);
   const MemoryDecision kv = memory.RequestKvCache(kv_bytes);
   if (!kv.granted()) return absl::ResourceExhaustedError(kv.message);
   if (kv.outcome == MemoryDecision::Outcome::kGrantedAfterOffload) {
