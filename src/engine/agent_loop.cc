@@ -15,6 +15,7 @@
 #include "core/status_macros.h"
 #include "spdlog/spdlog.h"
 #include "tasks/chat_format.h"
+#include "tasks/rewards.h"
 #include "tasks/tool_calls.h"
 
 namespace fusionrl {
@@ -126,6 +127,37 @@ absl::StatusOr<std::vector<int>> ObservationIds(
   return EncodeRendered(ctx, text, false);
 }
 
+// The turn the environment sees: the decoded text, its tool calls parsed
+// in the job's format, and its content: the text outside the calls after
+// any thinking block (tasks/rewards.h AnswerText; "" for a turn that ends
+// inside one). `opens_thinking`: the text before the turn (the prompt, or
+// the last answer with its generation prompt) left a thinking block open.
+AssistantTurn MakeTurn(const JobContext& ctx, std::string text,
+                       const std::vector<ToolSpec>& tools, int index,
+                       bool stopped, bool opens_thinking) {
+  AssistantTurn t;
+  t.index = index;
+  t.text = std::move(text);
+  ParsedTurn parsed = ParseToolCalls(ctx.tool_format, t.text, tools);
+  const std::optional<std::string_view> answer =
+      tasks::AnswerText(parsed.content, opens_thinking);
+  t.content = answer.has_value() ? std::string(*answer) : std::string();
+  t.tool_calls = std::move(parsed.calls);
+  t.call_errors = std::move(parsed.errors);
+  t.truncated = !stopped;
+  return t;
+}
+
+// Whether `ids` (a prompt, or an answer ending in the generation prompt)
+// leave a thinking block open (Qwen3-Thinking and QwQ end theirs with
+// "<think>\n"): decoded from their last few tokens, as ScoreCompletion.
+bool OpensThinking(const JobContext& ctx, const std::vector<int>& ids) {
+  constexpr size_t kTail = 8;
+  const size_t from = ids.size() > kTail ? ids.size() - kTail : 0;
+  return tasks::EndsInsideThinking(ctx.tokenizer->Decode(std::vector<int>(
+      ids.begin() + static_cast<std::ptrdiff_t>(from), ids.end())));
+}
+
 // A token for the prompt of a sample that has none (its episode failed
 // before it had one): bos, or eos for tokenizers without one.
 int PlaceholderToken(const JobContext& ctx) {
@@ -146,6 +178,7 @@ struct EpisodeState {
   std::vector<std::string> call_errors;
   std::string content;
   bool stopped = true;
+  bool opens_thinking = false;  // the text before the turn opened <think>
   double env_seconds_left = 0;
   // The outcome.
   bool failed = false;
@@ -166,17 +199,11 @@ class Driver final : public TurnDriver {
   void TurnEnded(int64_t i, const std::vector<int>& turn,
                  bool stopped) override {
     EpisodeState& ep = episodes_[index_[i]];
-    AssistantTurn t;
-    t.index = ep.stats.turns++;
-    t.text = DecodeResponse(ctx_, turn);
-    ParsedTurn parsed = ParseToolCalls(ctx_.tool_format, t.text, ep.tools);
-    t.content = parsed.content;
-    t.tool_calls = std::move(parsed.calls);
-    t.call_errors = parsed.errors;
-    t.truncated = !stopped;
+    AssistantTurn t = MakeTurn(ctx_, DecodeResponse(ctx_, turn), ep.tools,
+                               ep.stats.turns++, stopped, ep.opens_thinking);
     ep.stats.tool_calls += static_cast<int32_t>(t.tool_calls.size());
     ep.stats.tool_errors += static_cast<int32_t>(t.call_errors.size());
-    ep.call_errors = std::move(parsed.errors);
+    ep.call_errors = t.call_errors;
     ep.content = t.content;
     ep.stopped = stopped;
     ep.conversation.push_back({"assistant", t.text});
@@ -241,6 +268,7 @@ class Driver final : public TurnDriver {
       return done;
     }
     ep.conversation.insert(ep.conversation.end(), answer.begin(), answer.end());
+    ep.opens_thinking = OpensThinking(ctx_, *ids);
     Answer next;
     next.tokens = *std::move(ids);
     return next;
@@ -325,6 +353,7 @@ void OpenEpisodes(const JobContext& ctx, CallPool& pool,
       continue;
     }
     ep.prompt_ids = *std::move(ids);
+    ep.opens_thinking = OpensThinking(ctx, ep.prompt_ids);
   }
 }
 
@@ -451,6 +480,7 @@ absl::StatusOr<Sample> DemonstrationSample(const JobContext& ctx,
   Sample s;
   FUSIONRL_ASSIGN_OR_RETURN(s.prompt_ids,
                             PromptIds(ctx, conversation, tools_json));
+  bool opens_thinking = OpensThinking(ctx, s.prompt_ids);
   auto append = [&s](const std::vector<int>& ids, bool model) {
     for (int id : ids) {
       s.response_ids.push_back(id);
@@ -492,14 +522,11 @@ absl::StatusOr<Sample> DemonstrationSample(const JobContext& ctx,
     }
     if (!stopped) turn_ids.push_back(ctx.tokenizer->eos_id());
     append(turn_ids, true);
-    conversation.push_back({"assistant", text});
-    AssistantTurn t;
-    t.index = turn;
-    t.text = text;
-    ParsedTurn parsed = ParseToolCalls(ctx.tool_format, text, start.tools);
-    t.content = parsed.content;
-    t.tool_calls = parsed.calls;
-    t.call_errors = parsed.errors;
+    // The environment sees the turn as it would see the policy's.
+    AssistantTurn t =
+        MakeTurn(ctx, DecodeResponse(ctx, turn_ids), start.tools, turn,
+                 /*stopped=*/true, opens_thinking);
+    conversation.push_back({"assistant", t.text});
     FUSIONRL_ASSIGN_OR_RETURN(Observation obs, episode->Step(t, deadline));
     if (obs.done) {
       s.finished = true;
@@ -507,12 +534,13 @@ absl::StatusOr<Sample> DemonstrationSample(const JobContext& ctx,
       s.correct = obs.correct.value_or(s.reward > 0);
       return s;
     }
-    for (const std::string& e : parsed.errors) {
+    for (const std::string& e : t.call_errors) {
       obs.messages.push_back({"tool", absl::StrCat("error: ", e)});
     }
     FUSIONRL_ASSIGN_OR_RETURN(
         std::vector<int> answer,
         ObservationIds(ctx, conversation, obs.messages, tools_json, true));
+    opens_thinking = OpensThinking(ctx, answer);
     append(answer, false);
     conversation.insert(conversation.end(), obs.messages.begin(),
                         obs.messages.end());

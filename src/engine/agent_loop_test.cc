@@ -6,8 +6,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "engine/job_common.h"
 
 namespace fusionrl {
@@ -66,6 +69,91 @@ TEST(AgentLoopTest, ADemonstratedCalculatorEpisodeIsTokenInTokenOut) {
   EXPECT_TRUE(s->finished);
   EXPECT_EQ(s->reward, 1.0);
   EXPECT_TRUE(s->correct);
+}
+
+std::string TestDataDir() {
+  if (const char* env = std::getenv("FUSIONRL_TEST_DATA");
+      env != nullptr && *env != '\0') {
+    return env;
+  }
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : "") + "/.cache/fusionrl/test-data";
+}
+
+// `ids` decoded with ChatML's special tokens written out (Decode drops
+// them).
+std::string DecodeChatML(const JobContext& ctx, const std::vector<int>& ids) {
+  std::string out;
+  std::vector<int> text;
+  for (int id : ids) {
+    std::string special;
+    for (const char* token : {"<|im_start|>", "<|im_end|>"}) {
+      if (id == ctx.tokenizer->TokenToId(token)) special = token;
+    }
+    if (special.empty()) {
+      text.push_back(id);
+      continue;
+    }
+    out += ctx.tokenizer->Decode(text) + special;
+    text.clear();
+  }
+  return out + ctx.tokenizer->Decode(text);
+}
+
+// The runs of a sample's response, split where the loss mask changes.
+std::vector<std::string> MaskRuns(const JobContext& ctx, const Sample& s) {
+  std::vector<std::string> runs;
+  std::vector<int> run;
+  for (size_t t = 0; t < s.response_ids.size(); ++t) {
+    run.push_back(s.response_ids[t]);
+    if (t + 1 == s.response_ids.size() ||
+        s.loss_mask[t + 1] != s.loss_mask[t]) {
+      runs.push_back(DecodeChatML(ctx, run));
+      run.clear();
+    }
+  }
+  return runs;
+}
+
+// Qwen3's own chat template and tokenizer: the calculator's tool is listed
+// in the system prompt, the call is written in Hermes format, the result
+// comes back as Qwen3's <tool_response> user turn, and the final answer is
+// graded on the text after the (empty) thinking block.
+TEST(AgentLoopTest, Qwen3EpisodeIsHermesCallsAndToolResponses) {
+  const std::string dir = TestDataDir() + "/qwen3-tokenizer";
+  if (!std::filesystem::exists(dir + "/tokenizer.json")) {
+    GTEST_SKIP() << "qwen3 tokenizer not found at " << dir;
+  }
+  JobConfig c = CalculatorJob();
+  c.model.tokenizer = dir;
+  c.model.max_seq_len = 512;
+  JobContext ctx = Prepare(c);
+  ASSERT_EQ(ctx.tool_format, ToolFormat::kHermes);
+  absl::StatusOr<Sample> s =
+      DemonstrationSample(ctx, Problem{"347*29=", "10063"}, 1);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::string prompt = DecodeChatML(ctx, s->prompt_ids);
+  EXPECT_NE(prompt.find("<tools>\n{\"type\": \"function\", \"function\": "
+                        "{\"name\": \"calc\""),
+            std::string::npos)
+      << prompt;
+  EXPECT_TRUE(absl::EndsWith(prompt,
+                             "<|im_start|>user\n347*29=<|im_end|>\n"
+                             "<|im_start|>assistant\n"))
+      << prompt;
+  const std::vector<std::string> runs = MaskRuns(ctx, *s);
+  ASSERT_EQ(runs.size(), 3u);
+  EXPECT_EQ(runs[0],
+            "<think>\n\n</think>\n\n<tool_call>\n{\"name\": \"calc\", "
+            "\"arguments\": {\"expression\": \"347*29\"}}\n</tool_call>"
+            "<|im_end|>");
+  EXPECT_EQ(runs[1],
+            "\n<|im_start|>user\n<tool_response>\n10063\n</tool_response>"
+            "<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(runs[2], "<think>\n\n</think>\n\n10063<|im_end|>");
+  EXPECT_EQ(s->loss_mask.front(), 1);
+  EXPECT_TRUE(s->finished);
+  EXPECT_EQ(s->reward, 1.0);
 }
 
 // Scripts its demonstrations (so the rollout's parsing and answering can
