@@ -316,6 +316,8 @@ def make_servicer(pb, pb_grpc, args):
                     time.sleep(3600)
             if n == args.exit_on_step:
                 os._exit(1)  # a crashed server: connections drop mid-call
+            if args.delay_ms > 0:
+                time.sleep(args.delay_ms / 1000.0)  # a slow tool
             if episode is None:
                 context.abort(grpc.StatusCode.NOT_FOUND,
                               f"no open episode '{request.episode_id}'")
@@ -343,6 +345,9 @@ def main():
                         help="directory holding fusionrl/v1/environment.proto")
     parser.add_argument("--threads", type=int, default=16,
                         help="calls served at once (match env.max_concurrency)")
+    parser.add_argument("--delay-ms", type=float, default=0,
+                        help="answer each Step this much later (a slow "
+                             "tool, for measuring the rollout's overlap)")
     # Test-only knobs (tests/env_server_python_test.sh): 1-based Step calls.
     parser.add_argument("--hang-on-step", type=int, default=0,
                         help=argparse.SUPPRESS)
