@@ -114,13 +114,10 @@ absl::StatusOr<JobContext> PrepareJob(const JobConfig& config,
 
   ctx.env = config.env;
   if (!config.env.name.empty()) {
-    absl::StatusOr<std::unique_ptr<Environment>> env =
-        EnvironmentRegistry::Global().Create(config.env);
-    if (!env.ok()) {
-      return absl::Status(env.status().code(),
-                          absl::StrCat("env.name: ", env.status().message()));
-    }
-    ctx.environment = *std::move(env);
+    // The registry's and the factories' errors name their key (env.name,
+    // env.address).
+    FUSIONRL_ASSIGN_OR_RETURN(ctx.environment,
+                              EnvironmentRegistry::Global().Create(config.env));
     FUSIONRL_ASSIGN_OR_RETURN(
         ctx.tool_format, ResolveToolFormat(config.env.tool_format, ctx.chat));
   }
