@@ -115,15 +115,15 @@ absl::StatusOr<std::vector<int>> PromptIds(
   return EncodeRendered(ctx, text, /*prompt=*/true);
 }
 
-// The tokens that follow an assistant turn (tasks/tool_calls.h
-// ObservationText), tokenized once.
+// The tokens that follow an assistant turn (ChatRenderer::ObservationText),
+// tokenized once.
 absl::StatusOr<std::vector<int>> ObservationIds(
     const JobContext& ctx, const std::vector<ChatMessage>& conversation,
     const std::vector<ChatMessage>& answer, const std::string& tools_json,
     bool stopped) {
   FUSIONRL_ASSIGN_OR_RETURN(
       std::string text,
-      ObservationText(ctx.chat, conversation, answer, tools_json, stopped));
+      ctx.chat.ObservationText(conversation, answer, tools_json, stopped));
   return EncodeRendered(ctx, text, false);
 }
 

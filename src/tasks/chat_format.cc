@@ -173,6 +173,47 @@ absl::StatusOr<std::string> ChatRenderer::Render(
   return text;
 }
 
+absl::StatusOr<std::string> ChatRenderer::ObservationText(
+    const std::vector<ChatMessage>& conversation,
+    const std::vector<ChatMessage>& answer, const std::string& tools_json,
+    bool stopped) const {
+  std::string text;
+  if (is_none()) {
+    for (const ChatMessage& m : answer) {
+      absl::StrAppend(&text, "(", m.content, ")");
+    }
+    return text;
+  }
+  const std::string& eot = end_of_turn_;
+  if (eot.empty() || conversation.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Describe(),
+        ": no end-of-turn token is known for it, so the environment's "
+        "answer cannot be placed after the model's turn"));
+  }
+  const std::vector<ChatMessage> before(conversation.begin(),
+                                        conversation.end() - 1);
+  absl::StatusOr<std::string> prompt = Render(before, true, tools_json);
+  if (!prompt.ok()) return prompt.status();
+  std::vector<ChatMessage> after = conversation;
+  after.insert(after.end(), answer.begin(), answer.end());
+  absl::StatusOr<std::string> full = Render(after, true, tools_json);
+  if (!full.ok()) return full.status();
+  const size_t turn_end = full->find(eot, prompt->size());
+  if (full->compare(0, prompt->size(), *prompt) != 0 ||
+      turn_end == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Describe(),
+        ": the conversation with the environment's answer does not start "
+        "with the conversation the turn answered (the template renders the "
+        "history differently once the answer follows), so the answer "
+        "cannot be appended token-in/token-out"));
+  }
+  if (!stopped) text = eot;
+  text += full->substr(turn_end + eot.size());
+  return text;
+}
+
 absl::StatusOr<std::string> ChatRenderer::AssistantTurn(
     const std::vector<ChatMessage>& messages, std::string_view answer) const {
   if (template_ == nullptr && format_ == ChatFormat::kNone) {

@@ -95,6 +95,25 @@ class ChatRenderer {
   absl::StatusOr<std::string> AssistantTurn(
       const std::vector<ChatMessage>& messages, std::string_view answer) const;
 
+  // The text that follows an assistant turn when the environment answers
+  // with `answer` (token-in/token-out: it is tokenized once and appended
+  // after the turn's tokens). `conversation` ends with that assistant turn;
+  // `stopped`: the turn's tokens end with the end-of-turn token.
+  //   format none: each message as "(content)".
+  //   otherwise: the template renders conversation + answer with the
+  //   generation prompt; the text after the turn's end-of-turn token (the
+  //   first one after the rendering of the conversation before the turn,
+  //   which must be its prefix) is the answer's. E.g. Qwen3:
+  //   "\n<|im_start|>user\n<tool_response>\n10063\n</tool_response>
+  //   <|im_end|>\n<|im_start|>assistant\n".
+  // InvalidArgument (naming the template) when the template re-renders the
+  // history differently once the answer follows (Qwen3 drops earlier turns'
+  // thinking after a new user message) or writes no known end-of-turn token.
+  absl::StatusOr<std::string> ObservationText(
+      const std::vector<ChatMessage>& conversation,
+      const std::vector<ChatMessage>& answer, const std::string& tools_json,
+      bool stopped) const;
+
   // The token text that ends an assistant turn, added to the job's stop
   // ids: "<|im_end|>" (ChatML), "<|eot_id|>" (Llama-3), for a template the
   // first of these (or Gemma's "<end_of_turn>", Phi's "<|end|>") that it

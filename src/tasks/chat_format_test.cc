@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "tasks/chat_template.h"
+#include "tasks/tool_calls.h"
 
 namespace fusionrl {
 namespace {
@@ -239,6 +241,85 @@ TEST(ChatRendererTest, ForJobPicksThePlainFormatOrRefusesAMissingTemplate) {
   EXPECT_THAT(missing.status().message(),
               HasSubstr("set task.chat_template: chatml | llama3 | none"));
   EXPECT_FALSE(ChatRenderer::ForJob("qwen", "").ok());
+}
+
+}  // namespace
+}  // namespace fusionrl
+
+namespace fusionrl {
+namespace {
+
+TEST(ObservationTextTest, FormatNoneWritesEachMessageInParentheses) {
+  const ChatRenderer none;
+  auto text = none.ObservationText(
+      {{"user", "347*29="}, {"assistant", "[calc 347*29]"}},
+      {{"tool", "10063"}, {"tool", "error: tool call 2: unclosed ["}}, "",
+      true);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text, "(10063)(error: tool call 2: unclosed [)");
+}
+
+TEST(ObservationTextTest, ChatMLFollowsTheTurnsEndOfTurnToken) {
+  const ChatRenderer chatml = ChatRenderer::Plain(ChatFormat::kChatML);
+  const std::vector<ChatMessage> conversation = {
+      {"user", "1+1="}, {"assistant", "<tool_call>{}</tool_call>"}};
+  auto text = chatml.ObservationText(conversation, {{"tool", "2"}}, "", true);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text, "\n<|im_start|>tool\n2<|im_end|>\n<|im_start|>assistant\n");
+  // A turn cut by its token budget did not write the end-of-turn token.
+  text = chatml.ObservationText(conversation, {{"tool", "2"}}, "", false);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(
+      *text,
+      "<|im_end|>\n<|im_start|>tool\n2<|im_end|>\n<|im_start|>assistant\n");
+}
+
+std::string TestDataDir() {
+  if (const char* env = std::getenv("FUSIONRL_TEST_DATA");
+      env != nullptr && *env != '\0') {
+    return env;
+  }
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : "") + "/.cache/fusionrl/test-data";
+}
+
+// Qwen3's own template re-renders the turn being answered differently once
+// it is no longer the last message (no empty think block): the answer's
+// text is still exactly what follows the turn's <|im_end|>, with the tools
+// in the system prompt and across two rounds.
+TEST(RealTemplatesObservationTest, Qwen3ToolResponses) {
+  const std::string dir = TestDataDir() + "/qwen3-tokenizer";
+  absl::StatusOr<ChatTemplate> tmpl = LoadChatTemplate(dir);
+  if (!tmpl.ok()) GTEST_SKIP() << "qwen3 tokenizer not found at " << dir;
+  const ChatRenderer qwen3 = ChatRenderer::FromTemplate(*std::move(tmpl));
+  ASSERT_EQ(qwen3.end_of_turn(), "<|im_end|>");
+  std::vector<ToolSpec> tools(1);
+  tools[0].name = "calc";
+  tools[0].parameters_json =
+      R"({"type": "object", "properties": {"expression": {"type": "string"}}})";
+  const std::string tools_json = ToolsJson(tools).value();
+  std::vector<ChatMessage> conversation = {
+      {"user", "What is 347*29?"},
+      {"assistant",
+       "<tool_call>\n{\"name\": \"calc\", \"arguments\": {\"expression\": "
+       "\"347*29\"}}\n</tool_call>"}};
+  auto text = qwen3.ObservationText(conversation, {{"tool", "10063"}},
+                                    tools_json, true);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text,
+            "\n<|im_start|>user\n<tool_response>\n10063\n</tool_response>"
+            "<|im_end|>\n<|im_start|>assistant\n");
+  conversation.push_back({"tool", "10063"});
+  conversation.push_back({"assistant",
+                          "<tool_call>\n{\"name\": \"calc\", \"arguments\": "
+                          "{\"expression\": \"10063+1\"}}\n</tool_call>"});
+  text = qwen3.ObservationText(conversation, {{"tool", "10064"}, {"tool", "x"}},
+                               tools_json, true);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text,
+            "\n<|im_start|>user\n<tool_response>\n10064\n</tool_response>\n"
+            "<tool_response>\nx\n</tool_response><|im_end|>\n"
+            "<|im_start|>assistant\n");
 }
 
 }  // namespace

@@ -74,25 +74,6 @@ absl::StatusOr<std::string> WriteToolCall(ToolFormat format,
 // not a JSON object.
 absl::StatusOr<std::string> ToolsJson(const std::vector<ToolSpec>& tools);
 
-// The text that follows an assistant turn when the environment answers
-// with `answer` (token-in/token-out: it is tokenized once and appended
-// after the turn's tokens). `conversation` ends with that assistant turn;
-// `stopped`: the turn's tokens end with the end-of-turn token.
-//   format none: each message as "(content)".
-//   otherwise: the template renders conversation + answer with the
-//   generation prompt; the text after the turn's end-of-turn token (the
-//   first one after the rendering of the conversation before the turn,
-//   which must be its prefix) is the answer's. E.g. Qwen3:
-//   "\n<|im_start|>user\n<tool_response>\n10063\n</tool_response>
-//   <|im_end|>\n<|im_start|>assistant\n".
-// InvalidArgument (naming the template) when the template re-renders the
-// history differently once the answer follows (Qwen3 drops earlier turns'
-// thinking after a new user message) or writes no known end-of-turn token.
-absl::StatusOr<std::string> ObservationText(
-    const ChatRenderer& chat, const std::vector<ChatMessage>& conversation,
-    const std::vector<ChatMessage>& answer, const std::string& tools_json,
-    bool stopped);
-
 }  // namespace fusionrl
 
 #endif  // FUSIONRL_TASKS_TOOL_CALLS_H_
