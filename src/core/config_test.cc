@@ -662,6 +662,50 @@ TEST(ConfigTest, OverlongSettingsAreParsedAndChecked) {
                         "rollout.max_new_tokens (8), got 9"));
 }
 
+TEST(ConfigTest, EnvSettingsAreParsedAndChecked) {
+  absl::StatusOr<JobConfig> c = ParseJobConfig(
+      "env:\n  name: remote\n  address: 127.0.0.1:5000,10.0.0.2:5000\n"
+      "  tool_format: hermes\n  max_turns: 6\n  max_episode_tokens: 64\n"
+      "  call_deadline_seconds: 2.5\n  on_failure: drop\n"
+      "  admit_after_steps: 8\n",
+      "job.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->env.name, "remote");
+  EXPECT_EQ(c->env.address, "127.0.0.1:5000,10.0.0.2:5000");
+  EXPECT_EQ(c->env.tool_format, "hermes");
+  EXPECT_EQ(c->env.max_turns, 6);
+  EXPECT_EQ(c->env.max_episode_tokens, 64);
+  EXPECT_EQ(c->env.call_deadline_seconds, 2.5);
+  EXPECT_EQ(c->env.on_failure, "drop");
+  EXPECT_EQ(c->env.admit_after_steps, 8);
+  const std::pair<const char*, const char*> bad[] = {
+      {"env:\n  name: remote\n",
+       "env.address: env.name: remote needs the environment server's "
+       "host:port"},
+      {"env:\n  address: 127.0.0.1:5000\n",
+       "env.address: is set but env.name is not"},
+      {"rollout:\n  max_new_tokens: 16\n"
+       "env:\n  name: calculator\n  max_episode_tokens: 8\n",
+       "env.max_episode_tokens: must be 0 or >= rollout.max_new_tokens (16), "
+       "got 8"},
+      {"env:\n  name: calculator\nplacement:\n  mode: fused\n"
+       "stalesync:\n  max_policy_lag: 2\n  partial_rollout_tokens: 4\n"
+       "algorithm:\n  decoupled_loss: true\n",
+       "stalesync.partial_rollout_tokens: must be 0 with env.name set"},
+      {"env:\n  name: calculator\n  on_failure: retry\n",
+       "env.on_failure: must be one of zero, drop; got 'retry'"},
+      {"env:\n  name: calculator\n  max_turns: 0\n", "env.max_turns: "},
+      {"env:\n  name: calculator\n  call_deadline_seconds: 0\n",
+       "env.call_deadline_seconds: "},
+  };
+  for (const auto& [yaml, message] : bad) {
+    absl::StatusOr<JobConfig> r = ParseJobConfig(yaml, "job.yaml");
+    ASSERT_FALSE(r.ok()) << yaml;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(message))
+        << yaml;
+  }
+}
+
 TEST(ConfigTest, RejectsOutOfRangeValue) {
   absl::StatusOr<JobConfig> config =
       ParseJobConfig("rollout:\n  top_p: 1.5\n", "job.yaml");
@@ -1209,6 +1253,11 @@ TEST(ConfigTest, RoundTripsThroughYaml) {
   c.placement.fail_if_unplaceable = true;
   c.memory.card_budget_mib = 1536.25;
   c.memory.offload_optimizer = OffloadPolicy::kNever;
+  c.env.name = "remote";
+  c.env.address = "127.0.0.1:5000";
+  c.env.tool_format = "llama3";
+  c.env.call_deadline_seconds = 0.25;
+  c.env.on_failure = "drop";
 
   const std::string yaml = JobConfigToYaml(c);
   absl::StatusOr<JobConfig> back = ParseJobConfig(yaml, "rt.yaml");
@@ -1233,6 +1282,9 @@ TEST(ConfigTest, RoundTripsThroughYaml) {
   EXPECT_EQ(back->placement.rollout_cards_per_super_node, 2);
   EXPECT_TRUE(back->placement.fail_if_unplaceable);
   EXPECT_EQ(back->memory.card_budget_mib, 1536.25);
+  EXPECT_EQ(back->env.name, "remote");
+  EXPECT_EQ(back->env.address, "127.0.0.1:5000");
+  EXPECT_EQ(back->env.call_deadline_seconds, 0.25);
   EXPECT_EQ(back->memory.offload_optimizer, OffloadPolicy::kNever);
 }
 
