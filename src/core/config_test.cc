@@ -692,6 +692,8 @@ TEST(ConfigTest, EnvSettingsAreParsedAndChecked) {
        "stalesync:\n  max_policy_lag: 2\n  partial_rollout_tokens: 4\n"
        "algorithm:\n  decoupled_loss: true\n",
        "stalesync.partial_rollout_tokens: must be 0 with env.name set"},
+      {"env:\n  name: calculator\nrollout:\n  overlong: penalize\n",
+       "rollout.overlong: penalize ramps a response's reward"},
       {"env:\n  name: calculator\n  on_failure: retry\n",
        "env.on_failure: must be one of zero, drop; got 'retry'"},
       {"env:\n  name: calculator\n  max_turns: 0\n", "env.max_turns: "},

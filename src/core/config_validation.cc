@@ -311,6 +311,13 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                      "whole, from one policy version; interrupting it between "
                      "environment turns is not supported)");
     }
+    if (c.rollout.overlong == OverlongMode::kPenalize) {
+      return Invalid("rollout.overlong",
+                     "penalize ramps a response's reward by its length against "
+                     "rollout.max_new_tokens, which with env.name set bounds "
+                     "one turn, not the episode; use mask (episodes a limit "
+                     "cut leave the loss) or keep");
+    }
     if (c.env.name == "remote" && c.env.address.empty()) {
       return Invalid("env.address",
                      "env.name: remote needs the environment server's "
