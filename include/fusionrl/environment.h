@@ -67,7 +67,9 @@ struct ToolCall {
 struct AssistantTurn {
   int index = 0;        // 0 for the first turn of the episode
   std::string text;     // decoded, the end-of-turn token excluded
-  std::string content;  // text without the tool-call markup
+  // The text without the tool-call markup, after any thinking block
+  // ("</think>"; "" for a turn that ends inside one): what is graded.
+  std::string content;
   std::vector<ToolCall> tool_calls;
   // Calls that could not be parsed or name no offered tool, one message
   // each ("tool call 1: ..."). The rollout also sends each as a tool-role
