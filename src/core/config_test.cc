@@ -1255,9 +1255,10 @@ TEST(ConfigTest, RoundTripsThroughYaml) {
   c.placement.fail_if_unplaceable = true;
   c.memory.card_budget_mib = 1536.25;
   c.memory.offload_optimizer = OffloadPolicy::kNever;
-  c.env.name = "remote";
-  c.env.address = "127.0.0.1:5000";
+  // env.name stays unset: this config's overlong: penalize is refused
+  // with an environment (EnvSettingsAreParsedAndChecked).
   c.env.tool_format = "llama3";
+  c.env.max_turns = 7;
   c.env.call_deadline_seconds = 0.25;
   c.env.on_failure = "drop";
 
@@ -1284,8 +1285,8 @@ TEST(ConfigTest, RoundTripsThroughYaml) {
   EXPECT_EQ(back->placement.rollout_cards_per_super_node, 2);
   EXPECT_TRUE(back->placement.fail_if_unplaceable);
   EXPECT_EQ(back->memory.card_budget_mib, 1536.25);
-  EXPECT_EQ(back->env.name, "remote");
-  EXPECT_EQ(back->env.address, "127.0.0.1:5000");
+  EXPECT_EQ(back->env.tool_format, "llama3");
+  EXPECT_EQ(back->env.max_turns, 7);
   EXPECT_EQ(back->env.call_deadline_seconds, 0.25);
   EXPECT_EQ(back->memory.offload_optimizer, OffloadPolicy::kNever);
 }
