@@ -65,8 +65,8 @@ struct ToolCall {
 
 // One assistant turn as the policy wrote it.
 struct AssistantTurn {
-  int index = 0;        // 0 for the first turn of the episode
-  std::string text;     // decoded, the end-of-turn token excluded
+  int index = 0;     // 0 for the first turn of the episode
+  std::string text;  // decoded, the end-of-turn token excluded
   // The text without the tool-call markup, after any thinking block
   // ("</think>"; "" for a turn that ends inside one): what is graded.
   std::string content;
@@ -87,7 +87,8 @@ struct Observation {
   // last assistant turn's content.
   std::optional<double> reward;
   std::optional<bool> correct;  // absent: reward > 0
-  // Summed per step into env/<name> metrics.
+  // Summed over the episode; the step's record has their mean per episode
+  // (over the lead card's episodes) as env_<name>.
   std::map<std::string, double> metrics;
 };
 

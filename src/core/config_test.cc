@@ -703,8 +703,7 @@ TEST(ConfigTest, EnvSettingsAreParsedAndChecked) {
   for (const auto& [yaml, message] : bad) {
     absl::StatusOr<JobConfig> r = ParseJobConfig(yaml, "job.yaml");
     ASSERT_FALSE(r.ok()) << yaml;
-    EXPECT_THAT(std::string(r.status().message()), HasSubstr(message))
-        << yaml;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(message)) << yaml;
   }
 }
 

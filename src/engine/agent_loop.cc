@@ -97,24 +97,6 @@ struct Pending {
   }
 };
 
-absl::StatusOr<std::vector<int>> EncodeRendered(const JobContext& ctx,
-                                                const std::string& text,
-                                                bool prompt) {
-  if (prompt && !ctx.chat.writes_bos()) {
-    return EncodePrompt(*ctx.tokenizer, text);
-  }
-  return ctx.tokenizer->Encode(text);
-}
-
-// The opening conversation's tokens, generation prompt included.
-absl::StatusOr<std::vector<int>> PromptIds(
-    const JobContext& ctx, const std::vector<ChatMessage>& messages,
-    const std::string& tools_json) {
-  FUSIONRL_ASSIGN_OR_RETURN(std::string text,
-                            ctx.chat.Render(messages, true, tools_json));
-  return EncodeRendered(ctx, text, /*prompt=*/true);
-}
-
 // The tokens that follow an assistant turn (ChatRenderer::ObservationText),
 // tokenized once.
 absl::StatusOr<std::vector<int>> ObservationIds(
@@ -124,7 +106,7 @@ absl::StatusOr<std::vector<int>> ObservationIds(
   FUSIONRL_ASSIGN_OR_RETURN(
       std::string text,
       ctx.chat.ObservationText(conversation, answer, tools_json, stopped));
-  return EncodeRendered(ctx, text, false);
+  return ctx.tokenizer->Encode(text);
 }
 
 // The turn the environment sees: the decoded text, its tool calls parsed
@@ -146,16 +128,6 @@ AssistantTurn MakeTurn(const JobContext& ctx, std::string text,
   t.call_errors = std::move(parsed.errors);
   t.truncated = !stopped;
   return t;
-}
-
-// Whether `ids` (a prompt, or an answer ending in the generation prompt)
-// leave a thinking block open (Qwen3-Thinking and QwQ end theirs with
-// "<think>\n"): decoded from their last few tokens, as ScoreCompletion.
-bool OpensThinking(const JobContext& ctx, const std::vector<int>& ids) {
-  constexpr size_t kTail = 8;
-  const size_t from = ids.size() > kTail ? ids.size() - kTail : 0;
-  return tasks::EndsInsideThinking(ctx.tokenizer->Decode(std::vector<int>(
-      ids.begin() + static_cast<std::ptrdiff_t>(from), ids.end())));
 }
 
 // A token for the prompt of a sample that has none (its episode failed
@@ -187,7 +159,6 @@ struct EpisodeState {
   double reward = 0;
   bool correct = false;
   EpisodeStats stats;
-  std::map<std::string, double> metrics;
 };
 
 class Driver final : public TurnDriver {
@@ -244,7 +215,7 @@ class Driver final : public TurnDriver {
       Fail(ep, obs.status());
       return done;
     }
-    for (const auto& [k, v] : obs->metrics) ep.metrics[k] += v;
+    for (const auto& [k, v] : obs->metrics) ep.stats.metrics[k] += v;
     if (obs->done) {
       if (obs->reward.has_value()) {
         ep.reward = *obs->reward;
@@ -347,7 +318,7 @@ void OpenEpisodes(const JobContext& ctx, CallPool& pool,
       ep.tools_json = *std::move(tools);
     }
     absl::StatusOr<std::vector<int>> ids =
-        PromptIds(ctx, ep.conversation, ep.tools_json);
+        EncodeConversation(ctx, ep.conversation, ep.tools_json);
     if (!ids.ok()) {
       Driver::Fail(ep, ids.status());
       continue;
@@ -452,7 +423,6 @@ absl::StatusOr<EpisodeBatch> AgentLoop::Run(
       s.reward = ep.reward;
       s.correct = ep.correct;
     }
-    for (const auto& [k, v] : ep.metrics) batch.env_metrics[k] += v;
   }
   if (failed > 0) {
     spdlog::warn("env: {} of {} episodes failed in the environment ({})",
@@ -479,7 +449,7 @@ absl::StatusOr<Sample> DemonstrationSample(const JobContext& ctx,
   }
   Sample s;
   FUSIONRL_ASSIGN_OR_RETURN(s.prompt_ids,
-                            PromptIds(ctx, conversation, tools_json));
+                            EncodeConversation(ctx, conversation, tools_json));
   bool opens_thinking = OpensThinking(ctx, s.prompt_ids);
   auto append = [&s](const std::vector<int>& ids, bool model) {
     for (int id : ids) {
@@ -508,19 +478,8 @@ absl::StatusOr<Sample> DemonstrationSample(const JobContext& ctx,
     // The turn as the chat format writes it, up to its first stop id.
     FUSIONRL_ASSIGN_OR_RETURN(std::string rendered,
                               ctx.chat.AssistantTurn(conversation, text));
-    FUSIONRL_ASSIGN_OR_RETURN(std::vector<int> ids,
-                              ctx.tokenizer->Encode(rendered));
-    std::vector<int> turn_ids;
-    bool stopped = false;
-    for (int id : ids) {
-      turn_ids.push_back(id);
-      if (std::find(ctx.stop_ids.begin(), ctx.stop_ids.end(), id) !=
-          ctx.stop_ids.end()) {
-        stopped = true;
-        break;
-      }
-    }
-    if (!stopped) turn_ids.push_back(ctx.tokenizer->eos_id());
+    FUSIONRL_ASSIGN_OR_RETURN(std::vector<int> turn_ids,
+                              TurnTokens(ctx, rendered));
     append(turn_ids, true);
     // The environment sees the turn as it would see the policy's.
     AssistantTurn t =
@@ -550,33 +509,6 @@ absl::StatusOr<Sample> DemonstrationSample(const JobContext& ctx,
         "env: no demonstration for the problem '", problem.prompt, "'"));
   }
   return s;
-}
-
-std::map<std::string, double> EpisodeMetrics(
-    const std::vector<Sample>& samples,
-    const std::map<std::string, double>& env_metrics) {
-  std::map<std::string, double> m;
-  if (samples.empty()) return m;
-  double turns = 0, calls = 0, errors = 0, seconds = 0, failed = 0;
-  double env_tokens = 0, tokens = 0;
-  for (const Sample& s : samples) {
-    turns += s.episode.turns;
-    calls += s.episode.tool_calls;
-    errors += s.episode.tool_errors;
-    seconds += s.episode.env_seconds;
-    failed += s.episode.env_failed;
-    tokens += static_cast<double>(s.response_ids.size());
-    for (uint8_t b : s.loss_mask) env_tokens += b == 0;
-  }
-  const double n = static_cast<double>(samples.size());
-  m["env_turns_mean"] = turns / n;
-  m["env_tool_calls_mean"] = calls / n;
-  m["env_tool_errors_mean"] = errors / n;
-  m["env_seconds_mean"] = seconds / n;
-  m["env_masked_frac"] = tokens > 0 ? env_tokens / tokens : 0;
-  m["env_failed_episodes"] = failed;
-  for (const auto& [k, v] : env_metrics) m["env_" + k] = v;
-  return m;
 }
 
 }  // namespace fusionrl

@@ -24,7 +24,6 @@
 #define FUSIONRL_ENGINE_AGENT_LOOP_H_
 
 #include <cstdint>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -38,8 +37,6 @@ namespace fusionrl {
 
 struct EpisodeBatch {
   std::vector<Sample> samples;  // one per problem, in order
-  // Environment metrics (Observation::metrics), summed over the episodes.
-  std::map<std::string, double> env_metrics;
   EpisodeDecodeStats decode;
 };
 
@@ -52,7 +49,8 @@ class AgentLoop {
   // seed and index also seed the environment's episode). `slots`: episodes
   // decoded at once (0 = all). Fills each Sample's prompt, response, loss
   // mask, behaviour log-probs, finished (= the environment ended it),
-  // reward, correct and episode stats; group ids are the caller's.
+  // reward, correct and episode stats (the environment's metrics
+  // included); group ids are the caller's.
   absl::StatusOr<EpisodeBatch> Run(PolicyModel& model,
                                    const std::vector<Problem>& problems,
                                    const std::vector<SequenceKey>& keys,
@@ -72,14 +70,6 @@ class AgentLoop {
 absl::StatusOr<Sample> DemonstrationSample(const JobContext& ctx,
                                            const Problem& problem,
                                            uint64_t seed);
-
-// The environment's metrics and the episodes' counts of a batch, named as
-// the step metrics: env_turns_mean, env_tool_calls_mean,
-// env_tool_errors_mean, env_seconds_mean, env_masked_frac,
-// env_failed_episodes, and env_<metric> (summed).
-std::map<std::string, double> EpisodeMetrics(
-    const std::vector<Sample>& samples,
-    const std::map<std::string, double>& env_metrics);
 
 }  // namespace fusionrl
 

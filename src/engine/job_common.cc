@@ -214,14 +214,21 @@ absl::StatusOr<std::vector<int>> EncodePrompt(const Tokenizer& tokenizer,
 
 absl::StatusOr<std::vector<int>> EncodeProblemPrompt(const JobContext& ctx,
                                                      const Problem& problem) {
-  const std::vector<ChatMessage> messages =
-      ProblemMessages(problem, ctx.system_prompt);
-  absl::StatusOr<std::string> text =
-      ctx.chat.Render(messages, /*add_generation_prompt=*/true);
-  if (!text.ok()) return ProblemError(problem, text.status());
-  if (!ctx.chat.writes_bos()) return EncodePrompt(*ctx.tokenizer, *text);
+  absl::StatusOr<std::vector<int>> ids =
+      EncodeConversation(ctx, ProblemMessages(problem, ctx.system_prompt));
+  if (!ids.ok()) return ProblemError(problem, ids.status());
+  return ids;
+}
+
+absl::StatusOr<std::vector<int>> EncodeConversation(
+    const JobContext& ctx, const std::vector<ChatMessage>& messages,
+    const std::string& tools_json) {
+  FUSIONRL_ASSIGN_OR_RETURN(
+      std::string text,
+      ctx.chat.Render(messages, /*add_generation_prompt=*/true, tools_json));
+  if (!ctx.chat.writes_bos()) return EncodePrompt(*ctx.tokenizer, text);
   // The chat format writes any begin-of-text token itself.
-  return ctx.tokenizer->Encode(*text);
+  return ctx.tokenizer->Encode(text);
 }
 
 absl::StatusOr<Sample> SolutionSample(const JobContext& ctx,
@@ -234,13 +241,29 @@ absl::StatusOr<Sample> SolutionSample(const JobContext& ctx,
   absl::StatusOr<std::string> turn = ctx.chat.AssistantTurn(
       ProblemMessages(problem, ctx.system_prompt), ctx.task->Solution(problem));
   if (!turn.ok()) return ProblemError(problem, turn.status());
-  FUSIONRL_ASSIGN_OR_RETURN(std::vector<int> ids, ctx.tokenizer->Encode(*turn));
-  for (int id : ids) {
-    s.response_ids.push_back(id);
-    if (IsStopId(ctx, id)) return s;
-  }
-  s.response_ids.push_back(ctx.tokenizer->eos_id());
+  FUSIONRL_ASSIGN_OR_RETURN(s.response_ids, TurnTokens(ctx, *turn));
   return s;
+}
+
+absl::StatusOr<std::vector<int>> TurnTokens(const JobContext& ctx,
+                                            const std::string& turn) {
+  FUSIONRL_ASSIGN_OR_RETURN(std::vector<int> ids, ctx.tokenizer->Encode(turn));
+  std::vector<int> out;
+  for (int id : ids) {
+    out.push_back(id);
+    if (IsStopId(ctx, id)) return out;
+  }
+  out.push_back(ctx.tokenizer->eos_id());
+  return out;
+}
+
+bool OpensThinking(const JobContext& ctx, const std::vector<int>& ids) {
+  // The generation prompt's end: a few tokens hold a "<think>\n" opener.
+  constexpr size_t kTail = 8;
+  const size_t from = ids.size() > kTail ? ids.size() - kTail : 0;
+  const std::vector<int> tail(ids.begin() + static_cast<std::ptrdiff_t>(from),
+                              ids.end());
+  return tasks::EndsInsideThinking(ctx.tokenizer->Decode(tail));
 }
 
 std::string DecodeResponse(const Tokenizer& tokenizer,
@@ -269,12 +292,7 @@ std::string DecodeResponse(const JobContext& ctx,
 Verdict ScoreCompletion(const JobContext& ctx, const Problem& problem,
                         const std::vector<int>& prompt_ids,
                         const std::vector<int>& response_ids) {
-  // The generation prompt's end: a few tokens hold a "<think>\n" opener.
-  constexpr size_t kTail = 8;
-  const size_t from = prompt_ids.size() > kTail ? prompt_ids.size() - kTail : 0;
-  const std::vector<int> tail(prompt_ids.begin() + from, prompt_ids.end());
-  const bool prompt_opens_thinking =
-      tasks::EndsInsideThinking(ctx.tokenizer->Decode(tail));
+  const bool prompt_opens_thinking = OpensThinking(ctx, prompt_ids);
   const std::string response = DecodeResponse(ctx, response_ids);
   const std::optional<std::string_view> answer =
       tasks::AnswerText(response, prompt_opens_thinking);

@@ -92,10 +92,29 @@ absl::StatusOr<std::vector<int>> EncodePrompt(const Tokenizer& tokenizer,
 absl::StatusOr<std::vector<int>> EncodeProblemPrompt(const JobContext& ctx,
                                                      const Problem& problem);
 
+// `messages` rendered in the job's chat format with the generation prompt
+// (and the template's `tools`, a JSON array, when `tools_json` is set),
+// then encoded, bos first as in EncodeProblemPrompt. Errors as
+// ChatRenderer::Render.
+absl::StatusOr<std::vector<int>> EncodeConversation(
+    const JobContext& ctx, const std::vector<ChatMessage>& messages,
+    const std::string& tools_json = "");
+
 // A supervised sample of `problem`: its prompt (EncodeProblemPrompt), and
 // the task's reference solution + eos as the response.
 absl::StatusOr<Sample> SolutionSample(const JobContext& ctx,
                                       const Problem& problem);
+
+// The tokens of an assistant turn as a chat format writes it (`turn`, e.g.
+// ChatRenderer::AssistantTurn): encoded up to and including its first stop
+// id; without one, eos ends it.
+absl::StatusOr<std::vector<int>> TurnTokens(const JobContext& ctx,
+                                            const std::string& turn);
+
+// Whether `ids` (a prompt, or an environment's answer, ending in the
+// generation prompt) leave a thinking block open (Qwen3-Thinking and QwQ
+// end theirs with "<think>\n"): decoded from their last few tokens.
+bool OpensThinking(const JobContext& ctx, const std::vector<int>& ids);
 
 // Response tokens -> text, stopping at eos.
 std::string DecodeResponse(const Tokenizer& tokenizer,

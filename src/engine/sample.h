@@ -8,6 +8,8 @@
 #define FUSIONRL_ENGINE_SAMPLE_H_
 
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 namespace fusionrl {
@@ -19,6 +21,9 @@ struct EpisodeStats {
   int32_t tool_errors = 0;  // malformed calls and calls to unknown tools
   double env_seconds = 0;   // time in environment calls
   bool env_failed = false;  // the environment failed the episode
+  // The environment's own metrics (Observation::metrics), summed over the
+  // episode's steps.
+  std::map<std::string, double> metrics;
 };
 
 struct Sample {

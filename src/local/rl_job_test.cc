@@ -852,11 +852,22 @@ TEST(RlJobTest, MultiTurnEpisodesResumeExactly) {
   for (double f : Column(c.output_dir + "-straight", "env_failed_episodes")) {
     EXPECT_EQ(f, 0.0);
   }
+  // The environment's own metric: one "steps" per Step call, so its mean
+  // per episode is the episode's turns answered.
+  const std::vector<double> steps =
+      Column(c.output_dir + "-straight", "env_steps");
+  ASSERT_EQ(steps.size(), 4u);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_DOUBLE_EQ(steps[i], turns[i]);
+  }
   c = TwoTurnJob("resume-episodes-fused-lag2", 6);
   c.placement.mode = PlacementMode::kFused;
   c.stalesync.max_policy_lag = 2;
   c.algorithm.decoupled_loss = true;
   ExpectExactLaggedResume(c, 6, 3);
+  // Kept in the checkpoint with the prefetched episodes.
+  EXPECT_EQ(Column(c.output_dir + "-split", "env_steps"),
+            Column(c.output_dir + "-straight", "env_steps"));
   c = TwoTurnJob("resume-episodes-disaggregated-lag1", 6);
   c.placement.mode = PlacementMode::kDisaggregated;
   c.placement.cards_per_super_node = 2;

@@ -235,6 +235,12 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   parts.snapshot_updates = fused_ != nullptr ? fused_->snapshot_updates() : 0;
   parts.moe = cfg.model.moe_experts > 0;
   parts.env = !cfg.env.name.empty();
+  for (const Sample& s : batch.samples) {
+    for (const auto& [name, value] : s.episode.metrics) {
+      parts.env_metrics[name] +=
+          value / static_cast<double>(batch.samples.size());
+    }
+  }
   MetricFields rec = StepRecord(parts);
   if (plan.eval_after) {
     Doing(absl::StrCat("evaluation after step ", plan.step));

@@ -59,6 +59,8 @@ absl::Status WriteRolloutPrefetch(const std::string& path,
       p->set_tool_errors(s.episode.tool_errors);
       p->set_env_seconds(s.episode.env_seconds);
       p->set_env_failed(s.episode.env_failed);
+      p->mutable_env_metrics()->insert(s.episode.metrics.begin(),
+                                       s.episode.metrics.end());
     }
   }
   std::error_code ec;
@@ -123,6 +125,7 @@ absl::StatusOr<RolloutPrefetch> ReadRolloutPrefetch(const std::string& path) {
       s.episode.tool_errors = p.tool_errors();
       s.episode.env_seconds = p.env_seconds();
       s.episode.env_failed = p.env_failed();
+      s.episode.metrics.insert(p.env_metrics().begin(), p.env_metrics().end());
     }
     for (const int32_t j : batch.unfinished) {
       if (j < 0 || j >= static_cast<int32_t>(batch.samples.size())) {

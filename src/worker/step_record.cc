@@ -77,6 +77,9 @@ MetricFields StepRecord(const StepRecordParts& p) {
     rec.push_back({"env_seconds_mean", t.env_seconds / n});
     rec.push_back({"env_masked_frac", t.env_tokens / tokens});
     rec.push_back({"env_failed_episodes", t.env_failed});
+    for (const auto& [name, value] : p.env_metrics) {
+      rec.push_back({absl::StrCat("env_", name), value});
+    }
   }
   if (p.moe) {
     // The lead card's own router statistics (like the other trainer stats).

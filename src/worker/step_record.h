@@ -8,6 +8,8 @@
 #define FUSIONRL_WORKER_STEP_RECORD_H_
 
 #include <cstdint>
+#include <map>
+#include <string>
 
 #include "core/role_overlap.h"
 #include "core/step_protocol.h"
@@ -56,6 +58,9 @@ struct StepRecordParts {
   int64_t snapshot_updates = 0;
   bool moe = false;  // model.moe_experts > 0: router statistics
   bool env = false;  // env.name set: the episodes' counts
+  // The environments' own metrics (Observation::metrics), mean per episode
+  // over the lead card's batch (like its trainer statistics): env_<name>.
+  std::map<std::string, double> env_metrics;
 };
 
 // The record's fields, in the order metrics.jsonl lists them.
