@@ -52,6 +52,31 @@ enum class AttentionKernel { kFused, kComposite };
 absl::StatusOr<AttentionKernel> ParseAttentionKernel(absl::string_view name);
 const char* AttentionKernelName(AttentionKernel kernel);
 
+// LoRA post-training (docs/models.md "LoRA"): the base weights are frozen
+// and each targeted projection W gets a trainable low-rank update,
+// W + (alpha / rank) * B A with A [rank, in] and B [out, rank], both float32
+// whatever model.dtype is. The optimizer holds the adapters only; rollout
+// samples from merged weights; weight syncs and checkpoints carry the
+// adapters only.
+struct LoraConfig {
+  int rank = 0;        // r >= 1; 0 = no LoRA (full fine-tuning)
+  double alpha = 16;   // the update is scaled by alpha / rank
+  double dropout = 0;  // on the adapter's input, training forwards only
+  // Comma-separated Hugging Face projection names (a YAML list reads too):
+  // q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or
+  // all-linear (all seven).
+  std::string targets = "all-linear";
+};
+
+// The Hugging Face projection names LoRA can target, in layer order.
+inline constexpr const char* kLoraTargetNames[] = {
+    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+    "down_proj"};
+// model.lora.targets as names (all-linear expanded, in kLoraTargetNames
+// order, duplicates removed); InvalidArgument naming an unknown one.
+absl::StatusOr<std::vector<std::string>> ParseLoraTargets(
+    absl::string_view targets);
+
 struct ModelConfig {
   // A Hugging Face model directory (config.json, model.safetensors or a
   // sharded set with model.safetensors.index.json, tokenizer.json,
@@ -107,7 +132,17 @@ struct ModelConfig {
   // Selective recompute / swap of activations (training forward only: a
   // no-grad forward keeps nothing anyway). Not part of the model's shape.
   ActivationConfig activations;
+  // LoRA (see LoraConfig); off unless lora.rank > 0 or lora_path is set.
+  LoraConfig lora;
+  // A PEFT adapter directory (adapter_config.json +
+  // adapter_model.safetensors) whose adapters the policy starts from; its
+  // r, lora_alpha and target_modules set model.lora (keys set there too
+  // must agree).
+  std::string lora_path;
 };
+
+// Whether LoRA is on: model.lora.rank > 0 (set by lora_path too).
+inline bool LoraEnabled(const ModelConfig& m) { return m.lora.rank > 0; }
 
 // A task with a verifiable reward. Which fields matter depends on `name`.
 struct TaskConfig {

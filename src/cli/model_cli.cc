@@ -59,6 +59,8 @@ ModelCommands AddModelCommands(CLI::App& app, GenerateArgs& g, ExportArgs& e) {
                          "tokenizer directory (default: the model's)");
   c.generate->add_option("--threads", g.threads, "LibTorch threads")
       ->check(CLI::Range(0, 1024));
+  c.generate->add_option("--lora", g.lora,
+                         "a PEFT LoRA adapter directory to apply (merged)");
 
   c.export_ = app.add_subcommand(
       "export",
@@ -78,6 +80,9 @@ ModelCommands AddModelCommands(CLI::App& app, GenerateArgs& g, ExportArgs& e) {
       ->add_option("--max-shard-mb", e.max_shard_mb,
                    "shard the weights above this size (MB, 10^6 bytes)")
       ->check(CLI::Range(1.0, 1e9));
+  c.export_->add_flag("--merge", e.merge,
+                      "a LoRA checkpoint: write the merged model (base + "
+                      "alpha/r B A) instead of the PEFT adapter");
   return c;
 }
 
@@ -89,6 +94,7 @@ int RunGenerate(const GenerateArgs& args) {
   options.device = *device;
   options.dtype = args.dtype;
   options.tokenizer = args.tokenizer;
+  options.lora = args.lora;
   auto loaded = LoadModelDir(args.model, options);
   if (!loaded.ok()) return Fail(loaded.status());
   LoadedModel& m = *loaded;
@@ -166,8 +172,23 @@ int RunGenerate(const GenerateArgs& args) {
 int RunExport(const ExportArgs& args) {
   ModelDirOptions options;
   options.tokenizer = args.tokenizer;
+  options.keep_lora_unmerged = !args.merge;
   auto loaded = LoadModelDir(args.source, options);
   if (!loaded.ok()) return Fail(loaded.status());
+  if (args.merge && !loaded->policy->lora()) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--merge: '", args.source, "' is not a LoRA checkpoint")));
+  }
+  if (loaded->policy->lora() && !args.merge) {
+    // A LoRA checkpoint: its adapters, as PEFT writes them.
+    if (auto s =
+            ExportPeftAdapter(*loaded->policy, args.out, loaded->lora_base);
+        !s.ok()) {
+      return Fail(s);
+    }
+    std::cout << args.out << "\n";
+    return kExitOk;
+  }
   HfExportOptions export_options;
   export_options.dtype = args.dtype;
   export_options.max_shard_bytes =

@@ -2,8 +2,11 @@
 //   fusionrl generate --model DIR --prompt TEXT [--max-new-tokens N]
 //       [--temperature T] [--top-k K] [--top-p P] [--seed S] [--chat]
 //       [--system TEXT] [--json] [--device D] [--dtype float32|bfloat16]
+//       [--lora PEFT_DIR]
 //   fusionrl export <checkpoint or HF dir> --out DIR [--dtype D]
-//       [--tokenizer DIR] [--max-shard-mb N]
+//       [--tokenizer DIR] [--max-shard-mb N] [--merge]
+// A LoRA checkpoint exports as a PEFT adapter directory, or with --merge as
+// the merged Hugging Face model.
 // DIR is a Hugging Face model directory or a FusionRL checkpoint.
 #ifndef FUSIONRL_CLI_MODEL_CLI_H_
 #define FUSIONRL_CLI_MODEL_CLI_H_
@@ -33,6 +36,7 @@ struct GenerateArgs {
   std::string dtype = "float32";
   std::string tokenizer;  // override the model's tokenizer directory
   int threads = 0;        // LibTorch threads; 0 = leave the default
+  std::string lora;       // a PEFT adapter directory to apply
 };
 
 struct ExportArgs {
@@ -41,6 +45,7 @@ struct ExportArgs {
   std::string dtype = "float32";
   std::string tokenizer;
   double max_shard_mb = 5000;
+  bool merge = false;  // a LoRA checkpoint: the merged model, not the adapter
 };
 
 struct ModelCommands {

@@ -20,6 +20,9 @@ struct CheckpointMeta {
   int64_t step = 0;  // steps completed
   int64_t policy_version = 0;
   uint64_t data_cursor = 0;  // next Task::TrainProblem index
+  // LoRA: the base model the adapters apply to (written to meta.json's
+  // "lora" section); "" = the model's hf_path.
+  std::string lora_base;
 };
 
 // The run totals at a checkpoint, carried across a resume so that the final

@@ -35,6 +35,7 @@ namespace fusionrl {
 namespace {
 
 using config_internal::FieldError;
+using config_internal::FormatDouble;
 using config_internal::FormatError;
 using config_internal::Invalid;
 using config_internal::NumRule;
@@ -157,13 +158,24 @@ class Reader {
     }
   }
 
-  void String(const char* key, std::string* out, const StrRule&) {
+  void String(const char* key, std::string* out, const StrRule& rule) {
     const YAML::Node* node = Find(key);
     if (node == nullptr) return;
     if (node->IsScalar()) {
       *out = node->Scalar();
     } else if (node->IsNull()) {  // "key:", "key: ~"
       out->clear();
+    } else if (rule.list && node->IsSequence()) {
+      std::vector<std::string> items;
+      for (const YAML::Node& item : *node) {
+        if (!item.IsScalar()) {
+          Fail(key, absl::StrCat("expected a list of strings, got an item ",
+                                 Describe(item)));
+          return;
+        }
+        items.push_back(item.Scalar());
+      }
+      *out = absl::StrJoin(items, ",");
     } else {
       Fail(key, absl::StrCat("expected a string, got ", Describe(*node)));
     }
@@ -324,6 +336,47 @@ absl::StatusOr<Override> ParseOverride(const std::string& text) {
   return o;
 }
 
+// With model.lora_path: model.lora comes from the adapter's
+// adapter_config.json. Keys still at their defaults take the adapter's
+// values; a rank or targets set otherwise is an error naming both.
+std::optional<FieldError> ApplyPeftAdapter(ModelConfig& m) {
+  if (m.lora_path.empty() || !std::filesystem::exists(m.lora_path)) {
+    return std::nullopt;  // a missing directory: the field rule's error
+  }
+  absl::StatusOr<PeftAdapterInfo> info = ReadPeftAdapterConfig(m.lora_path);
+  if (!info.ok()) {
+    return Invalid("model.lora_path", std::string(info.status().message()));
+  }
+  const LoraConfig& a = info->lora;
+  if (m.lora.rank != 0 && m.lora.rank != a.rank) {
+    return Invalid("model.lora.rank",
+                   absl::StrCat("is ", m.lora.rank, " but model.lora_path's "
+                                "adapter has r = ", a.rank));
+  }
+  if (m.lora.targets != LoraConfig().targets) {
+    absl::StatusOr<std::vector<std::string>> mine =
+        ParseLoraTargets(m.lora.targets);
+    if (mine.ok() && absl::StrJoin(*mine, ",") != a.targets) {
+      return Invalid("model.lora.targets",
+                     absl::StrCat("are ", absl::StrJoin(*mine, ","),
+                                  " but model.lora_path's adapter targets ",
+                                  a.targets));
+    }
+  }
+  if (m.lora.alpha != LoraConfig().alpha && m.lora.alpha != a.alpha) {
+    return Invalid("model.lora.alpha",
+                   absl::StrCat("is ", FormatDouble(m.lora.alpha),
+                                " but model.lora_path's adapter has "
+                                "lora_alpha = ",
+                                FormatDouble(a.alpha)));
+  }
+  m.lora.rank = a.rank;
+  m.lora.alpha = a.alpha;
+  m.lora.targets = a.targets;
+  if (m.lora.dropout == 0) m.lora.dropout = a.dropout;
+  return std::nullopt;
+}
+
 // With model.hf_path: the [arch] keys come from the directory's
 // config.json. A key still at its default takes the imported value; a key
 // set to the imported value is fine (a resolved config.yaml reads back); any
@@ -458,6 +511,7 @@ absl::StatusOr<JobConfig> ParseImpl(const std::string& yaml_text,
   }
 
   std::optional<FieldError> error = ApplyHfArchitecture(config.model);
+  if (!error) error = ApplyPeftAdapter(config.model);
   if (!error) error = config_internal::Validate(config);
   if (error) {
     // Blame the last override that set the offending key, if any.
@@ -497,6 +551,7 @@ absl::StatusOr<JobConfig> LoadJobConfig(
 
 absl::Status ResolveJobConfig(JobConfig& config) {
   std::optional<FieldError> error = ApplyHfArchitecture(config.model);
+  if (!error) error = ApplyPeftAdapter(config.model);
   if (!error) error = config_internal::Validate(config);
   if (error) return FormatError(config.source_path, *error);
   return absl::OkStatus();

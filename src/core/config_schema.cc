@@ -4,13 +4,16 @@
 #include "core/config_schema.h"
 
 #include <charconv>
+#include <iterator>
 #include <cstddef>
 #include <string>
 #include <system_error>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 namespace fusionrl {
 
@@ -115,6 +118,38 @@ constexpr Spelling<SubBlockActivation> kSubBlockActions[] = {
     {SubBlockActivation::kSwap, "swap"}};
 
 }  // namespace
+
+absl::StatusOr<std::vector<std::string>> ParseLoraTargets(
+    absl::string_view targets) {
+  std::vector<bool> on(std::size(kLoraTargetNames), false);
+  bool any = false;
+  for (absl::string_view raw : absl::StrSplit(targets, ',')) {
+    const absl::string_view name = absl::StripAsciiWhitespace(raw);
+    if (name.empty()) continue;
+    any = true;
+    if (name == "all-linear") {
+      on.assign(on.size(), true);
+      continue;
+    }
+    size_t i = 0;
+    while (i < on.size() && name != kLoraTargetNames[i]) ++i;
+    if (i == on.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown projection '", name, "' (known: ",
+          absl::StrJoin(kLoraTargetNames, ", "), ", all-linear)"));
+    }
+    on[i] = true;
+  }
+  if (!any) {
+    return absl::InvalidArgumentError(
+        "names no projection (e.g. q_proj,v_proj or all-linear)");
+  }
+  std::vector<std::string> out;
+  for (size_t i = 0; i < on.size(); ++i) {
+    if (on[i]) out.emplace_back(kLoraTargetNames[i]);
+  }
+  return out;
+}
 
 absl::StatusOr<ActivationPolicy> ParseActivationPolicy(absl::string_view name) {
   return ParseName<ActivationPolicy>(name, kActivationPolicies);

@@ -51,9 +51,11 @@ struct StrRule {
   bool device = false;         // ^(cpu|cuda(:[0-9]+)?|mps)$
   bool existing_file = false;  // must name an existing path when non-empty
   absl::Span<const absl::string_view> one_of;  // empty = anything
+  bool list = false;  // a YAML sequence of scalars reads comma-joined
 };
 
 inline StrRule AnyString() { return {}; }
+inline StrRule StringList() { return {false, false, false, {}, true}; }
 inline StrRule NonEmpty() { return {true, false, false, {}}; }
 inline StrRule Device() { return {true, true, false, {}}; }
 inline StrRule ExistingFile() { return {false, false, true, {}}; }
@@ -98,6 +100,14 @@ void VisitRopeScaling(RopeScalingConfig& r, V& v) {
 }
 
 template <class V>
+void VisitLora(LoraConfig& l, V& v) {
+  v.Int("rank", &l.rank, AtLeast(0));
+  v.Double("alpha", &l.alpha, Above(0));
+  v.Double("dropout", &l.dropout, ClosedOpen(0, 1));
+  v.String("targets", &l.targets, StringList());
+}
+
+template <class V>
 void VisitModel(ModelConfig& m, V& v) {
   static constexpr absl::string_view kArchitectures[] = {
       "", "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
@@ -132,6 +142,8 @@ void VisitModel(ModelConfig& m, V& v) {
   v.Bool("moe_shared_expert", &m.moe_shared_expert);
   v.Int("moe_d_ff", &m.moe_d_ff, AtLeast(0));
   v.Section("activations", [&] { VisitActivations(m.activations, v); });
+  v.Section("lora", [&] { VisitLora(m.lora, v); });
+  v.String("lora_path", &m.lora_path, ExistingFile());
 }
 
 template <class V>

@@ -1227,6 +1227,10 @@ TEST(ConfigTest, RoundTripsThroughYaml) {
   c.model.moe_experts = 4;
   c.model.moe_capacity_factor = 1.1;
   c.model.moe_shared_expert = true;
+  c.model.lora.rank = 8;
+  c.model.lora.alpha = 16.5;
+  c.model.lora.dropout = 0.05;
+  c.model.lora.targets = "q_proj,v_proj";
   c.task.name = "null";
   c.task.reward = "true";
   c.task.seed = -3;
@@ -1273,6 +1277,9 @@ TEST(ConfigTest, RoundTripsThroughYaml) {
   EXPECT_EQ(back->model.moe_experts, 4);
   EXPECT_EQ(back->model.moe_capacity_factor, 1.1);
   EXPECT_TRUE(back->model.moe_shared_expert);
+  EXPECT_EQ(back->model.lora.rank, 8);
+  EXPECT_EQ(back->model.lora.alpha, 16.5);
+  EXPECT_EQ(back->model.lora.targets, "q_proj,v_proj");
   EXPECT_EQ(back->task.name, "null");
   EXPECT_EQ(back->task.reward, "true");
   EXPECT_EQ(back->rollout.temperature, c.rollout.temperature);
@@ -1288,6 +1295,74 @@ TEST(ConfigTest, RoundTripsThroughYaml) {
   EXPECT_EQ(back->env.max_turns, 7);
   EXPECT_EQ(back->env.call_deadline_seconds, 0.25);
   EXPECT_EQ(back->memory.offload_optimizer, OffloadPolicy::kNever);
+}
+
+TEST(ConfigTest, LoraSectionIsReadAndChecked) {
+  absl::StatusOr<JobConfig> c = ParseJobConfig(
+      "model:\n  lora:\n    rank: 16\n    alpha: 32\n"
+      "    targets: [q_proj, v_proj, down_proj]\n",
+      "job.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(LoraEnabled(c->model));
+  EXPECT_EQ(c->model.lora.targets, "q_proj,v_proj,down_proj");
+  EXPECT_FALSE(LoraEnabled(JobConfig().model));
+  EXPECT_EQ(*ParseLoraTargets("all-linear"),
+            (std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj",
+                                      "gate_proj", "up_proj", "down_proj"}));
+  ExpectError("model:\n  lora:\n    rank: -1\n",
+              absl::StatusCode::kInvalidArgument, {"model.lora.rank", ">= 0"});
+  ExpectError("model:\n  lora:\n    alpha: 8\n",
+              absl::StatusCode::kInvalidArgument,
+              {"model.lora.rank", "must be >= 1 when other model.lora keys"});
+  ExpectError("model:\n  lora:\n    rank: 8\n    targets: [q_proj, qkv]\n",
+              absl::StatusCode::kInvalidArgument,
+              {"model.lora.targets", "unknown projection 'qkv'", "q_proj"});
+  ExpectError("model:\n  lora:\n    rank: 8\n    targets: []\n",
+              absl::StatusCode::kInvalidArgument,
+              {"model.lora.targets", "names no projection"});
+  ExpectError("model:\n  lora:\n    rank: 8\n    targets: [[q_proj]]\n",
+              absl::StatusCode::kInvalidArgument,
+              {"model.lora.targets", "expected a list of strings"});
+  ExpectError(
+      "model:\n  moe_experts: 4\n  lora:\n    rank: 8\n"
+      "    targets: gate_proj\n",
+      absl::StatusCode::kInvalidArgument,
+      {"model.lora.targets", "'gate_proj' is not a layer of this model"});
+  ExpectError("model:\n  lora:\n    rank: 8\n    dropout: 1\n",
+              absl::StatusCode::kInvalidArgument, {"model.lora.dropout"});
+  ExpectError("model:\n  lora_path: /no/such/adapter\n",
+              absl::StatusCode::kNotFound, {"model.lora_path"});
+}
+
+TEST(ConfigTest, LoraPathTakesTheAdaptersSettings) {
+  const std::string dir = ::testing::TempDir() + "/peft-adapter";
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream out(dir + "/adapter_config.json");
+    out << R"({"peft_type": "LORA", "r": 8, "lora_alpha": 16,
+               "lora_dropout": 0.05, "bias": "none",
+               "target_modules": ["v_proj", "q_proj"],
+               "base_model_name_or_path": "Qwen/Qwen2.5-0.5B"})";
+  }
+  absl::StatusOr<JobConfig> c =
+      ParseJobConfig("model:\n  lora_path: " + dir + "\n", "job.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model.lora.rank, 8);
+  EXPECT_EQ(c->model.lora.alpha, 16);
+  EXPECT_EQ(c->model.lora.dropout, 0.05);
+  EXPECT_EQ(c->model.lora.targets, "q_proj,v_proj");
+  // Its resolved config.yaml reads back.
+  ASSERT_TRUE(ParseJobConfig(JobConfigToYaml(*c), "config.yaml").ok());
+  ExpectError("model:\n  lora_path: " + dir + "\n  lora:\n    rank: 4\n",
+              absl::StatusCode::kInvalidArgument,
+              {"model.lora.rank", "is 4 but model.lora_path's adapter has r = 8"});
+  {
+    std::ofstream out(dir + "/adapter_config.json");
+    out << R"({"peft_type": "PREFIX_TUNING"})";
+  }
+  ExpectError("model:\n  lora_path: " + dir + "\n",
+              absl::StatusCode::kInvalidArgument,
+              {"model.lora_path", "adapter_config.json", "peft_type"});
 }
 
 TEST(ConfigTest, ToYamlIsReadable) {

@@ -165,6 +165,34 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                    absl::StrCat("must be <= model.moe_experts (", m.moe_experts,
                                 "), got ", m.moe_top_k));
   }
+  if (m.lora.rank == 0 &&
+      (m.lora.targets != LoraConfig().targets ||
+       m.lora.alpha != LoraConfig().alpha || m.lora.dropout != 0)) {
+    return Invalid("model.lora.rank",
+                   "must be >= 1 when other model.lora keys are set (0, the "
+                   "default, means full fine-tuning)");
+  }
+  if (LoraEnabled(m)) {
+    absl::StatusOr<std::vector<std::string>> targets =
+        ParseLoraTargets(m.lora.targets);
+    if (!targets.ok()) {
+      return Invalid("model.lora.targets",
+                     std::string(targets.status().message()));
+    }
+    if (m.moe_experts > 0) {
+      for (const std::string& t : *targets) {
+        if (t == "gate_proj" || t == "up_proj" || t == "down_proj") {
+          return Invalid(
+              "model.lora.targets",
+              absl::StrCat("'", t,
+                           "' is not a layer of this model: with "
+                           "model.moe_experts > 0 the feed-forward is a "
+                           "mixture of experts; LoRA targets its attention "
+                           "projections (q_proj, k_proj, v_proj, o_proj)"));
+        }
+      }
+    }
+  }
   if (m.moe_experts == 1) {
     return Invalid("model.moe_experts",
                    "must be 0 (dense) or in [2, 64], got 1");

@@ -466,4 +466,101 @@ bool SameArchitecture(const ModelConfig& a, const ModelConfig& b) {
              rb.original_max_position_embeddings;
 }
 
+absl::StatusOr<PeftAdapterInfo> ReadPeftAdapterConfig(const std::string& dir) {
+  const std::filesystem::path path =
+      std::filesystem::path(dir) / "adapter_config.json";
+  FUSIONRL_ASSIGN_OR_RETURN(Json j, ReadJsonFile(path));
+  const std::string file = path.string();
+  auto bad = [&](const char* key, const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": '", key, "': ", why));
+  };
+  if (!j.contains("peft_type") || !j["peft_type"].is_string() ||
+      j["peft_type"].get<std::string>() != "LORA") {
+    return bad("peft_type", "must be \"LORA\" (a PEFT LoRA adapter)");
+  }
+  PeftAdapterInfo info;
+  if (!j.contains("r") || !j["r"].is_number_integer() ||
+      j["r"].get<int64_t>() < 1 || j["r"].get<int64_t>() > (1 << 20)) {
+    return bad("r", "expected a rank >= 1");
+  }
+  info.lora.rank = j["r"].get<int>();
+  if (j.contains("lora_alpha") && !j["lora_alpha"].is_null()) {
+    if (!j["lora_alpha"].is_number() || j["lora_alpha"].get<double>() <= 0) {
+      return bad("lora_alpha", "expected a number > 0");
+    }
+    info.lora.alpha = j["lora_alpha"].get<double>();
+  } else {
+    info.lora.alpha = 8;  // PEFT's default
+  }
+  if (j.contains("lora_dropout") && !j["lora_dropout"].is_null()) {
+    const Json& d = j["lora_dropout"];
+    if (!d.is_number() || d.get<double>() < 0 || d.get<double>() >= 1) {
+      return bad("lora_dropout", "expected a number in [0, 1)");
+    }
+    info.lora.dropout = d.get<double>();
+  }
+  std::string targets;
+  const Json& t = j.contains("target_modules") ? j["target_modules"] : Json();
+  if (t.is_string()) {
+    targets = t.get<std::string>();
+  } else if (t.is_array()) {
+    for (const Json& item : t) {
+      if (!item.is_string()) return bad("target_modules", "expected strings");
+      absl::StrAppend(&targets, targets.empty() ? "" : ",",
+                      item.get<std::string>());
+    }
+  } else {
+    return bad("target_modules", "expected a list of module names");
+  }
+  absl::StatusOr<std::vector<std::string>> names = ParseLoraTargets(targets);
+  if (!names.ok()) {
+    return bad("target_modules", std::string(names.status().message()));
+  }
+  info.lora.targets = absl::StrJoin(*names, ",");
+  if (j.contains("bias") && j["bias"].is_string() &&
+      j["bias"].get<std::string>() != "none") {
+    return bad("bias", "only \"none\" is supported");
+  }
+  for (const char* key : {"use_dora", "use_rslora"}) {
+    if (j.contains(key) && j[key].is_boolean() && j[key].get<bool>()) {
+      return bad(key, "not supported (plain LoRA only)");
+    }
+  }
+  if (j.contains("modules_to_save") && !j["modules_to_save"].is_null() &&
+      !(j["modules_to_save"].is_array() && j["modules_to_save"].empty())) {
+    return bad("modules_to_save", "not supported (adapters only)");
+  }
+  if (j.contains("base_model_name_or_path") &&
+      j["base_model_name_or_path"].is_string()) {
+    info.base_model = j["base_model_name_or_path"].get<std::string>();
+  }
+  return info;
+}
+
+std::string PeftAdapterConfigJson(const LoraConfig& lora,
+                                  const std::string& base_model) {
+  Json j;
+  j["peft_type"] = "LORA";
+  j["task_type"] = "CAUSAL_LM";
+  j["r"] = lora.rank;
+  j["lora_alpha"] = lora.alpha;
+  j["lora_dropout"] = lora.dropout;
+  std::vector<std::string> targets;
+  if (auto names = ParseLoraTargets(lora.targets); names.ok()) {
+    targets = *names;
+  }
+  j["target_modules"] = targets;
+  j["bias"] = "none";
+  j["fan_in_fan_out"] = false;
+  j["inference_mode"] = true;
+  j["init_lora_weights"] = true;
+  j["use_rslora"] = false;
+  j["use_dora"] = false;
+  j["modules_to_save"] = nullptr;
+  j["base_model_name_or_path"] = base_model;
+  j["revision"] = nullptr;
+  return j.dump(2) + "\n";
+}
+
 }  // namespace fusionrl

@@ -53,6 +53,22 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& model,
                                          const std::string& torch_dtype,
                                          int max_position_embeddings = 0);
 
+// A PEFT LoRA adapter directory's adapter_config.json: peft_type LORA, r,
+// lora_alpha, lora_dropout, target_modules (a list, a string or
+// "all-linear"), base_model_name_or_path. NotFound when the file is missing;
+// InvalidArgument naming the file and the key otherwise (another peft_type,
+// a target that is not a projection FusionRL adapts, bias != "none",
+// use_dora / use_rslora / modules_to_save).
+struct PeftAdapterInfo {
+  LoraConfig lora;  // targets comma-joined in kLoraTargetNames order
+  std::string base_model;
+};
+absl::StatusOr<PeftAdapterInfo> ReadPeftAdapterConfig(const std::string& dir);
+
+// adapter_config.json for `lora` (pretty JSON text).
+std::string PeftAdapterConfigJson(const LoraConfig& lora,
+                                  const std::string& base_model);
+
 // The names of the [arch] keys, for error messages and docs.
 const std::vector<std::string>& ArchitectureKeys();
 

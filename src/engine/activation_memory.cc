@@ -214,7 +214,7 @@ absl::StatusOr<ActivationReport> MeasureTrainStep(PolicyModel& model,
     loss.backward();
     if (!model.device().is_cpu()) {
       // Wait for the backward kernels (a host read syncs the stream).
-      for (const at::Tensor& p : model.parameters()) {
+      for (const at::Tensor& p : model.trainable_parameters()) {
         if (p.grad().defined()) {
           p.grad().sum().item<double>();
           break;

@@ -63,7 +63,7 @@ absl::StatusOr<TimedProfile> TimeSteps(PolicyModel& model,
   FUSIONRL_RETURN_IF_ERROR(model.SetActivationPlan(std::move(plan)));
   const size_t layers = model.activation_plan().size();
   std::vector<at::Tensor> params;
-  for (const at::Tensor& p : model.parameters()) {
+  for (const at::Tensor& p : model.trainable_parameters()) {
     if (p.requires_grad()) params.push_back(p);
   }
   SubBlockTimer timer;

@@ -224,12 +224,14 @@ torch::Tensor AttentionImpl::forward(
   auto split = [&](const torch::Tensor& y, int64_t len, int64_t heads) {
     return y.view({b, len, heads, head_dim_});
   };
-  auto proj = [](const torch::nn::Linear& l, const torch::Tensor& in) {
-    return InvariantLinear(in, l->weight, l->bias);
+  auto proj = [this](const torch::nn::Linear& l, int i,
+                     const torch::Tensor& in) {
+    return LoraLinear(in, l->weight, l->bias, lora[i], is_training());
   };
-  auto q = split(proj(wq, first_query > 0 ? x.narrow(1, first_query, tq) : x),
-                 tq, n_heads_);
-  auto k = split(proj(wk, x), t, n_kv_heads_);
+  auto q = split(
+      proj(wq, 0, first_query > 0 ? x.narrow(1, first_query, tq) : x), tq,
+      n_heads_);
+  auto k = split(proj(wk, 1, x), t, n_kv_heads_);
   if (!q_norm.is_empty()) {
     q = q_norm(q);
     k = k_norm(k);
@@ -237,7 +239,7 @@ torch::Tensor AttentionImpl::forward(
   q = Rotate(q.transpose(1, 2), cos.narrow(2, first_query, tq),
              sin.narrow(2, first_query, tq));
   k = Rotate(k.transpose(1, 2), cos, sin);
-  auto v = split(proj(wv, x), t, n_kv_heads_).transpose(1, 2);
+  auto v = split(proj(wv, 2, x), t, n_kv_heads_).transpose(1, 2);
   if (cache_k != nullptr) {
     cache_k->narrow(2, cache_start, t).copy_(k);
     cache_v->narrow(2, cache_start, t).copy_(v);
@@ -257,7 +259,8 @@ torch::Tensor AttentionImpl::forward(
         }
         return Core(q, k, v, mask);
       });
-  return proj(wo, out.transpose(1, 2).reshape({b, tq, n_heads_ * head_dim_}));
+  return proj(wo, 3,
+              out.transpose(1, 2).reshape({b, tq, n_heads_ * head_dim_}));
 }
 
 torch::Tensor AttentionImpl::Core(const torch::Tensor& q,

@@ -13,9 +13,11 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include <array>
 #include <cstdint>
 #include <utility>
 
+#include "engine/lora.h"
 #include "engine/model.h"
 #include "fusionrl/config.h"
 
@@ -81,6 +83,9 @@ class AttentionImpl : public torch::nn::Module {
 
   torch::nn::Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};  // qk_norm only
+  // LoRA adapters of wq, wk, wv, wo (owned by the model; null: none, or
+  // merged into the weight).
+  std::array<const LoraAdapter*, 4> lora{};
 
   // The core through FusedAttentionCore where it applies
   // (model.attention_kernel: fused), else the composite ATen ops.

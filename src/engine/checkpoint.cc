@@ -125,6 +125,19 @@ absl::StatusOr<CheckpointModel> ReadCheckpointModel(const std::string& dir) {
   }
   out.model.hf_path = out.hf_path;
   out.model.tokenizer = out.tokenizer;
+  if (j.contains("lora") && j["lora"].is_object()) {
+    try {
+      const auto& l = j["lora"];
+      out.model.lora.rank = l.at("r").get<int>();
+      out.model.lora.alpha = l.at("alpha").get<double>();
+      out.model.lora.dropout = l.value("dropout", 0.0);
+      out.model.lora.targets = l.at("targets").get<std::string>();
+      out.lora_base = l.value("base_model", std::string());
+    } catch (const nlohmann::json::exception& e) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint '", dir, "': meta.json lora section: ", e.what()));
+    }
+  }
   return out;
 }
 
@@ -158,6 +171,18 @@ absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,
   if (!model.config().hf_path.empty() || !model.config().tokenizer.empty()) {
     j["source"] = {{"hf_path", model.config().hf_path},
                    {"tokenizer", model.config().tokenizer}};
+  }
+  if (model.lora()) {
+    // model.pt holds the adapters only: what they apply to, for `fusionrl
+    // export` and `generate` (not compared on load: the job's config says
+    // its LoRA shape).
+    const LoraConfig& l = model.config().lora;
+    j["lora"] = {{"r", l.rank},
+                 {"alpha", l.alpha},
+                 {"dropout", l.dropout},
+                 {"targets", l.targets},
+                 {"base_model", meta.lora_base.empty() ? model.config().hf_path
+                                                       : meta.lora_base}};
   }
   FUSIONRL_RETURN_IF_ERROR(
       WriteFileAtomic((tmp_dir / "meta.json").string(), j.dump(2) + "\n"));

@@ -47,6 +47,9 @@ struct CheckpointModel {
   int vocab_size = 0;
   std::string hf_path;    // model.hf_path of the run, or ""
   std::string tokenizer;  // model.tokenizer of the run, or ""
+  // A LoRA checkpoint (model.lora set): the base model its adapters apply
+  // to, a Hugging Face directory or a full FusionRL checkpoint.
+  std::string lora_base;
 };
 absl::StatusOr<CheckpointModel> ReadCheckpointModel(const std::string& dir);
 

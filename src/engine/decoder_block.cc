@@ -182,6 +182,16 @@ torch::Tensor BlockImpl::PlannedForward(const torch::Tensor& x,
     std::vector<at::Tensor> params;
     for (int s = i; s <= j; ++s) {
       for (const auto& p : module[s]->parameters()) params.push_back(p);
+      // LoRA adapters are the model's, not the modules' parameters.
+      const LoraAdapter* const* adapters =
+          s == 1 ? attn->lora.data()
+                 : (s == 3 && moe.is_empty() ? mlp->lora.data() : nullptr);
+      const int count = s == 1 ? 4 : 3;
+      for (int k = 0; adapters != nullptr && k < count; ++k) {
+        if (adapters[k] == nullptr) continue;
+        params.push_back(adapters[k]->a);
+        params.push_back(adapters[k]->b);
+      }
     }
     // A fused run's time goes to its first step's slot (the planner times
     // only plans without recompute, where every run is one step).

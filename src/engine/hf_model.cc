@@ -45,6 +45,39 @@ absl::StatusOr<c10::ScalarType> TorchType(StDtype d, const std::string& file,
   }
 }
 
+// Replaces `out_dir` by the complete directory `tmp_dir`: an existing one
+// is moved aside first and removed once the new one is in place.
+absl::Status MoveDirIntoPlace(const fs::path& tmp_dir,
+                              const std::string& out_dir) {
+  std::error_code ec;
+  const fs::path final_dir(out_dir);
+  const fs::path old_dir(out_dir + ".old");
+  fs::remove_all(old_dir, ec);
+  ec.clear();
+  if (fs::exists(final_dir)) fs::rename(final_dir, old_dir, ec);
+  if (!ec) fs::rename(tmp_dir, final_dir, ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat("export: cannot move '",
+                                               tmp_dir.string(), "' to '",
+                                               out_dir, "': ", ec.message()));
+  }
+  fs::remove_all(old_dir, ec);
+  return absl::OkStatus();
+}
+
+// A new empty "<out_dir>.tmp" to assemble an export in.
+absl::StatusOr<fs::path> FreshTmpDir(const std::string& out_dir) {
+  const fs::path tmp_dir(out_dir + ".tmp");
+  std::error_code ec;
+  fs::remove_all(tmp_dir, ec);
+  fs::create_directories(tmp_dir, ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat(
+        "export: cannot create '", tmp_dir.string(), "': ", ec.message()));
+  }
+  return tmp_dir;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> HfParameterName(const std::string& name) {
@@ -184,15 +217,8 @@ absl::Status ExportHfModel(const PolicyModel& model, const std::string& out_dir,
                    options.eos_token_ids, options.dtype,
                    options.max_position_embeddings));
 
-  const fs::path final_dir(out_dir);
-  const fs::path tmp_dir(out_dir + ".tmp");
+  FUSIONRL_ASSIGN_OR_RETURN(const fs::path tmp_dir, FreshTmpDir(out_dir));
   std::error_code ec;
-  fs::remove_all(tmp_dir, ec);
-  fs::create_directories(tmp_dir, ec);
-  if (ec) {
-    return absl::UnavailableError(absl::StrCat(
-        "export: cannot create '", tmp_dir.string(), "': ", ec.message()));
-  }
 
   // Host copies in the stored dtype, kept alive while the files are written.
   std::vector<at::Tensor> host;
@@ -262,18 +288,114 @@ absl::Status ExportHfModel(const PolicyModel& model, const std::string& out_dir,
       }
     }
   }
-  const fs::path old_dir(out_dir + ".old");
-  fs::remove_all(old_dir, ec);
-  ec.clear();
-  if (fs::exists(final_dir)) fs::rename(final_dir, old_dir, ec);
-  if (!ec) fs::rename(tmp_dir, final_dir, ec);
-  if (ec) {
-    return absl::UnavailableError(absl::StrCat("export: cannot move '",
-                                               tmp_dir.string(), "' to '",
-                                               out_dir, "': ", ec.message()));
+  return MoveDirIntoPlace(tmp_dir, out_dir);
+}
+
+absl::StatusOr<std::string> PeftTensorName(const std::string& name) {
+  // "<param>.lora_A" / "<param>.lora_B"
+  const size_t dot = name.rfind('.');
+  const std::string leaf = dot == std::string::npos ? "" : name.substr(dot + 1);
+  if (leaf != "lora_A" && leaf != "lora_B") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", name, "' is not a LoRA adapter tensor"));
   }
-  fs::remove_all(old_dir, ec);
+  FUSIONRL_ASSIGN_OR_RETURN(std::string hf,
+                            HfParameterName(name.substr(0, dot) + ".weight"));
+  return absl::StrCat("base_model.model.",
+                      hf.substr(0, hf.size() - std::strlen(".weight")), ".",
+                      leaf, ".weight");
+}
+
+absl::Status LoadPeftAdapter(const std::string& dir, PolicyModel& model) {
+  if (!model.lora()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir, ": a LoRA adapter needs a model with model.lora set"));
+  }
+  const fs::path path = fs::path(dir) / "adapter_model.safetensors";
+  if (!fs::exists(path)) {
+    return absl::NotFoundError(absl::StrCat(
+        dir, ": no adapter_model.safetensors (PEFT's adapter_model.bin is "
+             "not read: save with safe_serialization=True)"));
+  }
+  FUSIONRL_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(path.string()));
+  std::map<std::string, const StTensorInfo*> stored;
+  for (const StTensorInfo& info : file->tensors()) {
+    std::string name = info.name;
+    // PEFT keeps the adapter's name in memory (".lora_A.default.weight");
+    // save_pretrained drops it.
+    const size_t at = name.find(".default.");
+    if (at != std::string::npos) name.erase(at, std::strlen(".default"));
+    stored.emplace(name, &info);
+  }
+  std::vector<at::Tensor> values;
+  std::set<std::string> used;
+  for (const auto& [name, param] : model.named_trainable_parameters()) {
+    FUSIONRL_ASSIGN_OR_RETURN(std::string peft, PeftTensorName(name));
+    auto it = stored.find(peft);
+    if (it == stored.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path.string(), ": missing tensor '", peft,
+          "' (model.lora.targets needs it)"));
+    }
+    const StTensorInfo& info = *it->second;
+    const std::vector<int64_t> want = param.sizes().vec();
+    if (info.shape != want) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path.string(), ": tensor '", peft, "' has shape ",
+          ShapeString(info.shape), " but the base model with r = ",
+          model.config().lora.rank, " needs ", ShapeString(want),
+          " (an adapter for another base model or rank?)"));
+    }
+    FUSIONRL_ASSIGN_OR_RETURN(c10::ScalarType type,
+                              TorchType(info.dtype, path.string(), peft));
+    const absl::Span<const uint8_t> bytes = file->Data(info);
+    at::Tensor host = torch::empty(want, torch::TensorOptions().dtype(type));
+    if (!bytes.empty()) std::memcpy(host.data_ptr(), bytes.data(), bytes.size());
+    values.push_back(host.to(torch::kFloat));
+    used.insert(peft);
+  }
+  for (const auto& [name, info] : stored) {
+    if (used.count(name) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path.string(), ": unexpected tensor '", info->name,
+          "' (not an adapter of model.lora.targets: ",
+          model.config().lora.targets, ")"));
+    }
+  }
+  model.LoadTrainable(values);
   return absl::OkStatus();
+}
+
+absl::Status ExportPeftAdapter(const PolicyModel& model,
+                               const std::string& out_dir,
+                               const std::string& base_model) {
+  if (!model.lora()) {
+    return absl::FailedPreconditionError(
+        "export: the model has no LoRA adapters");
+  }
+  FUSIONRL_ASSIGN_OR_RETURN(const fs::path tmp_dir, FreshTmpDir(out_dir));
+  std::vector<at::Tensor> host;
+  std::vector<StTensorView> views;
+  for (const auto& [name, param] : model.named_trainable_parameters()) {
+    FUSIONRL_ASSIGN_OR_RETURN(std::string peft, PeftTensorName(name));
+    at::Tensor t =
+        param.detach().to(torch::kCPU).to(torch::kFloat).contiguous();
+    StTensorView v;
+    v.name = peft;
+    v.dtype = StDtype::kF32;
+    v.shape = t.sizes().vec();
+    v.data = t.data_ptr();
+    v.bytes = static_cast<size_t>(t.nbytes());
+    views.push_back(std::move(v));
+    host.push_back(std::move(t));
+  }
+  FUSIONRL_RETURN_IF_ERROR(
+      WriteSafetensors((tmp_dir / "adapter_model.safetensors").string(), views,
+                       {{"format", "pt"}}));
+  FUSIONRL_RETURN_IF_ERROR(
+      WriteFileAtomic((tmp_dir / "adapter_config.json").string(),
+                      PeftAdapterConfigJson(model.config().lora, base_model)));
+  return MoveDirIntoPlace(tmp_dir, out_dir);
 }
 
 }  // namespace fusionrl

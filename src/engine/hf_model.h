@@ -61,6 +61,29 @@ struct HfExportOptions {
 absl::Status ExportHfModel(const PolicyModel& model, const std::string& out_dir,
                            const HfExportOptions& options);
 
+// PEFT LoRA adapters (model.lora; docs/models.md "LoRA").
+//
+// The PEFT name of a FusionRL adapter tensor: "block3.attn.wq.lora_A" ->
+// "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight" (A is
+// [r, in], B [out, r], as PEFT stores them).
+absl::StatusOr<std::string> PeftTensorName(const std::string& name);
+
+// Loads the adapters of the PEFT directory `dir` (adapter_config.json +
+// adapter_model.safetensors) into the LoRA `model`, whose model.lora must
+// say the adapter's r and target_modules (the config layer takes them from
+// model.lora_path). Stored F32 / BF16 / F16 tensors become float32; names
+// with PEFT's adapter name (".lora_A.default.weight") are read too. Errors
+// name the file and the tensor: missing, unexpected, shape mismatch.
+absl::Status LoadPeftAdapter(const std::string& dir, PolicyModel& model);
+
+// Writes the LoRA `model`'s adapters as a PEFT adapter directory:
+// adapter_config.json (peft_type LORA, r, lora_alpha, target_modules,
+// base_model_name_or_path = `base_model`) and adapter_model.safetensors
+// (float32). Assembled in "<out_dir>.tmp" and renamed into place.
+absl::Status ExportPeftAdapter(const PolicyModel& model,
+                               const std::string& out_dir,
+                               const std::string& base_model);
+
 }  // namespace fusionrl
 
 #endif  // FUSIONRL_ENGINE_HF_MODEL_H_

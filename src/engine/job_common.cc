@@ -132,7 +132,10 @@ absl::StatusOr<JobContext> PrepareJob(const JobConfig& config,
   FUSIONRL_ASSIGN_OR_RETURN(
       ctx.policy, PolicyModel::Create(config.model, vocab, ctx.device,
                                       static_cast<uint64_t>(config.seed)));
-  if (!config.model.hf_path.empty() && config.init_checkpoint.empty()) {
+  // A LoRA job's base is hf_path's weights even with an init_checkpoint
+  // that holds adapters only (a full one replaces them below).
+  if (!config.model.hf_path.empty() &&
+      (config.init_checkpoint.empty() || ctx.policy->lora())) {
     if (auto status = LoadHfWeights(config.model.hf_path, *ctx.policy);
         !status.ok()) {
       return absl::Status(status.code(),
@@ -145,6 +148,13 @@ absl::StatusOr<JobContext> PrepareJob(const JobConfig& config,
       return absl::Status(
           meta.status().code(),
           absl::StrCat("init_checkpoint: ", meta.status().message()));
+    }
+  }
+  if (!config.model.lora_path.empty()) {
+    if (auto status = LoadPeftAdapter(config.model.lora_path, *ctx.policy);
+        !status.ok()) {
+      return absl::Status(status.code(),
+                          absl::StrCat("model.lora_path: ", status.message()));
     }
   }
   if (!output_dir.empty()) {
@@ -177,14 +187,33 @@ absl::Status ExportJobPolicy(const JobConfig& config, const JobContext& ctx,
     options.max_position_embeddings = info.max_position_embeddings;
   }
   options.eos_token_ids = ctx.stop_ids;
-  auto status = ExportHfModel(policy, out_dir, options);
+  // LoRA: the adapter as PEFT writes it (<out_dir>-lora), and the merged
+  // model, which loads as it is, at out_dir.
+  std::unique_ptr<PolicyModel> merged;
+  if (policy.lora()) {
+    const std::string lora_dir = out_dir + "-lora";
+    if (auto status = ExportPeftAdapter(policy, lora_dir, LoraBaseModel(config));
+        !status.ok()) {
+      return absl::Status(status.code(),
+                          absl::StrCat("run.export_final: ", status.message()));
+    }
+    spdlog::info("[{}] exported the LoRA adapter (PEFT): {}", config.name,
+                 lora_dir);
+    merged = policy.CloneFrozen();
+  }
+  auto status = ExportHfModel(merged ? *merged : policy, out_dir, options);
   if (!status.ok()) {
     return absl::Status(status.code(),
                         absl::StrCat("run.export_final: ", status.message()));
   }
-  spdlog::info("[{}] exported the policy as a Hugging Face model: {}",
-               config.name, out_dir);
+  spdlog::info("[{}] exported the policy as a Hugging Face model{}: {}",
+               config.name, merged ? " (LoRA merged)" : "", out_dir);
   return absl::OkStatus();
+}
+
+std::string LoraBaseModel(const JobConfig& config) {
+  if (!config.init_checkpoint.empty()) return config.init_checkpoint;
+  return config.model.hf_path;
 }
 
 namespace {

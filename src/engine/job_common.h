@@ -73,10 +73,15 @@ absl::StatusOr<JobContext> PrepareJob(const JobConfig& config,
 
 // Writes `policy` as a Hugging Face directory at `out_dir` (ExportHfModel)
 // with the job's tokenizer files, bos and stop ids, in
-// config.run.export_dtype.
+// config.run.export_dtype. A LoRA policy is written merged, and its adapter
+// as a PEFT directory at "<out_dir>-lora".
 absl::Status ExportJobPolicy(const JobConfig& config, const JobContext& ctx,
                              const PolicyModel& policy,
                              const std::string& out_dir);
+
+// The base model a LoRA job's adapters apply to (adapter_config.json's
+// base_model_name_or_path): init_checkpoint, else model.hf_path.
+std::string LoraBaseModel(const JobConfig& config);
 
 // bos + the prompt's tokens.
 absl::StatusOr<std::vector<int>> EncodePrompt(const Tokenizer& tokenizer,

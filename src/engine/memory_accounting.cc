@@ -34,6 +34,12 @@ class StorageBytes {
     }
   }
   int64_t bytes() const { return bytes_; }
+  // Counts `t`'s storage as seen without adding it.
+  void Skip(const at::Tensor& t) {
+    if (t.defined() && t.has_storage()) {
+      seen_.insert(t.storage().unsafeGetStorageImpl());
+    }
+  }
 
  private:
   std::unordered_set<const void*> seen_;
@@ -62,15 +68,22 @@ void ForEachAdamWTensor(torch::optim::AdamW& adamw, Fn fn) {
 
 }  // namespace
 
-int64_t ParameterBytes(const PolicyModel& model) {
+int64_t ParameterBytes(const PolicyModel& model,
+                       const PolicyModel* shared_with) {
   StorageBytes sum;
+  if (shared_with != nullptr) {
+    for (const at::Tensor& p : shared_with->parameters()) sum.Skip(p);
+  }
   for (const at::Tensor& p : model.parameters()) sum.Add(p);
+  if (model.lora()) {  // the adapters, beside the base
+    for (const at::Tensor& p : model.trainable_parameters()) sum.Add(p);
+  }
   return sum.bytes();
 }
 
 int64_t GradientBytes(const PolicyModel& model) {
   StorageBytes sum;
-  for (const at::Tensor& p : model.parameters()) sum.Add(p.grad());
+  for (const at::Tensor& p : model.trainable_parameters()) sum.Add(p.grad());
   return sum.bytes();
 }
 

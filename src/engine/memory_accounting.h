@@ -37,8 +37,11 @@ class PolicyModel;
 class Trainer;
 struct KvCache;
 
-// Bytes of the model's parameters (its weights).
-int64_t ParameterBytes(const PolicyModel& model);
+// Bytes of the model's parameters (its weights; with LoRA the adapters
+// too), without the storages it shares with `shared_with` (a LoRA merged
+// view shares the base's untargeted tensors).
+int64_t ParameterBytes(const PolicyModel& model,
+                       const PolicyModel* shared_with = nullptr);
 
 // Bytes of the parameters' gradients; 0 for parameters without one (before
 // the first backward pass).

@@ -12,14 +12,17 @@
 #include <torch/serialize.h>
 
 #include <cmath>
+#include <map>
 #include <unordered_set>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/activation_memory.h"
 #include "engine/attention.h"
 #include "engine/decoder_block.h"
 #include "engine/invariant_ops.h"
+#include "engine/lora.h"
 #include "engine/moe_module.h"
 
 namespace fusionrl {
@@ -149,9 +152,58 @@ TORCH_MODULE(Decoder);
 
 }  // namespace
 
+// One targeted projection of a LoRA model.
+struct LoraSlot {
+  std::string name;   // "block0.attn.wq"
+  at::Tensor weight;  // the projection's weight (a merged view: merged)
+  at::Tensor base;    // a merged view: the base weight it merges from
+  LoraAdapter adapter;
+};
+
 struct PolicyModel::Impl {
   Impl(const ModelConfig& c, int vocab, c10::Device d, Decoder dec)
       : config(c), vocab_size(vocab), device(d), decoder(std::move(dec)) {}
+
+  // Each targeted projection's weight by slot name, in slot order (layer,
+  // then q, k, v, o, gate, up, down).
+  std::vector<std::pair<std::string, at::Tensor>> LoraTargets(
+      const std::vector<std::string>& targets) const {
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (const auto& block : decoder->blocks) {
+      const std::string prefix = "block" + std::to_string(block->layer);
+      for (const std::string& t : targets) {
+        if (t == "q_proj") out.emplace_back(prefix + ".attn.wq", block->attn->wq->weight);
+        if (t == "k_proj") out.emplace_back(prefix + ".attn.wk", block->attn->wk->weight);
+        if (t == "v_proj") out.emplace_back(prefix + ".attn.wv", block->attn->wv->weight);
+        if (t == "o_proj") out.emplace_back(prefix + ".attn.wo", block->attn->wo->weight);
+        if (block->moe.is_empty()) {
+          if (t == "gate_proj") out.emplace_back(prefix + ".mlp.w1", block->mlp->w1->weight);
+          if (t == "up_proj") out.emplace_back(prefix + ".mlp.w3", block->mlp->w3->weight);
+          if (t == "down_proj") out.emplace_back(prefix + ".mlp.w2", block->mlp->w2->weight);
+        }
+      }
+    }
+    return out;
+  }
+
+  // Points the modules at the slots' adapters (unmerged models only).
+  void WireAdapters() {
+    for (auto& slot : lora) {
+      const std::string& n = slot->name;
+      const int layer = std::stoi(n.substr(5, n.find('.') - 5));
+      auto& block = decoder->blocks[layer];
+      const std::string proj = n.substr(n.find('.') + 1);
+      const LoraAdapter* a = &slot->adapter;
+      if (proj == "attn.wq") block->attn->lora[0] = a;
+      if (proj == "attn.wk") block->attn->lora[1] = a;
+      if (proj == "attn.wv") block->attn->lora[2] = a;
+      if (proj == "attn.wo") block->attn->lora[3] = a;
+      if (proj == "mlp.w1") block->mlp->lora[0] = a;
+      if (proj == "mlp.w3") block->mlp->lora[1] = a;
+      if (proj == "mlp.w2") block->mlp->lora[2] = a;
+    }
+  }
+
   ModelConfig config;
   int vocab_size;
   c10::Device device;
@@ -161,7 +213,69 @@ struct PolicyModel::Impl {
       std::make_shared<ActivationHostPool>();
   // Storages of the parameters and buffers: saved as they are under swap.
   std::unordered_set<const void*> no_swap;
+  // LoRA: one slot per targeted projection; stable addresses (the modules
+  // point at the adapters).
+  std::vector<std::unique_ptr<LoraSlot>> lora;
+  bool lora_merged = false;
+  uint64_t lora_dropout_seed = 0;
 };
+
+namespace {
+
+uint64_t MixLoraSeed(uint64_t seed) {
+  uint64_t z = seed + 0x4c6f5241ULL * 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// Adds LoRA adapters to a freshly created model: base frozen, A uniform in
+// +-1/sqrt(in) (PEFT's kaiming_uniform(a = sqrt(5))), B zero.
+absl::Status AttachLora(PolicyModel::Impl& impl, uint64_t seed) {
+  const LoraConfig& l = impl.config.lora;
+  absl::StatusOr<std::vector<std::string>> targets =
+      ParseLoraTargets(l.targets);
+  if (!targets.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.lora.targets: ", targets.status().message()));
+  }
+  auto slots = impl.LoraTargets(*targets);
+  if (slots.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.lora.targets: no layer of this model has ", l.targets,
+        impl.config.moe_experts > 0
+            ? " (a mixture-of-experts feed-forward has no gate/up/down_proj "
+              "LoRA can adapt)"
+            : ""));
+  }
+  for (auto& p : impl.decoder->parameters()) p.set_requires_grad(false);
+  torch::NoGradGuard no_grad;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(MixLoraSeed(seed));
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat);
+  uint64_t index = 0;
+  for (auto& [name, weight] : slots) {
+    auto slot = std::make_unique<LoraSlot>();
+    slot->name = name;
+    slot->weight = weight;
+    const int64_t out = weight.size(0), in = weight.size(1);
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+    slot->adapter.a = at::empty({l.rank, in}, f32)
+                          .uniform_(-bound, bound, gen)
+                          .to(impl.device)
+                          .set_requires_grad(true);
+    slot->adapter.b =
+        at::zeros({out, l.rank}, f32.device(impl.device)).set_requires_grad(true);
+    slot->adapter.scale = l.alpha / l.rank;
+    slot->adapter.dropout = l.dropout;
+    slot->adapter.dropout_seed = &impl.lora_dropout_seed;
+    slot->adapter.index = index++;
+    impl.lora.push_back(std::move(slot));
+  }
+  impl.WireAdapters();
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 PolicyModel::PolicyModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 PolicyModel::~PolicyModel() = default;
@@ -200,6 +314,9 @@ absl::StatusOr<std::unique_ptr<PolicyModel>> PolicyModel::Create(
     impl->decoder = Decoder(config, vocab_size);
     impl->decoder->Init(seed);
     impl->decoder->to(device, ModelDtype(config));
+    if (LoraEnabled(config)) {
+      if (absl::Status s = AttachLora(*impl, seed); !s.ok()) return s;
+    }
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("model: cannot create on ",
                                             device.str(), ": ",
@@ -233,6 +350,9 @@ absl::Status PolicyModel::SetActivationPlan(
   }
   for (const auto& b : impl_->decoder->buffers()) {
     impl_->no_swap.insert(b.storage().unsafeGetStorageImpl());
+  }
+  for (const auto& p : trainable_parameters()) {
+    impl_->no_swap.insert(p.storage().unsafeGetStorageImpl());
   }
   for (size_t i = 0; i < blocks.size(); ++i) {
     blocks[i]->SetPlan(plan[i]);
@@ -358,11 +478,99 @@ std::unique_ptr<PolicyModel> PolicyModel::CloneFrozen(
   impl->decoder = Decoder(impl_->config, impl_->vocab_size);
   impl->decoder->to(device, ModelDtype(impl_->config));
   std::unique_ptr<PolicyModel> clone(new PolicyModel(std::move(impl)));
-  clone->CopyWeightsFrom(*this);
+  if (!lora()) {
+    clone->CopyWeightsFrom(*this);
+  } else {
+    // A merged view: untargeted tensors shared on the same device, the
+    // targeted weights merged from the base (shared too).
+    torch::NoGradGuard no_grad;
+    std::unordered_set<const void*> targeted;
+    for (const auto& slot : impl_->lora) {
+      targeted.insert(slot->weight.unsafeGetTensorImpl());
+    }
+    const bool same_device = device == impl_->device;
+    auto dst = clone->impl_->decoder->named_parameters();
+    auto src = impl_->decoder->named_parameters();
+    std::map<std::string, at::Tensor> by_name;
+    for (size_t i = 0; i < dst.size(); ++i) {
+      at::Tensor d = dst[i].value();
+      const at::Tensor& from = src[i].value();
+      const bool is_target = targeted.count(from.unsafeGetTensorImpl()) > 0;
+      if (same_device && !is_target) {
+        d.set_data(from.detach());
+      } else if (!is_target) {
+        d.copy_(from);
+      }
+      by_name[dst[i].key()] = d;
+    }
+    Impl& ci = *clone->impl_;
+    for (const auto& slot : impl_->lora) {
+      auto copy = std::make_unique<LoraSlot>();
+      copy->name = slot->name;
+      copy->weight = by_name.at(slot->name + ".weight");
+      const at::Tensor& base =
+          slot->base.defined() ? slot->base : slot->weight;
+      copy->base = same_device ? base.detach() : base.detach().to(device);
+      copy->adapter = slot->adapter;
+      copy->adapter.a = slot->adapter.a.detach().to(device, /*non_blocking=*/false, /*copy=*/true);
+      copy->adapter.b = slot->adapter.b.detach().to(device, false, true);
+      copy->adapter.dropout_seed = nullptr;
+      copy->weight.copy_(MergedWeight(copy->base, copy->adapter));
+      ci.lora.push_back(std::move(copy));
+    }
+    ci.lora_merged = true;
+  }
   for (auto& p : clone->impl_->decoder->parameters())
     p.set_requires_grad(false);
   clone->set_training(false);
   return clone;
+}
+
+bool PolicyModel::lora() const { return !impl_->lora.empty(); }
+bool PolicyModel::lora_merged() const { return impl_->lora_merged; }
+
+std::vector<std::pair<std::string, at::Tensor>>
+PolicyModel::named_trainable_parameters() const {
+  if (!lora()) return named_parameters();
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& slot : impl_->lora) {
+    out.emplace_back(slot->name + ".lora_A", slot->adapter.a);
+    out.emplace_back(slot->name + ".lora_B", slot->adapter.b);
+  }
+  return out;
+}
+
+std::vector<at::Tensor> PolicyModel::trainable_parameters() const {
+  if (!lora()) return parameters();
+  std::vector<at::Tensor> out;
+  for (const auto& slot : impl_->lora) {
+    out.push_back(slot->adapter.a);
+    out.push_back(slot->adapter.b);
+  }
+  return out;
+}
+
+int64_t PolicyModel::num_trainable_parameters() const {
+  int64_t n = 0;
+  for (const at::Tensor& p : trainable_parameters()) n += p.numel();
+  return n;
+}
+
+void PolicyModel::LoadTrainable(const std::vector<at::Tensor>& values) {
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> dst = trainable_parameters();
+  TORCH_CHECK(dst.size() == values.size(), "LoadTrainable: ", values.size(),
+              " tensors for a model with ", dst.size());
+  for (size_t i = 0; i < dst.size(); ++i) dst[i].copy_(values[i]);
+  if (impl_->lora_merged) {
+    for (const auto& slot : impl_->lora) {
+      slot->weight.copy_(MergedWeight(slot->base, slot->adapter));
+    }
+  }
+}
+
+void PolicyModel::set_lora_dropout_seed(uint64_t seed) {
+  impl_->lora_dropout_seed = seed;
 }
 
 std::vector<at::Tensor> PolicyModel::parameters() const {
@@ -380,8 +588,8 @@ void PolicyModel::set_training(bool on) { impl_->decoder->train(on); }
 absl::Status PolicyModel::Save(const std::string& path) const {
   try {
     torch::serialize::OutputArchive archive;
-    for (const auto& item : impl_->decoder->named_parameters()) {
-      archive.write(item.key(), item.value().detach().to(torch::kCPU));
+    for (const auto& [name, value] : named_trainable_parameters()) {
+      archive.write(name, value.detach().to(torch::kCPU));
     }
     archive.save_to(path);
   } catch (const c10::Error& e) {
@@ -400,20 +608,54 @@ absl::Status PolicyModel::Load(const std::string& path) {
                                             "': ", e.what_without_backtrace()));
   }
   torch::NoGradGuard no_grad;
-  for (auto& item : impl_->decoder->named_parameters()) {
+  // A LoRA model reads the adapters of a LoRA archive, or the base weights
+  // of a full one; a full model refuses a LoRA archive by name.
+  bool has_adapters = false;
+  for (const std::string& key : archive.keys()) {
+    has_adapters = has_adapters || absl::EndsWith(key, ".lora_A");
+  }
+  if (has_adapters && !lora()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "'", path,
+        "' holds LoRA adapters, not a full model: set model.lora as in the "
+        "run that wrote it (its config.yaml), or export it merged (fusionrl "
+        "export --merge)"));
+  }
+  const bool adapters = lora() && has_adapters;
+  if (impl_->lora_merged && !adapters) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "'", path, "': a merged LoRA view takes adapters only"));
+  }
+  std::vector<std::pair<std::string, at::Tensor>> wanted;
+  if (adapters) {
+    wanted = named_trainable_parameters();
+  } else {
+    for (auto& item : impl_->decoder->named_parameters()) {
+      wanted.emplace_back(item.key(), item.value());
+    }
+  }
+  for (auto& [name, value] : wanted) {
     torch::Tensor stored;
-    if (!archive.try_read(item.key(), stored)) {
+    if (!archive.try_read(name, stored)) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "'", path, "' has no tensor '", item.key(),
-          "': the checkpoint was made for a different model config"));
+          "'", path, "' has no tensor '", name,
+          adapters ? "': the adapters were made with other model.lora "
+                     "targets (its config.yaml says which)"
+                   : "': the checkpoint was made for a different model config"));
     }
-    if (stored.sizes() != item.value().sizes()) {
+    if (stored.sizes() != value.sizes()) {
       return absl::FailedPreconditionError(
-          absl::StrCat("'", path, "': tensor '", item.key(), "' has shape ",
+          absl::StrCat("'", path, "': tensor '", name, "' has shape ",
                        c10::str(stored.sizes()), " but the model config needs ",
-                       c10::str(item.value().sizes())));
+                       c10::str(value.sizes()),
+                       adapters ? " (another model.lora.rank?)" : ""));
     }
-    item.value().copy_(stored);
+    value.copy_(stored);
+  }
+  if (impl_->lora_merged) {
+    for (const auto& slot : impl_->lora) {
+      slot->weight.copy_(MergedWeight(slot->base, slot->adapter));
+    }
   }
   return absl::OkStatus();
 }

@@ -161,6 +161,35 @@ class PolicyModel {
   // sub-block path and adds each sub-block's time to it.
   void set_sub_block_timer(SubBlockTimer* timer);
 
+  // LoRA (model.lora; docs/models.md "LoRA"). A model created with
+  // model.lora.rank > 0 holds the frozen base weights and, for each targeted
+  // projection of each layer, float32 adapters A [r, in] (uniform in
+  // +-1/sqrt(in), deterministic in the seed) and B [out, r] (zero); its
+  // forwards add (alpha / r) * B A x (engine/lora.h). CloneFrozen() of such
+  // a model is a merged view: its targeted weights hold W + (alpha / r) B A
+  // and forwards cost what the base model's do; on the same device it
+  // shares the untargeted tensors and the base weights with this model
+  // (which must then outlive it; base weights are never written after the
+  // job's set-up).
+  bool lora() const;
+  bool lora_merged() const;
+  // What training updates and a weight sync moves: with LoRA the adapters
+  // (A then B of each targeted projection, layer by layer: "block0.attn.
+  // wq.lora_A", ...), else every parameter.
+  std::vector<at::Tensor> trainable_parameters() const;
+  std::vector<std::pair<std::string, at::Tensor>> named_trainable_parameters()
+      const;
+  int64_t num_trainable_parameters() const;
+  // Sets the trainable tensors from `values` (trainable_parameters()'s
+  // order and shapes, any device); a merged view merges again from its
+  // base.
+  void LoadTrainable(const std::vector<at::Tensor>& values);
+  // The dropout masks of the next training forwards (model.lora.dropout >
+  // 0) are a function of `seed` and the adapter alone.
+  void set_lora_dropout_seed(uint64_t seed);
+
+  // The base parameters (with LoRA: without the adapters; a merged view's
+  // targeted weights hold the merged values).
   std::vector<at::Tensor> parameters() const;
   // Parameters by FusionRL name ("embed.weight", "block0.attn.wq.weight",
   // ...; engine/hf_model.h maps them to Hugging Face names), in a fixed
@@ -170,9 +199,13 @@ class PolicyModel {
   void set_training(bool on);
 
   // Weights in torch's archive format (model.pt) and the shape metadata.
+  // With LoRA the adapters only (the base is the job's model.hf_path or
+  // init_checkpoint).
   absl::Status Save(const std::string& path) const;
   // Loads weights saved by Save(); FailedPrecondition naming the mismatching
-  // tensor if the shapes differ from this model's config.
+  // tensor if the shapes differ from this model's config. A LoRA model takes
+  // the adapters of a LoRA archive, or the base weights of a full one (a
+  // LoRA job started from a full checkpoint).
   absl::Status Load(const std::string& path);
 
   const ModelConfig& config() const;

@@ -42,6 +42,7 @@ absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir,
     m = cm.model;
     vocab = cm.vocab_size;
     out.hf_path = cm.hf_path;
+    out.lora_base = cm.lora_base;
     if (!cm.hf_path.empty() &&
         fs::exists(fs::path(cm.hf_path) / "config.json")) {
       FUSIONRL_ASSIGN_OR_RETURN(HfModelInfo info,
@@ -75,13 +76,50 @@ absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir,
       out.chat_error = std::string(chat.status().message());
     }
   }
+  if (!options.lora.empty()) {
+    if (LoraEnabled(m)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--lora: '", dir, "' holds LoRA adapters already"));
+    }
+    absl::StatusOr<PeftAdapterInfo> adapter =
+        ReadPeftAdapterConfig(options.lora);
+    if (!adapter.ok()) {
+      return absl::Status(adapter.status().code(),
+                          absl::StrCat("--lora: ", adapter.status().message()));
+    }
+    m.lora = adapter->lora;
+    out.lora_base = dir;
+  }
   FUSIONRL_ASSIGN_OR_RETURN(out.policy,
                             PolicyModel::Create(m, vocab, options.device, 0));
   if (hf) {
     FUSIONRL_RETURN_IF_ERROR(LoadHfWeights(dir, *out.policy));
   } else {
+    if (LoraEnabled(m)) {
+      // model.pt holds the adapters: the base comes first.
+      const std::string& base = out.lora_base;
+      if (fs::exists(fs::path(base) / "config.json")) {
+        FUSIONRL_RETURN_IF_ERROR(LoadHfWeights(base, *out.policy));
+      } else if (fs::exists(fs::path(base) / "meta.json")) {
+        FUSIONRL_RETURN_IF_ERROR(
+            ReadCheckpoint(base, *out.policy, nullptr).status());
+      } else {
+        return absl::NotFoundError(absl::StrCat(
+            "checkpoint '", dir, "' holds LoRA adapters for the base model '",
+            base, "', which is not a Hugging Face directory or a checkpoint "
+                  "here"));
+      }
+    }
     FUSIONRL_RETURN_IF_ERROR(
         ReadCheckpoint(dir, *out.policy, nullptr).status());
+  }
+  if (!options.lora.empty()) {
+    if (absl::Status s = LoadPeftAdapter(options.lora, *out.policy); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("--lora: ", s.message()));
+    }
+  }
+  if (out.policy->lora() && !options.keep_lora_unmerged) {
+    out.policy = out.policy->CloneFrozen();
   }
   out.policy->set_training(false);
   return out;

@@ -24,6 +24,11 @@ struct ModelDirOptions {
   std::string dtype = "float32";  // compute dtype
   int max_seq_len = 0;            // rotary table length; 0 = the stored model's
   std::string tokenizer;          // tokenizer directory; "" = the model's own
+  // A PEFT LoRA adapter directory applied to the model (generate --lora).
+  std::string lora;
+  // Keep a LoRA model unmerged (export writes its adapters); by default it
+  // is returned as a merged view, which generates at the base model's cost.
+  bool keep_lora_unmerged = false;
 };
 
 struct LoadedModel {
@@ -31,6 +36,7 @@ struct LoadedModel {
   std::unique_ptr<Tokenizer> tokenizer;
   std::string tokenizer_dir;  // "" for the character tokenizer
   std::string hf_path;        // the Hugging Face directory it came from
+  std::string lora_base;      // a LoRA model: the base its adapters apply to
   int bos_token_id = -1;      // config / generation_config's, else tokenizer
   std::vector<int> eos_token_ids;  // generation stops at any of these
   // The Hugging Face config's max_position_embeddings, 0 when unknown.

@@ -21,8 +21,11 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include <array>
 #include <cstdint>
 #include <vector>
+
+#include "engine/lora.h"
 
 namespace fusionrl {
 
@@ -46,6 +49,10 @@ class SwiGLUImpl : public torch::nn::Module {
   // (engine/swiglu.h); else the composite modules.
   torch::Tensor forward(const torch::Tensor& x);
   torch::nn::Linear w1{nullptr}, w2{nullptr}, w3{nullptr};
+  // LoRA adapters of w1 (gate_proj), w3 (up_proj), w2 (down_proj), owned by
+  // the model; null: none, or merged. With any, forward() runs the composite
+  // modules (the recomputed inside reads the weights alone).
+  std::array<const LoraAdapter*, 3> lora{};
   // Selective recompute of the inside (model.activations.mlp_act).
   bool recompute_act = false;
   // Profiling (PolicyModel::set_sub_block_timer): the SiLU and product's
@@ -107,3 +114,4 @@ TORCH_MODULE(MoeFeedForward);
 }  // namespace fusionrl
 
 #endif  // FUSIONRL_ENGINE_MOE_MODULE_H_
+

@@ -40,7 +40,9 @@ absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config) {
   const auto& sc = config.sft;
   const auto& o = config.optim;
   // Float32 master weights for a bf16 policy (engine/master_weights.h).
-  MasterWeightAdamW adamw(policy.parameters(), AdamWSettingsOf(o, sc.lr));
+  // With LoRA the adapters only.
+  MasterWeightAdamW adamw(policy.trainable_parameters(),
+                          AdamWSettingsOf(o, sc.lr));
   OptimConfig schedule = o;
   schedule.lr = sc.lr;
   schedule.warmup_steps = sc.warmup_steps;
@@ -138,7 +140,8 @@ absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config) {
   summary.checkpoint_dir = out + "/checkpoints/final";
   FUSIONRL_RETURN_IF_ERROR(
       WriteCheckpoint(summary.checkpoint_dir, policy, nullptr,
-                      CheckpointMeta{"sft", config.name, sc.steps, 0, cursor}));
+                      CheckpointMeta{"sft", config.name, sc.steps, 0, cursor,
+                                     LoraBaseModel(config)}));
   if (config.run.export_final) {
     FUSIONRL_RETURN_IF_ERROR(ExportJobPolicy(config, ctx, policy, out + "/hf"));
   }

@@ -180,6 +180,16 @@ at::Tensor SwiGLURecomputedAct(const at::Tensor& x, const at::Tensor& rows,
 }
 
 torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {
+  if (lora[0] != nullptr || lora[1] != nullptr || lora[2] != nullptr) {
+    const bool training = is_training();
+    const torch::Tensor a =
+        LoraLinear(x, w1->weight, torch::Tensor(), lora[0], training);
+    const torch::Tensor b =
+        LoraLinear(x, w3->weight, torch::Tensor(), lora[1], training);
+    return LoraLinear(TimeSubBlock(timer, layer, kMlpActSlot,
+                                   [&] { return torch::silu(a) * b; }),
+                      w2->weight, torch::Tensor(), lora[2], training);
+  }
   if (recompute_act && at::GradMode::is_enabled()) {
     return SwiGLURecomputedAct(x, torch::Tensor(), torch::Tensor(), w1->weight,
                                w3->weight, w2->weight);

@@ -71,7 +71,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   }
   auto optim = std::make_unique<Optim>();
   const auto& o = config.optim;
-  optim->adamw = std::make_unique<MasterWeightAdamW>(policy.parameters(),
+  // With LoRA the optimizer holds the adapters only (float32: no masters).
+  optim->adamw = std::make_unique<MasterWeightAdamW>(policy.trainable_parameters(),
                                                      AdamWSettingsOf(o, o.lr));
   // model.activations.policy auto: plan for the largest micro-batch.
   FUSIONRL_RETURN_IF_ERROR(
@@ -363,6 +364,11 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
         };
         const auto adv = rows(advantages);
         const bool entropy_grad = algo_.entropy_coef > 0;
+        // LoRA dropout: masks a function of the step and the micro-batch
+        // (reproducible, and equal in a recomputed forward).
+        policy_.set_lora_dropout_seed(
+            (static_cast<uint64_t>(version_) << 32) ^
+            (static_cast<uint64_t>(epoch) << 24) ^ static_cast<uint64_t>(u0));
         ResponseTokenStats tok = ResponseTokenLogProbs(
             policy_, mb, temperature_, logits_chunk_tokens_, true);
         const at::Tensor& logp = tok.logp;
@@ -440,7 +446,7 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
         clip_sum += pg.clip_frac.item<double>() * mb_tokens;
         token_weight += mb_tokens;
       }
-      auto params = policy_.parameters();
+      auto params = policy_.trainable_parameters();
       if (sync_ != nullptr && sync_->ExchangesGradients()) {
         std::vector<at::Tensor> grads;
         for (auto& p : params) {

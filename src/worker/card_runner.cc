@@ -56,7 +56,7 @@ void CardRunner::ReportFailure(const absl::Status& status, int64_t step,
 }
 
 void CardRunner::PublishToRollout() {
-  fused_->Publish(ctx_.policy->parameters(), trainer_->version());
+  fused_->Publish(ctx_.policy->trainable_parameters(), trainer_->version());
 }
 
 absl::Status CardRunner::Run() {

@@ -141,6 +141,10 @@ class CardRunner {
   std::unique_ptr<HierarchicalSync> sync_;
   std::unique_ptr<Trainer> trainer_;
   std::unique_ptr<RolloutEngine> rollout_;
+  // LoRA: the merged view rollout_ and evaluation sample from (the policy
+  // itself otherwise); SamplingPolicy() merges the current adapters in.
+  std::unique_ptr<PolicyModel> merged_;
+  PolicyModel& SamplingPolicy();
   std::unique_ptr<FusedRollout> fused_;
   std::shared_ptr<CardMemoryManager> memory_;          // this card
   std::shared_ptr<CardMemoryManager> rollout_memory_;  // its rollout card's

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -22,6 +23,7 @@
 #include "engine/job_common.h"
 #include "engine/rollout.h"
 #include "engine/test_util.h"
+#include "engine/trainer.h"
 #include "gtest/gtest.h"
 #include "worker/fake_work_client.h"
 #include "worker/fused_rollout.h"
@@ -29,6 +31,7 @@
 #include "worker/plan_rendezvous.h"
 #include "worker/rollout_prefetch.h"
 #include "worker/staleness_filter.h"
+#include "worker/step_snapshot.h"
 
 namespace fusionrl {
 namespace {
@@ -891,6 +894,53 @@ TEST(StalenessFilterTest, RejectsASampleNewerThanTheTrainer) {
   EXPECT_TRUE(absl::StrContains(r.status().message(), "prompt group 2"))
       << r.status();
   EXPECT_TRUE(absl::StrContains(r.status().message(), "negative staleness"));
+}
+
+// LoRA: the state a weight sync between super nodes copies is 8 bytes of
+// length, the adapters' bytes (not the model's), then their AdamW state; a
+// peer adopting it gets the adapters, and its merged view their function.
+TEST(StepSnapshotTest, LoraStateCarriesTheAdaptersOnly) {
+  JobConfig job;
+  job.model = testing_util::TinyModelConfig();
+  job.model.lora.rank = 4;
+  job.model.lora.alpha = 8;
+  job.optim.lr = 1e-2;
+  job.rollout.group_size = 2;
+  auto lead = PolicyModel::Create(job.model, 98, c10::Device("cpu"), 3).value();
+  auto trainer = Trainer::Create(*lead, nullptr, job, 0).value();
+  std::vector<Sample> batch;
+  for (int i = 0; i < 4; ++i) {
+    Sample s;
+    s.prompt_ids = {1, 5 + i / 2};
+    s.response_ids = {20 + i, 2};
+    s.behaviour_logp.assign(2, -1.0f);
+    s.reward = i % 2;
+    batch.push_back(s);
+  }
+  ASSERT_TRUE(trainer->Step(batch).ok());
+  ASSERT_TRUE(trainer->Step(batch).ok());
+  absl::StatusOr<std::string> blob = SerializeState(*lead, *trainer);
+  ASSERT_TRUE(blob.ok()) << blob.status();
+  uint64_t weight_bytes = 0;
+  std::memcpy(&weight_bytes, blob->data(), sizeof(weight_bytes));
+  EXPECT_EQ(weight_bytes,
+            static_cast<uint64_t>(lead->num_trainable_parameters()) * 4);
+  EXPECT_LT(weight_bytes * 4,
+            static_cast<uint64_t>(lead->num_parameters()) * 4);
+
+  auto peer = PolicyModel::Create(job.model, 98, c10::Device("cpu"), 3).value();
+  auto peer_view = peer->CloneFrozen();
+  auto peer_trainer = Trainer::Create(*peer, nullptr, job, 0).value();
+  ASSERT_TRUE(AdoptState(*blob, *peer, *peer_trainer).ok());
+  EXPECT_EQ(WeightsCrc32c(*peer), WeightsCrc32c(*lead));
+  peer_view->LoadTrainable(peer->trainable_parameters());
+  auto lead_view = lead->CloneFrozen();
+  const auto tokens = at::randint(3, 98, {2, 6});
+  const auto valid = at::ones({2, 6}, at::kBool);
+  at::NoGradGuard no_grad;
+  EXPECT_TRUE(at::equal(
+      peer_view->Forward(tokens, PositionsFromValid(valid), valid),
+      lead_view->Forward(tokens, PositionsFromValid(valid), valid)));
 }
 
 }  // namespace

@@ -47,8 +47,11 @@ absl::Status CardRunner::Setup() {
   FUSIONRL_ASSIGN_OR_RETURN(
       trainer_, Trainer::Create(policy, reference_.get(), cfg,
                                 ctx_.tokenizer->pad_id(), sync_.get()));
-  rollout_ = std::make_unique<RolloutEngine>(policy, ctx_.tokenizer->pad_id(),
-                                             ctx_.stop_ids);
+  // LoRA: rollout on merged weights, so decoding costs what the base
+  // model's does.
+  if (policy.lora()) merged_ = policy.CloneFrozen();
+  rollout_ = std::make_unique<RolloutEngine>(
+      merged_ ? *merged_ : policy, ctx_.tokenizer->pad_id(), ctx_.stop_ids);
   rollout_->Configure(cfg.rollout);
   rollout_->set_row_blocks(per_card_threads_);
   if (job_.local_rank == 0) {
@@ -70,7 +73,9 @@ absl::Status CardRunner::Setup() {
       memory_, CardMemoryManager::Create(job_.local_rank, cfg.memory));
   memory_->Set(
       MemoryCategory::kWeights,
-      ParameterBytes(policy) + (reference_ ? ParameterBytes(*reference_) : 0));
+      ParameterBytes(policy) +
+          (reference_ ? ParameterBytes(*reference_, &policy) : 0) +
+          (merged_ ? ParameterBytes(*merged_, &policy) : 0));
   memory_->Set(MemoryCategory::kOptimizer, OptimizerStateBytes(*trainer_));
   job_.counters->SetMemory(memory_);
   rollout_memory_ = memory_;
@@ -111,6 +116,12 @@ std::unique_ptr<HierarchicalSync> CardRunner::MakeSync() {
         return FormCrossNodeGroup(client, job_.job_id, job_.node_id, generation,
                                   node_rank, nodes, timeout_);
       });
+}
+
+PolicyModel& CardRunner::SamplingPolicy() {
+  if (merged_ == nullptr) return *ctx_.policy;
+  merged_->LoadTrainable(ctx_.policy->trainable_parameters());
+  return *merged_;
 }
 
 absl::Status CardRunner::SetUpRolloutThread() {
@@ -156,7 +167,8 @@ absl::Status CardRunner::SetUpRolloutThread() {
                               ResolveDevice(job_.rollout_device));
     snapshot = policy.CloneFrozen(rollout_device);
   }
-  rollout_memory_->Set(MemoryCategory::kSnapshot, ParameterBytes(*snapshot));
+  rollout_memory_->Set(MemoryCategory::kSnapshot,
+                       ParameterBytes(*snapshot, &policy));
   SetIntraOpThreads(train_threads);
   auto engine = std::make_unique<RolloutEngine>(
       *snapshot, ctx_.tokenizer->pad_id(), ctx_.stop_ids);

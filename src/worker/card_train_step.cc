@@ -30,6 +30,7 @@ absl::StatusOr<RolloutBatch> CardRunner::SampleHere(
     const std::vector<uint64_t>& groups, const StepPlan& plan) {
   overlap_.Begin(RoleOverlap::Role::kRollout);
   absl::Cleanup done = [this] { overlap_.End(RoleOverlap::Role::kRollout); };
+  SamplingPolicy();  // LoRA: the current adapters merged into rollout_'s
   return sampler_->Sample(
       *rollout_, groups, plan.step, plan.rank, trainer_->version(), *memory_,
       [this](const MemoryDecision&) -> absl::Status {
@@ -119,7 +120,7 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
     Doing("evaluation before step 1");
     FUSIONRL_ASSIGN_OR_RETURN(
         EvalResult initial,
-        EvaluateGreedy(policy, ctx_, cfg.rollout.max_new_tokens));
+        EvaluateGreedy(SamplingPolicy(), ctx_, cfg.rollout.max_new_tokens));
     spdlog::info("[{}] initial eval accuracy {:.3f} ({:.1f}s)", cfg.name,
                  initial.accuracy, initial.seconds);
     report.initial_eval_accuracy = initial.accuracy;
@@ -246,7 +247,7 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
     Doing(absl::StrCat("evaluation after step ", plan.step));
     FUSIONRL_ASSIGN_OR_RETURN(
         EvalResult ev,
-        EvaluateGreedy(policy, ctx_, cfg.rollout.max_new_tokens));
+        EvaluateGreedy(SamplingPolicy(), ctx_, cfg.rollout.max_new_tokens));
     report.eval_accuracy = ev.accuracy;
     rec.push_back({"eval_accuracy", ev.accuracy});
     rec.push_back({"eval_seconds", ev.seconds});

@@ -281,11 +281,9 @@ std::optional<FusedRollout::Round> FusedRollout::NextRound(bool wait) {
         changed_.SignalAll();
         return std::nullopt;
       }
-      at::NoGradGuard no_grad;
-      std::vector<at::Tensor> params = snapshot_->parameters();
-      for (size_t i = 0; i < params.size(); ++i) {
-        params[i].copy_(weights->second[i]);
-      }
+      // The trainable tensors (with LoRA the adapters, merged here into
+      // the snapshot's weights).
+      snapshot_->LoadTrainable(weights->second);
       snapshot_version_ = want;
       snapshot_updates_.fetch_add(1);
     }

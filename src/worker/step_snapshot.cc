@@ -16,7 +16,7 @@ absl::StatusOr<StepSnapshot> StepSnapshot::Take(PolicyModel& policy,
                                                 const Trainer& trainer,
                                                 bool on_host) {
   StepSnapshot s;
-  for (const at::Tensor& p : policy.parameters()) {
+  for (const at::Tensor& p : policy.trainable_parameters()) {
     s.params.push_back(on_host ? p.detach().to(at::kCPU, /*non_blocking=*/false,
                                                /*copy=*/true)
                                : p.detach().clone());
@@ -30,7 +30,7 @@ absl::Status StepSnapshot::Restore(PolicyModel& policy,
                                    Trainer& trainer) const {
   const StepSnapshot& s = *this;
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> params = policy.parameters();
+  std::vector<at::Tensor> params = policy.trainable_parameters();
   for (size_t i = 0; i < params.size(); ++i) params[i].copy_(s.params[i]);
   FUSIONRL_RETURN_IF_ERROR(trainer.RestoreOptimizerState(s.optimizer));
   trainer.set_version(s.version);
@@ -43,7 +43,7 @@ namespace {
 // its CRC-32C covers).
 std::string WeightBytes(PolicyModel& policy) {
   std::string out;
-  for (const at::Tensor& p : policy.parameters()) {
+  for (const at::Tensor& p : policy.trainable_parameters()) {
     const at::Tensor c = p.detach().to(at::kCPU).contiguous();
     out.append(static_cast<const char*>(c.data_ptr()),
                c.numel() * c.element_size());
@@ -81,7 +81,7 @@ absl::Status AdoptState(const std::string& blob, PolicyModel& policy,
                                             " bytes of weights"));
   }
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> params = policy.parameters();
+  std::vector<at::Tensor> params = policy.trainable_parameters();
   size_t offset = sizeof(n);
   for (at::Tensor& p : params) {
     const size_t bytes = p.numel() * p.element_size();
