@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The Hugging Face path through the fusionrl binary, as a user drives it: an
 # RL job on an imported Qwen3 model (real tokenizer, ChatML prompts, the math
-# task), its export, generation from the export and from the checkpoint, and
-# the config errors of model.hf_path.
+# task), its export, generation from the export and from the checkpoint, the
+# same with LoRA (PEFT adapter out and in, --merge, generate --lora), and
+# the config errors of model.hf_path and model.lora.
 # Usage: hf_e2e_test.sh FUSIONRL_BINARY WORK_DIR FIXTURES_DIR
 set -euo pipefail
 BIN=$1
@@ -65,7 +66,40 @@ grep -q '"torch_dtype": "bfloat16"' "$WORK/exp/config.json" || fail "export dtyp
 grep -q '"max_position_embeddings": 512' "$WORK/exp/config.json" ||
   fail "export of the checkpoint shrank max_position_embeddings"
 
-# 4. Bad input: one line, exit 2.
+# 4. LoRA on the imported model: the merged export, the PEFT adapter, and
+# generation from each way of putting base and adapter together agree.
+timeout 300 "$BIN" run "$WORK/job.yaml" -o "$WORK/lora" --set model.lora.rank=4 \
+  --set model.lora.alpha=8 --set optim.lr=1e-2 >/dev/null 2>"$WORK/lora.log" ||
+  { cat "$WORK/lora.log"; fail "LoRA run exited $?"; }
+grep -q '"lora_rank":4' "$WORK/lora/metrics.jsonl" || fail "no lora_rank in metrics.jsonl"
+# Random weights earn no reward here, so RL leaves B at 0: a few SFT steps
+# on the task's solutions move the adapters.
+timeout 300 "$BIN" sft "$WORK/job.yaml" -o "$WORK/lora" --set model.lora.rank=4 \
+  --set model.lora.alpha=8 --set sft.steps=3 --set sft.lr=1e-2 --set sft.warmup_steps=0 --set sft.batch_size=8 --set rollout.max_new_tokens=120 --set model.max_seq_len=256 --set task.eval_size=1 \
+  >/dev/null 2>"$WORK/lora-sft.log" || { cat "$WORK/lora-sft.log"; fail "LoRA SFT exited $?"; }
+for f in adapter_config.json adapter_model.safetensors; do
+  [ -f "$WORK/lora/hf-lora/$f" ] || fail "run.export_final wrote no $f"
+done
+grep -q '"peft_type": "LORA"' "$WORK/lora/hf-lora/adapter_config.json" || fail "adapter_config.json"
+grep -q "\"base_model_name_or_path\": \"$MODEL\"" "$WORK/lora/hf-lora/adapter_config.json" ||
+  fail "adapter_config.json does not name the base"
+timeout 120 "$BIN" export "$WORK/lora/checkpoints/final" --out "$WORK/lora-exp" >/dev/null ||
+  fail "export of the LoRA checkpoint exited $?"
+cmp -s "$WORK/lora-exp/adapter_model.safetensors" "$WORK/lora/hf-lora/adapter_model.safetensors" ||
+  fail "export of the checkpoint and run.export_final wrote different adapters"
+timeout 120 "$BIN" export "$WORK/lora/checkpoints/final" --out "$WORK/lora-merged" --merge >/dev/null ||
+  fail "export --merge exited $?"
+gen() { timeout 120 "$BIN" generate --prompt "What is 2 + 3?" --chat -n 6 --json "$@"; }
+m=$(gen --model "$WORK/lora-merged")
+[ "$m" = "$(gen --model "$WORK/lora/hf")" ] || fail "merged exports differ"
+[ "$m" = "$(gen --model "$MODEL" --lora "$WORK/lora-exp")" ] || fail "generate --lora differs from the merged export"
+[ "$m" = "$(gen --model "$WORK/lora/checkpoints/final")" ] || fail "the LoRA checkpoint generates differently"
+[ "$m" != "$(gen --model "$MODEL")" ] || fail "the adapter changed nothing"
+# Training continues from the PEFT adapter.
+timeout 120 "$BIN" validate "$WORK/job.yaml" --set model.lora_path="$WORK/lora-exp" >/dev/null ||
+  fail "model.lora_path is refused"
+
+# 5. Bad input: one line, exit 2.
 expect_error() {  # expect_error PATTERN CMD...
   local pattern=$1; shift
   set +e; out=$("$@" 2>&1 >/dev/null); rc=$?; set -e
@@ -79,4 +113,13 @@ mkdir -p "$WORK/badmodel" && echo '{"architectures": ["GPT2LMHeadModel"]}' > "$W
 expect_error "architectures: 'GPT2LMHeadModel' is not supported" \
   "$BIN" validate "$WORK/job.yaml" --set model.hf_path="$WORK/badmodel"
 expect_error "neither a Hugging Face model directory" "$BIN" generate --model "$WORK" --prompt x
+expect_error "model.lora.targets=qkv_proj: unknown projection 'qkv_proj'" \
+  "$BIN" validate "$WORK/job.yaml" --set model.lora.rank=8 --set model.lora.targets=qkv_proj
+expect_error "model.lora.rank" "$BIN" validate "$WORK/job.yaml" --set model.lora.rank=-2
+expect_error "\-\-merge: .* is not a LoRA checkpoint" \
+  "$BIN" export "$WORK/run/checkpoints/final" --out "$WORK/x" --merge
+cp -r "$WORK/lora-exp" "$WORK/lora-r2"
+sed -i 's/"r": 4/"r": 2/' "$WORK/lora-r2/adapter_config.json"
+expect_error "lora_A.weight' has shape \[4, 64\] but the base model with r = 2" \
+  "$BIN" generate --model "$MODEL" --lora "$WORK/lora-r2" --prompt x
 echo "hf_e2e_test: ok"

@@ -141,6 +141,15 @@ std::string FormatStatus(const v1::JobStatus& s) {
           load, 100 * rec.value("moe_dropped_frac", 0.0),
           rec.value("moe_aux_loss", 0.0));
     }
+    if (rec.is_object() && rec.contains("lora_rank")) {
+      // What the optimizer holds and a weight publish moves.
+      const double n = rec.value("lora_trainable_parameters", 0.0);
+      absl::StrAppendFormat(
+          &out,
+          "  LoRA: rank %.0f, %.2f M trainable parameters (%.1f MiB a weight "
+          "publish)\n",
+          rec.value("lora_rank", 0.0), n / 1e6, 4 * n / 1048576.0);
+    }
     if (rec.is_object() && rec.contains("env_turns_mean")) {
       // Multi-turn episodes at the last step.
       absl::StrAppendFormat(

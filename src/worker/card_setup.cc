@@ -61,6 +61,14 @@ absl::Status CardRunner::Setup() {
         cfg.name, job_.node_id, policy.num_parameters(), job_.local_cards,
         ctx_.device.str(), ctx_.task->name(), ctx_.task->eval_set().size());
   }
+  if (job_.local_rank == 0 && policy.lora()) {
+    const LoraConfig& l = cfg.model.lora;
+    spdlog::info(
+        "[{}] LoRA rank {} (alpha {}) on {}: {} trainable parameters, "
+        "{:.1f} MiB a weight publish; base frozen",
+        cfg.name, l.rank, l.alpha, l.targets, policy.num_trainable_parameters(),
+        4.0 * policy.num_trainable_parameters() / 1048576.0);
+  }
   if (!job_.resume_checkpoint.empty()) {
     FUSIONRL_ASSIGN_OR_RETURN(
         CheckpointMeta meta,

@@ -236,6 +236,10 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   parts.snapshot_updates = fused_ != nullptr ? fused_->snapshot_updates() : 0;
   parts.moe = cfg.model.moe_experts > 0;
   parts.env = !cfg.env.name.empty();
+  if (policy.lora()) {
+    parts.lora_rank = cfg.model.lora.rank;
+    parts.trainable_parameters = policy.num_trainable_parameters();
+  }
   for (const Sample& s : batch.samples) {
     for (const auto& [name, value] : s.episode.metrics) {
       parts.env_metrics[name] +=

@@ -81,6 +81,11 @@ MetricFields StepRecord(const StepRecordParts& p) {
       rec.push_back({absl::StrCat("env_", name), value});
     }
   }
+  if (p.lora_rank > 0) {
+    rec.push_back({"lora_rank", static_cast<double>(p.lora_rank)});
+    rec.push_back({"lora_trainable_parameters",
+                   static_cast<double>(p.trainable_parameters)});
+  }
   if (p.moe) {
     // The lead card's own router statistics (like the other trainer stats).
     rec.push_back({"moe_aux_loss", ts.moe_aux_loss});

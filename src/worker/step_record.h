@@ -61,6 +61,11 @@ struct StepRecordParts {
   // The environments' own metrics (Observation::metrics), mean per episode
   // over the lead card's batch (like its trainer statistics): env_<name>.
   std::map<std::string, double> env_metrics;
+  // LoRA (model.lora.rank > 0): the rank and the adapters' parameters,
+  // whose bytes are what a weight publish moves (lora_rank,
+  // lora_trainable_parameters).
+  int lora_rank = 0;
+  int64_t trainable_parameters = 0;
 };
 
 // The record's fields, in the order metrics.jsonl lists them.
