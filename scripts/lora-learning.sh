@@ -31,7 +31,11 @@ print(f"{sys.argv[2]:24s} {s['initial_eval_accuracy']:.3f} -> "
       f"{s['final_eval_accuracy']:.3f}  ({sys.argv[3]} s)")
 PY
 }
+# Quickstart's own learning rate for full fine-tuning; LoRA at 10x it (the
+# usual LoRA rule) and at 1x, at ranks 8 and 32 with alpha 16 (scale alpha/r)
+# and at rank 32 with alpha 64 (the scale of rank 8's run).
 run full optim.lr=2e-4
 run lora-r8-lr2e-3 model.lora.rank=8 model.lora.alpha=16 optim.lr=2e-3
+run lora-r32-a16-lr2e-3 model.lora.rank=32 model.lora.alpha=16 optim.lr=2e-3
 run lora-r32-lr2e-3 model.lora.rank=32 model.lora.alpha=64 optim.lr=2e-3
 run lora-r8-lr2e-4 model.lora.rank=8 model.lora.alpha=16 optim.lr=2e-4

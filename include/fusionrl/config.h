@@ -70,8 +70,8 @@ struct LoraConfig {
 
 // The Hugging Face projection names LoRA can target, in layer order.
 inline constexpr const char* kLoraTargetNames[] = {
-    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-    "down_proj"};
+    "q_proj",    "k_proj",  "v_proj",   "o_proj",
+    "gate_proj", "up_proj", "down_proj"};
 // model.lora.targets as names (all-linear expanded, in kLoraTargetNames
 // order, duplicates removed); InvalidArgument naming an unknown one.
 absl::StatusOr<std::vector<std::string>> ParseLoraTargets(

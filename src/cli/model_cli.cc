@@ -176,8 +176,8 @@ int RunExport(const ExportArgs& args) {
   auto loaded = LoadModelDir(args.source, options);
   if (!loaded.ok()) return Fail(loaded.status());
   if (args.merge && !loaded->policy->lora()) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--merge: '", args.source, "' is not a LoRA checkpoint")));
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--merge: '", args.source, "' is not a LoRA checkpoint")));
   }
   if (loaded->policy->lora() && !args.merge) {
     // A LoRA checkpoint: its adapters, as PEFT writes them.

@@ -349,18 +349,19 @@ std::optional<FieldError> ApplyPeftAdapter(ModelConfig& m) {
   }
   const LoraConfig& a = info->lora;
   if (m.lora.rank != 0 && m.lora.rank != a.rank) {
-    return Invalid("model.lora.rank",
-                   absl::StrCat("is ", m.lora.rank, " but model.lora_path's "
-                                "adapter has r = ", a.rank));
+    return Invalid("model.lora.rank", absl::StrCat("is ", m.lora.rank,
+                                                   " but model.lora_path's "
+                                                   "adapter has r = ",
+                                                   a.rank));
   }
   if (m.lora.targets != LoraConfig().targets) {
     absl::StatusOr<std::vector<std::string>> mine =
         ParseLoraTargets(m.lora.targets);
     if (mine.ok() && absl::StrJoin(*mine, ",") != a.targets) {
-      return Invalid("model.lora.targets",
-                     absl::StrCat("are ", absl::StrJoin(*mine, ","),
-                                  " but model.lora_path's adapter targets ",
-                                  a.targets));
+      return Invalid(
+          "model.lora.targets",
+          absl::StrCat("are ", absl::StrJoin(*mine, ","),
+                       " but model.lora_path's adapter targets ", a.targets));
     }
   }
   if (m.lora.alpha != LoraConfig().alpha && m.lora.alpha != a.alpha) {

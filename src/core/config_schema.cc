@@ -4,14 +4,14 @@
 #include "core/config_schema.h"
 
 #include <charconv>
-#include <iterator>
 #include <cstddef>
+#include <iterator>
 #include <string>
 #include <system_error>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
@@ -134,9 +134,9 @@ absl::StatusOr<std::vector<std::string>> ParseLoraTargets(
     size_t i = 0;
     while (i < on.size() && name != kLoraTargetNames[i]) ++i;
     if (i == on.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown projection '", name, "' (known: ",
-          absl::StrJoin(kLoraTargetNames, ", "), ", all-linear)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown projection '", name, "' (known: ",
+                       absl::StrJoin(kLoraTargetNames, ", "), ", all-linear)"));
     }
     on[i] = true;
   }

@@ -1353,9 +1353,10 @@ TEST(ConfigTest, LoraPathTakesTheAdaptersSettings) {
   EXPECT_EQ(c->model.lora.targets, "q_proj,v_proj");
   // Its resolved config.yaml reads back.
   ASSERT_TRUE(ParseJobConfig(JobConfigToYaml(*c), "config.yaml").ok());
-  ExpectError("model:\n  lora_path: " + dir + "\n  lora:\n    rank: 4\n",
-              absl::StatusCode::kInvalidArgument,
-              {"model.lora.rank", "is 4 but model.lora_path's adapter has r = 8"});
+  ExpectError(
+      "model:\n  lora_path: " + dir + "\n  lora:\n    rank: 4\n",
+      absl::StatusCode::kInvalidArgument,
+      {"model.lora.rank", "is 4 but model.lora_path's adapter has r = 8"});
   {
     std::ofstream out(dir + "/adapter_config.json");
     out << R"({"peft_type": "PREFIX_TUNING"})";

@@ -228,9 +228,9 @@ torch::Tensor AttentionImpl::forward(
                      const torch::Tensor& in) {
     return LoraLinear(in, l->weight, l->bias, lora[i], is_training());
   };
-  auto q = split(
-      proj(wq, 0, first_query > 0 ? x.narrow(1, first_query, tq) : x), tq,
-      n_heads_);
+  auto q =
+      split(proj(wq, 0, first_query > 0 ? x.narrow(1, first_query, tq) : x), tq,
+            n_heads_);
   auto k = split(proj(wk, 1, x), t, n_kv_heads_);
   if (!q_norm.is_empty()) {
     q = q_norm(q);

@@ -18,8 +18,8 @@ bool CpuDecoder::Supports(const PolicyModel& model) {
   const ModelConfig& c = model.config();
   // An unmerged LoRA model's forward adds its adapters, which the fused
   // kernels do not read.
-  return model.device().is_cpu() && c.dtype == "float32" && c.moe_experts == 0 &&
-         (!model.lora() || model.lora_merged());
+  return model.device().is_cpu() && c.dtype == "float32" &&
+         c.moe_experts == 0 && (!model.lora() || model.lora_merged());
 }
 
 CpuDecoder::CpuDecoder(const PolicyModel& model, int64_t slots,

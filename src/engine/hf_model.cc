@@ -314,8 +314,9 @@ absl::Status LoadPeftAdapter(const std::string& dir, PolicyModel& model) {
   const fs::path path = fs::path(dir) / "adapter_model.safetensors";
   if (!fs::exists(path)) {
     return absl::NotFoundError(absl::StrCat(
-        dir, ": no adapter_model.safetensors (PEFT's adapter_model.bin is "
-             "not read: save with safe_serialization=True)"));
+        dir,
+        ": no adapter_model.safetensors (PEFT's adapter_model.bin is "
+        "not read: save with safe_serialization=True)"));
   }
   FUSIONRL_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(path.string()));
   std::map<std::string, const StTensorInfo*> stored;
@@ -333,33 +334,34 @@ absl::Status LoadPeftAdapter(const std::string& dir, PolicyModel& model) {
     FUSIONRL_ASSIGN_OR_RETURN(std::string peft, PeftTensorName(name));
     auto it = stored.find(peft);
     if (it == stored.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path.string(), ": missing tensor '", peft,
-          "' (model.lora.targets needs it)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path.string(), ": missing tensor '", peft,
+                       "' (model.lora.targets needs it)"));
     }
     const StTensorInfo& info = *it->second;
     const std::vector<int64_t> want = param.sizes().vec();
     if (info.shape != want) {
       return absl::InvalidArgumentError(absl::StrCat(
           path.string(), ": tensor '", peft, "' has shape ",
-          ShapeString(info.shape), " but the base model with r = ",
-          model.config().lora.rank, " needs ", ShapeString(want),
-          " (an adapter for another base model or rank?)"));
+          ShapeString(info.shape),
+          " but the base model with r = ", model.config().lora.rank, " needs ",
+          ShapeString(want), " (an adapter for another base model or rank?)"));
     }
     FUSIONRL_ASSIGN_OR_RETURN(c10::ScalarType type,
                               TorchType(info.dtype, path.string(), peft));
     const absl::Span<const uint8_t> bytes = file->Data(info);
     at::Tensor host = torch::empty(want, torch::TensorOptions().dtype(type));
-    if (!bytes.empty()) std::memcpy(host.data_ptr(), bytes.data(), bytes.size());
+    if (!bytes.empty())
+      std::memcpy(host.data_ptr(), bytes.data(), bytes.size());
     values.push_back(host.to(torch::kFloat));
     used.insert(peft);
   }
   for (const auto& [name, info] : stored) {
     if (used.count(name) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path.string(), ": unexpected tensor '", info->name,
-          "' (not an adapter of model.lora.targets: ",
-          model.config().lora.targets, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path.string(), ": unexpected tensor '", info->name,
+                       "' (not an adapter of model.lora.targets: ",
+                       model.config().lora.targets, ")"));
     }
   }
   model.LoadTrainable(values);

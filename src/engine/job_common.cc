@@ -192,7 +192,8 @@ absl::Status ExportJobPolicy(const JobConfig& config, const JobContext& ctx,
   std::unique_ptr<PolicyModel> merged;
   if (policy.lora()) {
     const std::string lora_dir = out_dir + "-lora";
-    if (auto status = ExportPeftAdapter(policy, lora_dir, LoraBaseModel(config));
+    if (auto status =
+            ExportPeftAdapter(policy, lora_dir, LoraBaseModel(config));
         !status.ok()) {
       return absl::Status(status.code(),
                           absl::StrCat("run.export_final: ", status.message()));

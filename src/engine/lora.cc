@@ -28,9 +28,8 @@ at::Tensor LoraLinear(const at::Tensor& x, const at::Tensor& weight,
   if (training && lora->dropout > 0) {
     // Drawn on the CPU from a generator of its own: the same mask on every
     // device and in a recomputed forward.
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(
-        Mix(lora->dropout_seed != nullptr ? *lora->dropout_seed : 0,
-            lora->index));
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(Mix(
+        lora->dropout_seed != nullptr ? *lora->dropout_seed : 0, lora->index));
     const double keep = 1.0 - lora->dropout;
     at::Tensor mask =
         at::empty(in.sizes(), at::TensorOptions().dtype(at::kFloat))

@@ -83,7 +83,8 @@ at::Tensor ByHand(PolicyModel& m, const std::string& proj) {
   for (auto& [n, t] : m.named_trainable_parameters()) adapters[n] = t.detach();
   const double scale = m.config().lora.alpha / m.config().lora.rank;
   return base.at(proj + ".weight") +
-         scale * adapters.at(proj + ".lora_B").mm(adapters.at(proj + ".lora_A"));
+         scale *
+             adapters.at(proj + ".lora_B").mm(adapters.at(proj + ".lora_A"));
 }
 
 TEST(LoraTest, AdaptersStartAsTheBaseModelAndOnlyTheyTrain) {
@@ -127,22 +128,21 @@ TEST(LoraTest, MergedAndUnmergedForwardsAgree) {
     std::map<std::string, at::Tensor> mw;
     for (auto& [n, t] : merged->named_parameters()) mw[n] = t;
     for (const std::string proj : {"block1.attn.wv", "block0.mlp.w2"}) {
-      if (std::string(targets).find(proj == "block1.attn.wv" ? "v_proj"
-                                                              : "down_proj") ==
-              std::string::npos &&
+      if (std::string(targets).find(proj == "block1.attn.wv"
+                                        ? "v_proj"
+                                        : "down_proj") == std::string::npos &&
           std::string(targets) != "all-linear") {
         continue;
       }
       const at::Tensor want = ByHand(*lora, proj);
-      EXPECT_TRUE(torch::allclose(mw.at(proj + ".weight"), want,
-                                  1e-6, 1e-6))
+      EXPECT_TRUE(torch::allclose(mw.at(proj + ".weight"), want, 1e-6, 1e-6))
           << proj;
     }
     // New adapters reach the view through LoadTrainable (a weight sync).
     RandomizeB(*lora, 4);
     merged->LoadTrainable(lora->trainable_parameters());
-    EXPECT_TRUE(torch::allclose(Logits(*lora, b), Logits(*merged, b), 1e-4,
-                                1e-5));
+    EXPECT_TRUE(
+        torch::allclose(Logits(*lora, b), Logits(*merged, b), 1e-4, 1e-5));
   }
 }
 
@@ -283,16 +283,15 @@ TEST(LoraTest, PeftExportImportRoundTrip) {
             nlohmann::json({"q_proj", "v_proj", "down_proj"}));
   EXPECT_EQ(config["base_model_name_or_path"], "/models/base");
 
-  auto file =
-      SafetensorsFile::Open(dir + "/adapter_model.safetensors").value();
+  auto file = SafetensorsFile::Open(dir + "/adapter_model.safetensors").value();
   const StTensorInfo* a = file->Find(
       "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
-  const StTensorInfo* b = file->Find(
-      "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight");
+  const StTensorInfo* b =
+      file->Find("base_model.model.model.layers.1.mlp.down_proj.lora_B.weight");
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
-  EXPECT_EQ(a->shape, (std::vector<int64_t>{4, 32}));   // [r, in]
-  EXPECT_EQ(b->shape, (std::vector<int64_t>{32, 4}));   // [out, r]
+  EXPECT_EQ(a->shape, (std::vector<int64_t>{4, 32}));  // [r, in]
+  EXPECT_EQ(b->shape, (std::vector<int64_t>{32, 4}));  // [out, r]
   EXPECT_EQ(file->tensors().size(), 12u);  // 2 layers x 3 targets x (A, B)
 
   // Another adapter init (seed), the same base: the import gives the same
@@ -323,8 +322,8 @@ TEST(LoraTest, MergedExportIsBasePlusScaledBA) {
         << proj;
   }
   const Batch batch = MakeBatch();
-  EXPECT_TRUE(
-      torch::allclose(Logits(*lora, batch), Logits(*loaded, batch), 1e-4, 1e-5));
+  EXPECT_TRUE(torch::allclose(Logits(*lora, batch), Logits(*loaded, batch),
+                              1e-4, 1e-5));
 }
 
 TEST(LoraTest, BadAdaptersAreRefusedByName) {

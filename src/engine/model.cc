@@ -172,14 +172,21 @@ struct PolicyModel::Impl {
     for (const auto& block : decoder->blocks) {
       const std::string prefix = "block" + std::to_string(block->layer);
       for (const std::string& t : targets) {
-        if (t == "q_proj") out.emplace_back(prefix + ".attn.wq", block->attn->wq->weight);
-        if (t == "k_proj") out.emplace_back(prefix + ".attn.wk", block->attn->wk->weight);
-        if (t == "v_proj") out.emplace_back(prefix + ".attn.wv", block->attn->wv->weight);
-        if (t == "o_proj") out.emplace_back(prefix + ".attn.wo", block->attn->wo->weight);
+        if (t == "q_proj")
+          out.emplace_back(prefix + ".attn.wq", block->attn->wq->weight);
+        if (t == "k_proj")
+          out.emplace_back(prefix + ".attn.wk", block->attn->wk->weight);
+        if (t == "v_proj")
+          out.emplace_back(prefix + ".attn.wv", block->attn->wv->weight);
+        if (t == "o_proj")
+          out.emplace_back(prefix + ".attn.wo", block->attn->wo->weight);
         if (block->moe.is_empty()) {
-          if (t == "gate_proj") out.emplace_back(prefix + ".mlp.w1", block->mlp->w1->weight);
-          if (t == "up_proj") out.emplace_back(prefix + ".mlp.w3", block->mlp->w3->weight);
-          if (t == "down_proj") out.emplace_back(prefix + ".mlp.w2", block->mlp->w2->weight);
+          if (t == "gate_proj")
+            out.emplace_back(prefix + ".mlp.w1", block->mlp->w1->weight);
+          if (t == "up_proj")
+            out.emplace_back(prefix + ".mlp.w3", block->mlp->w3->weight);
+          if (t == "down_proj")
+            out.emplace_back(prefix + ".mlp.w2", block->mlp->w2->weight);
         }
       }
     }
@@ -263,8 +270,8 @@ absl::Status AttachLora(PolicyModel::Impl& impl, uint64_t seed) {
                           .uniform_(-bound, bound, gen)
                           .to(impl.device)
                           .set_requires_grad(true);
-    slot->adapter.b =
-        at::zeros({out, l.rank}, f32.device(impl.device)).set_requires_grad(true);
+    slot->adapter.b = at::zeros({out, l.rank}, f32.device(impl.device))
+                          .set_requires_grad(true);
     slot->adapter.scale = l.alpha / l.rank;
     slot->adapter.dropout = l.dropout;
     slot->adapter.dropout_seed = &impl.lora_dropout_seed;
@@ -465,6 +472,9 @@ void PolicyModel::CopyWeightsFrom(const PolicyModel& other) {
   auto src = other.impl_->decoder->parameters();
   TORCH_CHECK(dst.size() == src.size(), "CopyWeightsFrom: different models");
   for (size_t i = 0; i < dst.size(); ++i) dst[i].copy_(src[i]);
+  if (lora() && other.lora() && !other.lora_merged()) {
+    LoadTrainable(other.trainable_parameters());
+  }
 }
 
 std::unique_ptr<PolicyModel> PolicyModel::CloneFrozen() const {
@@ -508,11 +518,11 @@ std::unique_ptr<PolicyModel> PolicyModel::CloneFrozen(
       auto copy = std::make_unique<LoraSlot>();
       copy->name = slot->name;
       copy->weight = by_name.at(slot->name + ".weight");
-      const at::Tensor& base =
-          slot->base.defined() ? slot->base : slot->weight;
+      const at::Tensor& base = slot->base.defined() ? slot->base : slot->weight;
       copy->base = same_device ? base.detach() : base.detach().to(device);
       copy->adapter = slot->adapter;
-      copy->adapter.a = slot->adapter.a.detach().to(device, /*non_blocking=*/false, /*copy=*/true);
+      copy->adapter.a = slot->adapter.a.detach().to(
+          device, /*non_blocking=*/false, /*copy=*/true);
       copy->adapter.b = slot->adapter.b.detach().to(device, false, true);
       copy->adapter.dropout_seed = nullptr;
       copy->weight.copy_(MergedWeight(copy->base, copy->adapter));
@@ -623,8 +633,8 @@ absl::Status PolicyModel::Load(const std::string& path) {
   }
   const bool adapters = lora() && has_adapters;
   if (impl_->lora_merged && !adapters) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "'", path, "': a merged LoRA view takes adapters only"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", path, "': a merged LoRA view takes adapters only"));
   }
   std::vector<std::pair<std::string, at::Tensor>> wanted;
   if (adapters) {
@@ -639,9 +649,10 @@ absl::Status PolicyModel::Load(const std::string& path) {
     if (!archive.try_read(name, stored)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "'", path, "' has no tensor '", name,
-          adapters ? "': the adapters were made with other model.lora "
-                     "targets (its config.yaml says which)"
-                   : "': the checkpoint was made for a different model config"));
+          adapters
+              ? "': the adapters were made with other model.lora "
+                "targets (its config.yaml says which)"
+              : "': the checkpoint was made for a different model config"));
     }
     if (stored.sizes() != value.sizes()) {
       return absl::FailedPreconditionError(

@@ -137,8 +137,8 @@ class PolicyModel {
   // of the recomputation, which equal the forward's.
   MoeStats moe_stats() const;
 
-  // Copies all parameter values from `other` (same config). Used to create
-  // rollout snapshots and the frozen reference policy.
+  // Copies all parameter values from `other` (same config), and with LoRA
+  // the adapters of an unmerged `other`.
   void CopyWeightsFrom(const PolicyModel& other);
 
   // A new model with a copy of these weights, gradients off, on this

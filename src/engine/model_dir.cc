@@ -78,8 +78,8 @@ absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir,
   }
   if (!options.lora.empty()) {
     if (LoraEnabled(m)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--lora: '", dir, "' holds LoRA adapters already"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--lora: '", dir, "' holds LoRA adapters already"));
     }
     absl::StatusOr<PeftAdapterInfo> adapter =
         ReadPeftAdapterConfig(options.lora);
@@ -106,8 +106,9 @@ absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir,
       } else {
         return absl::NotFoundError(absl::StrCat(
             "checkpoint '", dir, "' holds LoRA adapters for the base model '",
-            base, "', which is not a Hugging Face directory or a checkpoint "
-                  "here"));
+            base,
+            "', which is not a Hugging Face directory or a checkpoint "
+            "here"));
       }
     }
     FUSIONRL_RETURN_IF_ERROR(

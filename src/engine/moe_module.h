@@ -114,4 +114,3 @@ TORCH_MODULE(MoeFeedForward);
 }  // namespace fusionrl
 
 #endif  // FUSIONRL_ENGINE_MOE_MODULE_H_
-

@@ -72,8 +72,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   auto optim = std::make_unique<Optim>();
   const auto& o = config.optim;
   // With LoRA the optimizer holds the adapters only (float32: no masters).
-  optim->adamw = std::make_unique<MasterWeightAdamW>(policy.trainable_parameters(),
-                                                     AdamWSettingsOf(o, o.lr));
+  optim->adamw = std::make_unique<MasterWeightAdamW>(
+      policy.trainable_parameters(), AdamWSettingsOf(o, o.lr));
   // model.activations.policy auto: plan for the largest micro-batch.
   FUSIONRL_RETURN_IF_ERROR(
       PlanActivationsForJob(policy,
@@ -366,9 +366,9 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
         const bool entropy_grad = algo_.entropy_coef > 0;
         // LoRA dropout: masks a function of the step and the micro-batch
         // (reproducible, and equal in a recomputed forward).
-        policy_.set_lora_dropout_seed(
-            (static_cast<uint64_t>(version_) << 32) ^
-            (static_cast<uint64_t>(epoch) << 24) ^ static_cast<uint64_t>(u0));
+        policy_.set_lora_dropout_seed((static_cast<uint64_t>(version_) << 32) ^
+                                      (static_cast<uint64_t>(epoch) << 24) ^
+                                      static_cast<uint64_t>(u0));
         ResponseTokenStats tok = ResponseTokenLogProbs(
             policy_, mb, temperature_, logits_chunk_tokens_, true);
         const at::Tensor& logp = tok.logp;

@@ -614,9 +614,9 @@ TEST(RlJobTest, LoraWeightSyncsMoveTheAdaptersOnly) {
   const double lora = sync_bytes(TinyLoraJob("sync-bytes-lora", 4));
   // The tiny model: 2 layers x 7 projections of [32|64] x [32|64]; rank-4
   // adapters are (in + out) x 4 each: 3.1k of its ~35k parameters.
-  auto model = PolicyModel::Create(TinyLoraJob("x", 1).model, 98,
-                                   c10::Device("cpu"), 1)
-                   .value();
+  auto model =
+      PolicyModel::Create(TinyLoraJob("x", 1).model, 98, c10::Device("cpu"), 1)
+          .value();
   const double adapters =
       static_cast<double>(model->num_trainable_parameters()) * 4;
   ASSERT_GT(full, 0);

@@ -86,8 +86,12 @@ void CardRunner::RestorePrefetch(const StepPlan& plan) {
 absl::Status CardRunner::WriteStepCheckpoint(const StepPlan& plan, int64_t step,
                                              std::string* dir) {
   const JobConfig& cfg = config();
-  CheckpointMeta meta{"rl", cfg.name, step, trainer_->version(),
-                      plan.data_cursor_after, LoraBaseModel(cfg)};
+  CheckpointMeta meta{"rl",
+                      cfg.name,
+                      step,
+                      trainer_->version(),
+                      plan.data_cursor_after,
+                      LoraBaseModel(cfg)};
   *dir = cfg.output_dir + "/checkpoints/" + plan.checkpoint_name;
   Doing(absl::StrCat("writing checkpoint ", plan.checkpoint_name));
   return WriteCheckpoint(*dir, *ctx_.policy, trainer_.get(), meta,

@@ -938,9 +938,9 @@ TEST(StepSnapshotTest, LoraStateCarriesTheAdaptersOnly) {
   const auto tokens = at::randint(3, 98, {2, 6});
   const auto valid = at::ones({2, 6}, at::kBool);
   at::NoGradGuard no_grad;
-  EXPECT_TRUE(at::equal(
-      peer_view->Forward(tokens, PositionsFromValid(valid), valid),
-      lead_view->Forward(tokens, PositionsFromValid(valid), valid)));
+  EXPECT_TRUE(
+      at::equal(peer_view->Forward(tokens, PositionsFromValid(valid), valid),
+                lead_view->Forward(tokens, PositionsFromValid(valid), valid)));
 }
 
 }  // namespace

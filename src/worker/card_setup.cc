@@ -79,11 +79,10 @@ absl::Status CardRunner::Setup() {
   }
   FUSIONRL_ASSIGN_OR_RETURN(
       memory_, CardMemoryManager::Create(job_.local_rank, cfg.memory));
-  memory_->Set(
-      MemoryCategory::kWeights,
-      ParameterBytes(policy) +
-          (reference_ ? ParameterBytes(*reference_, &policy) : 0) +
-          (merged_ ? ParameterBytes(*merged_, &policy) : 0));
+  memory_->Set(MemoryCategory::kWeights,
+               ParameterBytes(policy) +
+                   (reference_ ? ParameterBytes(*reference_, &policy) : 0) +
+                   (merged_ ? ParameterBytes(*merged_, &policy) : 0));
   memory_->Set(MemoryCategory::kOptimizer, OptimizerStateBytes(*trainer_));
   job_.counters->SetMemory(memory_);
   rollout_memory_ = memory_;
