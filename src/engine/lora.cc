@@ -3,19 +3,10 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include "core/seed.h"
 #include "engine/invariant_ops.h"
 
 namespace fusionrl {
-namespace {
-
-uint64_t Mix(uint64_t a, uint64_t b) {
-  uint64_t z = a + 0x9e3779b97f4a7c15ULL * (b + 1);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-}  // namespace
 
 at::Tensor LoraLinear(const at::Tensor& x, const at::Tensor& weight,
                       const at::Tensor& bias, const LoraAdapter* lora,
@@ -28,7 +19,7 @@ at::Tensor LoraLinear(const at::Tensor& x, const at::Tensor& weight,
   if (training && lora->dropout > 0) {
     // Drawn on the CPU from a generator of its own: the same mask on every
     // device and in a recomputed forward.
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(Mix(
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(MixSeed(
         lora->dropout_seed != nullptr ? *lora->dropout_seed : 0, lora->index));
     const double keep = 1.0 - lora->dropout;
     at::Tensor mask =

@@ -18,6 +18,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/seed.h"
 #include "engine/activation_memory.h"
 #include "engine/attention.h"
 #include "engine/decoder_block.h"
@@ -164,50 +165,53 @@ struct PolicyModel::Impl {
   Impl(const ModelConfig& c, int vocab, c10::Device d, Decoder dec)
       : config(c), vocab_size(vocab), device(d), decoder(std::move(dec)) {}
 
-  // Each targeted projection's weight by slot name, in slot order (layer,
-  // then q, k, v, o, gate, up, down).
-  std::vector<std::pair<std::string, at::Tensor>> LoraTargets(
-      const std::vector<std::string>& targets) const {
-    std::vector<std::pair<std::string, at::Tensor>> out;
-    for (const auto& block : decoder->blocks) {
+  // A projection LoRA can adapt: its slot name ("block0.attn.wq"), its
+  // weight, and the module's pointer to its adapter.
+  struct LoraTarget {
+    std::string name;
+    at::Tensor weight;
+    const LoraAdapter** hook;
+  };
+
+  // The targeted projections in slot order (layer, then q, k, v, o, gate,
+  // up, down: `targets` is in kLoraTargetNames order).
+  std::vector<LoraTarget> LoraTargets(const std::vector<std::string>& targets) {
+    struct Projection {
+      const char* hf;    // Hugging Face name
+      const char* path;  // FusionRL module path
+      const torch::nn::Linear* linear;
+      const LoraAdapter** hook;
+    };
+    std::vector<LoraTarget> out;
+    for (auto& block : decoder->blocks) {
+      AttentionImpl& attn = *block->attn;
+      std::vector<Projection> table = {
+          {"q_proj", ".attn.wq", &attn.wq, &attn.lora[0]},
+          {"k_proj", ".attn.wk", &attn.wk, &attn.lora[1]},
+          {"v_proj", ".attn.wv", &attn.wv, &attn.lora[2]},
+          {"o_proj", ".attn.wo", &attn.wo, &attn.lora[3]}};
+      if (block->moe.is_empty()) {  // a MoE block's experts are not adapted
+        SwiGLUImpl& mlp = *block->mlp;
+        table.push_back({"gate_proj", ".mlp.w1", &mlp.w1, &mlp.lora[0]});
+        table.push_back({"up_proj", ".mlp.w3", &mlp.w3, &mlp.lora[1]});
+        table.push_back({"down_proj", ".mlp.w2", &mlp.w2, &mlp.lora[2]});
+      }
       const std::string prefix = "block" + std::to_string(block->layer);
       for (const std::string& t : targets) {
-        if (t == "q_proj")
-          out.emplace_back(prefix + ".attn.wq", block->attn->wq->weight);
-        if (t == "k_proj")
-          out.emplace_back(prefix + ".attn.wk", block->attn->wk->weight);
-        if (t == "v_proj")
-          out.emplace_back(prefix + ".attn.wv", block->attn->wv->weight);
-        if (t == "o_proj")
-          out.emplace_back(prefix + ".attn.wo", block->attn->wo->weight);
-        if (block->moe.is_empty()) {
-          if (t == "gate_proj")
-            out.emplace_back(prefix + ".mlp.w1", block->mlp->w1->weight);
-          if (t == "up_proj")
-            out.emplace_back(prefix + ".mlp.w3", block->mlp->w3->weight);
-          if (t == "down_proj")
-            out.emplace_back(prefix + ".mlp.w2", block->mlp->w2->weight);
+        for (const Projection& p : table) {
+          if (t == p.hf) {
+            out.push_back({prefix + p.path, (*p.linear)->weight, p.hook});
+          }
         }
       }
     }
     return out;
   }
 
-  // Points the modules at the slots' adapters (unmerged models only).
-  void WireAdapters() {
-    for (auto& slot : lora) {
-      const std::string& n = slot->name;
-      const int layer = std::stoi(n.substr(5, n.find('.') - 5));
-      auto& block = decoder->blocks[layer];
-      const std::string proj = n.substr(n.find('.') + 1);
-      const LoraAdapter* a = &slot->adapter;
-      if (proj == "attn.wq") block->attn->lora[0] = a;
-      if (proj == "attn.wk") block->attn->lora[1] = a;
-      if (proj == "attn.wv") block->attn->lora[2] = a;
-      if (proj == "attn.wo") block->attn->lora[3] = a;
-      if (proj == "mlp.w1") block->mlp->lora[0] = a;
-      if (proj == "mlp.w3") block->mlp->lora[1] = a;
-      if (proj == "mlp.w2") block->mlp->lora[2] = a;
+  // A merged view's targeted weights from its base and adapters.
+  void Remerge() {
+    for (const auto& slot : lora) {
+      slot->weight.copy_(MergedWeight(slot->base, slot->adapter));
     }
   }
 
@@ -228,13 +232,6 @@ struct PolicyModel::Impl {
 };
 
 namespace {
-
-uint64_t MixLoraSeed(uint64_t seed) {
-  uint64_t z = seed + 0x4c6f5241ULL * 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 // Adds LoRA adapters to a freshly created model: base frozen, A uniform in
 // +-1/sqrt(in) (PEFT's kaiming_uniform(a = sqrt(5))), B zero.
@@ -257,10 +254,12 @@ absl::Status AttachLora(PolicyModel::Impl& impl, uint64_t seed) {
   }
   for (auto& p : impl.decoder->parameters()) p.set_requires_grad(false);
   torch::NoGradGuard no_grad;
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(MixLoraSeed(seed));
+  // The adapters' own stream ("LoRA" - 1 as the tag).
+  auto gen =
+      at::make_generator<at::CPUGeneratorImpl>(MixSeed(seed, 0x4c6f5240ULL));
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat);
   uint64_t index = 0;
-  for (auto& [name, weight] : slots) {
+  for (auto& [name, weight, hook] : slots) {
     auto slot = std::make_unique<LoraSlot>();
     slot->name = name;
     slot->weight = weight;
@@ -276,9 +275,9 @@ absl::Status AttachLora(PolicyModel::Impl& impl, uint64_t seed) {
     slot->adapter.dropout = l.dropout;
     slot->adapter.dropout_seed = &impl.lora_dropout_seed;
     slot->adapter.index = index++;
+    *hook = &slot->adapter;
     impl.lora.push_back(std::move(slot));
   }
-  impl.WireAdapters();
   return absl::OkStatus();
 }
 
@@ -525,10 +524,10 @@ std::unique_ptr<PolicyModel> PolicyModel::CloneFrozen(
           device, /*non_blocking=*/false, /*copy=*/true);
       copy->adapter.b = slot->adapter.b.detach().to(device, false, true);
       copy->adapter.dropout_seed = nullptr;
-      copy->weight.copy_(MergedWeight(copy->base, copy->adapter));
       ci.lora.push_back(std::move(copy));
     }
     ci.lora_merged = true;
+    ci.Remerge();
   }
   for (auto& p : clone->impl_->decoder->parameters())
     p.set_requires_grad(false);
@@ -572,11 +571,7 @@ void PolicyModel::LoadTrainable(const std::vector<at::Tensor>& values) {
   TORCH_CHECK(dst.size() == values.size(), "LoadTrainable: ", values.size(),
               " tensors for a model with ", dst.size());
   for (size_t i = 0; i < dst.size(); ++i) dst[i].copy_(values[i]);
-  if (impl_->lora_merged) {
-    for (const auto& slot : impl_->lora) {
-      slot->weight.copy_(MergedWeight(slot->base, slot->adapter));
-    }
-  }
+  if (impl_->lora_merged) impl_->Remerge();
 }
 
 void PolicyModel::set_lora_dropout_seed(uint64_t seed) {
@@ -663,11 +658,7 @@ absl::Status PolicyModel::Load(const std::string& path) {
     }
     value.copy_(stored);
   }
-  if (impl_->lora_merged) {
-    for (const auto& slot : impl_->lora) {
-      slot->weight.copy_(MergedWeight(slot->base, slot->adapter));
-    }
-  }
+  if (impl_->lora_merged) impl_->Remerge();
   return absl::OkStatus();
 }
 
