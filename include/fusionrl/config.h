@@ -119,7 +119,13 @@ struct ModelConfig {
   // Mixture of experts: with moe_experts > 0 every block's feed-forward is a
   // routed MoE block (engine/moe.h) instead of one dense SwiGLU.
   int moe_experts = 0;  // N experts per block: 0 (dense) or 2..64
-  int moe_top_k = 2;    // experts per token: 1 or 2, <= moe_experts
+  int moe_top_k = 2;    // experts per token: 1..8, <= moe_experts
+  // MoGE (Mixture of Grouped Experts, Pangu Pro MoE): the N experts are
+  // split into G equal groups of consecutive experts and each token takes
+  // its top (top_k / G) experts inside every group, so every group gets
+  // exactly T * top_k / G assignments of T tokens. 1 = plain top-k.
+  // REQUIRES with G > 1: N and top_k multiples of G.
+  int moe_groups = 1;
   // Training forward only (rollout and evaluation are always dropless): each
   // expert takes at most ceil(capacity_factor * T * top_k / N) of the T
   // tokens of a forward call; assignments past that are dropped (the token
@@ -337,6 +343,12 @@ struct AlgorithmConfig {
   // the cap or masked out, per behaviour_weight_mode. Required whenever
   // stalesync.max_policy_lag > 0 (validation refuses a lag without it).
   bool decoupled_loss = false;
+  // MoE policies: the trainer's forwards route each token to the experts
+  // the rollout routed it to (recorded per token and layer), recomputing
+  // only the gates, so trainer log-probs and the PPO ratio see the routing
+  // the samples were drawn with (verl/slime "R3"). Replayed routing is
+  // dropless, as the rollout's was.
+  bool router_replay = false;
   double behaviour_weight_cap = 5.0;             // >= 1
   BehaviourWeightLevel behaviour_weight_level =  // token | sequence
       BehaviourWeightLevel::kToken;

@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "cli/bench_common.h"
 #include "cli/exit_codes.h"
+#include "cli/op_counter.h"
 #include "core/status_macros.h"
 #include "engine/activation_memory.h"
 #include "engine/activation_planner.h"
@@ -93,6 +94,7 @@ struct PolicyRun {
   double plan_seconds = 0;
   std::vector<double> step_seconds;
   ActivationReport first;
+  int64_t first_ops = 0;          // ATen operators of the first step
   std::vector<at::Tensor> grads;  // after the first step
 };
 
@@ -151,7 +153,11 @@ absl::StatusOr<std::vector<PolicyRun>> RunPolicies(
   }
   for (PolicyRun& run : runs) {
     if (!run.error.empty()) continue;
-    FUSIONRL_ASSIGN_OR_RETURN(run.first, Step(run));
+    {
+      OpCounter ops;
+      FUSIONRL_ASSIGN_OR_RETURN(run.first, Step(run));
+      run.first_ops = ops.count();
+    }
     for (const at::Tensor& p : run.ctx.policy->parameters()) {
       run.grads.push_back(p.grad().defined() ? p.grad().clone()
                                              : at::zeros_like(p));
@@ -279,6 +285,7 @@ int RunBenchMemory(const BenchMemoryArgs& args) {
           {"host_pool_bytes", a.host_pool_bytes},
           {"host_pool_peak_bytes", a.host_pool_peak_bytes},
           {"median_step_seconds", t},
+          {"aten_ops_per_step", r.first_ops},
           {"held_ratio_to_none",
            none.first.held_bytes > 0
                ? static_cast<double>(a.held_bytes) / none.first.held_bytes

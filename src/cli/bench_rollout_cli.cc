@@ -1,11 +1,9 @@
 #include "cli/bench_rollout_cli.h"
 
 #include <ATen/ATen.h>
-#include <ATen/record_function.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
@@ -20,6 +18,7 @@
 #include "cli/bench_common.h"
 #include "cli/child_process.h"
 #include "cli/exit_codes.h"
+#include "cli/op_counter.h"
 #include "core/status_macros.h"
 #include "engine/job_common.h"
 #include "engine/memory_accounting.h"
@@ -44,25 +43,6 @@ double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Ops the dispatcher runs, on any thread, while counted (RecordFunction).
-std::atomic<int64_t> g_ops{0};
-
-class OpCounter {
- public:
-  OpCounter() {
-    handle_ = at::addGlobalCallback(
-        at::RecordFunctionCallback([](const at::RecordFunction&)
-                                       -> std::unique_ptr<at::ObserverContext> {
-          g_ops.fetch_add(1, std::memory_order_relaxed);
-          return nullptr;
-        }).scopes({at::RecordScope::FUNCTION}));
-  }
-  ~OpCounter() { at::removeCallback(handle_); }
-
- private:
-  at::CallbackHandle handle_;
-};
-
 // Ops and allocations of one Generate() call.
 struct GenerateCost {
   int64_t ops = 0, allocations = 0, decode_steps = 0, prefill_rows = 0;
@@ -72,13 +52,12 @@ absl::StatusOr<GenerateCost> CountGenerate(
     RolloutEngine& engine, const std::vector<std::vector<int>>& prompts,
     const SamplingParams& params, c10::Device device) {
   GenerateCost cost;
-  g_ops = 0;
   ScopedAllocationCounter allocations(device);
   {
     OpCounter ops;
     FUSIONRL_RETURN_IF_ERROR(engine.Generate(prompts, params, 99).status());
+    cost.ops = ops.count();
   }
-  cost.ops = g_ops.load();
   cost.allocations = allocations.allocations();
   cost.decode_steps = engine.last_stats().decode_steps;
   cost.prefill_rows = engine.last_stats().prefill_rows;

@@ -136,10 +136,23 @@ std::string FormatStatus(const v1::JobStatus& s) {
         absl::StrAppendFormat(&load, "%s%.2f", i == 0 ? "" : " ",
                               rec[absl::StrCat("moe_load_", i)].get<double>());
       }
+      std::string groups;
+      for (int g = 0; rec.contains(absl::StrCat("moe_group_load_", g)); ++g) {
+        absl::StrAppendFormat(
+            &groups, "%s%.3f", g == 0 ? "  group load " : " ",
+            rec[absl::StrCat("moe_group_load_", g)].get<double>());
+      }
+      std::string disagreement;
+      if (rec.contains("moe_route_disagreement")) {
+        disagreement = absl::StrFormat(
+            "  routing differs from rollout on %.1f%% of tokens",
+            100 * rec["moe_route_disagreement"].get<double>());
+      }
       absl::StrAppendFormat(
-          &out, "  MoE router: expert load %s  dropped %.1f%%  aux loss %.4f\n",
-          load, 100 * rec.value("moe_dropped_frac", 0.0),
-          rec.value("moe_aux_loss", 0.0));
+          &out,
+          "  MoE router: expert load %s%s  dropped %.1f%%  aux loss %.4f%s\n",
+          load, groups, 100 * rec.value("moe_dropped_frac", 0.0),
+          rec.value("moe_aux_loss", 0.0), disagreement);
     }
     if (rec.is_object() && rec.contains("lora_rank")) {
       // What the optimizer holds and a weight publish moves.

@@ -135,7 +135,8 @@ void VisitModel(ModelConfig& m, V& v) {
   v.Bool("tie_embeddings", &m.tie_embeddings);
   v.Double("init_std", &m.init_std, Above(0));
   v.Int("moe_experts", &m.moe_experts, Closed(0, 64));
-  v.Int("moe_top_k", &m.moe_top_k, Closed(1, 2));
+  v.Int("moe_top_k", &m.moe_top_k, Closed(1, 8));
+  v.Int("moe_groups", &m.moe_groups, Closed(1, 64));
   v.Double("moe_capacity_factor", &m.moe_capacity_factor, AtLeast(0));
   v.Double("moe_aux_loss_coef", &m.moe_aux_loss_coef, AtLeast(0));
   v.Double("moe_z_loss_coef", &m.moe_z_loss_coef, AtLeast(0));
@@ -197,6 +198,7 @@ void VisitAlgorithm(AlgorithmConfig& a, V& v) {
   v.Double("entropy_coef", &a.entropy_coef, AtLeast(0));
   v.Int("ppo_epochs", &a.ppo_epochs, AtLeast(1));
   v.Bool("decoupled_loss", &a.decoupled_loss);
+  v.Bool("router_replay", &a.router_replay);
   v.Double("behaviour_weight_cap", &a.behaviour_weight_cap, AtLeast(1));
   v.Enum("behaviour_weight_level", &a.behaviour_weight_level,
          ParseBehaviourWeightLevel, BehaviourWeightLevelName);

@@ -1372,11 +1372,13 @@ TEST(ConfigTest, ToYamlIsReadable) {
   EXPECT_THAT(yaml, HasSubstr("norm_eps: 1e-05\n"));
   EXPECT_THAT(yaml, HasSubstr("temperature: 1.0\n"));
   EXPECT_THAT(yaml, HasSubstr("rope_theta: 10000.0\n"));
-  EXPECT_THAT(yaml, HasSubstr("init_std: 0.02\n  moe_experts: 0\n  "
-                              "moe_top_k: 2\n  moe_capacity_factor: 0.0\n  "
-                              "moe_aux_loss_coef: 0.01\n  "
-                              "moe_z_loss_coef: 0.001\n  "
-                              "moe_shared_expert: false\n  moe_d_ff: 0\n"));
+  EXPECT_THAT(
+      yaml,
+      HasSubstr("init_std: 0.02\n  moe_experts: 0\n  "
+                "moe_top_k: 2\n  moe_groups: 1\n  moe_capacity_factor: 0.0\n  "
+                "moe_aux_loss_coef: 0.01\n  "
+                "moe_z_loss_coef: 0.001\n  "
+                "moe_shared_expert: false\n  moe_d_ff: 0\n"));
   EXPECT_THAT(yaml, HasSubstr("init_checkpoint: \"\"\n"));
   EXPECT_THAT(yaml, HasSubstr("rollout:\n  prompts_per_step: 16\n"));
   EXPECT_THAT(yaml, HasSubstr("sft:\n  steps: 300\n"));
@@ -1417,9 +1419,40 @@ TEST(ConfigTest, MoeKeysAreCheckedWhenParsed) {
   ExpectError("model:\n  moe_expert: 4\n", absl::StatusCode::kInvalidArgument,
               {"job.yaml: model.moe_expert: unknown key (did you mean "
                "'moe_experts'?)"});
-  ExpectError("model:\n  moe_experts: 4\n  moe_top_k: 3\n",
+  ExpectError("model:\n  moe_experts: 16\n  moe_top_k: 9\n",
               absl::StatusCode::kInvalidArgument,
-              {"job.yaml: model.moe_top_k: must be in [1, 2], got 3"});
+              {"job.yaml: model.moe_top_k: must be in [1, 8], got 9"});
+  // MoGE groups and router replay.
+  config = ParseJobConfig(
+      "model:\n  moe_experts: 8\n  moe_top_k: 4\n  moe_groups: 2\n"
+      "algorithm:\n  router_replay: true\n",
+      "job.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->model.moe_groups, 2);
+  EXPECT_TRUE(config->algorithm.router_replay);
+  EXPECT_EQ(JobConfig().model.moe_groups, 1);
+  EXPECT_FALSE(JobConfig().algorithm.router_replay);
+  ExpectError("model:\n  moe_experts: 8\n  moe_top_k: 2\n  moe_groups: 3\n",
+              absl::StatusCode::kInvalidArgument,
+              {"job.yaml: model.moe_groups: must divide model.moe_experts (8) "
+               "into equal groups, got 3"});
+  ExpectError("model:\n  moe_experts: 8\n  moe_top_k: 2\n  moe_groups: 4\n",
+              absl::StatusCode::kInvalidArgument,
+              {"job.yaml: model.moe_groups: must divide model.moe_top_k (2): "
+               "every token takes top_k / groups experts in each group, got "
+               "4"});
+  ExpectError("model:\n  moe_groups: 2\n", absl::StatusCode::kInvalidArgument,
+              {"job.yaml: model.moe_groups: must be 1 for a dense model "
+               "(model.moe_experts 0), got 2"});
+  ExpectError("algorithm:\n  router_replay: true\n",
+              absl::StatusCode::kInvalidArgument,
+              {"job.yaml: algorithm.router_replay: needs a mixture-of-experts "
+               "policy"});
+  ExpectError(
+      "model:\n  moe_experts: 4\nalgorithm:\n  router_replay: true\n"
+      "env:\n  name: calculator\n",
+      absl::StatusCode::kInvalidArgument,
+      {"algorithm.router_replay: is not supported with env.name"});
   ExpectError("model:\n  moe_experts: 1\n  moe_top_k: 2\n",
               absl::StatusCode::kInvalidArgument,
               {"job.yaml: model.moe_top_k: must be <= model.moe_experts (1), "
@@ -1481,11 +1514,13 @@ TEST(ConfigTest, ValidateChecksRanges) {
        "model.moe_top_k: must be <= model.moe_experts (1), got 2"},
       {[](JobConfig& c) {
          c.model.moe_experts = 4;
-         c.model.moe_top_k = 3;
+         c.model.moe_top_k = 5;
        },
-       "model.moe_top_k: must be in [1, 2], got 3"},
+       "model.moe_top_k: must be <= model.moe_experts (4), got 5"},
       {[](JobConfig& c) { c.model.moe_top_k = 0; },
-       "model.moe_top_k: must be in [1, 2], got 0"},
+       "model.moe_top_k: must be in [1, 8], got 0"},
+      {[](JobConfig& c) { c.model.moe_groups = 0; },
+       "model.moe_groups: must be in [1, 64], got 0"},
       {[](JobConfig& c) { c.model.moe_capacity_factor = -0.5; },
        "model.moe_capacity_factor: must be >= 0, got -0.5"},
       {[](JobConfig& c) { c.model.moe_aux_loss_coef = -1; },

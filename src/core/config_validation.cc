@@ -165,6 +165,28 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                    absl::StrCat("must be <= model.moe_experts (", m.moe_experts,
                                 "), got ", m.moe_top_k));
   }
+  if (m.moe_groups > 1) {
+    if (m.moe_experts == 0) {
+      return Invalid("model.moe_groups",
+                     absl::StrCat("must be 1 for a dense model (model."
+                                  "moe_experts 0), got ",
+                                  m.moe_groups));
+    }
+    if (m.moe_experts % m.moe_groups != 0) {
+      return Invalid(
+          "model.moe_groups",
+          absl::StrCat("must divide model.moe_experts (", m.moe_experts,
+                       ") into equal groups, got ", m.moe_groups));
+    }
+    if (m.moe_top_k % m.moe_groups != 0) {
+      return Invalid(
+          "model.moe_groups",
+          absl::StrCat("must divide model.moe_top_k (", m.moe_top_k,
+                       "): every token takes top_k / groups experts in each "
+                       "group, got ",
+                       m.moe_groups));
+    }
+  }
   if (m.lora.rank == 0 &&
       (m.lora.targets != LoraConfig().targets ||
        m.lora.alpha != LoraConfig().alpha || m.lora.dropout != 0)) {
@@ -285,6 +307,17 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                                 p.rollout_cards_per_super_node));
   }
   const AlgorithmConfig& a = c.algorithm;
+  if (a.router_replay && m.moe_experts == 0) {
+    return Invalid("algorithm.router_replay",
+                   "needs a mixture-of-experts policy (model.moe_experts > "
+                   "0): a dense model has no routing to replay");
+  }
+  if (a.router_replay && !c.env.name.empty()) {
+    return Invalid("algorithm.router_replay",
+                   "is not supported with env.name (multi-turn episodes): "
+                   "the episode decoder does not record the rollout's "
+                   "routing yet");
+  }
   // decoupled_loss and rollout_correction are one weight, pi_prox /
   // pi_behaviour, each with its own rule: both at once would be ambiguous.
   if (a.decoupled_loss && a.rollout_correction != RolloutCorrection::kNone) {

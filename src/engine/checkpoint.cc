@@ -56,6 +56,7 @@ nlohmann::ordered_json ModelJson(const ModelConfig& m, int vocab) {
     j["moe_top_k"] = m.moe_top_k;
     j["moe_d_ff"] = m.moe_d_ff > 0 ? m.moe_d_ff : m.d_ff;
     j["moe_shared_expert"] = m.moe_shared_expert;
+    if (m.moe_groups > 1) j["moe_groups"] = m.moe_groups;
   }
   return j;
 }
@@ -103,6 +104,7 @@ absl::Status ModelFromJson(const nlohmann::json& j, const std::string& where,
       m->moe_top_k = j.at("moe_top_k").get<int>();
       m->moe_d_ff = j.at("moe_d_ff").get<int>();
       m->moe_shared_expert = j.at("moe_shared_expert").get<bool>();
+      m->moe_groups = j.value("moe_groups", 1);
     }
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(

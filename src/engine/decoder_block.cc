@@ -19,8 +19,8 @@ BlockImpl::BlockImpl(const ModelConfig& c) {
   if (c.moe_experts > 0) {
     moe = register_module(
         "mlp", MoeFeedForward(c.d_model, c.moe_d_ff > 0 ? c.moe_d_ff : c.d_ff,
-                              c.moe_experts, c.moe_top_k, c.moe_capacity_factor,
-                              c.moe_shared_expert));
+                              c.moe_experts, c.moe_top_k, c.moe_groups,
+                              c.moe_capacity_factor, c.moe_shared_expert));
   } else {
     mlp = register_module("mlp", SwiGLU(c.d_model, c.d_ff));
   }
@@ -29,18 +29,17 @@ BlockImpl::BlockImpl(const ModelConfig& c) {
 torch::Tensor BlockImpl::forward(
     const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
     const torch::Tensor& mask, torch::Tensor* cache_k, torch::Tensor* cache_v,
-    int64_t cache_start, const torch::Tensor& token_valid,
-    bool apply_capacity) {
+    int64_t cache_start, const MoeRouting& routing) {
   aux_loss = torch::Tensor();
   z_loss = torch::Tensor();
   if (cache_k == nullptr && at::GradMode::is_enabled() &&
       (!AllKeep() || timer != nullptr)) {
-    return PlannedForward(x, cos, sin, mask, token_valid, apply_capacity);
+    return PlannedForward(x, cos, sin, mask, routing);
   }
   auto h =
       x + attn(attn_norm(x), cos, sin, mask, cache_k, cache_v, cache_start);
   if (!moe.is_empty()) {
-    return h + moe(mlp_norm(h), token_valid, apply_capacity);
+    return h + moe(mlp_norm(h), routing);
   }
   return h + mlp(mlp_norm(h));
 }
@@ -70,7 +69,7 @@ bool BlockImpl::AllKeep() const {
 
 void BlockImpl::Apply(int step, Values& v, const torch::Tensor& cos,
                       const torch::Tensor& sin, const torch::Tensor& mask,
-                      const torch::Tensor& token_valid, bool apply_capacity) {
+                      const MoeRouting& routing) {
   switch (step) {
     case 0:
       v[kN1] = attn_norm(v[kX]);
@@ -86,7 +85,7 @@ void BlockImpl::Apply(int step, Values& v, const torch::Tensor& cos,
         v[kY] = v[kH] + mlp(v[kN2]);
         return;
       }
-      v[kY] = v[kH] + moe(v[kN2], token_valid, apply_capacity);
+      v[kY] = v[kH] + moe(v[kN2], routing);
       // The router's losses are outputs of the step, so under recompute
       // they are outputs of the recompute node and their gradient flows
       // through the recomputed graph, exactly as without it.
@@ -153,8 +152,7 @@ torch::Tensor BlockImpl::PlannedForward(const torch::Tensor& x,
                                         const torch::Tensor& cos,
                                         const torch::Tensor& sin,
                                         const torch::Tensor& mask,
-                                        const torch::Tensor& token_valid,
-                                        bool apply_capacity) {
+                                        const MoeRouting& routing) {
   const int kind[4] = {2, 0, 2, 1};  // timer slot of each step
   torch::nn::Module* module[4] = {
       attn_norm.ptr().get(), attn.ptr().get(), mlp_norm.ptr().get(),
@@ -166,12 +164,12 @@ torch::Tensor BlockImpl::PlannedForward(const torch::Tensor& x,
     const int i = seg.first, j = seg.last;
     const std::vector<int>& in = seg.in;
     const std::vector<int>& out = seg.out;
-    RecomputeFn fn = [this, i, j, in, out, cos, sin, mask, token_valid,
-                      apply_capacity](const Tensors& inputs) {
+    RecomputeFn fn = [this, i, j, in, out, cos, sin, mask,
+                      routing](const Tensors& inputs) {
       Values local;
       for (size_t k = 0; k < in.size(); ++k) local[in[k]] = inputs[k];
       for (int s = i; s <= j; ++s) {
-        Apply(s, local, cos, sin, mask, token_valid, apply_capacity);
+        Apply(s, local, cos, sin, mask, routing);
       }
       Tensors result;
       for (int w : out) result.push_back(local[w]);

@@ -35,14 +35,13 @@ class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const ModelConfig& c);
 
-  // token_valid [B, T] (MoE only): which tokens are routed. apply_capacity
-  // (MoE only): drop assignments past the experts' capacity. Without a cache
-  // and with autograd on, each sub-block follows the plan (SetPlan).
+  // routing (MoE only): which tokens are routed and how (token validity,
+  // capacity, replayed experts). Without a cache and with autograd on, each
+  // sub-block follows the plan (SetPlan).
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos,
                         const torch::Tensor& sin, const torch::Tensor& mask,
                         torch::Tensor* cache_k, torch::Tensor* cache_v,
-                        int64_t cache_start, const torch::Tensor& token_valid,
-                        bool apply_capacity);
+                        int64_t cache_start, const MoeRouting& routing);
 
   // The block's outputs at positions [first, T) only, [B, T - first, D]:
   // keys and values from every position, everything else from those only.
@@ -99,12 +98,11 @@ class BlockImpl : public torch::nn::Module {
   bool AllKeep() const;
   void Apply(int step, Values& v, const torch::Tensor& cos,
              const torch::Tensor& sin, const torch::Tensor& mask,
-             const torch::Tensor& token_valid, bool apply_capacity);
+             const MoeRouting& routing);
   torch::Tensor PlannedForward(const torch::Tensor& x, const torch::Tensor& cos,
                                const torch::Tensor& sin,
                                const torch::Tensor& mask,
-                               const torch::Tensor& token_valid,
-                               bool apply_capacity);
+                               const MoeRouting& routing);
   // Runs one sub-block (kind: 0 attention, 1 mlp, 2 norm) as `action` says,
   // adding its wall time to the timer when one is set.
   Tensors Run(int kind, ActivationAction action, RecomputeFn fn,

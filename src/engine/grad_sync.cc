@@ -131,6 +131,35 @@ class GlooGradientSync final : public GradientSync {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<at::Tensor> AllToAll(
+      const at::Tensor& input, const std::vector<int64_t>& send_rows,
+      const std::vector<int64_t>& recv_rows) override {
+    int64_t sent = 0, received = 0;
+    for (int64_t n : send_rows) sent += n;
+    for (int64_t n : recv_rows) received += n;
+    if (static_cast<int>(send_rows.size()) != world_ ||
+        static_cast<int>(recv_rows.size()) != world_ || input.dim() < 1 ||
+        sent != input.size(0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "all-to-all: rank ", rank_, " of ", world_, " sends ", sent,
+          " rows in ", send_rows.size(), " parts of a tensor of ",
+          input.dim() < 1 ? 0 : input.size(0), " rows"));
+    }
+    FUSIONRL_RETURN_IF_ERROR(Usable());
+    try {
+      std::vector<int64_t> shape = input.sizes().vec();
+      shape[0] = received;
+      at::Tensor out = at::empty(shape, input.options());
+      at::Tensor in = input.contiguous();
+      std::vector<int64_t> out_splits = recv_rows, in_splits = send_rows;
+      auto work = group_->alltoall_base(out, in, out_splits, in_splits);
+      FUSIONRL_RETURN_IF_ERROR(Await(work, "all-to-all", absl::Now()));
+      return out;
+    } catch (const std::exception& e) {
+      return Failed("all-to-all", e);
+    }
+  }
+
  private:
   // Waits for `work` (throws what c10d throws). Without a probe, one wait
   // of the group's timeout. With one, waits in slices and, once the
@@ -289,6 +318,14 @@ absl::Status GradientSync::WaitAllReduceSum(int64_t) {
 
 absl::Status GradientSync::Broadcast(std::vector<at::Tensor>&, int) {
   return absl::UnimplementedError("this GradientSync does not broadcast");
+}
+
+absl::StatusOr<at::Tensor> GradientSync::AllToAll(
+    const at::Tensor& input, const std::vector<int64_t>& send_rows,
+    const std::vector<int64_t>& recv_rows) {
+  return absl::UnimplementedError(
+      "this gradient sync cannot exchange rows (all-to-all): expert "
+      "parallelism needs a c10d group");
 }
 
 absl::Status SumAcrossRanks(GradientSync* sync, std::vector<double>& values) {

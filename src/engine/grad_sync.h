@@ -66,6 +66,15 @@ class GradientSync {
   // Replaces each tensor by rank `root`'s (same shapes and dtypes on every
   // rank), bit for bit. Default: Unimplemented.
   virtual absl::Status Broadcast(std::vector<at::Tensor>& tensors, int root);
+
+  // Exchanges rows (expert parallelism): rank r sends rows
+  // [sum(send_rows[0..d)), +send_rows[d]) of `input` to rank d and returns
+  // the rows it receives, rank s's recv_rows[s] rows in rank order (a
+  // tensor of input's trailing shape and dtype). send_rows[d] on rank r
+  // must equal recv_rows[r] on rank d. Default: Unimplemented.
+  virtual absl::StatusOr<at::Tensor> AllToAll(
+      const at::Tensor& input, const std::vector<int64_t>& send_rows,
+      const std::vector<int64_t>& recv_rows);
 };
 
 // Sums `values` over the ranks of `sync` (in place). A null `sync` or a

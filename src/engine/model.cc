@@ -73,13 +73,18 @@ class DecoderImpl : public torch::nn::Module {
     // are routed; capacity applies in the training forward only (training
     // mode, autograd on, no cache): rollout and evaluation are dropless, so
     // routing there never depends on which tokens share a call.
-    torch::Tensor token_valid;
-    bool apply_capacity = false;
+    // Router replay (SetRouteReplay) applies to forwards without a cache.
+    MoeRouting routing;
+    const bool replay = cache == nullptr && route_replay.defined();
     if (config_.moe_experts > 0) {
-      token_valid = key_valid.narrow(1, key_valid.size(1) - t, t);
-      apply_capacity = cache == nullptr && is_training() &&
-                       at::GradMode::is_enabled() &&
-                       config_.moe_capacity_factor > 0;
+      routing.token_valid = key_valid.narrow(1, key_valid.size(1) - t, t);
+      routing.apply_capacity = cache == nullptr && is_training() &&
+                               at::GradMode::is_enabled() &&
+                               config_.moe_capacity_factor > 0;
+      TORCH_CHECK(!replay || (route_replay.size(0) == tokens.size(0) &&
+                              route_replay.size(1) == t),
+                  "router replay: routes ", route_replay.sizes(),
+                  " do not cover the batch ", tokens.sizes());
     }
     auto x = embed(tokens);
     const bool window =
@@ -92,8 +97,8 @@ class DecoderImpl : public torch::nn::Module {
             x, cos, sin, AttentionMask(key_valid, first, t - first), first);
         break;
       }
-      x = blocks[i]->forward(x, cos, sin, mask, ck, cv, start, token_valid,
-                             apply_capacity);
+      if (replay) routing.replay = route_replay.select(2, i);
+      x = blocks[i]->forward(x, cos, sin, mask, ck, cv, start, routing);
     }
     if (first > 0 && !window) x = x.narrow(1, first, t - first);
     if (cache) cache->length += t;
@@ -143,6 +148,8 @@ class DecoderImpl : public torch::nn::Module {
 
   ModelConfig config_;
   bool hidden_only_ = false;  // set by Hidden() around forward()
+  // [B, T, n_layers, top_k] int64 (PolicyModel::SetRouteReplay).
+  torch::Tensor route_replay;
   torch::nn::Embedding embed{nullptr};
   std::vector<Block> blocks;
   RMSNorm norm{nullptr};
@@ -307,13 +314,16 @@ absl::StatusOr<std::unique_ptr<PolicyModel>> PolicyModel::Create(
         "model.dtype: '", config.dtype, "' (float32 or bfloat16)"));
   }
   if (config.moe_experts != 0 &&
-      (config.moe_experts < 2 || config.moe_top_k < 1 || config.moe_top_k > 2 ||
+      (config.moe_experts < 2 || config.moe_top_k < 1 || config.moe_top_k > 8 ||
+       config.moe_groups < 1 || config.moe_experts % config.moe_groups != 0 ||
+       config.moe_top_k % config.moe_groups != 0 ||
        config.moe_top_k > config.moe_experts ||
        config.moe_capacity_factor < 0 || config.moe_d_ff < 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model: invalid mixture of experts (moe_experts ", config.moe_experts,
-        ", moe_top_k ", config.moe_top_k, ", moe_capacity_factor ",
-        config.moe_capacity_factor, ", moe_d_ff ", config.moe_d_ff, ")"));
+        ", moe_top_k ", config.moe_top_k, ", moe_groups ", config.moe_groups,
+        ", moe_capacity_factor ", config.moe_capacity_factor, ", moe_d_ff ",
+        config.moe_d_ff, ")"));
   }
   auto impl = std::make_unique<Impl>(config, vocab_size, device, nullptr);
   try {
@@ -372,6 +382,34 @@ absl::Status PolicyModel::SetActivationPlan(
   if (swap) InstallSwapEngine();
   impl_->plan = std::move(plan);
   return absl::OkStatus();
+}
+
+void PolicyModel::SetRouteReplay(const at::Tensor& routes) {
+  const ModelConfig& c = impl_->config;
+  TORCH_CHECK(!routes.defined() || (c.moe_experts > 0 && routes.dim() == 4 &&
+                                    routes.size(2) == c.n_layers &&
+                                    routes.size(3) == c.moe_top_k &&
+                                    routes.scalar_type() == at::kLong),
+              "router replay: routes must be [B, T, n_layers (", c.n_layers,
+              "), top_k (", c.moe_top_k, ")] int64 of a MoE model, got ",
+              routes.sizes());
+  impl_->decoder->route_replay = routes;
+}
+
+void PolicyModel::set_record_routes(bool on) {
+  for (auto& b : impl_->decoder->blocks) {
+    if (!b->moe.is_empty()) b->moe->set_record_routes(on);
+  }
+}
+
+at::Tensor PolicyModel::last_routes() const {
+  std::vector<at::Tensor> layers;
+  for (const auto& b : impl_->decoder->blocks) {
+    if (b->moe.is_empty() || !b->moe->last_routes().defined()) return {};
+    layers.push_back(b->moe->last_routes());
+  }
+  if (layers.empty()) return {};
+  return at::stack(layers, /*dim=*/-2);
 }
 
 void PolicyModel::set_sub_block_timer(SubBlockTimer* timer) {
@@ -700,6 +738,11 @@ MoeStats PolicyModel::moe_stats() const {
   const auto h = host.accessor<double, 1>();
   out.expert_load.resize(c.moe_experts);
   for (int i = 0; i < c.moe_experts; ++i) out.expert_load[i] = h[i];
+  out.group_load.assign(c.moe_groups, 0.0);
+  const int per_group = c.moe_experts / c.moe_groups;
+  for (int i = 0; i < c.moe_experts; ++i) {
+    out.group_load[i / per_group] += h[i];
+  }
   out.dropped_frac = h[c.moe_experts];
   out.aux_loss = h[c.moe_experts + 1];
   out.z_loss = h[c.moe_experts + 2];

@@ -66,9 +66,12 @@ struct KvCache {
 // layers (all zero / empty for a dense model or before the first forward).
 struct MoeStats {
   std::vector<double> expert_load;  // [N] share of assignments per expert
-  double dropped_frac = 0;          // share of assignments dropped by capacity
-  double aux_loss = 0;  // load-balancing loss, unscaled (1 = balanced)
-  double z_loss = 0;    // router z-loss, unscaled
+  // [G] share per MoGE group (model.moe_groups; the sum of its experts'
+  // loads): 1 / G each by construction when G > 1.
+  std::vector<double> group_load;
+  double dropped_frac = 0;  // share of assignments dropped by capacity
+  double aux_loss = 0;      // load-balancing loss, unscaled (1 = balanced)
+  double z_loss = 0;        // router z-loss, unscaled
 };
 
 class PolicyModel {
@@ -136,6 +139,19 @@ class PolicyModel {
   // under recompute, backward runs it again: the statistics are then those
   // of the recomputation, which equal the forward's.
   MoeStats moe_stats() const;
+
+  // Router replay: while `routes` ([B, T, n_layers, top_k] int64 on the
+  // model's device; -1 where a token is routed as usual) is set, every
+  // forward without a cache of a [B, T] batch routes token (b, t) at layer l
+  // to routes[b, t, l] and computes only the gates (dropless; engine/moe.h).
+  // Undefined clears it. REQUIRES a MoE model (checked).
+  void SetRouteReplay(const at::Tensor& routes);
+  // While on, each forward records the experts every token of it ran on:
+  // last_routes() is [B, t, n_layers, top_k] int64 (the kept experts in
+  // choice order; -1 for a dropped assignment or a padding token), or
+  // undefined (off, a dense model, or before the first forward).
+  void set_record_routes(bool on);
+  at::Tensor last_routes() const;
 
   // Copies all parameter values from `other` (same config), and with LoRA
   // the adapters of an unmerged `other`.

@@ -2,12 +2,15 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <cmath>
 #include <string>
 #include <tuple>
+#include <vector>
 
+#include "engine/grad_sync.h"
 #include "engine/invariant_ops.h"
 #include "engine/model.h"
 #include "engine/moe_module.h"
@@ -34,20 +37,58 @@ int64_t Capacity(double capacity_factor, int64_t tokens, int top_k,
 }
 
 RouterOutput Route(const at::Tensor& logits, int top_k, int64_t capacity) {
+  RouteOptions options;
+  options.top_k = top_k;
+  options.capacity = capacity;
+  return Route(logits, options);
+}
+
+RouterOutput Route(const at::Tensor& logits, const RouteOptions& options) {
   TORCH_CHECK(logits.dim() == 2 && logits.size(0) >= 1,
               "moe::Route: logits must be [T >= 1, N], got ", logits.sizes());
   const int64_t t = logits.size(0), n = logits.size(1);
-  TORCH_CHECK((top_k == 1 || top_k == 2) && top_k <= n,
-              "moe::Route: top_k must be 1 or 2 and <= N (", n, "), got ",
-              top_k);
+  const int top_k = options.top_k, groups = options.groups;
+  const int64_t capacity = options.capacity;
+  TORCH_CHECK(top_k >= 1 && top_k <= n, "moe::Route: top_k must be in [1, N (",
+              n, ")], got ", top_k);
+  TORCH_CHECK(groups >= 1 && n % groups == 0 && top_k % groups == 0,
+              "moe::Route: groups (", groups, ") must divide N (", n,
+              ") and top_k (", top_k, ")");
+  const bool replay = options.replay.defined();
+  TORCH_CHECK(!replay || (capacity == 0 && options.replay.dim() == 2 &&
+                          options.replay.size(0) == t &&
+                          options.replay.size(1) == top_k),
+              "moe::Route: replay must be [T, top_k] with capacity 0, got ",
+              options.replay.sizes(), " with capacity ", capacity);
   RouterOutput r;
   r.probs = at::softmax(logits.to(RouterType(logits)), -1);
   at::Tensor top_p, top_i;
-  std::tie(top_p, top_i) = r.probs.topk(top_k, -1, /*largest=*/true,
-                                        /*sorted=*/true);
+  if (groups == 1) {
+    std::tie(top_p, top_i) = r.probs.topk(top_k, -1, /*largest=*/true,
+                                          /*sorted=*/true);
+  } else {
+    // MoGE: the k / G best of each group's N / G experts, then all k best
+    // first (a stable sort: ties keep the lower group first).
+    const int64_t per = n / groups, k_group = top_k / groups;
+    auto [group_p, group_i] =
+        r.probs.view({t, groups, per})
+            .topk(k_group, -1, /*largest=*/true, /*sorted=*/true);
+    group_i =
+        group_i +
+        at::arange(groups, group_i.options()).mul(per).view({1, groups, 1});
+    at::Tensor order;
+    std::tie(top_p, order) = group_p.reshape({t, top_k})
+                                 .sort(c10::optional<bool>(true), /*dim=*/-1,
+                                       /*descending=*/true);
+    top_i = group_i.reshape({t, top_k}).gather(1, order);
+  }
+  if (replay) {
+    top_i = at::where(options.replay.ge(0), options.replay, top_i);
+    top_p = r.probs.gather(1, top_i);
+  }
   r.expert_index = top_i;
-  // k = 1: the probability itself (Switch); k = 2: renormalised over the
-  // two chosen experts (GShard, Mixtral).
+  // k = 1: the probability itself (Switch); k >= 2: renormalised over the
+  // chosen experts (GShard, Mixtral).
   r.gates = top_k == 1 ? top_p : top_p / top_p.sum(-1, /*keepdim=*/true);
   // Assignments in priority order: every first choice by token order, then
   // every second choice by token order.
@@ -85,23 +126,40 @@ at::Tensor ZLoss(const at::Tensor& logits) {
 }  // namespace moe
 
 MoeFeedForwardImpl::MoeFeedForwardImpl(int64_t d_model, int64_t d_ff,
-                                       int num_experts, int top_k,
+                                       int num_experts, int top_k, int groups,
                                        double capacity_factor,
-                                       bool shared_expert)
+                                       bool shared_expert, ExpertShard shard)
     : num_experts_(num_experts),
       top_k_(top_k),
+      groups_(groups),
+      shard_(shard),
       capacity_factor_(capacity_factor) {
+  TORCH_CHECK(shard.size >= 1 && num_experts % shard.size == 0 &&
+                  shard.rank >= 0 && shard.rank < shard.size,
+              "MoE: expert shard ", shard.rank, " of ", shard.size,
+              " does not split ", num_experts, " experts evenly");
   router = register_module(
       "router",
       torch::nn::Linear(
           torch::nn::LinearOptions(d_model, num_experts).bias(false)));
-  for (int i = 0; i < num_experts; ++i) {
+  const int local = num_experts / shard.size;
+  for (int i = first_expert(); i < first_expert() + local; ++i) {
     experts.push_back(
         register_module("expert" + std::to_string(i), SwiGLU(d_model, d_ff)));
   }
   if (shared_expert) {
     shared = register_module("shared_expert", SwiGLU(d_model, d_ff));
   }
+}
+
+void MoeFeedForwardImpl::set_expert_group(GradientSync* group) {
+  TORCH_CHECK(
+      group == nullptr ||
+          (group->world_size() == shard_.size && group->rank() == shard_.rank),
+      "MoE: the expert group (rank ", group ? group->rank() : -1, " of ",
+      group ? group->world_size() : 0, ") is not this module's shard (",
+      shard_.rank, " of ", shard_.size, ")");
+  expert_group_ = group;
 }
 
 void MoeFeedForwardImpl::SetRecomputeAct(bool on) {
@@ -124,42 +182,91 @@ void MoeFeedForwardImpl::SetTimer(SubBlockTimer* timer, int layer) {
 }
 
 torch::Tensor MoeFeedForwardImpl::forward(const torch::Tensor& x,
-                                          const torch::Tensor& token_valid,
-                                          bool apply_capacity) {
+                                          const MoeRouting& routing) {
   const int64_t d = x.size(-1);
   const auto flat = x.reshape({-1, d});
-  if (token_valid.defined()) {
-    const auto rows = token_valid.reshape({-1}).nonzero().squeeze(1);
-    if (rows.size(0) != flat.size(0)) {
-      const auto y = Dispatch(flat.index_select(0, rows), apply_capacity);
-      return torch::zeros_like(flat).index_copy(0, rows, y).view(x.sizes());
+  const int64_t m = flat.size(0);
+  torch::Tensor replay = routing.replay.defined()
+                             ? routing.replay.reshape({m, top_k_})
+                             : torch::Tensor();
+  torch::Tensor routes;
+  torch::Tensor* record = record_routes_ ? &routes : nullptr;
+  auto finish = [&](const torch::Tensor& y, const torch::Tensor& rows) {
+    if (record_routes_) {
+      if (rows.defined()) {
+        routes = torch::full({m, top_k_}, -1, routes.options())
+                     .index_copy(0, rows, routes);
+      }
+      auto shape = x.sizes().vec();
+      shape.back() = top_k_;
+      routes_ = routes.view(shape);
+    }
+    return y.view(x.sizes());
+  };
+  if (routing.token_valid.defined()) {
+    const auto rows = routing.token_valid.reshape({-1}).nonzero().squeeze(1);
+    if (rows.size(0) != m) {
+      const auto y = Dispatch(
+          flat.index_select(0, rows), routing.apply_capacity,
+          replay.defined() ? replay.index_select(0, rows) : replay, record);
+      return finish(torch::zeros_like(flat).index_copy(0, rows, y), rows);
     }
   }
-  return Dispatch(flat, apply_capacity).view(x.sizes());
+  return finish(Dispatch(flat, routing.apply_capacity, replay, record),
+                torch::Tensor());
 }
 
 torch::Tensor MoeFeedForwardImpl::Dispatch(const torch::Tensor& x,
-                                           bool apply_capacity) {
+                                           bool apply_capacity,
+                                           const torch::Tensor& replay,
+                                           torch::Tensor* routes) {
   const int64_t m = x.size(0);
   auto f32 = x.options().dtype(torch::kFloat);
+  const bool parallel = shard_.size > 1;
+  TORCH_CHECK(!parallel || expert_group_ != nullptr, "MoE: expert shard ",
+              shard_.rank, " of ", shard_.size,
+              " has no expert group (set_expert_group)");
   if (m == 0) {
+    // An expert-parallel rank with no tokens still serves its experts to
+    // the others (the exchanges are collective).
+    if (parallel) {
+      // Its (empty) result stays in the graph, so backward joins the
+      // reverse exchanges too.
+      const auto none = torch::empty({0}, x.options().dtype(torch::kLong));
+      return torch::zeros_like(x).index_add(
+          0, none, ExchangeAndRun(x, std::vector<int64_t>(num_experts_, 0)));
+    }
     stats_.aux_loss = torch::zeros({}, f32);
     stats_.z_loss = torch::zeros({}, f32);
     stats_.expert_load = torch::zeros({num_experts_}, f32);
     stats_.dropped_frac = torch::zeros({}, f32);
+    if (routes != nullptr) {
+      *routes = torch::empty({0, top_k_}, x.options().dtype(torch::kLong));
+    }
     return torch::zeros_like(x);
   }
   const auto logits = InvariantLinear(x, router->weight);  // [M, N]
-  const int64_t capacity =
-      apply_capacity ? moe::Capacity(capacity_factor_, m, top_k_, num_experts_)
-                     : 0;
-  const moe::RouterOutput r = moe::Route(logits, top_k_, capacity);
+  moe::RouteOptions options;
+  options.top_k = top_k_;
+  options.groups = groups_;
+  options.replay = replay;
+  options.capacity =
+      apply_capacity && !replay.defined()
+          ? moe::Capacity(capacity_factor_, m, top_k_, num_experts_)
+          : 0;
+  const moe::RouterOutput r = moe::Route(logits, options);
   stats_.aux_loss = moe::AuxLoss(r.probs, r.expert_index);
   stats_.z_loss = moe::ZLoss(logits);
   stats_.expert_load = r.expert_load.detach();
   stats_.dropped_frac = r.dropped_frac.detach();
+  if (routes != nullptr) {
+    *routes = r.expert_index.masked_fill(r.keep.logical_not(), -1);
+  }
 
-  // Assignments in priority order; dropped ones go to bucket N, never run.
+  // Assignment a = choice * M + token, in priority order; dropped ones go to
+  // bucket N and are never run. The index work is done once: the kept
+  // assignments sorted by expert, their tokens and gates gathered in that
+  // order; each expert then reads a contiguous slice.
   const auto expert = r.expert_index.t().reshape({-1});
   const auto bucket =
       expert.masked_fill(r.keep.t().reshape({-1}).logical_not(), num_experts_);
@@ -168,37 +275,168 @@ torch::Tensor MoeFeedForwardImpl::Dispatch(const torch::Tensor& x,
   const auto counts =
       torch::bincount(bucket, /*weights=*/{}, num_experts_ + 1).to(torch::kCPU);
   const auto count = counts.accessor<int64_t, 1>();
-  const auto token =
-      torch::arange(m, x.options().dtype(torch::kLong)).repeat({top_k_});
-  const auto gate = r.gates.t().reshape({-1});
+  const int64_t kept = top_k_ * m - count[num_experts_];
   auto out = torch::zeros_like(x);
-  const bool recompute = recompute_act_ && at::GradMode::is_enabled();
-  int64_t start = 0;
-  for (int i = 0; i < num_experts_; ++i) {
-    const int64_t n = count[i];
-    if (n == 0) continue;
-    const auto slots = order.narrow(0, start, n);
-    start += n;
-    const auto rows = token.index_select(0, slots);
-    const auto g = gate.index_select(0, slots).unsqueeze(1).to(x.scalar_type());
-    if (recompute) {
-      const SwiGLU& e = experts[i];
-      out.index_add_(0, rows,
-                     SwiGLURecomputedAct(x, rows, g, e->w1->weight,
-                                         e->w3->weight, e->w2->weight));
-      continue;
+  if (parallel) {
+    const auto slots = order.narrow(0, 0, kept);
+    const auto token = slots.remainder(m);
+    const auto gate =
+        r.gates.t().reshape({-1}).index_select(0, slots).unsqueeze(1).to(
+            x.scalar_type());
+    const std::vector<int64_t> per_expert(count.data(),
+                                          count.data() + num_experts_);
+    const auto y = ExchangeAndRun(x.index_select(0, token), per_expert);
+    out.index_add_(0, token, y * gate);
+  } else if (kept > 0) {
+    const auto slots = order.narrow(0, 0, kept);
+    const auto token = slots.remainder(m);
+    const auto gate =
+        r.gates.t().reshape({-1}).index_select(0, slots).unsqueeze(1).to(
+            x.scalar_type());
+    const bool recompute = recompute_act_ && at::GradMode::is_enabled();
+    // Under recompute each expert's node gathers its own rows from x (which
+    // autograd keeps anyway), so no gathered copy is saved.
+    const auto xs = recompute ? torch::Tensor()
+                              : TimeSubBlock(timer_, layer_, kMlpActSlot, [&] {
+                                  return x.index_select(0, token);
+                                });
+    std::vector<torch::Tensor> ys;
+    int64_t start = 0;
+    for (int i = 0; i < num_experts_; ++i) {
+      const int64_t n = count[i];
+      if (n == 0) continue;
+      if (recompute) {
+        // Gated inside the node and added at once (no concatenated copy).
+        const SwiGLU& e = experts[i];
+        const auto rows = token.narrow(0, start, n);
+        out.index_add_(
+            0, rows,
+            SwiGLURecomputedAct(x, rows, gate.narrow(0, start, n),
+                                e->w1->weight, e->w3->weight, e->w2->weight));
+      } else {
+        ys.push_back(experts[i]->forward(xs.narrow(0, start, n)));
+      }
+      start += n;
     }
-    // Profiling: the gather and the gating are what mlp_act recomputes
-    // besides the expert's SiLU and product (timed in SwiGLUImpl::forward).
-    const auto xs = TimeSubBlock(timer_, layer_, kMlpActSlot,
-                                 [&] { return x.index_select(0, rows); });
-    const auto y = experts[i]->forward(xs);
-    out.index_add_(0, rows, TimeSubBlock(timer_, layer_, kMlpActSlot, [&] {
-                     return y * g;
-                   }));
+    if (!ys.empty()) {
+      auto y = ys.size() == 1 ? ys[0] : torch::cat(ys);
+      // Profiling: the gating is what mlp_act recomputes besides the
+      // experts' SiLUs and products (timed in SwiGLUImpl::forward) and the
+      // gather.
+      y = TimeSubBlock(timer_, layer_, kMlpActSlot, [&] { return y * gate; });
+      out.index_add_(0, token, y);
+    }
   }
   if (!shared.is_empty()) out = out + shared->forward(x);
   return out;
+}
+
+namespace {
+
+at::Tensor Exchange(GradientSync* group, const at::Tensor& x,
+                    const std::vector<int64_t>& send,
+                    const std::vector<int64_t>& recv) {
+  absl::StatusOr<at::Tensor> out = group->AllToAll(x, send, recv);
+  TORCH_CHECK(out.ok(), "MoE expert parallelism: ", out.status().ToString());
+  return *std::move(out);
+}
+
+// Rows sent to the ranks of an expert group; backward returns each row's
+// gradient to the rank it came from (the reverse exchange).
+class RowExchange : public torch::autograd::Function<RowExchange> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx,
+                            const at::Tensor& x, GradientSync* group,
+                            const std::vector<int64_t>& send,
+                            const std::vector<int64_t>& recv) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
+    ctx->saved_data["send"] = send;
+    ctx->saved_data["recv"] = recv;
+    ctx->saved_data["like"] = x.new_empty({0, x.size(1)});
+    return Exchange(group, x, send, recv);
+  }
+  static torch::autograd::variable_list backward(
+      torch::autograd::AutogradContext* ctx,
+      torch::autograd::variable_list grads) {
+    auto* group =
+        reinterpret_cast<GradientSync*>(ctx->saved_data["group"].toInt());
+    const std::vector<int64_t> send = ctx->saved_data["send"].toIntVector();
+    const std::vector<int64_t> recv = ctx->saved_data["recv"].toIntVector();
+    at::Tensor g = grads[0];
+    if (!g.defined()) {
+      // Every rank must join the exchange, with or without a gradient.
+      int64_t rows = 0;
+      for (int64_t n : recv) rows += n;
+      const at::Tensor like = ctx->saved_data["like"].toTensor();
+      g = at::zeros({rows, like.size(1)}, like.options());
+    }
+    return {Exchange(group, g, recv, send), at::Tensor(), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor MoeFeedForwardImpl::ExchangeAndRun(
+    const torch::Tensor& xs, const std::vector<int64_t>& count) {
+  const int ranks = shard_.size;
+  const int per = num_experts_ / ranks;
+  // Every rank learns how many rows of each of its experts each rank
+  // sends: recv_count[s * per + e], rank s's rows for local expert e.
+  const std::vector<int64_t> per_rank(ranks, per);
+  const at::Tensor recv_count_t = Exchange(
+      expert_group_, torch::tensor(count, torch::kLong), per_rank, per_rank);
+  const std::vector<int64_t> recv_count(
+      recv_count_t.data_ptr<int64_t>(),
+      recv_count_t.data_ptr<int64_t>() + num_experts_);
+  std::vector<int64_t> send_rows(ranks, 0), recv_rows(ranks, 0);
+  for (int i = 0; i < num_experts_; ++i) {
+    send_rows[i / per] += count[i];
+    recv_rows[i / per] += recv_count[i];
+  }
+  const at::Tensor received =
+      RowExchange::apply(xs, expert_group_, send_rows, recv_rows);
+  // Received rows are rank-major, expert-minor: regroup them expert-major
+  // so each local expert reads one contiguous slice.
+  std::vector<int64_t> perm, expert_rows(per, 0);
+  perm.reserve(received.size(0));
+  std::vector<int64_t> rank_start(ranks, 0);
+  for (int s = 1; s < ranks; ++s) {
+    rank_start[s] = rank_start[s - 1] + recv_rows[s - 1];
+  }
+  for (int e = 0; e < per; ++e) {
+    for (int s = 0; s < ranks; ++s) {
+      int64_t start = rank_start[s];
+      for (int j = 0; j < e; ++j) start += recv_count[s * per + j];
+      for (int64_t k = 0; k < recv_count[s * per + e]; ++k) {
+        perm.push_back(start + k);
+      }
+      expert_rows[e] += recv_count[s * per + e];
+    }
+  }
+  const at::Tensor index =
+      torch::tensor(perm, torch::TensorOptions().dtype(torch::kLong))
+          .to(xs.device());
+  const at::Tensor grouped = received.index_select(0, index);
+  const bool recompute = recompute_act_ && at::GradMode::is_enabled();
+  std::vector<torch::Tensor> ys;
+  int64_t start = 0;
+  for (int e = 0; e < per; ++e) {
+    const int64_t n = expert_rows[e];
+    if (n == 0) continue;
+    const auto slice = grouped.narrow(0, start, n);
+    SwiGLU& ex = experts[e];
+    ys.push_back(recompute ? SwiGLURecomputedAct(slice, {}, {}, ex->w1->weight,
+                                                 ex->w3->weight, ex->w2->weight)
+                           : ex->forward(slice));
+    start += n;
+  }
+  // No rows (then `grouped` is empty): still the graph's, so that backward
+  // joins the reverse exchanges.
+  at::Tensor y =
+      ys.empty() ? grouped : (ys.size() == 1 ? ys[0] : torch::cat(ys));
+  y = torch::zeros_like(received).index_copy(0, index, y);
+  return RowExchange::apply(y, expert_group_, recv_rows, send_rows);
 }
 
 }  // namespace fusionrl

@@ -7,11 +7,17 @@
 // Conventions (T tokens, N experts, k = top_k):
 //   * probabilities p = softmax(router logits), computed in float32 (float64
 //     for float64 logits);
-//   * each token picks its k most probable experts, best first;
+//   * each token picks its k most probable experts, best first; with MoGE
+//     groups (G > 1; Pangu Pro MoE's Mixture of Grouped Experts) the N
+//     experts are G groups of N / G consecutive ones and the token picks its
+//     k / G most probable inside every group (the k then ordered best
+//     first), so each group gets exactly T * k / G assignments;
+//   * replay (router replay): where a token comes with recorded experts, it
+//     takes those, in their order, and only the gates are computed;
 //   * gates: k = 1 uses the chosen probability itself (Switch: the router
-//     gets a gradient from the task loss through the gate); k = 2
-//     renormalises the two chosen probabilities to sum to 1 (GShard,
-//     Mixtral: g_j = p_j / (p_1 + p_2));
+//     gets a gradient from the task loss through the gate); k >= 2
+//     renormalises the chosen probabilities to sum to 1 (GShard, Mixtral:
+//     g_j = p_j / sum of the chosen p);
 //   * capacity (overflow): an expert takes at most C assignments per call.
 //     Assignments are ranked first by choice (every token's first choice
 //     before any second choice), then by token order; an assignment ranked
@@ -46,8 +52,19 @@ struct RouterOutput {
 int64_t Capacity(double capacity_factor, int64_t tokens, int top_k,
                  int num_experts);
 
-// Routes T tokens given router logits [T, N]. `capacity` as from Capacity()
-// (0 = dropless). REQUIRES: top_k in {1, 2}, top_k <= N, T >= 1.
+struct RouteOptions {
+  int top_k = 1;         // 1 <= top_k <= N
+  int groups = 1;        // MoGE groups: G divides N and top_k
+  int64_t capacity = 0;  // as from Capacity(); 0 = dropless
+  // [T, top_k] int64 experts to use (-1: route that slot as usual), or
+  // undefined. Replayed assignments are never dropped: REQUIRES capacity 0.
+  at::Tensor replay;
+};
+
+// Routes T tokens given router logits [T, N]. REQUIRES: T >= 1 and the
+// options' constraints (checked).
+RouterOutput Route(const at::Tensor& logits, const RouteOptions& options);
+// Plain top-k: Route(logits, {top_k, 1, capacity}).
 RouterOutput Route(const at::Tensor& logits, int top_k, int64_t capacity);
 
 // Load-balancing loss (Switch Transformer eq. 4, GShard):

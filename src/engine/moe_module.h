@@ -5,10 +5,12 @@
 //
 // MoeFeedForward: a bias-free router Linear d_model -> N, N SwiGLU experts
 // and an optional shared SwiGLU expert that every token goes through.
-// Dispatch is batched: the kept assignments are grouped by expert (one
-// stable sort and one host copy of the N counts per call); each expert runs
-// once on the [n_e, d_model] block of its tokens (index_select), and its
-// gate-weighted output is added back with index_add_. Tokens marked invalid
+// Dispatch is batched and its index work is done once per call: the kept
+// assignments are sorted by expert (one stable sort and one host copy of
+// the N counts), their tokens gathered in that order with one index_select,
+// each expert runs once on its contiguous [n_e, d_model] slice, and the
+// gate-weighted outputs of all experts go back with one index_add_. Tokens
+// marked invalid
 // (padding) are not routed, do not count towards capacity or the statistics,
 // and get a zero output. Capacity is applied only when the caller asks for it
 // (the model asks in the training forward; see engine/model.h).
@@ -29,7 +31,16 @@
 
 namespace fusionrl {
 
+class GradientSync;
 struct SubBlockTimer;
+
+// Expert parallelism: which share of a MoE block's experts a module holds.
+// Rank r of `size` holds the N / size consecutive experts from r * N / size
+// (with MoGE, a group or several per rank).
+struct ExpertShard {
+  int rank = 0;
+  int size = 1;
+};
 
 // w2(silu(w1 x) * w3 x), no biases.
 class SwiGLUImpl : public torch::nn::Module {
@@ -63,6 +74,18 @@ class SwiGLUImpl : public torch::nn::Module {
 TORCH_MODULE(SwiGLU);
 
 // What one MoE layer's last forward measured over its routed tokens.
+// How one forward call routes its tokens (the model fills it per layer).
+struct MoeRouting {
+  // [B, T] bool (x's leading shape): which tokens are routed; undefined:
+  // all of them.
+  torch::Tensor token_valid;
+  // Drop assignments past moe::Capacity (the training forward only).
+  bool apply_capacity = false;
+  // Router replay: [B, T, top_k] int64, the experts each token takes (-1:
+  // route it as usual), or undefined. Replayed tokens are never dropped.
+  torch::Tensor replay;
+};
+
 struct MoeLayerStats {
   at::Tensor aux_loss;      // [] load-balancing loss (autograd when on)
   at::Tensor z_loss;        // [] router z-loss (autograd when on)
@@ -72,19 +95,43 @@ struct MoeLayerStats {
 
 class MoeFeedForwardImpl : public torch::nn::Module {
  public:
-  // REQUIRES: num_experts >= 2, top_k in {1, 2}, top_k <= num_experts,
-  // capacity_factor >= 0.
+  // REQUIRES: num_experts >= 2, 1 <= top_k <= num_experts, groups dividing
+  // num_experts and top_k, capacity_factor >= 0, shard.size dividing
+  // num_experts. With shard.size > 1 the module holds its shard's experts
+  // only (registered under their global names, "expert<i>") and needs
+  // set_expert_group before its first forward.
   MoeFeedForwardImpl(int64_t d_model, int64_t d_ff, int num_experts, int top_k,
-                     double capacity_factor, bool shared_expert);
+                     int groups, double capacity_factor, bool shared_expert,
+                     ExpertShard shard = {});
 
-  // x [..., D]; token_valid has x's leading shape (bool) or is undefined (all
-  // tokens valid). With apply_capacity, each expert takes at most
-  // moe::Capacity(capacity_factor, valid tokens, top_k, N) assignments.
-  torch::Tensor forward(const torch::Tensor& x,
-                        const torch::Tensor& token_valid, bool apply_capacity);
+  // Expert parallelism: the group of the shard.size ranks that hold the
+  // block's shards (borrowed; rank shard.rank of them). Every forward then
+  // exchanges rows with them: each kept assignment's token row goes to the
+  // rank that holds its expert and the expert's output comes back (an
+  // all-to-all each way; backward sends the gradients the same ways), so
+  // every rank of the group must run the same forwards (and backwards) in
+  // the same order, with any number of tokens, none included. Router,
+  // gates, capacity and statistics stay per rank; an expert's gradient sums
+  // the contributions of every rank's tokens. A failed exchange throws
+  // c10::Error with the group's error.
+  void set_expert_group(GradientSync* group);
+
+  // x [..., D], routed as `routing` says. With apply_capacity (and no
+  // replay), each expert takes at most moe::Capacity(capacity_factor, valid
+  // tokens, top_k, N) assignments.
+  torch::Tensor forward(const torch::Tensor& x, const MoeRouting& routing);
 
   // Statistics of the last forward; undefined tensors before the first.
   const MoeLayerStats& last_stats() const { return stats_; }
+  // While on, each forward records the experts every token ran on:
+  // last_routes() is [..., top_k] int64 over x's leading shape, the kept
+  // experts in choice order, -1 for a dropped assignment or an unrouted
+  // (invalid) token. Undefined while off.
+  void set_record_routes(bool on) {
+    record_routes_ = on;
+    if (!on) routes_ = torch::Tensor();
+  }
+  const torch::Tensor& last_routes() const { return routes_; }
   // model.activations.mlp_act for every expert: each runs, gather and gate
   // included, as one SwiGLURecomputedAct node when autograd is on.
   void SetRecomputeAct(bool on);
@@ -92,17 +139,34 @@ class MoeFeedForwardImpl : public torch::nn::Module {
   // timer->seconds[layer][kMlpActSlot]; null stops it.
   void SetTimer(SubBlockTimer* timer, int layer);
   int num_experts() const { return num_experts_; }
+  const ExpertShard& shard() const { return shard_; }
+  // The global index of experts[0].
+  int first_expert() const {
+    return shard_.rank * (num_experts_ / shard_.size);
+  }
 
   torch::nn::Linear router{nullptr};
-  std::vector<SwiGLU> experts;
-  SwiGLU shared{nullptr};  // null without a shared expert
+  std::vector<SwiGLU> experts;  // this shard's: global first_expert() + i
+  SwiGLU shared{nullptr};       // null without a shared expert
 
  private:
-  // x [M, D], every row a token to route.
-  torch::Tensor Dispatch(const torch::Tensor& x, bool apply_capacity);
+  // Expert parallelism: the outputs (ungated) of the kept assignments whose
+  // token rows are `xs` (sorted by global expert, count[i] of expert i),
+  // computed by the ranks that hold their experts.
+  torch::Tensor ExchangeAndRun(const torch::Tensor& xs,
+                               const std::vector<int64_t>& count);
+  // x [M, D], every row a token to route; replay [M, top_k] or undefined.
+  // Sets *routes ([M, top_k]) when recording.
+  torch::Tensor Dispatch(const torch::Tensor& x, bool apply_capacity,
+                         const torch::Tensor& replay, torch::Tensor* routes);
 
   int num_experts_;
   int top_k_;
+  int groups_;
+  ExpertShard shard_;
+  GradientSync* expert_group_ = nullptr;
+  bool record_routes_ = false;
+  torch::Tensor routes_;
   double capacity_factor_;
   MoeLayerStats stats_;
   bool recompute_act_ = false;

@@ -5,16 +5,23 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/checkpoint.h"
+#include "engine/grad_sync.h"
 #include "engine/model.h"
 #include "engine/moe_module.h"
 #include "engine/rollout.h"
 #include "engine/test_util.h"
 #include "engine/trainer.h"
+#include "engine/trainer_batch.h"
 #include "gtest/gtest.h"
 
 namespace fusionrl {
@@ -150,13 +157,20 @@ TEST(MoeCapacityTest, FirstChoicesOutrankSecondChoices) {
 // A module with fixed, seeded weights, in float64 so that comparisons with
 // the reference loops see the dispatch, not float32 rounding.
 MoeFeedForward MakeMoe(int experts, int top_k, double capacity_factor,
-                       bool shared, uint64_t seed = 3) {
+                       bool shared, uint64_t seed = 3, int groups = 1) {
   torch::manual_seed(seed);
-  MoeFeedForward m(8, 16, experts, top_k, capacity_factor, shared);
+  MoeFeedForward m(8, 16, experts, top_k, groups, capacity_factor, shared);
   m->to(torch::kDouble);
   torch::NoGradGuard no_grad;
   for (auto& p : m->parameters()) p.normal_(0, 0.5);
   return m;
+}
+
+MoeRouting Routed(const at::Tensor& token_valid, bool apply_capacity) {
+  MoeRouting r;
+  r.token_valid = token_valid;
+  r.apply_capacity = apply_capacity;
+  return r;
 }
 
 at::Tensor RandomTokens(std::vector<int64_t> shape) {
@@ -172,7 +186,7 @@ TEST(MoeModuleTest, DroppedTokensGetZeroFromTheExpertsButKeepTheShared) {
     m->router->weight[0][0] = 1.0;
     auto x = RandomTokens({4, 8});
     x.select(1, 0).copy_(torch::tensor({1.0, 2.0, 3.0, 4.0}));
-    const auto out = m->forward(x, at::Tensor(), /*apply_capacity=*/true);
+    const auto out = m->forward(x, Routed(at::Tensor(), true));
     EXPECT_EQ(m->last_stats().dropped_frac.item<float>(), 0.5f);
     const auto base = shared ? m->shared->forward(x)
                              : torch::zeros_like(x);  // dropped: t2, t3
@@ -184,7 +198,7 @@ TEST(MoeModuleTest, DroppedTokensGetZeroFromTheExpertsButKeepTheShared) {
     EXPECT_TRUE(
         torch::allclose(out.narrow(0, 0, 2), kept.narrow(0, 0, 2), 0, 1e-10));
     // Without capacity nothing is dropped.
-    const auto all = m->forward(x, at::Tensor(), /*apply_capacity=*/false);
+    const auto all = m->forward(x, Routed(at::Tensor(), false));
     EXPECT_EQ(m->last_stats().dropped_frac.item<float>(), 0.0f);
     EXPECT_TRUE(torch::allclose(all, kept, 0, 1e-10));
   }
@@ -192,8 +206,9 @@ TEST(MoeModuleTest, DroppedTokensGetZeroFromTheExpertsButKeepTheShared) {
 
 // Each token's output computed one token and one choice at a time.
 at::Tensor PerTokenReference(MoeFeedForward& m, const at::Tensor& x,
-                             int64_t capacity, int top_k) {
-  const moe::RouterOutput r = moe::Route(m->router(x), top_k, capacity);
+                             const moe::RouteOptions& options) {
+  const int top_k = options.top_k;
+  const moe::RouterOutput r = moe::Route(m->router(x), options);
   const auto idx = r.expert_index.accessor<int64_t, 2>();
   const auto keep = r.keep.accessor<bool, 2>();
   std::vector<at::Tensor> rows;
@@ -211,13 +226,21 @@ at::Tensor PerTokenReference(MoeFeedForward& m, const at::Tensor& x,
   return torch::cat(rows);
 }
 
+at::Tensor PerTokenReference(MoeFeedForward& m, const at::Tensor& x,
+                             int64_t capacity, int top_k) {
+  moe::RouteOptions options;
+  options.top_k = top_k;
+  options.capacity = capacity;
+  return PerTokenReference(m, x, options);
+}
+
 TEST(MoeModuleTest, BatchedDispatchEqualsPerTokenLoop) {
   for (int top_k : {1, 2}) {
     for (double cf : {0.0, 0.75}) {
       MoeFeedForward m = MakeMoe(4, top_k, cf, /*shared=*/top_k == 2);
       torch::NoGradGuard no_grad;
       const auto x = RandomTokens({24, 8});
-      const auto out = m->forward(x, at::Tensor(), /*apply_capacity=*/true);
+      const auto out = m->forward(x, Routed(at::Tensor(), true));
       const int64_t c = moe::Capacity(cf, 24, top_k, 4);
       const auto ref = PerTokenReference(m, x, c, top_k);
       EXPECT_LE((out - ref).abs().max().item<double>(), 1e-10)
@@ -234,7 +257,7 @@ TEST(MoeModuleTest, PaddingTokensAreNotRoutedAndGetZero) {
   torch::NoGradGuard no_grad;
   const auto x = RandomTokens({2, 3, 8});
   const auto valid = torch::tensor({{false, true, true}, {true, true, false}});
-  const auto out = m->forward(x, valid, /*apply_capacity=*/false);
+  const auto out = m->forward(x, Routed(valid, false));
   EXPECT_TRUE(torch::equal(out[0][0], torch::zeros({8}, torch::kDouble)));
   EXPECT_TRUE(torch::equal(out[1][2], torch::zeros({8}, torch::kDouble)));
   const auto rows = torch::stack({x[0][1], x[0][2], x[1][0], x[1][1]});
@@ -258,7 +281,7 @@ TEST(MoeModuleTest, GradientsMatchThePerTokenReference) {
     auto grads = [&](bool batched) {
       m->zero_grad();
       const auto out =
-          batched ? m->forward(x, at::Tensor(), /*apply_capacity=*/true)
+          batched ? m->forward(x, Routed(at::Tensor(), true))
                   : PerTokenReference(m, x, moe::Capacity(cf, 16, 2, 4), 2);
       auto loss = (out * w).sum();
       if (batched) {
@@ -481,9 +504,20 @@ TEST(MoeModelTest, CreateRejectsAnInvalidMixture) {
   EXPECT_EQ(PolicyModel::Create(c, 98, c10::Device("cpu"), 1).status().code(),
             absl::StatusCode::kInvalidArgument);
   c.moe_experts = 4;
-  c.moe_top_k = 3;
+  c.moe_top_k = 5;  // more than the experts
   EXPECT_EQ(PolicyModel::Create(c, 98, c10::Device("cpu"), 1).status().code(),
             absl::StatusCode::kInvalidArgument);
+  c.moe_top_k = 2;
+  c.moe_groups = 3;  // 4 experts do not split into 3 groups
+  EXPECT_EQ(PolicyModel::Create(c, 98, c10::Device("cpu"), 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  c.moe_top_k = 3;
+  c.moe_groups = 2;  // 3 choices do not split over 2 groups
+  EXPECT_EQ(PolicyModel::Create(c, 98, c10::Device("cpu"), 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  c.moe_top_k = 4;
+  c.moe_groups = 2;
+  EXPECT_TRUE(PolicyModel::Create(c, 98, c10::Device("cpu"), 1).ok());
 }
 
 TEST(MoeCheckpointTest, MixtureShapeIsCheckedByKey) {
@@ -523,6 +557,340 @@ TEST(MoeCheckpointTest, MixtureShapeIsCheckedByKey) {
           .ok());
   expect_mismatch(*same, dense_dir,
                   "model.moe_experts is 0 in the checkpoint but 4");
+}
+
+}  // namespace
+}  // namespace fusionrl
+
+namespace fusionrl {
+namespace {
+
+// MoGE: with G groups every token takes top_k / G experts inside each group,
+// the best of that group, so each group gets exactly T * top_k / G of the
+// assignments whatever the router prefers; the k are ordered best first.
+TEST(MoeGroupedRoutingTest, EveryGroupGetsTheSameAssignmentsEveryCall) {
+  torch::manual_seed(11);
+  for (const auto& [experts, top_k, groups] :
+       std::vector<std::tuple<int, int, int>>{
+           {8, 2, 2}, {8, 4, 2}, {8, 4, 4}, {6, 3, 3}, {16, 8, 4}}) {
+    SCOPED_TRACE(absl::StrCat(experts, " experts, top ", top_k, ", ", groups,
+                              " groups"));
+    // A router that strongly prefers the first group: plain top-k would
+    // put (nearly) every assignment there.
+    auto logits = torch::randn({37, experts}, torch::kDouble);
+    logits.narrow(1, 0, experts / groups).add_(4.0);
+    moe::RouteOptions o;
+    o.top_k = top_k;
+    o.groups = groups;
+    const moe::RouterOutput r = moe::Route(logits, o);
+    const int per = experts / groups;
+    const auto group_of = r.expert_index.div(per, "floor");
+    for (int g = 0; g < groups; ++g) {
+      // Exactly top_k / G choices of every token in every group.
+      EXPECT_TRUE(torch::equal(group_of.eq(g).sum(1),
+                               torch::full({37}, top_k / groups, torch::kLong)))
+          << "group " << g;
+      // They are that group's best: the group's (k/G)-th best probability
+      // is at least every unchosen member's.
+      const auto in_group = r.probs.narrow(1, g * per, per);
+      const auto kth = std::get<0>(in_group.topk(top_k / groups, 1))
+                           .select(1, top_k / groups - 1);
+      const auto chosen_min = r.probs.gather(1, r.expert_index)
+                                  .masked_fill(group_of.ne(g), 2.0)
+                                  .amin(1);
+      EXPECT_TRUE(torch::equal(chosen_min, kth));
+      // The balance statistics see it: the group's share is exactly 1 / G.
+      EXPECT_NEAR(r.expert_load.narrow(0, g * per, per).sum().item<double>(),
+                  1.0 / groups, 1e-6);
+    }
+    // Best first, and the gates renormalised over the chosen experts.
+    const auto p = r.probs.gather(1, r.expert_index);
+    EXPECT_TRUE(torch::equal(std::get<0>(p.sort(-1, true)), p));
+    EXPECT_TRUE(torch::allclose(r.gates, p / p.sum(1, true), 0, 1e-12));
+    // Plain top-k on the same router is unbalanced (the check can fail).
+    const moe::RouterOutput plain = moe::Route(logits, top_k, 0);
+    EXPECT_GT(plain.expert_load.narrow(0, 0, per).sum().item<double>(),
+              1.0 / groups + 0.1);
+  }
+}
+
+TEST(MoeGroupedRoutingTest, MalformedGroupingIsRefused) {
+  const auto logits = torch::randn({4, 8}, torch::kDouble);
+  for (const auto& [top_k, groups] :
+       std::vector<std::pair<int, int>>{{2, 3}, {3, 2}, {2, 4}, {9, 1}}) {
+    moe::RouteOptions o;
+    o.top_k = top_k;
+    o.groups = groups;
+    EXPECT_THROW(moe::Route(logits, o), c10::Error)
+        << "top " << top_k << " groups " << groups;
+  }
+}
+
+// Replay: the recorded experts, in their order, with gates recomputed
+// from the current router; slots marked -1 route as usual.
+TEST(MoeReplayTest, ReplayTakesTheRecordedExpertsAndRecomputesTheGates) {
+  torch::manual_seed(5);
+  const auto logits = torch::randn({6, 4}, torch::kDouble);
+  moe::RouteOptions o;
+  o.top_k = 2;
+  o.replay = torch::tensor({{3, 0}, {1, 2}, {-1, -1}, {0, 1}, {2, 3}, {-1, -1}},
+                           torch::kLong);
+  const moe::RouterOutput r = moe::Route(logits, o);
+  const moe::RouterOutput free = moe::Route(logits, 2, 0);
+  const auto probs = torch::softmax(logits, -1);
+  for (int64_t t = 0; t < 6; ++t) {
+    const bool replayed = o.replay[t][0].item<int64_t>() >= 0;
+    const auto want = replayed ? o.replay[t] : free.expert_index[t];
+    EXPECT_TRUE(torch::equal(r.expert_index[t], want)) << t;
+    const auto p = probs[t].index_select(0, want);
+    EXPECT_TRUE(torch::allclose(r.gates[t], p / p.sum(), 0, 1e-12)) << t;
+  }
+  EXPECT_TRUE(r.keep.all().item<bool>());
+  // A replay with capacity would drop replayed assignments: refused.
+  o.capacity = 1;
+  EXPECT_THROW(moe::Route(logits, o), c10::Error);
+}
+
+// The module with groups, and with top_k beyond 2, equals the per-token
+// loop; recorded routes replayed give the same output, and replay holds
+// the experts when the router has moved.
+TEST(MoeModuleTest, GroupedDispatchAndReplayEqualThePerTokenLoop) {
+  for (const auto& [top_k, groups] :
+       std::vector<std::pair<int, int>>{{2, 2}, {4, 2}, {4, 1}, {3, 1}}) {
+    SCOPED_TRACE(absl::StrCat("top ", top_k, " groups ", groups));
+    MoeFeedForward m = MakeMoe(4, top_k, 0.0, /*shared=*/true, 3, groups);
+    torch::NoGradGuard no_grad;
+    const auto x = RandomTokens({2, 9, 8});
+    m->set_record_routes(true);
+    const auto out = m->forward(x, Routed(at::Tensor(), false));
+    moe::RouteOptions o;
+    o.top_k = top_k;
+    o.groups = groups;
+    const auto ref = PerTokenReference(m, x.reshape({18, 8}), o);
+    EXPECT_LE((out.reshape({18, 8}) - ref).abs().max().item<double>(), 1e-10);
+    const at::Tensor routes = m->last_routes().clone();
+    ASSERT_EQ(routes.sizes(), (std::vector<int64_t>{2, 9, top_k}));
+    // Replayed: the same experts, the same output.
+    MoeRouting replay = Routed(at::Tensor(), false);
+    replay.replay = routes;
+    EXPECT_TRUE(torch::equal(m->forward(x, replay), out));
+    EXPECT_TRUE(torch::equal(m->last_routes(), routes));
+    // Move the router: free routing changes, replay keeps the experts.
+    m->router->weight.mul_(-1.0);
+    m->forward(x, Routed(at::Tensor(), false));
+    EXPECT_FALSE(torch::equal(m->last_routes(), routes));
+    m->forward(x, replay);
+    EXPECT_TRUE(torch::equal(m->last_routes(), routes));
+  }
+}
+
+// The rollout records the experts of every token it fed; replayed in the
+// trainer's forward (training mode, autograd on, capacity 0.5 dropping
+// assignments) they reproduce the rollout's experts exactly and bring the
+// trainer's log-probs back to the behaviour log-probs, which the drops had
+// moved. Without replay the measure sees the disagreement.
+TEST(MoeReplayTest, ReplayMakesTrainerLogProbsMatchTheRolloutUnderDrops) {
+  for (int groups : {1, 2}) {
+    SCOPED_TRACE(groups);
+    ModelConfig c = TinyMoeConfig(2, 0.5, true);
+    c.moe_groups = groups;
+    auto model = TinyMoeModel(c);
+    std::vector<std::vector<int>> prompts;
+    for (int i = 0; i < 8; ++i) prompts.push_back({kBos, 20 + 5 * i, 21 + i});
+    RolloutEngine engine(*model, kPad, kEos);
+    SamplingParams p;
+    p.temperature = 0.7;
+    p.max_new_tokens = 12;
+    const auto out = engine.Generate(prompts, p, 99).value();
+    std::vector<Sample> samples(prompts.size());
+    const int64_t width = c.n_layers * c.moe_top_k;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      samples[i].prompt_ids = prompts[i];
+      samples[i].response_ids = out[i].tokens;
+      samples[i].behaviour_logp = out[i].logp;
+      samples[i].routes = out[i].routes;
+      // Every fed token: the prompt and all generated tokens but the last.
+      EXPECT_EQ(
+          static_cast<int64_t>(out[i].routes.size()),
+          static_cast<int64_t>(prompts[i].size() + out[i].tokens.size() - 1) *
+              width);
+    }
+    CollatedBatch batch = Collate(samples, kPad, c10::Device("cpu"));
+    batch.routes = CollateRoutes(samples, batch, c).value();
+    ASSERT_TRUE(batch.routes.defined());
+    const at::Tensor mask = batch.response_mask;
+    auto max_diff = [&](const at::Tensor& logp) {
+      return ((logp.detach() - batch.behaviour_logp).abs() * mask)
+          .max()
+          .item<double>();
+    };
+    model->set_training(true);
+    model->set_record_routes(true);
+    const double free_diff =
+        max_diff(ResponseLogProbs(*model, batch, 0.7, nullptr));
+    const RouteAgreement free =
+        CompareRoutes(model->last_routes(), batch.routes);
+    EXPECT_GT(model->moe_stats().dropped_frac, 0.0);
+    model->SetRouteReplay(batch.routes);
+    const at::Tensor replayed_logp =
+        ResponseLogProbs(*model, batch, 0.7, nullptr);
+    ASSERT_TRUE(replayed_logp.requires_grad());
+    const double replay_diff = max_diff(replayed_logp);
+    const RouteAgreement replayed =
+        CompareRoutes(model->last_routes(), batch.routes);
+    model->SetRouteReplay(at::Tensor());
+    std::printf(
+        "groups %d, capacity 0.5: without replay %.0f of %.0f recorded "
+        "tokens routed elsewhere, |trainer - rollout| log-prob max %.3g; "
+        "with replay %.0f, max %.3g\n",
+        groups, free.differing, free.tokens, free_diff, replayed.differing,
+        replay_diff);
+    EXPECT_GT(free.tokens, 60);
+    EXPECT_GT(free.differing, 0);
+    EXPECT_GT(free_diff, 1e-3);
+    EXPECT_EQ(replayed.differing, 0);
+    EXPECT_EQ(replayed.tokens, free.tokens);
+    EXPECT_LT(replay_diff, 1e-5);
+    // Gradients flow to the router through the recomputed gates.
+    (replayed_logp * mask).sum().backward();
+    for (const auto& [name, t] : model->named_parameters()) {
+      if (name.find("router") != std::string::npos) {
+        ASSERT_TRUE(t.grad().defined()) << name;
+        EXPECT_GT(t.grad().abs().sum().item<double>(), 0) << name;
+      }
+    }
+  }
+}
+
+TEST(MoeReplayTest, MalformedRoutesAreRefusedByName) {
+  ModelConfig c = TinyMoeConfig(2, 0.0, false);
+  Sample s;
+  s.prompt_ids = {kBos, 20};
+  s.response_ids = {30, kEos};
+  s.routes.assign(3 * c.n_layers * 2, 1);  // 3 tokens: fine
+  std::vector<Sample> samples = {s};
+  CollatedBatch batch = Collate(samples, kPad, c10::Device("cpu"));
+  EXPECT_TRUE(CollateRoutes(samples, batch, c).ok());
+  samples[0].routes.push_back(1);  // not whole tokens
+  EXPECT_EQ(CollateRoutes(samples, batch, c).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  samples[0].routes.assign(3 * c.n_layers * 2, 4);  // expert 4 of 4
+  auto bad = CollateRoutes(samples, batch, c);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("expert 4"), std::string::npos)
+      << bad.status();
+  samples[0].routes.assign(5 * c.n_layers * 2, 1);  // more than its tokens
+  EXPECT_FALSE(CollateRoutes(samples, batch, c).ok());
+}
+
+}  // namespace
+}  // namespace fusionrl
+
+namespace fusionrl {
+namespace {
+
+// Expert parallelism over a c10d (Gloo) group of two ranks: each rank holds
+// half of the experts and routes its own tokens; rows travel to the
+// experts' rank and back by all-to-all. Against one module holding every
+// expert: each rank's outputs are that module's on the rank's tokens, the
+// router's and the shared expert's gradients are that rank's own, and an
+// expert's gradient is the sum over both ranks' tokens (what the
+// data-parallel sum of the one-card gradients gives). With uneven token
+// counts, a rank with no tokens at all, MoGE groups and mlp_act recompute.
+TEST(MoeExpertParallelTest, TwoRanksEqualOneModuleInOutputsAndGradients) {
+  struct Case {
+    int top_k, groups;
+    bool recompute;
+    int64_t tokens0, tokens1;
+  };
+  for (const Case& k : std::vector<Case>{{2, 1, false, 13, 7},
+                                         {2, 2, false, 9, 16},
+                                         {1, 1, true, 11, 5},
+                                         {2, 1, false, 12, 0}}) {
+    SCOPED_TRACE(absl::StrCat("top ", k.top_k, " groups ", k.groups,
+                              " recompute ", k.recompute, " tokens ", k.tokens0,
+                              "/", k.tokens1));
+    MoeFeedForward full =
+        MakeMoe(4, k.top_k, 0.0, /*shared=*/true, 3, k.groups);
+    full->SetRecomputeAct(k.recompute);
+    const std::vector<at::Tensor> x = {RandomTokens({k.tokens0, 8}),
+                                       RandomTokens({k.tokens1, 8})};
+    const std::vector<at::Tensor> w = {RandomTokens({k.tokens0, 8}),
+                                       RandomTokens({k.tokens1, 8})};
+    // One module: outputs and gradients per rank's tokens.
+    std::vector<at::Tensor> want_out(2);
+    std::vector<std::map<std::string, at::Tensor>> want_grad(2);
+    for (int r = 0; r < 2; ++r) {
+      for (auto& p : full->parameters()) p.mutable_grad() = at::Tensor();
+      want_out[r] = full->forward(x[r], Routed(at::Tensor(), false));
+      // No tokens, no graph (and no gradient) on one module.
+      if (want_out[r].requires_grad()) (want_out[r] * w[r]).sum().backward();
+      for (const auto& item : full->named_parameters()) {
+        want_grad[r][item.key()] = item.value().grad().defined()
+                                       ? item.value().grad().clone()
+                                       : at::zeros_like(item.value());
+      }
+    }
+    auto group = MakeLocalGlooGroup(2, absl::Seconds(30)).value();
+    std::vector<MoeFeedForward> part;
+    std::vector<at::Tensor> got_out(2);
+    for (int r = 0; r < 2; ++r) {
+      part.emplace_back(8, 16, 4, k.top_k, k.groups, 0.0, true,
+                        ExpertShard{r, 2});
+      part[r]->to(torch::kDouble);
+      part[r]->SetRecomputeAct(k.recompute);
+      part[r]->set_expert_group(group[r].get());
+      torch::NoGradGuard no_grad;
+      const auto src = full->named_parameters();
+      for (auto& item : part[r]->named_parameters()) {
+        item.value().copy_(src[item.key()]);
+      }
+    }
+    ASSERT_EQ(part[0]->experts.size(), 2u);
+    ASSERT_EQ(part[1]->first_expert(), 2);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        got_out[r] = part[r]->forward(x[r], Routed(at::Tensor(), false));
+        (got_out[r] * w[r]).sum().backward();
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(got_out[r].defined());
+      EXPECT_EQ(got_out[r].sizes(), want_out[r].sizes());
+      if (got_out[r].numel() > 0) {
+        EXPECT_LE((got_out[r] - want_out[r]).abs().max().item<double>(), 1e-12)
+            << "rank " << r;
+      }
+      for (const auto& item : part[r]->named_parameters()) {
+        const std::string& name = item.key();
+        const bool expert = name.rfind("expert", 0) == 0;
+        const at::Tensor want = expert ? want_grad[0][name] + want_grad[1][name]
+                                       : want_grad[r][name];
+        // A rank without tokens has no router or shared-expert graph.
+        const at::Tensor got = item.value().grad().defined()
+                                   ? item.value().grad()
+                                   : at::zeros_like(item.value());
+        EXPECT_TRUE(item.value().grad().defined() ||
+                    (!expert && x[r].size(0) == 0))
+            << name;
+        EXPECT_LE((got - want).abs().max().item<double>(), 1e-12)
+            << "rank " << r << " " << name;
+      }
+    }
+  }
+}
+
+TEST(MoeExpertParallelTest, AShardWithoutItsGroupIsRefused) {
+  MoeFeedForward m(8, 16, 4, 2, 1, 0.0, false, ExpertShard{1, 2});
+  EXPECT_EQ(m->experts.size(), 2u);
+  EXPECT_TRUE(m->named_parameters().contains("expert2.w1.weight"));
+  EXPECT_FALSE(m->named_parameters().contains("expert0.w1.weight"));
+  EXPECT_THROW(m->forward(torch::randn({3, 8}), Routed(at::Tensor(), false)),
+               c10::Error);
+  EXPECT_THROW(MoeFeedForward(8, 16, 4, 2, 1, 0.0, false, ExpertShard{0, 3}),
+               c10::Error);
 }
 
 }  // namespace

@@ -252,7 +252,6 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateFused(
     const std::vector<std::vector<int>>& prompts, const SamplingParams& params,
     const std::vector<SequenceKey>& keys, const FinishedFn& on_finished) {
   const int64_t batch = static_cast<int64_t>(prompts.size());
-  const int64_t max_new = params.max_new_tokens;
   stats_.fused = true;
   auto t = Clock::now();
 
@@ -409,6 +408,16 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateComposite(
   auto next_pos = prompt_valid.sum(1, /*keepdim=*/true);  // [B, 1]
 
   KvCache cache = model_.NewCache(batch, total);
+  // MoE: the experts each fed token was routed to, by sequence and column
+  // ([B, total, n_layers, top_k]; router replay, docs/models.md).
+  const ModelConfig& mc = model_.config();
+  const bool record = mc.moe_experts > 0;
+  at::Tensor routes;
+  if (record) {
+    model_.set_record_routes(true);
+    routes = at::full({batch, total, mc.n_layers, mc.moe_top_k}, -1,
+                      long_opts.device(device));
+  }
   at::Tensor logits;
   if (batching) {
     // Prefix sharing: each distinct prompt is prefilled once (its own left
@@ -435,12 +444,17 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateComposite(
     }
     cache.length = prompt_len;
     logits = unique_logits.index_select(0, rows);
+    if (record) {
+      routes.narrow(1, 0, prompt_len)
+          .copy_(model_.last_routes().index_select(0, rows));
+    }
     stats_.prefill_rows = static_cast<int64_t>(unique.size());
   } else {
     logits = model_
                  .ForwardCached(prompt_tokens, PositionsFromValid(prompt_valid),
                                 prompt_valid, cache, /*last_only=*/true)
                  .select(1, 0);
+    if (record) routes.narrow(1, 0, prompt_len).copy_(model_.last_routes());
     stats_.prefill_rows = batch;
   }
   stats_.prefill_seconds = Since(t);
@@ -526,6 +540,10 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateComposite(
             .ForwardCached(next.unsqueeze(1), next_pos,
                            valid.narrow(1, 0, prompt_len + step + 1), cache)
             .select(1, 0);
+    if (record) {
+      routes.select(1, prompt_len + step)
+          .index_copy_(0, row_seq_dev, model_.last_routes().select(1, 0));
+    }
     next_pos = next_pos + 1;
     stats_.model_seconds += Since(t);
     ++stats_.decode_steps;
@@ -546,6 +564,20 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateComposite(
         c.finished = true;
         break;
       }
+    }
+  }
+  if (record) {
+    // Every token the call fed: the prompt's and the response's but the
+    // last (never fed).
+    const auto host = routes.to(at::kCPU).to(at::kChar).contiguous();
+    const int64_t per_token = mc.n_layers * mc.moe_top_k;
+    for (int64_t b = 0; b < batch; ++b) {
+      Completion& c = completions[b];
+      const int64_t p = static_cast<int64_t>(prompts[b].size());
+      const int64_t fed = p + static_cast<int64_t>(c.tokens.size()) - 1;
+      const int8_t* row = host[b].data_ptr<int8_t>();
+      c.routes.assign(row + (prompt_len - p) * per_token,
+                      row + (prompt_len - p + fed) * per_token);
     }
   }
   return completions;

@@ -61,6 +61,11 @@ struct Completion {
   std::vector<int> tokens;  // generated ids, the stop id included if produced
   std::vector<float> logp;  // one per token
   bool finished = false;    // produced a stop id
+  // MoE policies (router replay): the experts each token the call fed was
+  // routed to, [position][layer][choice] (n_layers * top_k per token) over
+  // the prompt's tokens then the generated ones but the last (which is
+  // never fed). Empty for a dense policy.
+  std::vector<int8_t> routes;
 };
 
 // Where the time of the last Generate() went (RolloutEngine::last_stats).

@@ -44,6 +44,15 @@ struct Sample {
   // Partial rollout: the version that sampled each response token, where
   // the response spans more than one (empty: all are behaviour_version).
   std::vector<int64_t> token_versions;
+  // MoE policies: the experts the rollout routed each token to,
+  // [position][layer][choice] (n_layers * top_k values per token) over the
+  // prompt's tokens then the response's, the first N positions (N =
+  // routes.size() / (n_layers * top_k); the last response token is never
+  // fed, so N = prompt + response - 1). A token continued or re-fed in a
+  // later call keeps its first record. Empty: none (a dense policy, a
+  // multi-turn episode). The trainer replays them (algorithm.router_replay)
+  // and measures its disagreement with them.
+  std::vector<int8_t> routes;
   bool finished = false;  // ended with eos (false: cut at max_new_tokens)
   double reward = 0.0;    // from the task's RewardFn
   bool correct = false;   // counted in accuracy

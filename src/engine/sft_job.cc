@@ -123,6 +123,10 @@ absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config) {
       for (size_t i = 0; i < ms.expert_load.size(); ++i) {
         rec.push_back({absl::StrCat("moe_load_", i), ms.expert_load[i]});
       }
+      for (size_t g = 0; ms.group_load.size() > 1 && g < ms.group_load.size();
+           ++g) {
+        rec.push_back({absl::StrCat("moe_group_load_", g), ms.group_load[g]});
+      }
     }
     const bool eval_now =
         (sc.eval_every > 0 && step % sc.eval_every == 0) || step == sc.steps;

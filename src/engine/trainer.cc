@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "engine/activation_planner.h"
@@ -125,6 +126,20 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
   }
   const auto device = policy_.device();
   CollatedBatch full = Collate(samples, pad_id_, device);
+  FUSIONRL_ASSIGN_OR_RETURN(full.routes,
+                            CollateRoutes(samples, full, policy_.config()));
+  // Router replay: the policy's forwards of a batch route its tokens as the
+  // rollout did (the reference's do not: it is another policy).
+  const bool replay = algo_.router_replay && full.routes.defined();
+  policy_.set_record_routes(full.routes.defined());
+  auto policy_log_probs = [&](const CollatedBatch& b, bool with_entropy) {
+    if (replay) policy_.SetRouteReplay(b.routes);
+    absl::Cleanup clear = [&] {
+      if (replay) policy_.SetRouteReplay(at::Tensor());
+    };
+    return ResponseTokenLogProbs(policy_, b, temperature_, logits_chunk_tokens_,
+                                 with_entropy);
+  };
   TrainStats stats;
   // rollout.overlong: responses cut at max_new_tokens keep their reward in
   // their group's statistics, but leave the loss (mask), or lose reward on
@@ -205,9 +220,7 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
     at::NoGradGuard no_grad;
     if (compute_hook_) compute_hook_();
     policy_.set_training(false);
-    old_logp = ResponseTokenLogProbs(policy_, full, temperature_,
-                                     logits_chunk_tokens_, false)
-                   .logp;
+    old_logp = policy_log_probs(full, false).logp;
     double capped = 0;
     behaviour_weight = algo::BehaviourWeights(old_logp, full.behaviour_logp,
                                               mask, rule, &capped);
@@ -307,6 +320,7 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
   double loss_sum = 0, pg_sum = 0, kl_sum = 0, ent_sum = 0, clip_sum = 0;
   double token_weight = 0;
   double diff_sum = 0, diff_tokens = 0;
+  double route_tokens = 0, route_differing = 0;
   // MoE router statistics, summed weighted by micro-batch sequences.
   const bool moe = policy_.config().moe_experts > 0;
   double moe_seqs = 0, moe_aux_sum = 0, moe_z_sum = 0, moe_drop_sum = 0;
@@ -369,8 +383,7 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
         policy_.set_lora_dropout_seed((static_cast<uint64_t>(version_) << 32) ^
                                       (static_cast<uint64_t>(epoch) << 24) ^
                                       static_cast<uint64_t>(u0));
-        ResponseTokenStats tok = ResponseTokenLogProbs(
-            policy_, mb, temperature_, logits_chunk_tokens_, true);
+        ResponseTokenStats tok = policy_log_probs(mb, true);
         const at::Tensor& logp = tok.logp;
         at::Tensor old_mb = rows(old_logp);
         at::Tensor weight_mb =
@@ -394,6 +407,14 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
           diff_sum += d.sum;
           diff_tokens += d.tokens;
           stats.logp_diff_max = std::max(stats.logp_diff_max, d.max);
+          // The experts the trainer ran each recorded token on, against the
+          // rollout's.
+          if (mb.routes.defined()) {
+            const RouteAgreement a =
+                CompareRoutes(policy_.last_routes(), mb.routes);
+            route_tokens += a.tokens;
+            route_differing += a.differing;
+          }
         }
         auto pg = algo::PpoClipLoss(logp, old_mb, adv, mb.response_mask,
                                     algo_.clip_ratio_low, algo_.clip_ratio_high,
@@ -501,6 +522,15 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
     stats.moe_dropped_frac = moe_drop_sum / moe_seqs;
     for (double& l : moe_load_sum) l /= moe_seqs;
     stats.moe_expert_load = std::move(moe_load_sum);
+    stats.moe_group_load.assign(policy_.config().moe_groups, 0.0);
+    const size_t per_group =
+        stats.moe_expert_load.size() / stats.moe_group_load.size();
+    for (size_t e = 0; e < stats.moe_expert_load.size(); ++e) {
+      stats.moe_group_load[e / per_group] += stats.moe_expert_load[e];
+    }
+  }
+  if (route_tokens > 0) {
+    stats.moe_route_disagreement = route_differing / route_tokens;
   }
   ++version_;
   return stats;

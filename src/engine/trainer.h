@@ -99,6 +99,14 @@ struct TrainStats {
   double moe_dropped_frac = 0;  // share of expert assignments dropped by
                                 //   capacity (training forward only)
   std::vector<double> moe_expert_load;  // [N] share of assignments per expert
+  std::vector<double> moe_group_load;   // [G] share per MoGE group
+  // Router replay's measure: the fraction of the tokens the rollout routed
+  // (prompt and response, the step's first mini-batch before its first
+  // update, as logp_diff) whose set of experts in the trainer's forward
+  // differs from the rollout's at some layer (a capacity drop counts). 0
+  // with algorithm.router_replay; -1 when the samples carry no routes
+  // (a dense policy, multi-turn episodes).
+  double moe_route_disagreement = -1;
 };
 
 // Tensors for a batch of samples. Shapes: [B, P + R] for the sequence,
@@ -110,10 +118,22 @@ struct CollatedBatch {
   at::Tensor response_ids;   // int64 [B, R]
   at::Tensor response_mask;  // float [B, R]
   at::Tensor behaviour_logp;  // float [B, R]
-  int64_t prompt_len = 0;     // P
+  // MoE: the rollout's experts of each token, int64 [B, P + R, n_layers,
+  // top_k] (-1: none recorded); undefined when no sample carries routes.
+  // Set by CollateRoutes.
+  at::Tensor routes;
+  int64_t prompt_len = 0;  // P
 };
 CollatedBatch Collate(const std::vector<Sample>& samples, int pad_id,
                       c10::Device device);
+// The samples' recorded routes (Sample::routes) laid out as batch.routes
+// for a MoE `config`: undefined when none has any. InvalidArgument naming
+// the sample when one's record is not whole tokens of n_layers * top_k
+// experts, covers more positions than its tokens, or names an expert
+// outside [0, moe_experts).
+absl::StatusOr<at::Tensor> CollateRoutes(const std::vector<Sample>& samples,
+                                         const CollatedBatch& batch,
+                                         const ModelConfig& config);
 
 // Per-token log-probs [B, R] of batch.response_ids under `model` (with
 // autograd unless the caller disables it); optionally the logits of the

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/algorithms.h"
 #include "engine/invariant_ops.h"
 #include "engine/vocab_kernels.h"
@@ -52,6 +53,64 @@ CollatedBatch Collate(const std::vector<Sample>& samples, int pad_id,
   out.response_ids = out.input_ids.narrow(1, p_len, r_len);
   out.response_mask = resp_mask.to(device);
   out.behaviour_logp = behaviour.to(device);
+  return out;
+}
+
+absl::StatusOr<at::Tensor> CollateRoutes(const std::vector<Sample>& samples,
+                                         const CollatedBatch& batch,
+                                         const ModelConfig& config) {
+  const int64_t width =
+      static_cast<int64_t>(config.n_layers) * config.moe_top_k;
+  bool any = false;
+  for (const Sample& s : samples) any = any || !s.routes.empty();
+  if (config.moe_experts == 0 || !any) return at::Tensor();
+  const int64_t b_n = batch.input_ids.size(0), t_n = batch.input_ids.size(1);
+  auto routes = at::full({b_n, t_n, config.n_layers, config.moe_top_k}, -1,
+                         at::TensorOptions().dtype(at::kLong));
+  int64_t* out = routes.data_ptr<int64_t>();
+  for (int64_t b = 0; b < b_n; ++b) {
+    const Sample& s = samples[b];
+    const int64_t n = static_cast<int64_t>(s.routes.size());
+    const int64_t tokens =
+        static_cast<int64_t>(s.prompt_ids.size() + s.response_ids.size());
+    if (n % width != 0 || n / width > tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "trainer: sample ", b, " carries ", n,
+          " routing entries: not whole tokens of n_layers * top_k = ", width,
+          " experts within its ", tokens, " tokens"));
+    }
+    const int64_t off =
+        batch.prompt_len - static_cast<int64_t>(s.prompt_ids.size());
+    for (int64_t i = 0; i < n; ++i) {
+      const int e = s.routes[i];
+      if (e < 0 || e >= config.moe_experts) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "trainer: sample ", b, " routes token ", i / width, " to expert ",
+            e, " (the model has ", config.moe_experts, ")"));
+      }
+      // Prompt positions are left-padded; the response follows the prompt
+      // at column prompt_len.
+      const int64_t pos = i / width;
+      const int64_t col = pos < static_cast<int64_t>(s.prompt_ids.size())
+                              ? off + pos
+                              : batch.prompt_len + pos -
+                                    static_cast<int64_t>(s.prompt_ids.size());
+      out[(b * t_n + col) * width + i % width] = e;
+    }
+  }
+  return routes.to(batch.input_ids.device());
+}
+
+RouteAgreement CompareRoutes(const at::Tensor& actual,
+                             const at::Tensor& recorded) {
+  at::NoGradGuard no_grad;
+  const auto has = recorded.select(-1, 0).select(-1, 0).ge(0);  // [B, T]
+  const auto a = std::get<0>(actual.sort(-1));
+  const auto r = std::get<0>(recorded.sort(-1));
+  const auto differs = a.ne(r).any(-1).any(-1).logical_and(has);
+  RouteAgreement out;
+  out.tokens = has.sum().item<double>();
+  out.differing = differs.sum().item<double>();
   return out;
 }
 
@@ -124,6 +183,7 @@ CollatedBatch Slice(const CollatedBatch& b, int64_t start, int64_t n) {
   s.response_ids = b.response_ids.narrow(0, start, n);
   s.response_mask = b.response_mask.narrow(0, start, n);
   s.behaviour_logp = b.behaviour_logp.narrow(0, start, n);
+  if (b.routes.defined()) s.routes = b.routes.narrow(0, start, n);
   return s;
 }
 
@@ -137,6 +197,7 @@ CollatedBatch Trim(const CollatedBatch& b, int64_t p, int64_t r) {
   s.response_ids = b.response_ids.narrow(1, 0, r);
   s.response_mask = b.response_mask.narrow(1, 0, r);
   s.behaviour_logp = b.behaviour_logp.narrow(1, 0, r);
+  if (b.routes.defined()) s.routes = b.routes.narrow(1, cut, p + r);
   return s;
 }
 
@@ -149,6 +210,7 @@ CollatedBatch Rows(const CollatedBatch& b, const at::Tensor& index) {
   s.response_ids = s.input_ids.narrow(1, b.prompt_len, b.response_ids.size(1));
   s.response_mask = b.response_mask.index_select(0, index);
   s.behaviour_logp = b.behaviour_logp.index_select(0, index);
+  if (b.routes.defined()) s.routes = b.routes.index_select(0, index);
   return s;
 }
 

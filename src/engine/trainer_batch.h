@@ -24,6 +24,16 @@ CollatedBatch Trim(const CollatedBatch& b, int64_t p, int64_t r);
 // Rows `index` (int64, on the batch's device) of every tensor in the batch.
 CollatedBatch Rows(const CollatedBatch& b, const at::Tensor& index);
 
+// Router replay's measure: of the tokens with a recorded routing
+// (recorded[b, t, 0, 0] >= 0), how many ran on another set of experts at
+// some layer. actual and recorded [B, T, n_layers, top_k] int64.
+struct RouteAgreement {
+  double tokens = 0;
+  double differing = 0;
+};
+RouteAgreement CompareRoutes(const at::Tensor& actual,
+                             const at::Tensor& recorded);
+
 // The mean of `x` over the positions where `mask` is 1 (0 for none).
 double MaskedMean(const at::Tensor& x, const at::Tensor& mask);
 

@@ -557,6 +557,48 @@ void ExpectExactLaggedResume(JobConfig c, int steps, int stop_at) {
       split, "/checkpoints/rollout/step_", stop_at, "/card_0.pb")));
 }
 
+// MoE as Pangu trains it: MoGE grouped routing (2 groups of 2 experts,
+// top-2) and router replay, in RL Fusion with StaleSync lag 2 and a
+// capacity factor that drops assignments in training. Resume is exact (the
+// checkpoint's prefetched samples carry their routes), each step's groups
+// get equal shares, and replay keeps the trainer on the rollout's experts;
+// without replay the trainer routes some recorded tokens elsewhere (the
+// lag and the drops).
+TEST(RlJobTest, MoeGroupedRoutingAndRouterReplayResumeExactly) {
+  JobConfig c = TinyRlJob("moe-moge-replay-fused-lag2", 6);
+  c.model.moe_experts = 4;
+  c.model.moe_top_k = 2;
+  c.model.moe_groups = 2;
+  c.model.moe_capacity_factor = 0.75;
+  c.placement.mode = PlacementMode::kFused;
+  c.stalesync.max_policy_lag = 2;
+  c.algorithm.decoupled_loss = true;
+  c.algorithm.router_replay = true;
+  ExpectExactLaggedResume(c, 6, 3);
+  const std::string straight = c.output_dir + "-straight";
+  const std::vector<double> disagreement =
+      Column(straight, "moe_route_disagreement");
+  ASSERT_EQ(disagreement.size(), 6u);
+  for (double d : disagreement) EXPECT_EQ(d, 0.0);
+  for (const char* key : {"moe_group_load_0", "moe_group_load_1"}) {
+    const std::vector<double> load = Column(straight, key);
+    ASSERT_EQ(load.size(), 6u) << key;
+    for (double l : load) EXPECT_NEAR(l, 0.5, 1e-6) << key;
+  }
+  EXPECT_EQ(Column(c.output_dir + "-split", "moe_route_disagreement"),
+            disagreement);
+
+  JobConfig off = c;
+  off.algorithm.router_replay = false;
+  off.output_dir = c.output_dir + "-no-replay";
+  std::filesystem::remove_all(off.output_dir);
+  ASSERT_TRUE(RunRlJob(off).ok());
+  const std::vector<double> free =
+      Column(off.output_dir, "moe_route_disagreement");
+  ASSERT_EQ(free.size(), 6u);
+  EXPECT_GT(*std::max_element(free.begin(), free.end()), 0.0);
+}
+
 // LoRA: the trainer steps the adapters, rollout samples from merged
 // weights (the colocated card's merged view, the fused snapshot, the
 // rollout card's copy), weight syncs and checkpoints carry the adapters

@@ -181,6 +181,12 @@ absl::Status GroupSampler::SampleSteps(
                           c.tokens.end());
     s.behaviour_logp.insert(s.behaviour_logp.end(), c.logp.begin(),
                             c.logp.end());
+    // A continued response's call fed its earlier tokens again: each token
+    // keeps the routing of the call that fed it first.
+    if (c.routes.size() > s.routes.size()) {
+      s.routes.insert(s.routes.end(), c.routes.begin() + s.routes.size(),
+                      c.routes.end());
+    }
     if (!s.token_versions.empty() || s.behaviour_version != version) {
       if (s.token_versions.empty()) {
         s.token_versions.assign(before, s.behaviour_version);

@@ -54,6 +54,7 @@ absl::Status WriteRolloutPrefetch(const std::string& path,
       p->mutable_token_versions()->Add(s.token_versions.begin(),
                                        s.token_versions.end());
       p->set_loss_mask(std::string(s.loss_mask.begin(), s.loss_mask.end()));
+      p->set_routes(std::string(s.routes.begin(), s.routes.end()));
       p->set_turns(s.episode.turns);
       p->set_tool_calls(s.episode.tool_calls);
       p->set_tool_errors(s.episode.tool_errors);
@@ -120,6 +121,7 @@ absl::StatusOr<RolloutPrefetch> ReadRolloutPrefetch(const std::string& path) {
       s.token_versions.assign(p.token_versions().begin(),
                               p.token_versions().end());
       s.loss_mask.assign(p.loss_mask().begin(), p.loss_mask().end());
+      s.routes.assign(p.routes().begin(), p.routes().end());
       s.episode.turns = p.turns();
       s.episode.tool_calls = p.tool_calls();
       s.episode.tool_errors = p.tool_errors();

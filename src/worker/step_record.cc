@@ -94,6 +94,15 @@ MetricFields StepRecord(const StepRecordParts& p) {
     for (size_t i = 0; i < ts.moe_expert_load.size(); ++i) {
       rec.push_back({absl::StrCat("moe_load_", i), ts.moe_expert_load[i]});
     }
+    if (ts.moe_group_load.size() > 1) {
+      for (size_t g = 0; g < ts.moe_group_load.size(); ++g) {
+        rec.push_back(
+            {absl::StrCat("moe_group_load_", g), ts.moe_group_load[g]});
+      }
+    }
+    if (ts.moe_route_disagreement >= 0) {
+      rec.push_back({"moe_route_disagreement", ts.moe_route_disagreement});
+    }
   }
   return rec;
 }
