@@ -1448,11 +1448,6 @@ TEST(ConfigTest, MoeKeysAreCheckedWhenParsed) {
               absl::StatusCode::kInvalidArgument,
               {"job.yaml: algorithm.router_replay: needs a mixture-of-experts "
                "policy"});
-  ExpectError(
-      "model:\n  moe_experts: 4\nalgorithm:\n  router_replay: true\n"
-      "env:\n  name: calculator\n",
-      absl::StatusCode::kInvalidArgument,
-      {"algorithm.router_replay: is not supported with env.name"});
   ExpectError("model:\n  moe_experts: 1\n  moe_top_k: 2\n",
               absl::StatusCode::kInvalidArgument,
               {"job.yaml: model.moe_top_k: must be <= model.moe_experts (1), "

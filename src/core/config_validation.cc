@@ -312,12 +312,6 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                    "needs a mixture-of-experts policy (model.moe_experts > "
                    "0): a dense model has no routing to replay");
   }
-  if (a.router_replay && !c.env.name.empty()) {
-    return Invalid("algorithm.router_replay",
-                   "is not supported with env.name (multi-turn episodes): "
-                   "the episode decoder does not record the rollout's "
-                   "routing yet");
-  }
   // decoupled_loss and rollout_correction are one weight, pi_prox /
   // pi_behaviour, each with its own rule: both at once would be ambiguous.
   if (a.decoupled_loss && a.rollout_correction != RolloutCorrection::kNone) {

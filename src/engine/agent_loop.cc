@@ -390,6 +390,7 @@ absl::StatusOr<EpisodeBatch> AgentLoop::Run(
       s.response_ids = std::move(t.tokens);
       s.behaviour_logp = std::move(t.logp);
       s.loss_mask = std::move(t.model);
+      s.routes = std::move(t.routes);
       ep.stats.turns = t.turns;
       s.finished = t.done && !ep.failed;
     }
@@ -414,6 +415,7 @@ absl::StatusOr<EpisodeBatch> AgentLoop::Run(
       s.response_ids = {ctx_.tokenizer->eos_id()};
       s.behaviour_logp = {0.0f};
       s.loss_mask = {0};
+      s.routes.clear();
     }
     s.episode = ep.stats;
     if (ep.failed) {

@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/cpu_decoder.h"
@@ -38,7 +40,18 @@ class Backend {
   virtual void Drop(int64_t e) = 0;  // a parked or finished episode
   // Feeds tokens[s] to slot s < n; the logits [n, V].
   virtual at::Tensor Step(const int64_t* tokens, int64_t n) = 0;
+  // MoE policies: the experts every token fed for episode `e` was routed
+  // to (EpisodeTokens::routes); empty where the backend does not record.
+  virtual std::vector<int8_t> TakeRoutes(int64_t e) { return {}; }
 };
+
+// A forward's recorded routes ([1, t, n_layers, top_k]) appended to `out`
+// as bytes.
+void AppendRoutes(const at::Tensor& routes, std::vector<int8_t>& out) {
+  const at::Tensor host = routes.to(at::kCPU).to(at::kChar).contiguous();
+  const int8_t* p = host.data_ptr<int8_t>();
+  out.insert(out.end(), p, p + host.numel());
+}
 
 // The fused CpuDecoder: one batched step; parked caches copied out.
 class FusedBackend final : public Backend {
@@ -106,7 +119,12 @@ class FusedBackend final : public Backend {
 class CompositeBackend final : public Backend {
  public:
   CompositeBackend(PolicyModel& model, int64_t slots, int64_t capacity)
-      : model_(model), capacity_(capacity), slot_episode_(slots, -1) {}
+      : model_(model),
+        capacity_(capacity),
+        slot_episode_(slots, -1),
+        record_(model.config().moe_experts > 0) {
+    if (record_) model_.set_record_routes(true);
+  }
   at::Tensor Prefill(
       const std::vector<const std::vector<int>*>& unique) override {
     std::vector<at::Tensor> logits;
@@ -123,6 +141,8 @@ class CompositeBackend final : public Backend {
           model_.ForwardCached(tokens, positions, valid, cache, true)
               .select(1, 0));
       prompts_.push_back(std::move(cache));
+      prompt_routes_.emplace_back();
+      if (record_) AppendRoutes(model_.last_routes(), prompt_routes_.back());
     }
     return at::cat(logits, 0);
   }
@@ -135,6 +155,7 @@ class CompositeBackend final : public Backend {
     c.capacity = p.capacity;
     caches_[e] = std::move(c);
     slot_episode_[slot] = e;
+    routes_[e] = prompt_routes_[u];
   }
   void Park(int64_t slot, int64_t) override { slot_episode_[slot] = -1; }
   void Resume(int64_t e, int64_t slot) override { slot_episode_[slot] = e; }
@@ -154,8 +175,17 @@ class CompositeBackend final : public Backend {
       auto valid = at::ones({1, pos + 1}, long_opts.dtype(at::kBool));
       rows.push_back(
           model_.ForwardCached(tok, positions, valid, cache).select(1, 0));
+      if (record_)
+        AppendRoutes(model_.last_routes(), routes_[slot_episode_[s]]);
     }
     return at::cat(rows, 0);
+  }
+  std::vector<int8_t> TakeRoutes(int64_t e) override {
+    auto it = routes_.find(e);
+    if (it == routes_.end()) return {};
+    std::vector<int8_t> out = std::move(it->second);
+    routes_.erase(it);
+    return out;
   }
 
  private:
@@ -164,6 +194,9 @@ class CompositeBackend final : public Backend {
   std::vector<KvCache> prompts_;
   std::map<int64_t, KvCache> caches_;
   std::vector<int64_t> slot_episode_;
+  bool record_;
+  std::vector<std::vector<int8_t>> prompt_routes_;  // by distinct prompt
+  std::map<int64_t, std::vector<int8_t>> routes_;   // by episode
 };
 
 }  // namespace
@@ -376,6 +409,7 @@ absl::StatusOr<std::vector<EpisodeTokens>> EpisodeDecoder::Run(
       if (record(e, td[s], ld[s])) vacate(s, parked.size() > parked_before);
     }
   }
+  for (int64_t e = 0; e < n; ++e) out[e].routes = backend->TakeRoutes(e);
   stats_.total_seconds = Since(t_start);
   return out;
 }

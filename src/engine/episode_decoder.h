@@ -43,6 +43,10 @@ struct EpisodeTokens {
   std::vector<int> tokens;     // model and environment tokens, in order
   std::vector<float> logp;     // behaviour log-prob (0 for environment ones)
   std::vector<uint8_t> model;  // 1 = sampled by the model, 0 = environment
+  // MoE policies (router replay): the experts each fed token was routed to,
+  // as Sample::routes: over the prompt then this sequence, every token the
+  // model was fed (the last one never is). Empty for a dense policy.
+  std::vector<int8_t> routes;
   int32_t turns = 0;           // model turns
   bool done = false;           // the driver ended it (else: a token limit)
 };

@@ -216,3 +216,53 @@ TEST(EpisodeDecoderTest, APromptThatLeavesNoRoomIsAnError) {
 
 }  // namespace
 }  // namespace fusionrl
+
+namespace fusionrl {
+namespace {
+
+// A MoE policy's episodes (the composite backend) record the experts of
+// every token they fed, the environment's included, in sequence order:
+// the experts a full forward of prompt + episode routes them to.
+TEST(EpisodeDecoderTest, MoeEpisodesRecordTheRoutesOfEveryFedToken) {
+  ModelConfig c = EpisodeModelConfig();
+  c.moe_experts = 4;
+  c.moe_top_k = 2;
+  c.moe_d_ff = 32;
+  auto model = PolicyModel::Create(c, 40, c10::Device("cpu"), 11).value();
+  EpisodeDecoder decoder(*model, kPad, {kStop});
+  const std::vector<std::vector<int>> prompts = {
+      {1, 5, 6, 7}, {1, 8, 9}, {1, 5, 6, 7}, {1, 10, 11, 12, 13}};
+  std::vector<SequenceKey> keys;
+  for (int64_t i = 0; i < 4; ++i) keys.push_back({99, i, 0, 0});
+  SamplingParams params;
+  params.max_new_tokens = 5;
+  EpisodeLimits limits;
+  limits.max_turns = 3;
+  limits.max_episode_tokens = 40;
+  limits.slots = 2;
+  ScriptedDriver driver(3, {20, 21, 22});
+  auto out = decoder.Run(prompts, keys, params, limits, driver);
+  ASSERT_TRUE(out.ok()) << out.status();
+  const int64_t width = c.n_layers * c.moe_top_k;
+  model->set_record_routes(true);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const EpisodeTokens& ep = (*out)[i];
+    std::vector<int64_t> ids(prompts[i].begin(), prompts[i].end());
+    ids.insert(ids.end(), ep.tokens.begin(), ep.tokens.end());
+    const int64_t fed = static_cast<int64_t>(ids.size()) - 1;
+    ASSERT_EQ(static_cast<int64_t>(ep.routes.size()), fed * width) << i;
+    at::NoGradGuard no_grad;
+    const int64_t n = static_cast<int64_t>(ids.size());
+    model->Forward(at::tensor(ids, at::kLong).view({1, n}),
+                   at::arange(n, at::kLong).view({1, n}),
+                   at::ones({1, n}, at::kBool));
+    const at::Tensor full =
+        model->last_routes().narrow(1, 0, fed).reshape({-1}).to(at::kChar);
+    const at::Tensor got = at::tensor(
+        std::vector<int64_t>(ep.routes.begin(), ep.routes.end()), at::kLong);
+    EXPECT_TRUE(at::equal(got.to(at::kChar), full)) << "episode " << i;
+  }
+}
+
+}  // namespace
+}  // namespace fusionrl

@@ -49,8 +49,8 @@ struct Sample {
   // prompt's tokens then the response's, the first N positions (N =
   // routes.size() / (n_layers * top_k); the last response token is never
   // fed, so N = prompt + response - 1). A token continued or re-fed in a
-  // later call keeps its first record. Empty: none (a dense policy, a
-  // multi-turn episode). The trainer replays them (algorithm.router_replay)
+  // later call keeps its first record. Empty: none (a dense policy). The
+  // trainer replays them (algorithm.router_replay)
   // and measures its disagreement with them.
   std::vector<int8_t> routes;
   bool finished = false;  // ended with eos (false: cut at max_new_tokens)

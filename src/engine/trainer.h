@@ -105,7 +105,7 @@ struct TrainStats {
   // update, as logp_diff) whose set of experts in the trainer's forward
   // differs from the rollout's at some layer (a capacity drop counts). 0
   // with algorithm.router_replay; -1 when the samples carry no routes
-  // (a dense policy, multi-turn episodes).
+  // (a dense policy).
   double moe_route_disagreement = -1;
 };
 

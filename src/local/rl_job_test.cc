@@ -993,6 +993,33 @@ TEST(RlJobTest, MultiTurnEpisodesResumeExactly) {
   ExpectExactLaggedResume(c, 6, 3);
 }
 
+// Router replay over tool-using episodes: a MoE policy's episodes carry
+// the experts of every token they fed, the tool's answers included, and the
+// trainer replays them (0 disagreement every step, where capacity drops
+// otherwise move the trainer's routing).
+TEST(RlJobTest, MultiTurnMoeEpisodesReplayTheirRouting) {
+  for (bool replay : {false, true}) {
+    SCOPED_TRACE(replay);
+    JobConfig c = TwoTurnJob(absl::StrCat("episodes-moe-replay-", replay), 3);
+    c.model.moe_experts = 4;
+    c.model.moe_top_k = 2;
+    c.model.moe_capacity_factor = 0.75;
+    c.algorithm.router_replay = replay;
+    std::filesystem::remove_all(c.output_dir);
+    ASSERT_TRUE(RunRlJob(c).ok());
+    const std::vector<double> d =
+        Column(c.output_dir, "moe_route_disagreement");
+    ASSERT_EQ(d.size(), 3u);
+    for (double v : d) {
+      if (replay) {
+        EXPECT_EQ(v, 0.0);
+      } else {
+        EXPECT_GT(v, 0.0);
+      }
+    }
+  }
+}
+
 // A card whose memory budget cannot hold the rollout's KV cache fails the
 // job with the card's books in the message, not with an allocator crash.
 TEST(RlJobTest, KvCacheOverTheCardBudgetFailsClearly) {

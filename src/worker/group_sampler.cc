@@ -286,6 +286,7 @@ absl::Status GroupSampler::SampleEpisodes(RolloutEngine& engine,
       s.response_ids = std::move(e.response_ids);
       s.behaviour_logp = std::move(e.behaviour_logp);
       s.loss_mask = std::move(e.loss_mask);
+      s.routes = std::move(e.routes);
       s.finished = e.finished;
       s.reward = e.reward;
       s.correct = e.correct;
