@@ -220,6 +220,17 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir,
                      stored_experts.dump(), " in the checkpoint but ",
                      model.config().moe_experts, " in this config"));
   }
+  // MoGE groups change the function, not the shapes; absent means 1 (top-k
+  // checkpoints, and those from before groups), checked both ways.
+  if (model.config().moe_experts > 0) {
+    const int stored_groups = j["model"].value("moe_groups", 1);
+    if (stored_groups != model.config().moe_groups) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint '", dir, "': model.moe_groups is ", stored_groups,
+          " in the checkpoint but ", model.config().moe_groups,
+          " in this config (the routing is part of the trained function)"));
+    }
+  }
   for (const auto& [key, value] : expected.items()) {
     const auto& stored = j["model"].value(key, nlohmann::json());
     if (stored.dump() != value.dump()) {

@@ -550,6 +550,19 @@ TEST(MoeCheckpointTest, MixtureShapeIsCheckedByKey) {
   expect_mismatch(
       *TinyMoeModel(TinyMoeConfig(2, 0.0, false)), dir,
       "model.moe_shared_expert is true in the checkpoint but false");
+  // MoGE routing, both ways.
+  ModelConfig grouped = TinyMoeConfig(2, 0.0, true);
+  grouped.moe_groups = 2;
+  expect_mismatch(*TinyMoeModel(grouped), dir,
+                  "model.moe_groups is 1 in the checkpoint but 2");
+  const std::string grouped_dir = ::testing::TempDir() + "/ckpt_moe_groups";
+  ASSERT_TRUE(WriteCheckpoint(grouped_dir, *TinyMoeModel(grouped), nullptr,
+                              CheckpointMeta{"rl", "u"})
+                  .ok());
+  ASSERT_TRUE(
+      ReadCheckpoint(grouped_dir, *TinyMoeModel(grouped), nullptr).ok());
+  expect_mismatch(*same, grouped_dir,
+                  "model.moe_groups is 2 in the checkpoint but 1");
 
   const std::string dense_dir = ::testing::TempDir() + "/ckpt_dense_for_moe";
   ASSERT_TRUE(
