@@ -47,8 +47,8 @@ struct EpisodeTokens {
   // as Sample::routes: over the prompt then this sequence, every token the
   // model was fed (the last one never is). Empty for a dense policy.
   std::vector<int8_t> routes;
-  int32_t turns = 0;           // model turns
-  bool done = false;           // the driver ended it (else: a token limit)
+  int32_t turns = 0;  // model turns
+  bool done = false;  // the driver ended it (else: a token limit)
 };
 
 class TurnDriver {

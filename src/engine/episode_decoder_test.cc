@@ -75,14 +75,14 @@ std::vector<float> FullForwardLogp(PolicyModel& model,
   return out;
 }
 
-void ExpectContinuationMatchesPrefill(bool fused) {
-  auto model = EpisodeModel();
-  ASSERT_EQ(CpuDecoder::Supports(*model), true);
-  EpisodeDecoder decoder(*model, kPad, {kStop});
-  decoder.set_fused(fused);
-  EXPECT_EQ(decoder.fused(), fused);
-  const std::vector<std::vector<int>> prompts = {
-      {1, 5, 6, 7}, {1, 8, 9}, {1, 5, 6, 7}, {1, 10, 11, 12, 13}};
+// Four episodes (two share a prompt) of three turns, each answered with
+// three tokens, in two slots: fewer slots than episodes, so parking and
+// refills happen.
+const std::vector<std::vector<int>> kScriptedPrompts = {
+    {1, 5, 6, 7}, {1, 8, 9}, {1, 5, 6, 7}, {1, 10, 11, 12, 13}};
+
+absl::StatusOr<std::vector<EpisodeTokens>> RunScripted(
+    EpisodeDecoder& decoder) {
   std::vector<SequenceKey> keys;
   for (int64_t i = 0; i < 4; ++i) keys.push_back({99, i, 0, 0});
   SamplingParams params;
@@ -91,9 +91,19 @@ void ExpectContinuationMatchesPrefill(bool fused) {
   EpisodeLimits limits;
   limits.max_turns = 3;
   limits.max_episode_tokens = 40;
-  limits.slots = 2;  // fewer slots than episodes: parking and refills
+  limits.slots = 2;
   ScriptedDriver driver(3, {20, 21, 22});
-  auto out = decoder.Run(prompts, keys, params, limits, driver);
+  return decoder.Run(kScriptedPrompts, keys, params, limits, driver);
+}
+
+void ExpectContinuationMatchesPrefill(bool fused) {
+  auto model = EpisodeModel();
+  ASSERT_EQ(CpuDecoder::Supports(*model), true);
+  EpisodeDecoder decoder(*model, kPad, {kStop});
+  decoder.set_fused(fused);
+  EXPECT_EQ(decoder.fused(), fused);
+  const std::vector<std::vector<int>>& prompts = kScriptedPrompts;
+  auto out = RunScripted(decoder);
   ASSERT_TRUE(out.ok()) << out.status();
   int environment_tokens = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -214,12 +224,6 @@ TEST(EpisodeDecoderTest, APromptThatLeavesNoRoomIsAnError) {
       << out.status();
 }
 
-}  // namespace
-}  // namespace fusionrl
-
-namespace fusionrl {
-namespace {
-
 // A MoE policy's episodes (the composite backend) record the experts of
 // every token they fed, the environment's included, in sequence order:
 // the experts a full forward of prompt + episode routes them to.
@@ -230,18 +234,8 @@ TEST(EpisodeDecoderTest, MoeEpisodesRecordTheRoutesOfEveryFedToken) {
   c.moe_d_ff = 32;
   auto model = PolicyModel::Create(c, 40, c10::Device("cpu"), 11).value();
   EpisodeDecoder decoder(*model, kPad, {kStop});
-  const std::vector<std::vector<int>> prompts = {
-      {1, 5, 6, 7}, {1, 8, 9}, {1, 5, 6, 7}, {1, 10, 11, 12, 13}};
-  std::vector<SequenceKey> keys;
-  for (int64_t i = 0; i < 4; ++i) keys.push_back({99, i, 0, 0});
-  SamplingParams params;
-  params.max_new_tokens = 5;
-  EpisodeLimits limits;
-  limits.max_turns = 3;
-  limits.max_episode_tokens = 40;
-  limits.slots = 2;
-  ScriptedDriver driver(3, {20, 21, 22});
-  auto out = decoder.Run(prompts, keys, params, limits, driver);
+  const std::vector<std::vector<int>>& prompts = kScriptedPrompts;
+  auto out = RunScripted(decoder);
   ASSERT_TRUE(out.ok()) << out.status();
   const int64_t width = c.n_layers * c.moe_top_k;
   model->set_record_routes(true);

@@ -24,6 +24,7 @@
 #include "engine/decoder_block.h"
 #include "engine/invariant_ops.h"
 #include "engine/lora.h"
+#include "engine/moe.h"
 #include "engine/moe_module.h"
 
 namespace fusionrl {
@@ -738,11 +739,7 @@ MoeStats PolicyModel::moe_stats() const {
   const auto h = host.accessor<double, 1>();
   out.expert_load.resize(c.moe_experts);
   for (int i = 0; i < c.moe_experts; ++i) out.expert_load[i] = h[i];
-  out.group_load.assign(c.moe_groups, 0.0);
-  const int per_group = c.moe_experts / c.moe_groups;
-  for (int i = 0; i < c.moe_experts; ++i) {
-    out.group_load[i / per_group] += h[i];
-  }
+  out.group_load = moe::GroupLoads(out.expert_load, c.moe_groups);
   out.dropped_frac = h[c.moe_experts];
   out.aux_loss = h[c.moe_experts + 1];
   out.z_loss = h[c.moe_experts + 2];

@@ -119,6 +119,16 @@ at::Tensor AuxLoss(const at::Tensor& probs, const at::Tensor& expert_index) {
   return (f * p).sum() * static_cast<double>(n);
 }
 
+std::vector<double> GroupLoads(const std::vector<double>& expert_load,
+                               int groups) {
+  std::vector<double> out(groups, 0.0);
+  const size_t per_group = expert_load.size() / groups;
+  for (size_t e = 0; e < expert_load.size(); ++e) {
+    out[e / per_group] += expert_load[e];
+  }
+  return out;
+}
+
 at::Tensor ZLoss(const at::Tensor& logits) {
   return at::logsumexp(logits.to(RouterType(logits)), {-1}).pow(2).mean();
 }
@@ -276,23 +286,19 @@ torch::Tensor MoeFeedForwardImpl::Dispatch(const torch::Tensor& x,
       torch::bincount(bucket, /*weights=*/{}, num_experts_ + 1).to(torch::kCPU);
   const auto count = counts.accessor<int64_t, 1>();
   const int64_t kept = top_k_ * m - count[num_experts_];
+  // The kept assignments in expert order: their tokens and gates.
+  const auto slots = order.narrow(0, 0, kept);
+  const auto token = slots.remainder(m);
+  const auto gate =
+      r.gates.t().reshape({-1}).index_select(0, slots).unsqueeze(1).to(
+          x.scalar_type());
   auto out = torch::zeros_like(x);
   if (parallel) {
-    const auto slots = order.narrow(0, 0, kept);
-    const auto token = slots.remainder(m);
-    const auto gate =
-        r.gates.t().reshape({-1}).index_select(0, slots).unsqueeze(1).to(
-            x.scalar_type());
     const std::vector<int64_t> per_expert(count.data(),
                                           count.data() + num_experts_);
     const auto y = ExchangeAndRun(x.index_select(0, token), per_expert);
     out.index_add_(0, token, y * gate);
   } else if (kept > 0) {
-    const auto slots = order.narrow(0, 0, kept);
-    const auto token = slots.remainder(m);
-    const auto gate =
-        r.gates.t().reshape({-1}).index_select(0, slots).unsqueeze(1).to(
-            x.scalar_type());
     const bool recompute = recompute_act_ && at::GradMode::is_enabled();
     // Under recompute each expert's node gathers its own rows from x (which
     // autograd keeps anyway), so no gathered copy is saved.
@@ -396,22 +402,23 @@ torch::Tensor MoeFeedForwardImpl::ExchangeAndRun(
   }
   const at::Tensor received =
       RowExchange::apply(xs, expert_group_, send_rows, recv_rows);
-  // Received rows are rank-major, expert-minor: regroup them expert-major
-  // so each local expert reads one contiguous slice.
+  // Received rows are rank-major, expert-minor (recv_count's order), so
+  // block (s, e) starts at the prefix sum of recv_count before s * per + e.
+  // Regroup them expert-major so each local expert reads one contiguous
+  // slice.
+  std::vector<int64_t> block_start(num_experts_, 0);
+  for (int i = 1; i < num_experts_; ++i) {
+    block_start[i] = block_start[i - 1] + recv_count[i - 1];
+  }
   std::vector<int64_t> perm, expert_rows(per, 0);
   perm.reserve(received.size(0));
-  std::vector<int64_t> rank_start(ranks, 0);
-  for (int s = 1; s < ranks; ++s) {
-    rank_start[s] = rank_start[s - 1] + recv_rows[s - 1];
-  }
   for (int e = 0; e < per; ++e) {
     for (int s = 0; s < ranks; ++s) {
-      int64_t start = rank_start[s];
-      for (int j = 0; j < e; ++j) start += recv_count[s * per + j];
-      for (int64_t k = 0; k < recv_count[s * per + e]; ++k) {
-        perm.push_back(start + k);
+      const int b = s * per + e;
+      for (int64_t k = 0; k < recv_count[b]; ++k) {
+        perm.push_back(block_start[b] + k);
       }
-      expert_rows[e] += recv_count[s * per + e];
+      expert_rows[e] += recv_count[b];
     }
   }
   const at::Tensor index =

@@ -32,6 +32,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace fusionrl::moe {
 
@@ -74,6 +75,11 @@ RouterOutput Route(const at::Tensor& logits, int top_k, int64_t capacity);
 // expert_index [T, k] int64. A 0-dim tensor (float32, or float64 for float64
 // probs), with autograd through probs.
 at::Tensor AuxLoss(const at::Tensor& probs, const at::Tensor& expert_index);
+
+// MoGE: each group's share of the assignments, the sum of its N / groups
+// consecutive experts' shares (expert_load [N]). REQUIRES groups divides N.
+std::vector<double> GroupLoads(const std::vector<double>& expert_load,
+                               int groups);
 
 // Router z-loss (ST-MoE): mean over tokens of logsumexp(logits[t, :])^2;
 // keeps router logits small. logits [T, N]; a 0-dim tensor (as AuxLoss).

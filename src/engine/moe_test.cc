@@ -572,12 +572,6 @@ TEST(MoeCheckpointTest, MixtureShapeIsCheckedByKey) {
                   "model.moe_experts is 0 in the checkpoint but 4");
 }
 
-}  // namespace
-}  // namespace fusionrl
-
-namespace fusionrl {
-namespace {
-
 // MoGE: with G groups every token takes top_k / G experts inside each group,
 // the best of that group, so each group gets exactly T * top_k / G of the
 // assignments whatever the router prefers; the k are ordered best first.
@@ -795,12 +789,6 @@ TEST(MoeReplayTest, MalformedRoutesAreRefusedByName) {
   samples[0].routes.assign(5 * c.n_layers * 2, 1);  // more than its tokens
   EXPECT_FALSE(CollateRoutes(samples, batch, c).ok());
 }
-
-}  // namespace
-}  // namespace fusionrl
-
-namespace fusionrl {
-namespace {
 
 // Expert parallelism over a c10d (Gloo) group of two ranks: each rank holds
 // half of the experts and routes its own tokens; rows travel to the

@@ -17,6 +17,7 @@
 #include "engine/algorithms.h"
 #include "engine/invariant_ops.h"
 #include "engine/master_weights.h"
+#include "engine/moe.h"
 #include "engine/trainer_batch.h"
 #include "engine/vocab_kernels.h"
 
@@ -522,12 +523,8 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
     stats.moe_dropped_frac = moe_drop_sum / moe_seqs;
     for (double& l : moe_load_sum) l /= moe_seqs;
     stats.moe_expert_load = std::move(moe_load_sum);
-    stats.moe_group_load.assign(policy_.config().moe_groups, 0.0);
-    const size_t per_group =
-        stats.moe_expert_load.size() / stats.moe_group_load.size();
-    for (size_t e = 0; e < stats.moe_expert_load.size(); ++e) {
-      stats.moe_group_load[e / per_group] += stats.moe_expert_load[e];
-    }
+    stats.moe_group_load =
+        moe::GroupLoads(stats.moe_expert_load, policy_.config().moe_groups);
   }
   if (route_tokens > 0) {
     stats.moe_route_disagreement = route_differing / route_tokens;
