@@ -474,6 +474,11 @@ struct PlacementConfig {
   // fused, s > 0, sharing on: auto | concurrent | interleaved | probe (see
   // FusedTurns). Results do not depend on it, only the speed.
   FusedTurns fused_turns = FusedTurns::kAuto;
+  // Expert parallelism (MoE; docs/moe.md): each run of E consecutive
+  // training cards of a node holds one policy, each card 1 / E of every
+  // block's experts (tokens reach them by all-to-all), and samples from
+  // the gathered model. 1 = every card holds every expert.
+  int expert_parallel = 1;
   bool fail_if_unplaceable = false;  // false: wait for capacity, showing the
                                      //   reason in status; true: fail the job
 };

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -204,6 +205,11 @@ int RunOneHere(const BenchArgs& args, const JobConfig& base) {
   // mode), summed up to each evaluation.
   double clock = 0;
   nlohmann::ordered_json evals = nlohmann::ordered_json::array();
+  // MoE: the lead card's memory at the last step, and expert parallelism's
+  // exchanges per step (placement.expert_parallel).
+  nlohmann::ordered_json card_memory = nlohmann::ordered_json::object();
+  double a2a_bytes = 0, a2a_seconds = 0, gather_seconds = 0;
+  int64_t steps = 0;
   std::ifstream in(c.output_dir + "/metrics.jsonl");
   std::string line;
   while (std::getline(in, line)) {
@@ -217,6 +223,16 @@ int RunOneHere(const BenchArgs& args, const JobConfig& base) {
       evals.push_back({{"step", j.value("step", 0)},
                        {"seconds", clock},
                        {"accuracy", j.value("eval_accuracy", 0.0)}});
+    }
+    ++steps;
+    a2a_bytes += j.value("expert_alltoall_bytes", 0.0);
+    a2a_seconds += j.value("expert_alltoall_seconds", 0.0);
+    gather_seconds += j.value("expert_gather_seconds", 0.0);
+    for (const auto& [key, value] : j.items()) {
+      constexpr absl::string_view kPrefix = "card_memory_";
+      if (absl::StartsWith(key, kPrefix)) {
+        card_memory[key.substr(kPrefix.size())] = value;
+      }
     }
     stale = std::max<int64_t>(stale, j.value("max_staleness", 0.0));
     idle += j.value("card_idle_seconds", 0.0);
@@ -248,6 +264,13 @@ int RunOneHere(const BenchArgs& args, const JobConfig& base) {
       {"staleness_histogram", staleness},
       {"evals", evals},
       {"output_dir", c.output_dir}};
+  if (!card_memory.empty()) run["card_memory"] = card_memory;
+  if (c.placement.expert_parallel > 1 && steps > 0) {
+    run["expert_parallel"] = c.placement.expert_parallel;
+    run["expert_alltoall_bytes_per_step"] = a2a_bytes / steps;
+    run["expert_alltoall_seconds_per_step"] = a2a_seconds / steps;
+    run["expert_gather_seconds_per_step"] = gather_seconds / steps;
+  }
   std::cout << run.dump() << std::endl;
   return kExitOk;
 }

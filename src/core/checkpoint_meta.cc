@@ -96,6 +96,7 @@ absl::StatusOr<CheckpointMeta> CheckpointMetaFromJson(const nlohmann::json& j,
     meta.step = j.value("step", int64_t{0});
     meta.policy_version = j.value("policy_version", int64_t{0});
     meta.data_cursor = j.value("data_cursor", uint64_t{0});
+    meta.expert_parallel = j.value("expert_parallel", 1);
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(
         absl::StrCat("checkpoint '", dir, "': meta.json: ", e.what()));

@@ -23,6 +23,9 @@ struct CheckpointMeta {
   // LoRA: the base model the adapters apply to (written to meta.json's
   // "lora" section); "" = the model's hf_path.
   std::string lora_base;
+  // Expert parallelism: the shards the optimizer state is split into
+  // (placement.expert_parallel; model.pt always holds every expert).
+  int expert_parallel = 1;
 };
 
 // The run totals at a checkpoint, carried across a resume so that the final

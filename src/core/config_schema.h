@@ -259,6 +259,7 @@ void VisitPlacement(PlacementConfig& p, V& v) {
   v.Int("fused_rollout_threads", &p.fused_rollout_threads, Closed(0, 1024));
   v.Bool("fused_share_idle_threads", &p.fused_share_idle_threads);
   v.Enum("fused_turns", &p.fused_turns, ParseFusedTurns, FusedTurnsName);
+  v.Int("expert_parallel", &p.expert_parallel, Closed(1, 4096));
   v.Bool("fail_if_unplaceable", &p.fail_if_unplaceable);
 }
 

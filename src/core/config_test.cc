@@ -1389,6 +1389,7 @@ TEST(ConfigTest, ToYamlIsReadable) {
                               "fused_rollout_threads: 0\n  "
                               "fused_share_idle_threads: true\n  "
                               "fused_turns: auto\n  "
+                              "expert_parallel: 1\n  "
                               "fail_if_unplaceable: false\n"));
   EXPECT_THAT(yaml, HasSubstr("behaviour_weight_level: token\n  "
                               "behaviour_weight_mode: truncate\n"));
@@ -1448,6 +1449,45 @@ TEST(ConfigTest, MoeKeysAreCheckedWhenParsed) {
               absl::StatusCode::kInvalidArgument,
               {"job.yaml: algorithm.router_replay: needs a mixture-of-experts "
                "policy"});
+  // Expert parallelism.
+  config = ParseJobConfig(
+      "model:\n  moe_experts: 8\n  moe_top_k: 2\n"
+      "placement:\n  cards_per_super_node: 4\n  expert_parallel: 2\n",
+      "job.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->placement.expert_parallel, 2);
+  EXPECT_EQ(JobConfig().placement.expert_parallel, 1);
+  ExpectError(
+      "placement:\n  cards_per_super_node: 2\n  expert_parallel: 2\n",
+      absl::StatusCode::kInvalidArgument,
+      {"job.yaml: placement.expert_parallel: needs a mixture-of-experts "
+       "policy (model.moe_experts > 0), got 2"});
+  ExpectError(
+      "model:\n  moe_experts: 6\n"
+      "placement:\n  cards_per_super_node: 4\n  expert_parallel: 4\n",
+      absl::StatusCode::kInvalidArgument,
+      {"job.yaml: placement.expert_parallel: must divide "
+       "model.moe_experts (6) into equal shards, got 4"});
+  ExpectError(
+      "model:\n  moe_experts: 8\n"
+      "placement:\n  cards_per_super_node: 3\n  expert_parallel: 2\n",
+      absl::StatusCode::kInvalidArgument,
+      {"job.yaml: placement.expert_parallel: must divide "
+       "placement.cards_per_super_node (3)"});
+  ExpectError(
+      "model:\n  moe_experts: 8\n"
+      "placement:\n  cards_per_super_node: 2\n  super_nodes: 2\n"
+      "  expert_parallel: 2\n",
+      absl::StatusCode::kInvalidArgument,
+      {"job.yaml: placement.expert_parallel: is not built across super "
+       "nodes yet"});
+  ExpectError(
+      "model:\n  moe_experts: 8\n"
+      "placement:\n  mode: disaggregated\n  cards_per_super_node: 4\n"
+      "  rollout_cards_per_super_node: 2\n  expert_parallel: 2\n",
+      absl::StatusCode::kInvalidArgument,
+      {"job.yaml: placement.expert_parallel: is not built for "
+       "placement.mode disaggregated"});
   ExpectError("model:\n  moe_experts: 1\n  moe_top_k: 2\n",
               absl::StatusCode::kInvalidArgument,
               {"job.yaml: model.moe_top_k: must be <= model.moe_experts (1), "

@@ -306,6 +306,39 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                                 "disaggregated, got ",
                                 p.rollout_cards_per_super_node));
   }
+  if (p.expert_parallel > 1) {
+    const int e = p.expert_parallel;
+    std::string why;
+    if (m.moe_experts == 0) {
+      why = "needs a mixture-of-experts policy (model.moe_experts > 0)";
+    } else if (m.moe_experts % e != 0) {
+      why = absl::StrCat("must divide model.moe_experts (", m.moe_experts,
+                         ") into equal shards");
+    } else if (p.cards_per_super_node % e != 0) {
+      why = absl::StrCat(
+          "must divide placement.cards_per_super_node (",
+          p.cards_per_super_node,
+          "): each run of that many cards holds one policy's shards");
+    } else if (p.mode == PlacementMode::kDisaggregated) {
+      why =
+          "is not built for placement.mode disaggregated (its rollout "
+          "cards would need the gathered experts); use colocated-sync or "
+          "fused";
+    } else if (p.super_nodes > 1) {
+      why =
+          "is not built across super nodes yet (their weight syncs carry "
+          "one card's state); use placement.super_nodes 1";
+    } else if (LoraEnabled(m)) {
+      why =
+          "does not apply to LoRA (model.lora.rank > 0): a MoE block's "
+          "experts are not adapted, so only the frozen base would be "
+          "sharded";
+    }
+    if (!why.empty()) {
+      return Invalid("placement.expert_parallel",
+                     absl::StrCat(why, ", got ", e));
+    }
+  }
   const AlgorithmConfig& a = c.algorithm;
   if (a.router_replay && m.moe_experts == 0) {
     return Invalid("algorithm.router_replay",

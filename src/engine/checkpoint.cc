@@ -143,6 +143,42 @@ absl::StatusOr<CheckpointModel> ReadCheckpointModel(const std::string& dir) {
   return out;
 }
 
+namespace {
+
+std::string ShardOptimizerName(int shard) {
+  return absl::StrCat("optim.expert-shard-", shard, ".pt");
+}
+
+}  // namespace
+
+std::string ExpertShardOptimizerPath(const std::string& dir, int shard,
+                                     int64_t step) {
+  return (fs::path(dir + ".shards") /
+          absl::StrCat("optim.expert-shard-", shard, ".step-", step, ".pt"))
+      .string();
+}
+
+absl::Status WriteExpertShardOptimizer(const std::string& dir, int shard,
+                                       int64_t step, const Trainer& trainer) {
+  const fs::path path(ExpertShardOptimizerPath(dir, shard, step));
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat("checkpoint: cannot create '",
+                                               path.parent_path().string(),
+                                               "': ", ec.message()));
+  }
+  // Written whole, then renamed: the lead never moves a partial file in.
+  const std::string tmp = path.string() + ".tmp";
+  FUSIONRL_RETURN_IF_ERROR(trainer.SaveOptimizer(tmp));
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat("checkpoint: cannot move '", tmp,
+                                               "' into place: ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,
                              const Trainer* trainer, const CheckpointMeta& meta,
                              const std::function<void()>& before_swap) {
@@ -160,6 +196,17 @@ absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,
     FUSIONRL_RETURN_IF_ERROR(
         trainer->SaveOptimizer((tmp_dir / "optim.pt").string()));
   }
+  // Expert parallelism: the other shards' optimizer states, written by
+  // their cards before this call.
+  for (int r = 1; r < meta.expert_parallel; ++r) {
+    const std::string from = ExpertShardOptimizerPath(dir, r, meta.step);
+    fs::rename(from, tmp_dir / ShardOptimizerName(r), ec);
+    if (ec) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint '", dir, "': the optimizer state of expert shard ", r,
+          " was not written (expected at ", from, "): ", ec.message()));
+    }
+  }
   nlohmann::ordered_json j = {
       {"format", "fusionrl-checkpoint-v1"},
       {"kind", meta.kind},
@@ -168,6 +215,7 @@ absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,
       {"policy_version", meta.policy_version},
       {"data_cursor", meta.data_cursor},
       {"model", ModelJson(model.config(), model.vocab_size())}};
+  if (meta.expert_parallel > 1) j["expert_parallel"] = meta.expert_parallel;
   // Where the model and tokenizer came from (not compared on load): what
   // `fusionrl export` copies the tokenizer files from.
   if (!model.config().hf_path.empty() || !model.config().tokenizer.empty()) {
@@ -201,6 +249,7 @@ absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,
                                                "': ", ec.message()));
   }
   fs::remove_all(old_dir, ec);
+  if (meta.expert_parallel > 1) fs::remove_all(dir + ".shards", ec);
   return absl::OkStatus();
 }
 
@@ -241,19 +290,30 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir,
   }
   FUSIONRL_ASSIGN_OR_RETURN(CheckpointMeta meta,
                             CheckpointMetaFromJson(j, dir));
+  const int shards = model.expert_shard().size;
+  if (trainer != nullptr && meta.expert_parallel != shards) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint '", dir, "' was written with placement.expert_parallel ",
+        meta.expert_parallel, " and this job has ", shards,
+        ": the optimizer state is split per expert shard, so a resume needs "
+        "the same value (its weights alone load with any: "
+        "model.init_checkpoint)"));
+  }
   FUSIONRL_RETURN_IF_ERROR(model.Load((root / "model.pt").string()));
   if (trainer != nullptr) {
     // Continuing training needs the optimizer state: without it AdamW's
     // moments and step count (and the warm-up) would silently restart.
-    if (!fs::exists(root / "optim.pt")) {
+    const int shard = model.expert_shard().rank;
+    const fs::path optim = root / (shard == 0 ? std::string("optim.pt")
+                                              : ShardOptimizerName(shard));
+    if (!fs::exists(optim)) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint '", dir,
-          "': no optim.pt (the optimizer state); a resume continues training "
+          "checkpoint '", dir, "': no ", optim.filename().string(),
+          " (the optimizer state); a resume continues training "
           "and needs it. To start a new run from these weights, use them as "
           "init_checkpoint instead"));
     }
-    FUSIONRL_RETURN_IF_ERROR(
-        trainer->LoadOptimizer((root / "optim.pt").string()));
+    FUSIONRL_RETURN_IF_ERROR(trainer->LoadOptimizer(optim.string()));
   }
   return meta;
 }

@@ -24,6 +24,11 @@
 
 namespace fusionrl {
 
+//   <dir>/optim.expert-shard-<r>.pt  expert parallelism (meta
+//                     expert_parallel E > 1): the optimizer state of the card
+//                     holding expert shard r, for r in 1..E-1 (shard 0's is
+//                     optim.pt); model.pt holds every expert
+//
 // `trainer` may be null (no optim.pt is written). `before_swap`, when set,
 // is called once every file is written and before the directory is moved
 // into place (fault injection: a crash there must leave the previous
@@ -32,8 +37,20 @@ absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,
                              const Trainer* trainer, const CheckpointMeta& meta,
                              const std::function<void()>& before_swap = {});
 
+// Expert parallelism: where the card holding shard `shard` (> 0) writes its
+// optimizer state for the checkpoint `dir` of step `step` before the lead
+// writes it ("<dir>.shards/optim.expert-shard-<r>.step-<step>.pt", whole
+// or not at all); WriteCheckpoint with meta.expert_parallel E moves those
+// of shards 1..E-1 and meta.step in, and fails naming a missing one.
+std::string ExpertShardOptimizerPath(const std::string& dir, int shard,
+                                     int64_t step);
+absl::Status WriteExpertShardOptimizer(const std::string& dir, int shard,
+                                       int64_t step, const Trainer& trainer);
+
 // Reads meta.json, checks its model config against `model`'s, loads the
-// weights and, when `trainer` is non-null and optim.pt exists, the optimizer.
+// weights and, when `trainer` is non-null and optim.pt exists, the optimizer
+// (an expert shard's model: its own experts of model.pt, and its shard's
+// optimizer file; the checkpoint must have as many shards).
 // NotFound / FailedPrecondition / DataLoss with the path and the reason.
 absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir,
                                               PolicyModel& model,

@@ -12,15 +12,16 @@
 
 namespace fusionrl {
 
-BlockImpl::BlockImpl(const ModelConfig& c) {
+BlockImpl::BlockImpl(const ModelConfig& c, ExpertShard shard) {
   attn_norm = register_module("attn_norm", RMSNorm(c.d_model, c.norm_eps));
   attn = register_module("attn", Attention(c));
   mlp_norm = register_module("mlp_norm", RMSNorm(c.d_model, c.norm_eps));
   if (c.moe_experts > 0) {
     moe = register_module(
-        "mlp", MoeFeedForward(c.d_model, c.moe_d_ff > 0 ? c.moe_d_ff : c.d_ff,
-                              c.moe_experts, c.moe_top_k, c.moe_groups,
-                              c.moe_capacity_factor, c.moe_shared_expert));
+        "mlp",
+        MoeFeedForward(c.d_model, c.moe_d_ff > 0 ? c.moe_d_ff : c.d_ff,
+                       c.moe_experts, c.moe_top_k, c.moe_groups,
+                       c.moe_capacity_factor, c.moe_shared_expert, shard));
   } else {
     mlp = register_module("mlp", SwiGLU(c.d_model, c.d_ff));
   }

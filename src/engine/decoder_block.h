@@ -33,7 +33,8 @@ namespace fusionrl {
 // Not thread-safe (the model's contract).
 class BlockImpl : public torch::nn::Module {
  public:
-  explicit BlockImpl(const ModelConfig& c);
+  // shard: the experts a MoE block holds (expert parallelism).
+  explicit BlockImpl(const ModelConfig& c, ExpertShard shard = {});
 
   // routing (MoE only): which tokens are routed and how (token validity,
   // capacity, replayed experts). Without a cache and with autograd on, each

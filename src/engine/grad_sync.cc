@@ -147,13 +147,20 @@ class GlooGradientSync final : public GradientSync {
     }
     FUSIONRL_RETURN_IF_ERROR(Usable());
     try {
+      const absl::Time start = absl::Now();
       std::vector<int64_t> shape = input.sizes().vec();
       shape[0] = received;
       at::Tensor out = at::empty(shape, input.options());
       at::Tensor in = input.contiguous();
       std::vector<int64_t> out_splits = recv_rows, in_splits = send_rows;
       auto work = group_->alltoall_base(out, in, out_splits, in_splits);
-      FUSIONRL_RETURN_IF_ERROR(Await(work, "all-to-all", absl::Now()));
+      FUSIONRL_RETURN_IF_ERROR(Await(work, "all-to-all", start));
+      const int64_t row_bytes =
+          sent > 0 ? in.numel() / sent * static_cast<int64_t>(in.itemsize())
+                   : 0;
+      ++all_to_all_.calls;
+      all_to_all_.bytes += (sent - send_rows[rank_]) * row_bytes;
+      all_to_all_.seconds += absl::ToDoubleSeconds(absl::Now() - start);
       return out;
     } catch (const std::exception& e) {
       return Failed("all-to-all", e);

@@ -75,6 +75,19 @@ class GradientSync {
   virtual absl::StatusOr<at::Tensor> AllToAll(
       const at::Tensor& input, const std::vector<int64_t>& send_rows,
       const std::vector<int64_t>& recv_rows);
+
+  // What this rank's AllToAll calls moved since the group was made: the
+  // bytes it sent to other ranks (rows to itself stay put) and the seconds
+  // it spent in them. Read from the rank's own thread.
+  struct AllToAllTotals {
+    int64_t calls = 0;
+    int64_t bytes = 0;
+    double seconds = 0;
+  };
+  const AllToAllTotals& all_to_all_totals() const { return all_to_all_; }
+
+ protected:
+  AllToAllTotals all_to_all_;
 };
 
 // Sums `values` over the ranks of `sync` (in place). A null `sync` or a

@@ -87,23 +87,31 @@ at::Tensor InvariantSum(const at::Tensor& t) {
   return flat.sum();
 }
 
-double InvariantClipGradNorm(const std::vector<at::Tensor>& params,
-                             double max_norm) {
+double InvariantGradSquaredNorm(const std::vector<at::Tensor>& params) {
   at::NoGradGuard no_grad;
   double sq = 0;
   for (const at::Tensor& p : params) {
     const at::Tensor& g = p.grad();
     if (g.defined()) sq += InvariantSum(g.square()).item<double>();
   }
-  const double norm = std::sqrt(sq);
-  if (max_norm > 0) {
-    const double coef = max_norm / (norm + 1e-6);
-    if (coef < 1) {
-      for (const at::Tensor& p : params) {
-        if (p.grad().defined()) p.grad().mul_(coef);
-      }
-    }
+  return sq;
+}
+
+void ClipGradsToNorm(const std::vector<at::Tensor>& params, double norm,
+                     double max_norm) {
+  if (max_norm <= 0) return;
+  at::NoGradGuard no_grad;
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef >= 1) return;
+  for (const at::Tensor& p : params) {
+    if (p.grad().defined()) p.grad().mul_(coef);
   }
+}
+
+double InvariantClipGradNorm(const std::vector<at::Tensor>& params,
+                             double max_norm) {
+  const double norm = std::sqrt(InvariantGradSquaredNorm(params));
+  ClipGradsToNorm(params, norm, max_norm);
   return norm;
 }
 

@@ -48,6 +48,14 @@ at::Tensor InvariantSum(const at::Tensor& t);
 double InvariantClipGradNorm(const std::vector<at::Tensor>& params,
                              double max_norm);
 
+// The two halves of InvariantClipGradNorm, for a norm taken over several
+// ranks (expert parallelism): the squared norm of `params`' gradients, and
+// scaling them by max_norm / (norm + 1e-6) where that is below 1 (max_norm
+// > 0).
+double InvariantGradSquaredNorm(const std::vector<at::Tensor>& params);
+void ClipGradsToNorm(const std::vector<at::Tensor>& params, double norm,
+                     double max_norm);
+
 }  // namespace fusionrl
 
 #endif  // FUSIONRL_ENGINE_INVARIANT_OPS_H_

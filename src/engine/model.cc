@@ -19,9 +19,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/seed.h"
+#include "core/status_macros.h"
 #include "engine/activation_memory.h"
 #include "engine/attention.h"
 #include "engine/decoder_block.h"
+#include "engine/grad_sync.h"
 #include "engine/invariant_ops.h"
 #include "engine/lora.h"
 #include "engine/moe.h"
@@ -36,10 +38,12 @@ c10::ScalarType ModelDtype(const ModelConfig& c) {
 
 class DecoderImpl : public torch::nn::Module {
  public:
-  DecoderImpl(const ModelConfig& c, int vocab) : config_(c) {
+  DecoderImpl(const ModelConfig& c, int vocab, ExpertShard shard = {})
+      : config_(c) {
     embed = register_module("embed", torch::nn::Embedding(vocab, c.d_model));
     for (int i = 0; i < c.n_layers; ++i) {
-      blocks.push_back(register_module("block" + std::to_string(i), Block(c)));
+      blocks.push_back(
+          register_module("block" + std::to_string(i), Block(c, shard)));
       blocks.back()->layer = i;
     }
     norm = register_module("norm", RMSNorm(c.d_model, c.norm_eps));
@@ -237,6 +241,10 @@ struct PolicyModel::Impl {
   std::vector<std::unique_ptr<LoraSlot>> lora;
   bool lora_merged = false;
   uint64_t lora_dropout_seed = 0;
+  // Expert parallelism: the experts this model holds, and the group of the
+  // ranks holding the others (borrowed).
+  ExpertShard shard;
+  GradientSync* expert_group = nullptr;
 };
 
 namespace {
@@ -523,9 +531,11 @@ std::unique_ptr<PolicyModel> PolicyModel::CloneFrozen(
     c10::Device device) const {
   auto impl =
       std::make_unique<Impl>(impl_->config, impl_->vocab_size, device, nullptr);
-  impl->decoder = Decoder(impl_->config, impl_->vocab_size);
+  impl->decoder = Decoder(impl_->config, impl_->vocab_size, impl_->shard);
   impl->decoder->to(device, ModelDtype(impl_->config));
+  impl->shard = impl_->shard;
   std::unique_ptr<PolicyModel> clone(new PolicyModel(std::move(impl)));
+  clone->set_expert_group(impl_->expert_group);
   if (!lora()) {
     clone->CopyWeightsFrom(*this);
   } else {
@@ -572,6 +582,139 @@ std::unique_ptr<PolicyModel> PolicyModel::CloneFrozen(
     p.set_requires_grad(false);
   clone->set_training(false);
   return clone;
+}
+
+namespace {
+
+// A routed expert's parameter: "block<l>.mlp.expert<i>.<w>.weight".
+bool IsExpertParameter(const std::string& name) {
+  return name.find(".mlp.expert") != std::string::npos;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PolicyModel>> PolicyModel::ExpertShardOf(
+    ExpertShard shard) const {
+  const ModelConfig& c = impl_->config;
+  if (c.moe_experts == 0 || impl_->shard.size != 1 || lora() ||
+      shard.size < 1 || c.moe_experts % shard.size != 0 || shard.rank < 0 ||
+      shard.rank >= shard.size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expert shard ", shard.rank, " of ", shard.size,
+        ": needs a mixture-of-experts model holding every expert, without "
+        "LoRA, and a shard count dividing model.moe_experts (",
+        c.moe_experts, ")"));
+  }
+  auto impl =
+      std::make_unique<Impl>(c, impl_->vocab_size, impl_->device, nullptr);
+  try {
+    impl->decoder = Decoder(c, impl_->vocab_size, shard);
+    impl->decoder->to(impl_->device, ModelDtype(c));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("expert shard: ", e.what_without_backtrace()));
+  }
+  impl->shard = shard;
+  std::unique_ptr<PolicyModel> model(new PolicyModel(std::move(impl)));
+  {
+    torch::NoGradGuard no_grad;
+    std::map<std::string, at::Tensor> mine;
+    for (auto& [name, t] : named_parameters()) mine.emplace(name, t);
+    for (auto& [name, t] : model->named_parameters()) t.copy_(mine.at(name));
+  }
+  FUSIONRL_RETURN_IF_ERROR(model->SetActivationPlan(activation_plan()));
+  return model;
+}
+
+const ExpertShard& PolicyModel::expert_shard() const { return impl_->shard; }
+
+void PolicyModel::set_expert_group(GradientSync* group) {
+  impl_->expert_group = group;
+  if (impl_->shard.size == 1) return;
+  for (auto& b : impl_->decoder->blocks) b->moe->set_expert_group(group);
+}
+
+GradientSync* PolicyModel::expert_group() const { return impl_->expert_group; }
+
+absl::Status PolicyModel::GatherExpertsInto(PolicyModel& full) const {
+  if (full.impl_->shard.size != 1 || full.lora() ||
+      full.impl_->decoder->parameters().size() <
+          impl_->decoder->parameters().size()) {
+    return absl::InvalidArgumentError(
+        "GatherExpertsInto: the target must hold every expert, without LoRA");
+  }
+  torch::NoGradGuard no_grad;
+  std::map<std::string, at::Tensor> mine;
+  for (auto& [name, t] : named_parameters()) mine.emplace(name, t);
+  std::vector<at::Tensor> experts;
+  for (auto& [name, t] : full.named_parameters()) {
+    auto it = mine.find(name);
+    const bool expert = IsExpertParameter(name);
+    if (it == mine.end() && !expert) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GatherExpertsInto: '", name, "' is not in this model"));
+    }
+    if (it != mine.end()) {
+      t.copy_(it->second);
+    } else {
+      t.zero_();
+    }
+    if (expert) experts.push_back(t);
+  }
+  if (impl_->shard.size == 1) return absl::OkStatus();
+  if (impl_->expert_group == nullptr) {
+    return absl::FailedPreconditionError(
+        "GatherExpertsInto: an expert shard without its group");
+  }
+  if (experts.empty() || experts.front().scalar_type() == at::kFloat) {
+    return impl_->expert_group->AllReduceSum(experts);
+  }
+  // Other dtypes (bf16) travel as float32, which holds them exactly.
+  std::vector<at::Tensor> wide;
+  for (const at::Tensor& t : experts) wide.push_back(t.to(at::kFloat));
+  FUSIONRL_RETURN_IF_ERROR(impl_->expert_group->AllReduceSum(wide));
+  for (size_t i = 0; i < experts.size(); ++i) experts[i].copy_(wide[i]);
+  return absl::OkStatus();
+}
+
+std::vector<bool> PolicyModel::expert_parameter_mask() const {
+  std::vector<bool> mask;
+  for (const auto& [name, t] : named_trainable_parameters()) {
+    mask.push_back(impl_->shard.size > 1 && IsExpertParameter(name));
+  }
+  return mask;
+}
+
+std::vector<at::Tensor> PolicyModel::DataParallelGradients(bool with_experts) {
+  std::vector<at::Tensor> grads;
+  std::map<std::string, at::Tensor> own_experts;
+  for (auto& [name, p] : named_trainable_parameters()) {
+    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+    if (impl_->shard.size > 1 && IsExpertParameter(name)) {
+      own_experts.emplace(name, p.grad());
+    } else {
+      grads.push_back(p.grad());
+    }
+  }
+  if (impl_->shard.size == 1 || !with_experts) return grads;
+  const ModelConfig& c = impl_->config;
+  const int first = impl_->shard.rank * (c.moe_experts / impl_->shard.size);
+  for (int l = 0; l < c.n_layers; ++l) {
+    for (int e = 0; e < c.moe_experts; ++e) {
+      for (const char* w : {"w1", "w3", "w2"}) {
+        const std::string prefix = absl::StrCat("block", l, ".mlp.expert");
+        const std::string suffix = absl::StrCat(".", w, ".weight");
+        auto it = own_experts.find(absl::StrCat(prefix, e, suffix));
+        if (it != own_experts.end()) {
+          grads.push_back(it->second);
+        } else {
+          grads.push_back(at::zeros_like(
+              own_experts.at(absl::StrCat(prefix, first, suffix))));
+        }
+      }
+    }
+  }
+  return grads;
 }
 
 bool PolicyModel::lora() const { return !impl_->lora.empty(); }

@@ -35,6 +35,8 @@
 
 namespace fusionrl {
 
+class GradientSync;
+
 class ActivationHostPool;
 
 // SubBlockTimer's slots of the finer units.
@@ -72,6 +74,15 @@ struct MoeStats {
   double dropped_frac = 0;  // share of assignments dropped by capacity
   double aux_loss = 0;      // load-balancing loss, unscaled (1 = balanced)
   double z_loss = 0;        // router z-loss, unscaled
+};
+
+// Expert parallelism (placement.expert_parallel): which share of every MoE
+// block's experts a model holds. Rank r of `size` holds the N / size
+// consecutive experts from r * N / size (with MoGE, a group or several per
+// rank).
+struct ExpertShard {
+  int rank = 0;
+  int size = 1;
 };
 
 class PolicyModel {
@@ -161,6 +172,43 @@ class PolicyModel {
   // model's device or on `device` (a rollout card of its own).
   std::unique_ptr<PolicyModel> CloneFrozen() const;
   std::unique_ptr<PolicyModel> CloneFrozen(c10::Device device) const;
+
+  // Expert parallelism (placement.expert_parallel; docs/moe.md). A
+  // trainable copy of this model (a MoE model holding every expert) that
+  // holds only `shard`'s experts of every block, under their global names
+  // ("block0.mlp.expert5.w1.weight"), with the same values; its router,
+  // shared expert and dense parameters are whole copies. Its forwards need
+  // set_expert_group first. REQUIRES: a MoE model without shards or LoRA,
+  // shard.size dividing moe_experts (InvalidArgument otherwise).
+  absl::StatusOr<std::unique_ptr<PolicyModel>> ExpertShardOf(
+      ExpertShard shard) const;
+  const ExpertShard& expert_shard() const;
+  // The c10d group of the shard.size ranks holding the shards (borrowed,
+  // rank shard.rank of it): every forward exchanges token rows with them
+  // (engine/moe_module.h), so all of them run the same forwards and
+  // backwards in the same order. A CloneFrozen() of a shard keeps the
+  // shard and the group.
+  void set_expert_group(GradientSync* group);
+  GradientSync* expert_group() const;
+  // Sets every parameter of `full` (a model of this config holding every
+  // expert, on any device) from the group: dense ones from this shard, each
+  // expert from the rank that holds it. One sum over the group in which the
+  // ranks that do not hold an expert add zeros, so the values arrive bit
+  // for bit. A collective: every rank of the group calls it at the same
+  // point.
+  absl::Status GatherExpertsInto(PolicyModel& full) const;
+  // Which of trainable_parameters() are this shard's experts (all false
+  // without shards).
+  std::vector<bool> expert_parameter_mask() const;
+  // The gradients a data-parallel sum combines, in the same order and with
+  // the same shapes on every rank: those of the dense parameters, then
+  // (with_experts) for each layer and each of the block's N experts in
+  // order its w1, w3, w2 gradients, this shard's own tensors (the sum
+  // replaces them in place) and zeros for the others'. A sum over ranks
+  // then adds each expert's gradient over the ranks that hold it, and only
+  // over those. Without shards: every trainable gradient. Undefined
+  // gradients are set to zeros first.
+  std::vector<at::Tensor> DataParallelGradients(bool with_experts);
 
   // Selective recompute / swap (model.activations, resolved per layer at
   // Create; engine/activation_memory.h). Applies to Forward() with autograd

@@ -28,19 +28,12 @@
 #include <vector>
 
 #include "engine/lora.h"
+#include "engine/model.h"  // ExpertShard
 
 namespace fusionrl {
 
 class GradientSync;
 struct SubBlockTimer;
-
-// Expert parallelism: which share of a MoE block's experts a module holds.
-// Rank r of `size` holds the N / size consecutive experts from r * N / size
-// (with MoGE, a group or several per rank).
-struct ExpertShard {
-  int rank = 0;
-  int size = 1;
-};
 
 // w2(silu(w1 x) * w3 x), no biases.
 class SwiGLUImpl : public torch::nn::Module {

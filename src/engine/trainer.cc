@@ -468,13 +468,15 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
         clip_sum += pg.clip_frac.item<double>() * mb_tokens;
         token_weight += mb_tokens;
       }
-      auto params = policy_.trainable_parameters();
+      const ExpertShard& shard = policy_.expert_shard();
       if (sync_ != nullptr && sync_->ExchangesGradients()) {
-        std::vector<at::Tensor> grads;
-        for (auto& p : params) {
-          if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-          grads.push_back(p.grad());
-        }
+        // Expert parallelism: an expert's gradient already sums the tokens
+        // of every rank of its group (the exchange's backward); the
+        // data-parallel sum adds the other groups' (zeros for the experts a
+        // rank does not hold), and leaves experts out when one group spans
+        // every rank.
+        std::vector<at::Tensor> grads = policy_.DataParallelGradients(
+            shard.size > 1 && sync_->world_size() > shard.size);
         FUSIONRL_RETURN_IF_ERROR(sync_->ReduceGradients(grads));
         if (!trained) {
           at::NoGradGuard no_grad;
@@ -488,8 +490,22 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
       // Clipped and stepped in float32 (the masters of a bf16 policy). The
       // norm is a thread-count-invariant sum (engine/invariant_ops.h).
       adamw.GradientsToMasters();
-      const double grad_norm =
-          InvariantClipGradNorm(adamw.stepped(), optim_.grad_clip);
+      double grad_norm = 0;
+      if (shard.size > 1) {
+        // The norm of the whole model: the dense part (equal on every
+        // rank) and every shard's experts, summed over the expert group.
+        const std::vector<bool> is_expert = policy_.expert_parameter_mask();
+        std::vector<at::Tensor> dense, experts;
+        for (size_t i = 0; i < adamw.stepped().size(); ++i) {
+          (is_expert[i] ? experts : dense).push_back(adamw.stepped()[i]);
+        }
+        std::vector<double> sq = {InvariantGradSquaredNorm(experts)};
+        FUSIONRL_RETURN_IF_ERROR(SumAcrossRanks(policy_.expert_group(), sq));
+        grad_norm = std::sqrt(InvariantGradSquaredNorm(dense) + sq[0]);
+        ClipGradsToNorm(adamw.stepped(), grad_norm, optim_.grad_clip);
+      } else {
+        grad_norm = InvariantClipGradNorm(adamw.stepped(), optim_.grad_clip);
+      }
       if (!std::isfinite(grad_norm)) {
         return absl::InternalError(
             absl::StrCat("trainer: non-finite gradient norm at policy version ",

@@ -599,6 +599,119 @@ TEST(RlJobTest, MoeGroupedRoutingAndRouterReplayResumeExactly) {
   EXPECT_GT(*std::max_element(free.begin(), free.end()), 0.0);
 }
 
+// Expert parallelism: two cards holding 2 of the 4 experts each (tokens
+// exchanged by all-to-all, expert gradients summed by the exchange and
+// left out of the data-parallel sum) train the policy two cards holding
+// every expert do, step for step, up to float rounding; the gathered model
+// samples and is checkpointed whole, each shard keeps its optimizer state,
+// and resume is exact, colocated and fused with a lag.
+JobConfig TinyExpertParallelJob(const std::string& out, int steps, int ep) {
+  JobConfig c = TinyRlJob(out, steps);
+  c.model.moe_experts = 4;
+  c.model.moe_top_k = 2;
+  c.model.moe_capacity_factor = 1.0;
+  c.placement.cards_per_super_node = 2;
+  c.placement.expert_parallel = ep;
+  return c;
+}
+
+void ExpectSameWeightsWithin(const std::string& dir_a, const std::string& dir_b,
+                             const ModelConfig& model, double tolerance) {
+  auto a = PolicyModel::Create(model, 98, c10::Device("cpu"), 1).value();
+  auto b = PolicyModel::Create(model, 98, c10::Device("cpu"), 2).value();
+  ASSERT_TRUE(ReadCheckpoint(dir_a, *a, nullptr).ok());
+  ASSERT_TRUE(ReadCheckpoint(dir_b, *b, nullptr).ok());
+  auto pa = a->named_parameters(), pb = b->named_parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_LT((pa[i].second - pb[i].second).abs().max().item<double>(),
+              tolerance)
+        << pa[i].first;
+  }
+}
+
+TEST(RlJobTest, ExpertParallelTrainsAsOnePolicyAndResumesExactly) {
+  constexpr int kSteps = 4;
+  JobConfig whole = TinyExpertParallelJob("moe-ep1", kSteps, 1);
+  std::filesystem::remove_all(whole.output_dir);
+  auto replicated = RunRlJob(whole);
+  ASSERT_TRUE(replicated.ok()) << replicated.status();
+
+  JobConfig sharded = TinyExpertParallelJob("moe-ep2", kSteps, 2);
+  JobSummary straight;
+  ExpectExactResume(sharded, kSteps, 2, &straight);
+  const std::string ep = sharded.output_dir + "-straight";
+  // The same samples (the same sampled tokens) and the same updates.
+  EXPECT_EQ(Rewards(ep), Rewards(whole.output_dir));
+  for (const char* key : {"loss", "grad_norm", "kl", "entropy"}) {
+    const std::vector<double> a = Column(whole.output_dir, key);
+    const std::vector<double> b = Column(ep, key);
+    ASSERT_EQ(a.size(), static_cast<size_t>(kSteps)) << key;
+    ASSERT_EQ(b.size(), a.size()) << key;
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_NEAR(b[i], a[i], 1e-5 * std::max(1.0, std::abs(a[i])))
+          << key << " at step " << i + 1;
+    }
+  }
+  ExpectSameWeightsWithin(replicated->checkpoint_dir, straight.checkpoint_dir,
+                          sharded.model, 1e-6);
+  // Each step exchanged tokens; the whole model is in model.pt and shard
+  // 1's optimizer state next to it.
+  for (double bytes : Column(ep, "expert_alltoall_bytes")) {
+    EXPECT_GT(bytes, 0);
+  }
+  EXPECT_EQ(Column(whole.output_dir, "expert_alltoall_bytes"),
+            std::vector<double>(kSteps, -1.0));
+  EXPECT_TRUE(std::filesystem::exists(straight.checkpoint_dir +
+                                      "/optim.expert-shard-1.pt"));
+
+  // A resume needs the shards the optimizer state was split into.
+  JobConfig other = sharded;
+  other.output_dir = sharded.output_dir + "-split";
+  other.placement.expert_parallel = 1;
+  other.run.total_steps = kSteps + 1;
+  RunOptions resume;
+  resume.resume = true;
+  auto refused = RunRlJob(other, resume);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::HasSubstr("placement.expert_parallel 2"));
+
+  // Four cards, two expert groups: each expert's gradient is also summed
+  // over the two cards that hold it (the data-parallel sum, zeros for the
+  // experts a card does not hold).
+  JobConfig four = TinyExpertParallelJob("moe-ep1-4cards", 3, 1);
+  four.placement.cards_per_super_node = 4;
+  std::filesystem::remove_all(four.output_dir);
+  auto four_whole = RunRlJob(four);
+  ASSERT_TRUE(four_whole.ok()) << four_whole.status();
+  JobConfig four_ep = four;
+  four_ep.placement.expert_parallel = 2;
+  four_ep.output_dir = ::testing::TempDir() + "/moe-ep2-4cards";
+  std::filesystem::remove_all(four_ep.output_dir);
+  auto four_sharded = RunRlJob(four_ep);
+  ASSERT_TRUE(four_sharded.ok()) << four_sharded.status();
+  ExpectSameWeightsWithin(four_whole->checkpoint_dir,
+                          four_sharded->checkpoint_dir, four.model, 1e-6);
+  EXPECT_EQ(Rewards(four_ep.output_dir), Rewards(four.output_dir));
+  for (const char* key : {"loss", "grad_norm"}) {
+    const std::vector<double> a = Column(four.output_dir, key);
+    const std::vector<double> b = Column(four_ep.output_dir, key);
+    ASSERT_EQ(a.size(), 3u) << key;
+    ASSERT_EQ(b.size(), a.size()) << key;
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_NEAR(b[i], a[i], 1e-5 * std::max(1.0, std::abs(a[i])))
+          << key << " at step " << i + 1 << " on 4 cards";
+    }
+  }
+
+  JobConfig fused = TinyExpertParallelJob("moe-ep2-fused-lag1", 4, 2);
+  fused.placement.mode = PlacementMode::kFused;
+  fused.stalesync.max_policy_lag = 1;
+  fused.algorithm.decoupled_loss = true;
+  ExpectExactLaggedResume(fused, 4, 2);
+}
+
 // LoRA: the trainer steps the adapters, rollout samples from merged
 // weights (the colocated card's merged view, the fused snapshot, the
 // rollout card's copy), weight syncs and checkpoints carry the adapters

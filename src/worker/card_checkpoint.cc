@@ -83,6 +83,19 @@ void CardRunner::RestorePrefetch(const StepPlan& plan) {
   fused_->Restore(*std::move(saved));
 }
 
+absl::Status CardRunner::SaveExpertShard(const std::string& checkpoint,
+                                         int rank, int64_t step) {
+  if (job_.experts == nullptr || checkpoint.empty() || rank == 0 ||
+      rank >= job_.experts->world_size()) {
+    return absl::OkStatus();
+  }
+  Doing(absl::StrCat("writing expert shard ", rank, " of checkpoint ",
+                     checkpoint));
+  return WriteExpertShardOptimizer(
+      config().output_dir + "/checkpoints/" + checkpoint, rank, step,
+      *trainer_);
+}
+
 absl::Status CardRunner::WriteStepCheckpoint(const StepPlan& plan, int64_t step,
                                              std::string* dir) {
   const JobConfig& cfg = config();
@@ -94,8 +107,28 @@ absl::Status CardRunner::WriteStepCheckpoint(const StepPlan& plan, int64_t step,
                       LoraBaseModel(cfg)};
   *dir = cfg.output_dir + "/checkpoints/" + plan.checkpoint_name;
   Doing(absl::StrCat("writing checkpoint ", plan.checkpoint_name));
-  return WriteCheckpoint(*dir, *ctx_.policy, trainer_.get(), meta,
-                         CheckpointPause());
+  // Expert parallelism: model.pt holds every expert (the gathered model);
+  // the other shards' optimizer states were written by their cards.
+  if (gathered_ != nullptr) {
+    meta.expert_parallel = job_.experts->world_size();
+    // Written before the step's sum, or (the end checkpoint) by the cards
+    // as they end: wait for them.
+    const absl::Time deadline = clock_.Now() + timeout_;
+    for (int r = 1; r < meta.expert_parallel; ++r) {
+      const std::string path = ExpertShardOptimizerPath(*dir, r, step);
+      while (!std::filesystem::exists(path)) {
+        if (clock_.Now() >= deadline) {
+          return absl::DeadlineExceededError(
+              absl::StrCat("checkpoint '", *dir, "': expert shard ", r,
+                           " did not write its optimizer state (", path,
+                           ") within ", absl::FormatDuration(timeout_)));
+        }
+        SleepOnClock(clock_, absl::Milliseconds(20));
+      }
+    }
+  }
+  return WriteCheckpoint(*dir, gathered_ ? *gathered_ : *ctx_.policy,
+                         trainer_.get(), meta, CheckpointPause());
 }
 
 absl::Status CardRunner::WriteEndCheckpoint(const StepPlan& plan,
@@ -105,7 +138,8 @@ absl::Status CardRunner::WriteEndCheckpoint(const StepPlan& plan,
   // A job that ran to its end (not one stopped early) is exported.
   if (cfg.run.export_final && plan.checkpoint_name == "final") {
     FUSIONRL_RETURN_IF_ERROR(
-        ExportJobPolicy(cfg, ctx_, *ctx_.policy, cfg.output_dir + "/hf"));
+        ExportJobPolicy(cfg, ctx_, gathered_ ? *gathered_ : *ctx_.policy,
+                        cfg.output_dir + "/hf"));
   }
   return absl::OkStatus();
 }

@@ -56,7 +56,10 @@ void CardRunner::ReportFailure(const absl::Status& status, int64_t step,
 }
 
 void CardRunner::PublishToRollout() {
-  fused_->Publish(ctx_.policy->trainable_parameters(), trainer_->version());
+  // Expert parallelism: the gathered model, refreshed after every step.
+  fused_->Publish(
+      (gathered_ ? *gathered_ : *ctx_.policy).trainable_parameters(),
+      trainer_->version());
 }
 
 absl::Status CardRunner::Run() {
@@ -92,6 +95,13 @@ absl::Status CardRunner::OnEnd(StepPlan plan) {
   // lost first). Every card first keeps what its rollout sampled ahead, for
   // a resume from the end checkpoint.
   SaveEndPrefetch(plan.step - 1);
+  // Every card has card 0's plan: on the lead's node (rank 0) the lead's
+  // expert group writes its shards' optimizer states, which card 0 waits
+  // for.
+  if (plan.rank == 0) {
+    FUSIONRL_RETURN_IF_ERROR(
+        SaveExpertShard(plan.checkpoint_name, job_.local_rank, plan.step - 1));
+  }
   if (job_.local_rank != 0) return absl::OkStatus();
   const int64_t next = plan.step;
   while (plan.kind == PlanKind::kEnd &&
@@ -202,6 +212,7 @@ absl::StatusOr<int64_t> CardRunner::OnTrain(const StepPlan& plan) {
         job_.node_id, job_.local_rank, plan.step, plan.attempt,
         step.ok() ? std::string("not committed") : std::string(step.message()));
     FUSIONRL_RETURN_IF_ERROR(snapshot->Restore(policy, *trainer_));
+    FUSIONRL_RETURN_IF_ERROR(GatherExperts());
     if (fused_ != nullptr) {
       // Sample the replanned step afresh from the restored weights.
       PublishToRollout();

@@ -54,6 +54,10 @@ struct CardJob {
   int rollout_cards = 0;          // disaggregated: cards that only sample
   int threads = 1;                // intra-op threads the node's cards share
   GradientSync* local = nullptr;  // node's c10d group; null for one card
+  // placement.expert_parallel E > 1: the c10d group of the E consecutive
+  // cards whose expert shards make up one policy (this card is its rank
+  // local_rank % E); null otherwise.
+  GradientSync* experts = nullptr;
   CardCounters* counters = nullptr;
   // disaggregated: the rollout card serving this one, and its device.
   CardCounters* rollout_counters = nullptr;

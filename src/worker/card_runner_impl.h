@@ -123,6 +123,12 @@ class CardRunner {
   // pipeline the checkpoint's prefetch file of this card describes, or
   // says why the coming steps are sampled afresh.
   void RestorePrefetch(const StepPlan& plan);
+  // Expert parallelism: the card of rank `rank` in the lead's group (the
+  // lead is 0), for a checkpoint named `checkpoint` (none: "") of `step`:
+  // shards 1..E-1 write their optimizer state for it (engine/checkpoint.h),
+  // which the lead waits for and moves in.
+  absl::Status SaveExpertShard(const std::string& checkpoint, int rank,
+                               int64_t step);
   // The lead's checkpoint of a step (`dir` under output_dir/checkpoints).
   absl::Status WriteStepCheckpoint(const StepPlan& plan, int64_t step,
                                    std::string* dir);
@@ -144,6 +150,13 @@ class CardRunner {
   // LoRA: the merged view rollout_ and evaluation sample from (the policy
   // itself otherwise); SamplingPolicy() merges the current adapters in.
   std::unique_ptr<PolicyModel> merged_;
+  // Expert parallelism (placement.expert_parallel): the policy trains as a
+  // shard of the experts (ctx_.policy), and rollout, evaluation, export and
+  // the checkpoint's model.pt use this model holding all of them, gathered
+  // from the card's expert group after every step (GatherExperts, a
+  // collective of the group).
+  std::unique_ptr<PolicyModel> gathered_;
+  absl::Status GatherExperts();
   PolicyModel& SamplingPolicy();
   std::unique_ptr<FusedRollout> fused_;
   std::shared_ptr<CardMemoryManager> memory_;          // this card

@@ -36,6 +36,17 @@ absl::Status CardRunner::Setup() {
   // Each of the node's cards in the job gets an equal share of the threads.
   per_card_threads_ = std::max(1, job_.threads / job_.assigned_cards);
   SetIntraOpThreads(per_card_threads_);
+  if (job_.experts != nullptr) {
+    // Expert parallelism: the model PrepareJob made (every expert, as a job
+    // without shards starts) is cut into this card's shard, which trains;
+    // a frozen copy of the whole stays for sampling.
+    const ExpertShard shard{job_.experts->rank(), job_.experts->world_size()};
+    FUSIONRL_ASSIGN_OR_RETURN(std::unique_ptr<PolicyModel> mine,
+                              ctx_.policy->ExpertShardOf(shard));
+    mine->set_expert_group(job_.experts);
+    gathered_ = ctx_.policy->CloneFrozen();
+    ctx_.policy = std::move(mine);
+  }
   PolicyModel& policy = *ctx_.policy;
   if (cfg.algorithm.kl_coef > 0) reference_ = policy.CloneFrozen();
   sync_ = MakeSync();
@@ -50,8 +61,11 @@ absl::Status CardRunner::Setup() {
   // LoRA: rollout on merged weights, so decoding costs what the base
   // model's does.
   if (policy.lora()) merged_ = policy.CloneFrozen();
-  rollout_ = std::make_unique<RolloutEngine>(
-      merged_ ? *merged_ : policy, ctx_.tokenizer->pad_id(), ctx_.stop_ids);
+  rollout_ =
+      std::make_unique<RolloutEngine>(merged_     ? *merged_
+                                      : gathered_ ? *gathered_
+                                                  : policy,
+                                      ctx_.tokenizer->pad_id(), ctx_.stop_ids);
   rollout_->Configure(cfg.rollout);
   rollout_->set_row_blocks(per_card_threads_);
   if (job_.local_rank == 0) {
@@ -76,13 +90,24 @@ absl::Status CardRunner::Setup() {
     trainer_->set_version(meta.policy_version);
     resumed_step_ = meta.step;
     resumed_crc32c_ = WeightsCrc32c(policy);
+    FUSIONRL_RETURN_IF_ERROR(GatherExperts());
+  }
+  if (job_.local_rank == 0 && gathered_ != nullptr) {
+    spdlog::info(
+        "[{}] expert parallel {}: each card trains {} of {} parameters "
+        "({} experts of {} per block) and samples from all of them",
+        cfg.name, job_.experts->world_size(), policy.num_parameters(),
+        gathered_->num_parameters(),
+        cfg.model.moe_experts / job_.experts->world_size(),
+        cfg.model.moe_experts);
   }
   FUSIONRL_ASSIGN_OR_RETURN(
       memory_, CardMemoryManager::Create(job_.local_rank, cfg.memory));
   memory_->Set(MemoryCategory::kWeights,
                ParameterBytes(policy) +
                    (reference_ ? ParameterBytes(*reference_, &policy) : 0) +
-                   (merged_ ? ParameterBytes(*merged_, &policy) : 0));
+                   (merged_ ? ParameterBytes(*merged_, &policy) : 0) +
+                   (gathered_ ? ParameterBytes(*gathered_, &policy) : 0));
   memory_->Set(MemoryCategory::kOptimizer, OptimizerStateBytes(*trainer_));
   job_.counters->SetMemory(memory_);
   rollout_memory_ = memory_;
@@ -125,7 +150,14 @@ std::unique_ptr<HierarchicalSync> CardRunner::MakeSync() {
       });
 }
 
+absl::Status CardRunner::GatherExperts() {
+  if (gathered_ == nullptr) return absl::OkStatus();
+  Doing(absl::StrCat("gathering the experts after step ", plan_step_));
+  return ctx_.policy->GatherExpertsInto(*gathered_);
+}
+
 PolicyModel& CardRunner::SamplingPolicy() {
+  if (gathered_ != nullptr) return *gathered_;
   if (merged_ == nullptr) return *ctx_.policy;
   merged_->LoadTrainable(ctx_.policy->trainable_parameters());
   return *merged_;
@@ -159,7 +191,7 @@ absl::Status CardRunner::SetUpRolloutThread() {
     fo.rollout_threads = cfg.placement.fused_rollout_threads > 0
                              ? cfg.placement.fused_rollout_threads
                              : std::max(1, per_card_threads_ - train_threads);
-    snapshot = policy.CloneFrozen();
+    snapshot = (gathered_ ? *gathered_ : policy).CloneFrozen();
     // At s = 0 nothing can overlap (the next step samples from the weights
     // this step trains): the card samples between its steps, on its whole
     // thread budget, from the snapshot.
@@ -172,7 +204,7 @@ absl::Status CardRunner::SetUpRolloutThread() {
     fo.rollout_threads = std::max(1, per_card_threads_ / served);
     FUSIONRL_ASSIGN_OR_RETURN(c10::Device rollout_device,
                               ResolveDevice(job_.rollout_device));
-    snapshot = policy.CloneFrozen(rollout_device);
+    snapshot = (gathered_ ? *gathered_ : policy).CloneFrozen(rollout_device);
   }
   rollout_memory_->Set(MemoryCategory::kSnapshot,
                        ParameterBytes(*snapshot, &policy));

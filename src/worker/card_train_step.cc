@@ -144,6 +144,7 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   FUSIONRL_RETURN_IF_ERROR(PrepareOptimizer());
   const absl::Time t1 = clock_.MonotonicNow();
   TrainStats ts;
+  StepExchange exchange;
   Doing(absl::StrCat("training step ", plan.step));
   {
     // Activations: the bytes the step allocates and holds at its peak.
@@ -152,7 +153,17 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
       FUSIONRL_RETURN_IF_ERROR(turns_->TrainerEnter(clock_.Now() + timeout_));
     }
     overlap_.Begin(RoleOverlap::Role::kTrainer);
+    const GradientSync::AllToAllTotals a2a_before =
+        job_.experts != nullptr ? job_.experts->all_to_all_totals()
+                                : GradientSync::AllToAllTotals{};
     absl::StatusOr<TrainStats> stepped = trainer_->Step(batch.samples);
+    if (job_.experts != nullptr) {
+      const GradientSync::AllToAllTotals& a2a =
+          job_.experts->all_to_all_totals();
+      exchange.expert_alltoall_calls = a2a.calls - a2a_before.calls;
+      exchange.expert_alltoall_bytes = a2a.bytes - a2a_before.bytes;
+      exchange.expert_alltoall_seconds = a2a.seconds - a2a_before.seconds;
+    }
     overlap_.End(RoleOverlap::Role::kTrainer);
     if (turns_ != nullptr) turns_->TrainerExit();
     FUSIONRL_ASSIGN_OR_RETURN(ts, std::move(stepped));
@@ -163,6 +174,13 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
     memory_->Set(MemoryCategory::kOptimizer, OptimizerStateBytes(*trainer_));
   }
   times.train = clock_.SecondsSince(t1);
+  if (gathered_ != nullptr) {
+    // Every card of the expert group, after every step: what rollout,
+    // evaluation and checkpoints read.
+    const absl::Time tg = clock_.MonotonicNow();
+    FUSIONRL_RETURN_IF_ERROR(GatherExperts());
+    times.expert_gather = clock_.SecondsSince(tg);
+  }
   // What this card trained (the version the step started from), summed
   // over the job's cards.
   const int lag = cfg.stalesync.max_policy_lag;
@@ -175,11 +193,12 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
     // Before the step's sum: every card's file is on disk before the lead
     // writes the checkpoint.
     FUSIONRL_RETURN_IF_ERROR(SavePrefetch(plan.step));
+    FUSIONRL_RETURN_IF_ERROR(
+        SaveExpertShard(plan.checkpoint_name, plan.rank, plan.step));
   }
   FUSIONRL_RETURN_IF_ERROR(SumAcrossRanks(sync_.get(), flat));
   FUSIONRL_ASSIGN_OR_RETURN(const StepTotals totals,
                             StepTotals::Unpack(flat, lag));
-  StepExchange exchange;
   if (plan.sync_weights) {
     const absl::Time ts0 = clock_.MonotonicNow();
     Doing(absl::StrCat("weight sync after step ", plan.step));
@@ -235,6 +254,9 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   parts.interleaved = interleaved;
   parts.snapshot_updates = fused_ != nullptr ? fused_->snapshot_updates() : 0;
   parts.moe = cfg.model.moe_experts > 0;
+  if (parts.moe) parts.card_memory = memory_->Snapshot();
+  parts.expert_parallel =
+      job_.experts != nullptr ? job_.experts->world_size() : 1;
   parts.env = !cfg.env.name.empty();
   if (policy.lora()) {
     parts.lora_rank = cfg.model.lora.rank;

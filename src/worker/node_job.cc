@@ -53,6 +53,25 @@ absl::Status RunNodeJob(const NodeContext& node, const Assignment& assignment) {
     if (!group.ok()) return report_setup_failure(group.status());
     local = *std::move(group);
   }
+  // Expert parallelism: each run of E consecutive cards holds one policy's
+  // expert shards, connected by a group of their own.
+  const int ep = config->placement.expert_parallel;
+  std::vector<std::unique_ptr<GradientSync>> experts;
+  if (ep > 1) {
+    if (cards % ep != 0) {
+      return report_setup_failure(absl::InvalidArgumentError(absl::StrCat(
+          "placement.expert_parallel is ", ep, " but ", node.node_id,
+          " trains on ", cards,
+          " card(s) of the job: expert shards are spread over the cards of "
+          "one node, so each node needs a multiple of ",
+          ep, " (placement.cards_per_super_node)")));
+    }
+    for (int g = 0; g < cards / ep; ++g) {
+      auto group = MakeLocalGlooGroup(ep, timeout);
+      if (!group.ok()) return report_setup_failure(group.status());
+      for (auto& rank : *group) experts.push_back(std::move(rank));
+    }
+  }
   auto counters_of = [&cards_of_node](int index) {
     return cards_of_node[std::min<size_t>(index, cards_of_node.size() - 1)]
         .get();
@@ -110,6 +129,7 @@ absl::Status RunNodeJob(const NodeContext& node, const Assignment& assignment) {
       job.rollout_counters->active = true;
     }
     job.local = cards > 1 ? local[r].get() : nullptr;
+    job.experts = ep > 1 ? experts[r].get() : nullptr;
     job.counters = counters_of(index);
   }
   std::vector<std::thread> threads;

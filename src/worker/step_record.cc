@@ -104,6 +104,20 @@ MetricFields StepRecord(const StepRecordParts& p) {
       rec.push_back({"moe_route_disagreement", ts.moe_route_disagreement});
     }
   }
+  for (const auto& [category, bytes] : p.card_memory) {
+    rec.push_back({absl::StrCat("card_memory_", category, "_bytes"),
+                   static_cast<double>(bytes)});
+  }
+  if (p.expert_parallel > 1) {
+    const StepExchange& x = p.exchange;
+    rec.push_back({"expert_parallel", static_cast<double>(p.expert_parallel)});
+    rec.push_back({"expert_alltoall_calls",
+                   static_cast<double>(x.expert_alltoall_calls)});
+    rec.push_back({"expert_alltoall_bytes",
+                   static_cast<double>(x.expert_alltoall_bytes)});
+    rec.push_back({"expert_alltoall_seconds", x.expert_alltoall_seconds});
+    rec.push_back({"expert_gather_seconds", p.times.expert_gather});
+  }
   return rec;
 }
 

@@ -21,12 +21,13 @@ struct TrainStats;
 
 // Wall seconds of the step's phases on the lead card.
 struct StepTimes {
-  double rollout = 0;       // sampling the batch (its own rounds)
-  double rollout_wait = 0;  // the trainer waiting for the rollout thread
-  double train = 0;         // the training step
-  double step = 0;          // the whole step on this card
-  double weight_sync = 0;   // StaleSync weight sync after the step
-  double gate_wait = 0;     // the rollout thread waiting for admission
+  double rollout = 0;        // sampling the batch (its own rounds)
+  double rollout_wait = 0;   // the trainer waiting for the rollout thread
+  double train = 0;          // the training step
+  double step = 0;           // the whole step on this card
+  double weight_sync = 0;    // StaleSync weight sync after the step
+  double gate_wait = 0;      // the rollout thread waiting for admission
+  double expert_gather = 0;  // expert parallelism: gathering the experts
 };
 
 // The data-parallel exchange of the step (HierarchicalSync's counters).
@@ -37,6 +38,12 @@ struct StepExchange {
   int64_t updates_received = 0;
   int64_t max_update_lag = 0;
   int64_t weight_sync_bytes = 0;
+  // Expert parallelism: the card's token exchanges in the training step
+  // (GradientSync::AllToAllTotals): calls, bytes sent to other cards,
+  // seconds.
+  int64_t expert_alltoall_calls = 0;
+  int64_t expert_alltoall_bytes = 0;
+  double expert_alltoall_seconds = 0;
 };
 
 struct StepRecordParts {
@@ -56,7 +63,12 @@ struct StepRecordParts {
   RoleSplit split;           // the lead card's time split since the last one
   bool interleaved = false;  // the card's roles took turns (card_turns.h)
   int64_t snapshot_updates = 0;
-  bool moe = false;  // model.moe_experts > 0: router statistics
+  bool moe = false;         // model.moe_experts > 0: router statistics
+  int expert_parallel = 1;  // placement.expert_parallel: its exchanges
+  // MoE: the lead card's memory by category (CardMemoryManager::Snapshot),
+  // recorded as card_memory_<category>_bytes: what expert parallelism
+  // changes.
+  std::map<std::string, int64_t> card_memory;
   bool env = false;  // env.name set: the episodes' counts
   // The environments' own metrics (Observation::metrics), mean per episode
   // over the lead card's batch (like its trainer statistics): env_<name>.
