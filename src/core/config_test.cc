@@ -1449,6 +1449,10 @@ TEST(ConfigTest, MoeKeysAreCheckedWhenParsed) {
               absl::StatusCode::kInvalidArgument,
               {"job.yaml: algorithm.router_replay: needs a mixture-of-experts "
                "policy"});
+  ExpectError("model:\n  moe_experts: 8\nrun:\n  export_final: true\n",
+              absl::StatusCode::kInvalidArgument,
+              {"job.yaml: run.export_final: a mixture-of-experts policy has no "
+               "Hugging Face architecture here"});
   // Expert parallelism.
   config = ParseJobConfig(
       "model:\n  moe_experts: 8\n  moe_top_k: 2\n"
@@ -1477,10 +1481,10 @@ TEST(ConfigTest, MoeKeysAreCheckedWhenParsed) {
   ExpectError(
       "model:\n  moe_experts: 8\n"
       "placement:\n  cards_per_super_node: 2\n  super_nodes: 2\n"
-      "  expert_parallel: 2\n",
+      "  expert_parallel: 2\nstalesync:\n  max_clock_skew: 1\n",
       absl::StatusCode::kInvalidArgument,
-      {"job.yaml: placement.expert_parallel: is not built across super "
-       "nodes yet"});
+      {"job.yaml: placement.expert_parallel: is not built for StaleSync "
+       "across super nodes"});
   ExpectError(
       "model:\n  moe_experts: 8\n"
       "placement:\n  mode: disaggregated\n  cards_per_super_node: 4\n"

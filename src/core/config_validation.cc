@@ -306,6 +306,14 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                                 "disaggregated, got ",
                                 p.rollout_cards_per_super_node));
   }
+  // Known before the job trains rather than after its last step (which
+  // would then fail with the weights only in the final checkpoint).
+  if (c.run.export_final && m.moe_experts > 0) {
+    return Invalid("run.export_final",
+                   "a mixture-of-experts policy has no Hugging Face "
+                   "architecture here (export supports dense models); its "
+                   "checkpoints hold the weights (model.pt)");
+  }
   if (p.expert_parallel > 1) {
     const int e = p.expert_parallel;
     std::string why;
@@ -324,10 +332,11 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
           "is not built for placement.mode disaggregated (its rollout "
           "cards would need the gathered experts); use colocated-sync or "
           "fused";
-    } else if (p.super_nodes > 1) {
+    } else if (p.super_nodes > 1 && c.stalesync.max_clock_skew > 0) {
       why =
-          "is not built across super nodes yet (their weight syncs carry "
-          "one card's state); use placement.super_nodes 1";
+          "is not built for StaleSync across super nodes "
+          "(stalesync.max_clock_skew > 0: its weight syncs carry one "
+          "card's state, not every shard's)";
     } else if (LoraEnabled(m)) {
       why =
           "does not apply to LoRA (model.lora.rank > 0): a MoE block's "

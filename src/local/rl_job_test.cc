@@ -705,6 +705,23 @@ TEST(RlJobTest, ExpertParallelTrainsAsOnePolicyAndResumesExactly) {
     }
   }
 
+  // Two super nodes (two workers) of 2 cards, synchronous: the expert
+  // groups stay inside each worker, the data-parallel sum crosses them.
+  JobConfig nodes = TinyExpertParallelJob("moe-ep1-2nodes", 3, 1);
+  nodes.placement.super_nodes = 2;
+  std::filesystem::remove_all(nodes.output_dir);
+  auto nodes_whole = RunRlJob(nodes);
+  ASSERT_TRUE(nodes_whole.ok()) << nodes_whole.status();
+  JobConfig nodes_ep = nodes;
+  nodes_ep.placement.expert_parallel = 2;
+  nodes_ep.output_dir = ::testing::TempDir() + "/moe-ep2-2nodes";
+  std::filesystem::remove_all(nodes_ep.output_dir);
+  auto nodes_sharded = RunRlJob(nodes_ep);
+  ASSERT_TRUE(nodes_sharded.ok()) << nodes_sharded.status();
+  EXPECT_EQ(Rewards(nodes_ep.output_dir), Rewards(nodes.output_dir));
+  ExpectSameWeightsWithin(nodes_whole->checkpoint_dir,
+                          nodes_sharded->checkpoint_dir, nodes.model, 1e-6);
+
   JobConfig fused = TinyExpertParallelJob("moe-ep2-fused-lag1", 4, 2);
   fused.placement.mode = PlacementMode::kFused;
   fused.stalesync.max_policy_lag = 1;
