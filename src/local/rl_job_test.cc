@@ -630,37 +630,57 @@ void ExpectSameWeightsWithin(const std::string& dir_a, const std::string& dir_b,
   }
 }
 
-TEST(RlJobTest, ExpertParallelTrainsAsOnePolicyAndResumesExactly) {
-  constexpr int kSteps = 4;
-  JobConfig whole = TinyExpertParallelJob("moe-ep1", kSteps, 1);
+// Runs `whole` (expert_parallel 1) and the same job with E = 2 (or takes
+// the E = 2 run already in `sharded_dir`, with its final checkpoint): the
+// same samples and, up to float rounding, the same `keys` step by step and
+// the same final weights.
+void ExpectShardedEqualsWhole(JobConfig whole, const std::string& name,
+                              const std::vector<const char*>& keys,
+                              std::string sharded_dir = "",
+                              std::string sharded_checkpoint = "") {
   std::filesystem::remove_all(whole.output_dir);
   auto replicated = RunRlJob(whole);
   ASSERT_TRUE(replicated.ok()) << replicated.status();
+  if (sharded_dir.empty()) {
+    JobConfig sharded = whole;
+    sharded.placement.expert_parallel = 2;
+    sharded.output_dir = whole.output_dir + "-ep2";
+    std::filesystem::remove_all(sharded.output_dir);
+    auto run = RunRlJob(sharded);
+    ASSERT_TRUE(run.ok()) << run.status();
+    sharded_dir = sharded.output_dir;
+    sharded_checkpoint = run->checkpoint_dir;
+  }
+  EXPECT_EQ(Rewards(sharded_dir), Rewards(whole.output_dir)) << name;
+  for (const char* key : keys) {
+    const std::vector<double> a = Column(whole.output_dir, key);
+    const std::vector<double> b = Column(sharded_dir, key);
+    ASSERT_EQ(a.size(), static_cast<size_t>(whole.run.total_steps)) << key;
+    ASSERT_EQ(b.size(), a.size()) << key;
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_NEAR(b[i], a[i], 1e-5 * std::max(1.0, std::abs(a[i])))
+          << name << ": " << key << " at step " << i + 1;
+    }
+  }
+  ExpectSameWeightsWithin(replicated->checkpoint_dir, sharded_checkpoint,
+                          whole.model, 1e-6);
+}
 
+TEST(RlJobTest, ExpertParallelTrainsAsOnePolicyAndResumesExactly) {
+  constexpr int kSteps = 4;
   JobConfig sharded = TinyExpertParallelJob("moe-ep2", kSteps, 2);
   JobSummary straight;
   ExpectExactResume(sharded, kSteps, 2, &straight);
   const std::string ep = sharded.output_dir + "-straight";
-  // The same samples (the same sampled tokens) and the same updates.
-  EXPECT_EQ(Rewards(ep), Rewards(whole.output_dir));
-  for (const char* key : {"loss", "grad_norm", "kl", "entropy"}) {
-    const std::vector<double> a = Column(whole.output_dir, key);
-    const std::vector<double> b = Column(ep, key);
-    ASSERT_EQ(a.size(), static_cast<size_t>(kSteps)) << key;
-    ASSERT_EQ(b.size(), a.size()) << key;
-    for (size_t i = 0; i < a.size(); ++i) {
-      EXPECT_NEAR(b[i], a[i], 1e-5 * std::max(1.0, std::abs(a[i])))
-          << key << " at step " << i + 1;
-    }
-  }
-  ExpectSameWeightsWithin(replicated->checkpoint_dir, straight.checkpoint_dir,
-                          sharded.model, 1e-6);
+  ExpectShardedEqualsWhole(TinyExpertParallelJob("moe-ep1", kSteps, 1),
+                           "2 cards", {"loss", "grad_norm", "kl", "entropy"},
+                           ep, straight.checkpoint_dir);
   // Each step exchanged tokens; the whole model is in model.pt and shard
   // 1's optimizer state next to it.
   for (double bytes : Column(ep, "expert_alltoall_bytes")) {
     EXPECT_GT(bytes, 0);
   }
-  EXPECT_EQ(Column(whole.output_dir, "expert_alltoall_bytes"),
+  EXPECT_EQ(Column(::testing::TempDir() + "/moe-ep1", "expert_alltoall_bytes"),
             std::vector<double>(kSteps, -1.0));
   EXPECT_TRUE(std::filesystem::exists(straight.checkpoint_dir +
                                       "/optim.expert-shard-1.pt"));
@@ -682,45 +702,12 @@ TEST(RlJobTest, ExpertParallelTrainsAsOnePolicyAndResumesExactly) {
   // experts a card does not hold).
   JobConfig four = TinyExpertParallelJob("moe-ep1-4cards", 3, 1);
   four.placement.cards_per_super_node = 4;
-  std::filesystem::remove_all(four.output_dir);
-  auto four_whole = RunRlJob(four);
-  ASSERT_TRUE(four_whole.ok()) << four_whole.status();
-  JobConfig four_ep = four;
-  four_ep.placement.expert_parallel = 2;
-  four_ep.output_dir = ::testing::TempDir() + "/moe-ep2-4cards";
-  std::filesystem::remove_all(four_ep.output_dir);
-  auto four_sharded = RunRlJob(four_ep);
-  ASSERT_TRUE(four_sharded.ok()) << four_sharded.status();
-  ExpectSameWeightsWithin(four_whole->checkpoint_dir,
-                          four_sharded->checkpoint_dir, four.model, 1e-6);
-  EXPECT_EQ(Rewards(four_ep.output_dir), Rewards(four.output_dir));
-  for (const char* key : {"loss", "grad_norm"}) {
-    const std::vector<double> a = Column(four.output_dir, key);
-    const std::vector<double> b = Column(four_ep.output_dir, key);
-    ASSERT_EQ(a.size(), 3u) << key;
-    ASSERT_EQ(b.size(), a.size()) << key;
-    for (size_t i = 0; i < a.size(); ++i) {
-      EXPECT_NEAR(b[i], a[i], 1e-5 * std::max(1.0, std::abs(a[i])))
-          << key << " at step " << i + 1 << " on 4 cards";
-    }
-  }
-
+  ExpectShardedEqualsWhole(four, "4 cards", {"loss", "grad_norm"});
   // Two super nodes (two workers) of 2 cards, synchronous: the expert
   // groups stay inside each worker, the data-parallel sum crosses them.
   JobConfig nodes = TinyExpertParallelJob("moe-ep1-2nodes", 3, 1);
   nodes.placement.super_nodes = 2;
-  std::filesystem::remove_all(nodes.output_dir);
-  auto nodes_whole = RunRlJob(nodes);
-  ASSERT_TRUE(nodes_whole.ok()) << nodes_whole.status();
-  JobConfig nodes_ep = nodes;
-  nodes_ep.placement.expert_parallel = 2;
-  nodes_ep.output_dir = ::testing::TempDir() + "/moe-ep2-2nodes";
-  std::filesystem::remove_all(nodes_ep.output_dir);
-  auto nodes_sharded = RunRlJob(nodes_ep);
-  ASSERT_TRUE(nodes_sharded.ok()) << nodes_sharded.status();
-  EXPECT_EQ(Rewards(nodes_ep.output_dir), Rewards(nodes.output_dir));
-  ExpectSameWeightsWithin(nodes_whole->checkpoint_dir,
-                          nodes_sharded->checkpoint_dir, nodes.model, 1e-6);
+  ExpectShardedEqualsWhole(nodes, "2 super nodes", {"loss", "grad_norm"});
 
   JobConfig fused = TinyExpertParallelJob("moe-ep2-fused-lag1", 4, 2);
   fused.placement.mode = PlacementMode::kFused;
