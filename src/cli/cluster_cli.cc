@@ -154,6 +154,18 @@ std::string FormatStatus(const v1::JobStatus& s) {
           load, groups, 100 * rec.value("moe_dropped_frac", 0.0),
           rec.value("moe_aux_loss", 0.0), disagreement);
     }
+    if (rec.is_object() && rec.contains("expert_parallel")) {
+      // Expert parallelism: the lead card's token exchanges at the last
+      // step.
+      absl::StrAppendFormat(
+          &out,
+          "  MoE experts: %.0f cards per expert group; all-to-all %.1f MiB "
+          "in %.3f s, gather %.3f s\n",
+          rec.value("expert_parallel", 0.0),
+          rec.value("expert_alltoall_bytes", 0.0) / 1048576.0,
+          rec.value("expert_alltoall_seconds", 0.0),
+          rec.value("expert_gather_seconds", 0.0));
+    }
     if (rec.is_object() && rec.contains("lora_rank")) {
       // What the optimizer holds and a weight publish moves.
       const double n = rec.value("lora_trainable_parameters", 0.0);

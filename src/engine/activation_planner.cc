@@ -14,6 +14,7 @@
 #include "core/metrics.h"
 #include "core/status_macros.h"
 #include "engine/activation_memory.h"
+#include "engine/grad_sync.h"
 #include "engine/model.h"
 #include "engine/trainer.h"
 #include "spdlog/spdlog.h"
@@ -288,6 +289,11 @@ absl::StatusOr<std::optional<ActivationPlanReport>> PlanActivationsForJob(
     PolicyModel& model, int64_t rows) {
   const ModelConfig& c = model.config();
   if (c.activations.policy != ActivationPolicy::kAuto) return std::nullopt;
+  // An expert shard's measuring passes would exchange tokens with its
+  // group, pass for pass, while each card's timings pick its next pass: the
+  // whole model is planned before it is sharded (ExpertShardOf keeps the
+  // plan) and the group takes one plan (ShareActivationPlan).
+  if (model.expert_shard().size > 1) return std::nullopt;
   CollatedBatch batch;
   try {
     const int64_t t = c.max_seq_len;
@@ -320,6 +326,33 @@ absl::StatusOr<std::optional<ActivationPlanReport>> PlanActivationsForJob(
       report->keep_held_bytes / 1048576.0, report->estimated_step_time_ratio,
       FormatActivationPlan(report->plan));
   return std::optional<ActivationPlanReport>(*std::move(report));
+}
+
+absl::Status ShareActivationPlan(PolicyModel& model) {
+  if (model.expert_shard().size == 1) return absl::OkStatus();
+  if (model.expert_group() == nullptr) {
+    return absl::FailedPreconditionError(
+        "activation plan: an expert shard without its group");
+  }
+  const std::vector<LayerActivationPlan>& plan = model.activation_plan();
+  std::vector<int64_t> codes;
+  for (const LayerActivationPlan& l : plan) {
+    for (ActivationAction a :
+         {l.attention, l.mlp, l.norm, l.attention_core, l.mlp_act}) {
+      codes.push_back(static_cast<int64_t>(a));
+    }
+  }
+  std::vector<at::Tensor> tensors = {at::tensor(codes, at::kLong)};
+  FUSIONRL_RETURN_IF_ERROR(model.expert_group()->Broadcast(tensors, 0));
+  const int64_t* c = tensors[0].data_ptr<int64_t>();
+  std::vector<LayerActivationPlan> shared(plan.size());
+  for (LayerActivationPlan& l : shared) {
+    for (ActivationAction* a :
+         {&l.attention, &l.mlp, &l.norm, &l.attention_core, &l.mlp_act}) {
+      *a = static_cast<ActivationAction>(*c++);
+    }
+  }
+  return model.SetActivationPlan(std::move(shared));
 }
 
 }  // namespace fusionrl

@@ -95,9 +95,18 @@ absl::StatusOr<ActivationPlanReport> PlanActivations(
 // micro-batch, `rows` sequences of model.max_seq_len tokens, every token
 // valid (random tokens: the plan depends on shapes, not values), against
 // model.activations.budget_mib, and logs the plan. Returns nullopt without
-// doing anything for any other policy. Errors as PlanActivations.
+// doing anything for any other policy, or for an expert shard (plan the
+// whole model before ExpertShardOf, which keeps its plan). Errors as
+// PlanActivations.
 absl::StatusOr<std::optional<ActivationPlanReport>> PlanActivationsForJob(
     PolicyModel& model, int64_t rows);
+
+// Expert parallelism: sets every card of `model`'s expert group to the plan
+// of the group's rank 0 (a broadcast over the group). The cards of a group
+// must recompute the same sub-blocks (a recomputed MoE block exchanges
+// tokens again in backward), and policy auto plans from each card's own
+// timings. A no-op without shards. A collective of the group.
+absl::Status ShareActivationPlan(PolicyModel& model);
 
 // The plan in one line: "attention=recompute,mlp=recompute,norm=keep" per
 // layer, layers separated by "; " and prefixed "<layer>: ". Parses back with

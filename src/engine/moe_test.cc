@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/activation_planner.h"
 #include "engine/checkpoint.h"
 #include "engine/grad_sync.h"
 #include "engine/model.h"
@@ -892,6 +893,69 @@ TEST(MoeExpertParallelTest, AShardWithoutItsGroupIsRefused) {
                c10::Error);
   EXPECT_THROW(MoeFeedForward(8, 16, 4, 2, 1, 0.0, false, ExpertShard{0, 3}),
                c10::Error);
+}
+
+// A model's shards: the values of the whole model, their own experts only,
+// gathered back bit for bit; and one activation plan per group.
+TEST(MoeExpertParallelTest, ShardsGatherBackAndShareOnePlan) {
+  ModelConfig c = testing_util::TinyModelConfig();
+  c.moe_experts = 4;
+  c.moe_top_k = 2;
+  auto whole = PolicyModel::Create(c, 40, c10::Device("cpu"), 3).value();
+  EXPECT_FALSE(whole->ExpertShardOf(ExpertShard{0, 3}).ok());  // 4 % 3
+  auto group = MakeLocalGlooGroup(2, absl::Seconds(30)).value();
+  std::vector<std::unique_ptr<PolicyModel>> shards;
+  for (int r = 0; r < 2; ++r) {
+    shards.push_back(whole->ExpertShardOf(ExpertShard{r, 2}).value());
+    shards[r]->set_expert_group(group[r].get());
+  }
+  std::map<std::string, at::Tensor> values;
+  for (auto& [name, t] : whole->named_parameters()) values[name] = t;
+  for (int r = 0; r < 2; ++r) {
+    int experts = 0;
+    for (auto& [name, t] : shards[r]->named_parameters()) {
+      ASSERT_TRUE(values.count(name)) << name;
+      EXPECT_TRUE(at::equal(t, values[name])) << name;
+      if (name.find(".mlp.expert") != std::string::npos) {
+        ++experts;
+        const int e = name[name.find(".mlp.expert") + 11] - '0';
+        EXPECT_EQ(e / 2, r) << name;
+      }
+    }
+    EXPECT_EQ(experts, 2 * 3 * c.n_layers);  // 2 experts x w1, w2, w3
+  }
+  // Different plans on the two ranks (as timings could make them): both
+  // end with rank 0's; and the gathered model equals the whole one.
+  std::vector<LayerActivationPlan> recompute(c.n_layers);
+  for (auto& l : recompute) l.mlp = ActivationAction::kRecompute;
+  ASSERT_TRUE(shards[0]->SetActivationPlan(recompute).ok());
+  auto gathered = whole->CloneFrozen();
+  for (auto& p : gathered->parameters()) {
+    at::NoGradGuard no_grad;
+    p.zero_();
+  }
+  std::vector<absl::Status> shared(2), gathers(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      shared[r] = ShareActivationPlan(*shards[r]);
+      gathers[r] = r == 0 ? shards[0]->GatherExpertsInto(*gathered)
+                          : shards[1]->GatherExpertsInto(*whole->CloneFrozen());
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(shared[r].ok()) << shared[r];
+    ASSERT_TRUE(gathers[r].ok()) << gathers[r];
+    for (const LayerActivationPlan& l : shards[r]->activation_plan()) {
+      EXPECT_EQ(l.mlp, ActivationAction::kRecompute) << "rank " << r;
+    }
+  }
+  const auto a = whole->named_parameters(), b = gathered->named_parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(at::equal(a[i].second, b[i].second)) << a[i].first;
+  }
 }
 
 }  // namespace

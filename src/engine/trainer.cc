@@ -81,6 +81,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
       PlanActivationsForJob(policy,
                             std::max<int64_t>(1, config.optim.micro_batch_size))
           .status());
+  FUSIONRL_RETURN_IF_ERROR(ShareActivationPlan(policy));
   std::unique_ptr<Trainer> trainer(
       new Trainer(policy, reference, config, pad_id, sync));
   trainer->optim_state_ = std::move(optim);

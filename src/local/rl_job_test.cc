@@ -709,6 +709,20 @@ TEST(RlJobTest, ExpertParallelTrainsAsOnePolicyAndResumesExactly) {
   nodes.placement.super_nodes = 2;
   ExpectShardedEqualsWhole(nodes, "2 super nodes", {"loss", "grad_norm"});
 
+  // policy auto plans from each card's timings; the cards of a group must
+  // recompute alike (a recomputed MoE block exchanges again in backward),
+  // so they take their group's rank 0's plan. Plans that differ would
+  // leave a card waiting in an exchange its partner never joins: the
+  // collective timeout fails the job within seconds.
+  JobConfig planned = TinyExpertParallelJob("moe-ep2-auto-plan", 2, 2);
+  planned.placement.mode = PlacementMode::kFused;
+  planned.model.activations.policy = ActivationPolicy::kAuto;
+  planned.model.activations.budget_mib = 8;
+  planned.run.collective_timeout_seconds = 20;
+  std::filesystem::remove_all(planned.output_dir);
+  auto auto_run = RunRlJob(planned);
+  EXPECT_TRUE(auto_run.ok()) << auto_run.status();
+
   JobConfig fused = TinyExpertParallelJob("moe-ep2-fused-lag1", 4, 2);
   fused.placement.mode = PlacementMode::kFused;
   fused.stalesync.max_policy_lag = 1;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/memory_manager.h"
 #include "core/status_macros.h"
+#include "engine/activation_planner.h"
 #include "engine/checkpoint.h"
 #include "engine/intra_op_threads.h"
 #include "engine/memory_accounting.h"
@@ -40,6 +41,13 @@ absl::Status CardRunner::Setup() {
     // Expert parallelism: the model PrepareJob made (every expert, as a job
     // without shards starts) is cut into this card's shard, which trains;
     // a frozen copy of the whole stays for sampling.
+    // model.activations.policy auto is planned here, on the whole model
+    // (whose passes exchange nothing), and the group then takes its rank
+    // 0's plan (Trainer::Create).
+    FUSIONRL_RETURN_IF_ERROR(
+        PlanActivationsForJob(*ctx_.policy,
+                              std::max<int64_t>(1, cfg.optim.micro_batch_size))
+            .status());
     const ExpertShard shard{job_.experts->rank(), job_.experts->world_size()};
     FUSIONRL_ASSIGN_OR_RETURN(std::unique_ptr<PolicyModel> mine,
                               ctx_.policy->ExpertShardOf(shard));
