@@ -402,47 +402,27 @@ torch::Tensor MoeFeedForwardImpl::ExchangeAndRun(
   }
   const at::Tensor received =
       RowExchange::apply(xs, expert_group_, send_rows, recv_rows);
-  // Received rows are rank-major, expert-minor (recv_count's order), so
-  // block (s, e) starts at the prefix sum of recv_count before s * per + e.
-  // Regroup them expert-major so each local expert reads one contiguous
-  // slice.
-  std::vector<int64_t> block_start(num_experts_, 0);
-  for (int i = 1; i < num_experts_; ++i) {
-    block_start[i] = block_start[i - 1] + recv_count[i - 1];
-  }
-  std::vector<int64_t> perm, expert_rows(per, 0);
-  perm.reserve(received.size(0));
-  for (int e = 0; e < per; ++e) {
-    for (int s = 0; s < ranks; ++s) {
-      const int b = s * per + e;
-      for (int64_t k = 0; k < recv_count[b]; ++k) {
-        perm.push_back(block_start[b] + k);
-      }
-      expert_rows[e] += recv_count[b];
-    }
-  }
-  const at::Tensor index =
-      torch::tensor(perm, torch::TensorOptions().dtype(torch::kLong))
-          .to(xs.device());
-  const at::Tensor grouped = received.index_select(0, index);
+  // Received rows are rank-major, expert-minor (recv_count's order): each
+  // local expert runs on its block from each rank, a contiguous slice, so
+  // the outputs come out in arrival order with no regrouping copy (an
+  // expert's rows from E ranks cost E products instead of one).
   const bool recompute = recompute_act_ && at::GradMode::is_enabled();
   std::vector<torch::Tensor> ys;
   int64_t start = 0;
-  for (int e = 0; e < per; ++e) {
-    const int64_t n = expert_rows[e];
+  for (int b = 0; b < num_experts_; ++b) {
+    const int64_t n = recv_count[b];
     if (n == 0) continue;
-    const auto slice = grouped.narrow(0, start, n);
-    SwiGLU& ex = experts[e];
+    const auto slice = received.narrow(0, start, n);
+    SwiGLU& ex = experts[b % per];
     ys.push_back(recompute ? SwiGLURecomputedAct(slice, {}, {}, ex->w1->weight,
                                                  ex->w3->weight, ex->w2->weight)
                            : ex->forward(slice));
     start += n;
   }
-  // No rows (then `grouped` is empty): still the graph's, so that backward
-  // joins the reverse exchanges.
-  at::Tensor y =
-      ys.empty() ? grouped : (ys.size() == 1 ? ys[0] : torch::cat(ys));
-  y = torch::zeros_like(received).index_copy(0, index, y);
+  // No rows (then `received` is empty): still the graph's, so that
+  // backward joins the reverse exchanges.
+  const at::Tensor y =
+      ys.empty() ? received : (ys.size() == 1 ? ys[0] : torch::cat(ys));
   return RowExchange::apply(y, expert_group_, recv_rows, send_rows);
 }
 
