@@ -175,6 +175,33 @@ for v in ("dense", "moe"):
           f"auto {d['auto:50%']:.1e}")
 PY
 
+# The same with the MoE variant's experts over 2 cards (threads): card 0
+# holds half the experts, exchanges tokens every step, and recompute still
+# gives none's very gradients.
+timeout 300 "$BIN" bench-memory "$CFG" --set model.moe_experts=4 \
+  --set model.moe_shared_expert=true --repeats 1 --expert-parallel 2 \
+  --policies none,recompute --out "$OUT/bench-memory-ep2.json" \
+  >/dev/null 2>"$OUT/bench-memory-ep2.log" ||
+  { echo "FAIL fusionrl bench-memory --expert-parallel 2"; tail -20 "$OUT/bench-memory-ep2.log"; exit 1; }
+python3 - "$OUT/bench-memory.json" "$OUT/bench-memory-ep2.json" <<'PY'
+import json, sys
+whole = json.load(open(sys.argv[1]))["variants"]["moe"]
+b = json.load(open(sys.argv[2]))
+assert b["expert_parallel"] == 2, b
+m = b["variants"]["moe"]
+none, rec = m["none"], m["recompute"]
+assert none["alltoall_bytes_per_step"] > 0, none
+assert rec["alltoall_bytes_per_step"] > none["alltoall_bytes_per_step"], rec
+assert rec["max_abs_grad_diff_vs_none"] == 0.0, rec
+assert rec["held_bytes"] < none["held_bytes"], rec
+assert none["parameter_bytes"] < whole["none"]["parameter_bytes"], none
+assert "alltoall_bytes_per_step" not in b["variants"]["dense"]["none"]
+print(f"ok   bench-memory --expert-parallel 2: card 0 holds {none['parameter_bytes']} B "
+      f"of parameters (whole: {whole['none']['parameter_bytes']} B), sends {none['alltoall_bytes_per_step']:.0f} B a step "
+      f"({rec['alltoall_bytes_per_step']:.0f} B recomputing), activations "
+      f"{none['held_bytes']} B against {whole['none']['held_bytes']} B whole")
+PY
+
 # fusionrl bench-rollout: the engine next to the Python reference loop, each
 # measurement a fresh process; the fused path computes what the composite
 # one does (the unit tests check samples), here the JSON's shape and costs.

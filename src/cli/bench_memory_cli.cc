@@ -5,9 +5,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -21,7 +24,9 @@
 #include "core/status_macros.h"
 #include "engine/activation_memory.h"
 #include "engine/activation_planner.h"
+#include "engine/grad_sync.h"
 #include "engine/job_common.h"
+#include "engine/memory_accounting.h"
 #include "engine/model.h"
 #include "engine/sample.h"
 #include "engine/trainer.h"
@@ -75,9 +80,11 @@ absl::StatusOr<Policy> ParsePolicy(const std::string& text) {
 }
 
 // `n` reference solutions of the task's training problems, as one batch.
-absl::StatusOr<CollatedBatch> SolutionBatch(const JobContext& ctx, int n) {
+// Training problems [first, first + n) with their solutions.
+absl::StatusOr<CollatedBatch> SolutionBatch(const JobContext& ctx, int n,
+                                            int first = 0) {
   std::vector<Sample> samples;
-  for (int i = 0; i < n; ++i) {
+  for (int i = first; i < first + n; ++i) {
     FUSIONRL_ASSIGN_OR_RETURN(
         Sample s,
         SolutionSample(ctx, ctx.task->TrainProblem(static_cast<uint64_t>(i))));
@@ -89,6 +96,14 @@ absl::StatusOr<CollatedBatch> SolutionBatch(const JobContext& ctx, int n) {
 struct PolicyRun {
   JobContext ctx;
   CollatedBatch batch;
+  // Expert parallelism: cards 1..E-1 (ctx and batch are card 0's), and the
+  // group of all E.
+  std::vector<JobContext> peers;
+  std::vector<CollatedBatch> peer_batches;
+  std::vector<std::unique_ptr<GradientSync>> group;
+  // Card 0's exchanges over the timed steps.
+  int64_t alltoall_bytes = 0;
+  double alltoall_seconds = 0;
   std::optional<ActivationPlanReport> plan;  // auto only
   std::string error;  // auto whose budget cannot be met: not stepped
   double plan_seconds = 0;
@@ -98,12 +113,59 @@ struct PolicyRun {
   std::vector<at::Tensor> grads;  // after the first step
 };
 
+// `measure` on card 0 here and on every expert-parallel peer at once (each
+// on its own thread: their exchanges meet); card 0's report.
+absl::StatusOr<ActivationReport> OnEveryCard(
+    PolicyRun& run, const std::function<absl::StatusOr<ActivationReport>(
+                        JobContext&, CollatedBatch&)>& measure) {
+  std::vector<absl::Status> peers(run.peers.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < run.peers.size(); ++i) {
+    threads.emplace_back([&, i] {
+      peers[i] = measure(run.peers[i], run.peer_batches[i]).status();
+    });
+  }
+  absl::StatusOr<ActivationReport> mine = measure(run.ctx, run.batch);
+  for (auto& t : threads) t.join();
+  for (const absl::Status& s : peers) FUSIONRL_RETURN_IF_ERROR(s);
+  return mine;
+}
+
 // One measured training step of `run` from zeroed gradients.
 absl::StatusOr<ActivationReport> Step(PolicyRun& run) {
-  for (at::Tensor p : run.ctx.policy->parameters()) {
-    if (p.grad().defined()) p.mutable_grad().zero_();
+  return OnEveryCard(run, [](JobContext& ctx, CollatedBatch& batch) {
+    for (at::Tensor p : ctx.policy->parameters()) {
+      if (p.grad().defined()) p.mutable_grad().zero_();
+    }
+    return MeasureTrainStep(*ctx.policy, batch);
+  });
+}
+
+// Expert parallelism: cuts run's model (card 0's) and its peers' into
+// their shards of `cards`, each with its own batch of `batch_size`
+// problems, connected by a new group. Plans were made on the whole models
+// (ExpertShardOf keeps them).
+absl::Status ShardExperts(PolicyRun& run, const JobConfig& c, int cards,
+                          int batch_size) {
+  FUSIONRL_ASSIGN_OR_RETURN(run.group,
+                            MakeLocalGlooGroup(cards, absl::Seconds(300)));
+  for (int r = 1; r < cards; ++r) {
+    FUSIONRL_ASSIGN_OR_RETURN(JobContext peer, PrepareJob(c, std::string()));
+    FUSIONRL_RETURN_IF_ERROR(
+        peer.policy->SetActivationPlan(run.ctx.policy->activation_plan()));
+    FUSIONRL_ASSIGN_OR_RETURN(CollatedBatch b,
+                              SolutionBatch(peer, batch_size, r * batch_size));
+    run.peers.push_back(std::move(peer));
+    run.peer_batches.push_back(std::move(b));
   }
-  return MeasureTrainStep(*run.ctx.policy, run.batch);
+  for (int r = 0; r < cards; ++r) {
+    JobContext& ctx = r == 0 ? run.ctx : run.peers[r - 1];
+    FUSIONRL_ASSIGN_OR_RETURN(std::unique_ptr<PolicyModel> shard,
+                              ctx.policy->ExpertShardOf(ExpertShard{r, cards}));
+    shard->set_expert_group(run.group[r].get());
+    ctx.policy = std::move(shard);
+  }
+  return absl::OkStatus();
 }
 
 // Every policy's model (same seed, so the same weights) and batch; auto
@@ -112,7 +174,7 @@ absl::StatusOr<ActivationReport> Step(PolicyRun& run) {
 // ratio compares steps taken side by side.
 absl::StatusOr<std::vector<PolicyRun>> RunPolicies(
     const JobConfig& variant, const std::vector<Policy>& policies,
-    int batch_size, int repeats) {
+    int batch_size, int repeats, int expert_parallel) {
   std::vector<PolicyRun> runs(policies.size());
   for (size_t i = 0; i < policies.size(); ++i) {
     JobConfig c = variant;
@@ -133,8 +195,10 @@ absl::StatusOr<std::vector<PolicyRun>> RunPolicies(
         // What none (runs[0], prepared first) holds for this batch.
         FUSIONRL_ASSIGN_OR_RETURN(
             ActivationReport none,
-            MeasureTrainStep(*runs[0].ctx.policy, runs[0].batch, nullptr,
-                             /*run_backward=*/false));
+            OnEveryCard(runs[0], [](JobContext& ctx, CollatedBatch& batch) {
+              return MeasureTrainStep(*ctx.policy, batch, nullptr,
+                                      /*run_backward=*/false);
+            }));
         opts.budget_bytes = static_cast<int64_t>(
             none.held_bytes * policies[i].budget_mib / 100.0);
       }
@@ -149,6 +213,10 @@ absl::StatusOr<std::vector<PolicyRun>> RunPolicies(
       } else {
         runs[i].plan = *std::move(plan);
       }
+    }
+    if (expert_parallel > 1) {
+      FUSIONRL_RETURN_IF_ERROR(
+          ShardExperts(runs[i], c, expert_parallel, batch_size));
     }
   }
   for (PolicyRun& run : runs) {
@@ -166,9 +234,18 @@ absl::StatusOr<std::vector<PolicyRun>> RunPolicies(
   for (int r = 0; r < repeats; ++r) {
     for (PolicyRun& run : runs) {
       if (!run.error.empty()) continue;
+      const GradientSync::AllToAllTotals before =
+          run.group.empty() ? GradientSync::AllToAllTotals{}
+                            : run.group[0]->all_to_all_totals();
       FUSIONRL_ASSIGN_OR_RETURN(ActivationReport rep, Step(run));
       run.step_seconds.push_back(
           absl::ToDoubleSeconds(rep.forward_time + rep.backward_time));
+      if (!run.group.empty()) {
+        const GradientSync::AllToAllTotals& after =
+            run.group[0]->all_to_all_totals();
+        run.alltoall_bytes += after.bytes - before.bytes;
+        run.alltoall_seconds += after.seconds - before.seconds;
+      }
     }
   }
   return runs;
@@ -214,6 +291,11 @@ CLI::App* AddBenchMemoryCommand(CLI::App& app, BenchMemoryArgs& args) {
   cmd->add_option("--repeats", args.repeats,
                   "timed steps per variant and policy (default 5)")
       ->check(CLI::Range(1, 1000));
+  cmd->add_option("--expert-parallel", args.expert_parallel,
+                  "spread the MoE variant's experts over this many cards "
+                  "(threads, each with its own batch); card 0 is measured "
+                  "(default 1)")
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--out", args.out, "write the JSON here (default stdout)");
   cmd->add_option("--set", args.overrides,
                   "override a config key: key.path=value (repeatable)")
@@ -243,12 +325,18 @@ int RunBenchMemory(const BenchMemoryArgs& args) {
                      "moe_experts 0)")));
   }
   const int batch_size = base->sft.batch_size;
+  if (base->model.moe_experts % args.expert_parallel != 0) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--expert-parallel ", args.expert_parallel,
+        ": must divide model.moe_experts (", base->model.moe_experts, ")")));
+  }
 
   nlohmann::ordered_json result;
   result["config"] = args.config_path;
   result["device"] = base->device;
   result["batch_size"] = batch_size;
   result["repeats"] = args.repeats;
+  result["expert_parallel"] = args.expert_parallel;
   // On a CPU the host pool is the same memory: swapped bytes stay held.
   result["held_counts_host_pool"] = base->device == "cpu";
   nlohmann::ordered_json variants = nlohmann::ordered_json::object();
@@ -258,7 +346,8 @@ int RunBenchMemory(const BenchMemoryArgs& args) {
     nlohmann::ordered_json out = nlohmann::ordered_json::object();
     spdlog::info("bench-memory: {}", variant);
     absl::StatusOr<std::vector<PolicyRun>> runs =
-        RunPolicies(v, policies, batch_size, args.repeats);
+        RunPolicies(v, policies, batch_size, args.repeats,
+                    std::string(variant) == "moe" ? args.expert_parallel : 1);
     if (!runs.ok()) return Fail(runs.status());
     const PolicyRun& none = runs->front();
     const double t_none = Median(none.step_seconds);
@@ -293,6 +382,13 @@ int RunBenchMemory(const BenchMemoryArgs& args) {
           {"step_time_ratio_to_none", t_none > 0 ? t / t_none : 0.0},
           {"max_abs_grad_diff_vs_none", max_diff},
           {"loss", a.loss}};
+      out[p.name]["parameter_bytes"] = ParameterBytes(*r.ctx.policy);
+      if (!r.group.empty()) {
+        out[p.name]["alltoall_bytes_per_step"] =
+            static_cast<double>(r.alltoall_bytes) / args.repeats;
+        out[p.name]["alltoall_seconds_per_step"] =
+            r.alltoall_seconds / args.repeats;
+      }
       if (r.plan) out[p.name]["planner"] = PlanJson(*r.plan, r.plan_seconds);
     }
     variants[variant] = out;

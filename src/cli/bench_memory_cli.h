@@ -22,6 +22,10 @@ struct BenchMemoryArgs {
   // none | recompute | swap | auto:<budget MiB>, comma-separated.
   std::string policies = "none,recompute,swap";
   int repeats = 5;  // timed steps per (variant, policy)
+  // The MoE variant's experts spread over this many cards (threads of this
+  // process, a local Gloo group): each holds its shard and its own batch,
+  // and card 0's step is measured (placement.expert_parallel).
+  int expert_parallel = 1;
   std::string out;  // "" = stdout
   std::vector<std::string> overrides;
 };
