@@ -23,7 +23,6 @@
 #include "engine/activation_memory.h"
 #include "engine/attention.h"
 #include "engine/decoder_block.h"
-#include "engine/grad_sync.h"
 #include "engine/invariant_ops.h"
 #include "engine/lora.h"
 #include "engine/moe.h"
@@ -584,15 +583,6 @@ std::unique_ptr<PolicyModel> PolicyModel::CloneFrozen(
   return clone;
 }
 
-namespace {
-
-// A routed expert's parameter: "block<l>.mlp.expert<i>.<w>.weight".
-bool IsExpertParameter(const std::string& name) {
-  return name.find(".mlp.expert") != std::string::npos;
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<PolicyModel>> PolicyModel::ExpertShardOf(
     ExpertShard shard) const {
   const ModelConfig& c = impl_->config;
@@ -635,87 +625,6 @@ void PolicyModel::set_expert_group(GradientSync* group) {
 }
 
 GradientSync* PolicyModel::expert_group() const { return impl_->expert_group; }
-
-absl::Status PolicyModel::GatherExpertsInto(PolicyModel& full) const {
-  if (full.impl_->shard.size != 1 || full.lora() ||
-      full.impl_->decoder->parameters().size() <
-          impl_->decoder->parameters().size()) {
-    return absl::InvalidArgumentError(
-        "GatherExpertsInto: the target must hold every expert, without LoRA");
-  }
-  torch::NoGradGuard no_grad;
-  std::map<std::string, at::Tensor> mine;
-  for (auto& [name, t] : named_parameters()) mine.emplace(name, t);
-  std::vector<at::Tensor> experts;
-  for (auto& [name, t] : full.named_parameters()) {
-    auto it = mine.find(name);
-    const bool expert = IsExpertParameter(name);
-    if (it == mine.end() && !expert) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("GatherExpertsInto: '", name, "' is not in this model"));
-    }
-    if (it != mine.end()) {
-      t.copy_(it->second);
-    } else {
-      t.zero_();
-    }
-    if (expert) experts.push_back(t);
-  }
-  if (impl_->shard.size == 1) return absl::OkStatus();
-  if (impl_->expert_group == nullptr) {
-    return absl::FailedPreconditionError(
-        "GatherExpertsInto: an expert shard without its group");
-  }
-  if (experts.empty() || experts.front().scalar_type() == at::kFloat) {
-    return impl_->expert_group->AllReduceSum(experts);
-  }
-  // Other dtypes (bf16) travel as float32, which holds them exactly.
-  std::vector<at::Tensor> wide;
-  for (const at::Tensor& t : experts) wide.push_back(t.to(at::kFloat));
-  FUSIONRL_RETURN_IF_ERROR(impl_->expert_group->AllReduceSum(wide));
-  for (size_t i = 0; i < experts.size(); ++i) experts[i].copy_(wide[i]);
-  return absl::OkStatus();
-}
-
-std::vector<bool> PolicyModel::expert_parameter_mask() const {
-  std::vector<bool> mask;
-  for (const auto& [name, t] : named_trainable_parameters()) {
-    mask.push_back(impl_->shard.size > 1 && IsExpertParameter(name));
-  }
-  return mask;
-}
-
-std::vector<at::Tensor> PolicyModel::DataParallelGradients(bool with_experts) {
-  std::vector<at::Tensor> grads;
-  std::map<std::string, at::Tensor> own_experts;
-  for (auto& [name, p] : named_trainable_parameters()) {
-    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-    if (impl_->shard.size > 1 && IsExpertParameter(name)) {
-      own_experts.emplace(name, p.grad());
-    } else {
-      grads.push_back(p.grad());
-    }
-  }
-  if (impl_->shard.size == 1 || !with_experts) return grads;
-  const ModelConfig& c = impl_->config;
-  const int first = impl_->shard.rank * (c.moe_experts / impl_->shard.size);
-  for (int l = 0; l < c.n_layers; ++l) {
-    for (int e = 0; e < c.moe_experts; ++e) {
-      for (const char* w : {"w1", "w3", "w2"}) {
-        const std::string prefix = absl::StrCat("block", l, ".mlp.expert");
-        const std::string suffix = absl::StrCat(".", w, ".weight");
-        auto it = own_experts.find(absl::StrCat(prefix, e, suffix));
-        if (it != own_experts.end()) {
-          grads.push_back(it->second);
-        } else {
-          grads.push_back(at::zeros_like(
-              own_experts.at(absl::StrCat(prefix, first, suffix))));
-        }
-      }
-    }
-  }
-  return grads;
-}
 
 bool PolicyModel::lora() const { return !impl_->lora.empty(); }
 bool PolicyModel::lora_merged() const { return impl_->lora_merged; }

@@ -190,25 +190,7 @@ class PolicyModel {
   // shard and the group.
   void set_expert_group(GradientSync* group);
   GradientSync* expert_group() const;
-  // Sets every parameter of `full` (a model of this config holding every
-  // expert, on any device) from the group: dense ones from this shard, each
-  // expert from the rank that holds it. One sum over the group in which the
-  // ranks that do not hold an expert add zeros, so the values arrive bit
-  // for bit. A collective: every rank of the group calls it at the same
-  // point.
-  absl::Status GatherExpertsInto(PolicyModel& full) const;
-  // Which of trainable_parameters() are this shard's experts (all false
-  // without shards).
-  std::vector<bool> expert_parameter_mask() const;
-  // The gradients a data-parallel sum combines, in the same order and with
-  // the same shapes on every rank: those of the dense parameters, then
-  // (with_experts) for each layer and each of the block's N experts in
-  // order its w1, w3, w2 gradients, this shard's own tensors (the sum
-  // replaces them in place) and zeros for the others'. A sum over ranks
-  // then adds each expert's gradient over the ranks that hold it, and only
-  // over those. Without shards: every trainable gradient. Undefined
-  // gradients are set to zeros first.
-  std::vector<at::Tensor> DataParallelGradients(bool with_experts);
+  // Gathering, gradients and plans of the shards: engine/expert_parallel.h.
 
   // Selective recompute / swap (model.activations, resolved per layer at
   // Create; engine/activation_memory.h). Applies to Forward() with autograd

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/activation_planner.h"
 #include "engine/checkpoint.h"
+#include "engine/expert_parallel.h"
 #include "engine/grad_sync.h"
 #include "engine/model.h"
 #include "engine/moe_module.h"
@@ -939,8 +940,8 @@ TEST(MoeExpertParallelTest, ShardsGatherBackAndShareOnePlan) {
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
       shared[r] = ShareActivationPlan(*shards[r]);
-      gathers[r] = r == 0 ? shards[0]->GatherExpertsInto(*gathered)
-                          : shards[1]->GatherExpertsInto(*whole->CloneFrozen());
+      gathers[r] = r == 0 ? GatherExperts(*shards[0], *gathered)
+                          : GatherExperts(*shards[1], *whole->CloneFrozen());
     });
   }
   for (auto& t : threads) t.join();

@@ -15,6 +15,7 @@
 #include "core/status_macros.h"
 #include "engine/activation_planner.h"
 #include "engine/algorithms.h"
+#include "engine/expert_parallel.h"
 #include "engine/invariant_ops.h"
 #include "engine/master_weights.h"
 #include "engine/moe.h"
@@ -476,8 +477,8 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
         // data-parallel sum adds the other groups' (zeros for the experts a
         // rank does not hold), and leaves experts out when one group spans
         // every rank.
-        std::vector<at::Tensor> grads = policy_.DataParallelGradients(
-            shard.size > 1 && sync_->world_size() > shard.size);
+        std::vector<at::Tensor> grads = DataParallelGradients(
+            policy_, shard.size > 1 && sync_->world_size() > shard.size);
         FUSIONRL_RETURN_IF_ERROR(sync_->ReduceGradients(grads));
         if (!trained) {
           at::NoGradGuard no_grad;
@@ -493,16 +494,9 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
       adamw.GradientsToMasters();
       double grad_norm = 0;
       if (shard.size > 1) {
-        // The norm of the whole model: the dense part (equal on every
-        // rank) and every shard's experts, summed over the expert group.
-        const std::vector<bool> is_expert = policy_.expert_parameter_mask();
-        std::vector<at::Tensor> dense, experts;
-        for (size_t i = 0; i < adamw.stepped().size(); ++i) {
-          (is_expert[i] ? experts : dense).push_back(adamw.stepped()[i]);
-        }
-        std::vector<double> sq = {InvariantGradSquaredNorm(experts)};
-        FUSIONRL_RETURN_IF_ERROR(SumAcrossRanks(policy_.expert_group(), sq));
-        grad_norm = std::sqrt(InvariantGradSquaredNorm(dense) + sq[0]);
+        // The whole model's norm: every shard's experts count.
+        FUSIONRL_ASSIGN_OR_RETURN(grad_norm,
+                                  ShardedGradNorm(policy_, adamw.stepped()));
         ClipGradsToNorm(adamw.stepped(), grad_norm, optim_.grad_clip);
       } else {
         grad_norm = InvariantClipGradNorm(adamw.stepped(), optim_.grad_clip);

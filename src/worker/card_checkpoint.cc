@@ -127,8 +127,8 @@ absl::Status CardRunner::WriteStepCheckpoint(const StepPlan& plan, int64_t step,
       }
     }
   }
-  return WriteCheckpoint(*dir, gathered_ ? *gathered_ : *ctx_.policy,
-                         trainer_.get(), meta, CheckpointPause());
+  return WriteCheckpoint(*dir, WholePolicy(), trainer_.get(), meta,
+                         CheckpointPause());
 }
 
 absl::Status CardRunner::WriteEndCheckpoint(const StepPlan& plan,
@@ -138,8 +138,7 @@ absl::Status CardRunner::WriteEndCheckpoint(const StepPlan& plan,
   // A job that ran to its end (not one stopped early) is exported.
   if (cfg.run.export_final && plan.checkpoint_name == "final") {
     FUSIONRL_RETURN_IF_ERROR(
-        ExportJobPolicy(cfg, ctx_, gathered_ ? *gathered_ : *ctx_.policy,
-                        cfg.output_dir + "/hf"));
+        ExportJobPolicy(cfg, ctx_, WholePolicy(), cfg.output_dir + "/hf"));
   }
   return absl::OkStatus();
 }

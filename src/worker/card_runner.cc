@@ -57,9 +57,7 @@ void CardRunner::ReportFailure(const absl::Status& status, int64_t step,
 
 void CardRunner::PublishToRollout() {
   // Expert parallelism: the gathered model, refreshed after every step.
-  fused_->Publish(
-      (gathered_ ? *gathered_ : *ctx_.policy).trainable_parameters(),
-      trainer_->version());
+  fused_->Publish(WholePolicy().trainable_parameters(), trainer_->version());
 }
 
 absl::Status CardRunner::Run() {

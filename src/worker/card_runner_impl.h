@@ -157,6 +157,9 @@ class CardRunner {
   // collective of the group).
   std::unique_ptr<PolicyModel> gathered_;
   absl::Status GatherExperts();
+  // The model holding every parameter: gathered_ under expert parallelism,
+  // else the policy (with LoRA its adapters: what it publishes and saves).
+  PolicyModel& WholePolicy() { return gathered_ ? *gathered_ : *ctx_.policy; }
   PolicyModel& SamplingPolicy();
   std::unique_ptr<FusedRollout> fused_;
   std::shared_ptr<CardMemoryManager> memory_;          // this card

@@ -13,6 +13,7 @@
 #include "core/status_macros.h"
 #include "engine/activation_planner.h"
 #include "engine/checkpoint.h"
+#include "engine/expert_parallel.h"
 #include "engine/intra_op_threads.h"
 #include "engine/memory_accounting.h"
 #include "engine/model.h"
@@ -70,9 +71,7 @@ absl::Status CardRunner::Setup() {
   // model's does.
   if (policy.lora()) merged_ = policy.CloneFrozen();
   rollout_ =
-      std::make_unique<RolloutEngine>(merged_     ? *merged_
-                                      : gathered_ ? *gathered_
-                                                  : policy,
+      std::make_unique<RolloutEngine>(merged_ ? *merged_ : WholePolicy(),
                                       ctx_.tokenizer->pad_id(), ctx_.stop_ids);
   rollout_->Configure(cfg.rollout);
   rollout_->set_row_blocks(per_card_threads_);
@@ -161,7 +160,7 @@ std::unique_ptr<HierarchicalSync> CardRunner::MakeSync() {
 absl::Status CardRunner::GatherExperts() {
   if (gathered_ == nullptr) return absl::OkStatus();
   Doing(absl::StrCat("gathering the experts after step ", plan_step_));
-  return ctx_.policy->GatherExpertsInto(*gathered_);
+  return fusionrl::GatherExperts(*ctx_.policy, *gathered_);
 }
 
 PolicyModel& CardRunner::SamplingPolicy() {
@@ -199,7 +198,7 @@ absl::Status CardRunner::SetUpRolloutThread() {
     fo.rollout_threads = cfg.placement.fused_rollout_threads > 0
                              ? cfg.placement.fused_rollout_threads
                              : std::max(1, per_card_threads_ - train_threads);
-    snapshot = (gathered_ ? *gathered_ : policy).CloneFrozen();
+    snapshot = WholePolicy().CloneFrozen();
     // At s = 0 nothing can overlap (the next step samples from the weights
     // this step trains): the card samples between its steps, on its whole
     // thread budget, from the snapshot.
@@ -212,7 +211,7 @@ absl::Status CardRunner::SetUpRolloutThread() {
     fo.rollout_threads = std::max(1, per_card_threads_ / served);
     FUSIONRL_ASSIGN_OR_RETURN(c10::Device rollout_device,
                               ResolveDevice(job_.rollout_device));
-    snapshot = (gathered_ ? *gathered_ : policy).CloneFrozen(rollout_device);
+    snapshot = WholePolicy().CloneFrozen(rollout_device);
   }
   rollout_memory_->Set(MemoryCategory::kSnapshot,
                        ParameterBytes(*snapshot, &policy));
