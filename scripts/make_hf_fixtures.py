@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Generate Hugging Face-format test fixtures (Llama / Qwen2 / Qwen3) plus an
+"""Generate Hugging Face-format test fixtures (Llama / Qwen2 / Qwen3, and the
+mixture-of-experts Qwen3-MoE / Mixtral) plus an
 independent float64 PyTorch reference forward and golden outputs.
 
 Usage:
@@ -34,6 +35,15 @@ GEN_EOS = [151645, 151643]
 TRANSFORMERS_VERSION = "4.51.3"  # the version string we claim to mimic
 MIN_MARGIN = 1e-3
 MAX_SEED_TRIES = 20
+# MoE fixtures: a token whose k-th and (k+1)-th router logits nearly tie
+# could pick another expert under float32 or bf16 rounding than in the
+# float64 reference, and its logits would then differ by far more than
+# rounding. A seed is taken only when every routing decision of the golden
+# batch is at least ROUTER_GAP_BATCH from a tie (the bf16 test's inputs:
+# bf16 activations are ~1% off) and every decision of the greedy
+# continuations (run in float32) at least MIN_MARGIN.
+ROUTER_GAP_BATCH = 0.1
+MAX_SEED_TRIES_MOE = 200
 
 # ---------------------------------------------------------------------------
 # Prompts: token strings (byte-level BPE spelling, "Ġ" = space, "Ċ" = "\n"),
@@ -205,7 +215,28 @@ def tiny_cfg(kind):
                     rope_theta=500000.0,
                     rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+    if kind == "qwen3_moe":
+        # Qwen3MoeForCausalLM: Qwen3's attention; every layer's MLP is a
+        # sparse block (decoder_sparse_step 1, no mlp_only_layers) of
+        # num_experts SwiGLU experts of moe_intermediate_size, top-k of the
+        # router's softmax, renormalised (norm_topk_prob, as Qwen3-30B-A3B).
+        return dict(common, arch="qwen3_moe", num_attention_heads=4, num_key_value_heads=2,
+                    head_dim=32, qkv_bias=False, qk_norm=True, tie=False,
+                    rope_theta=1000000.0, rope_scaling=None,
+                    num_experts=4, top_k=2, moe_intermediate_size=32, norm_topk_prob=True)
+    if kind == "mixtral":
+        # MixtralForCausalLM: Llama/Mistral attention; every MLP is a sparse
+        # block of num_local_experts experts of intermediate_size; the top-k
+        # probabilities are always renormalised.
+        return dict(common, arch="mixtral", num_attention_heads=4, num_key_value_heads=2,
+                    head_dim=16, qkv_bias=False, qk_norm=False, tie=False,
+                    rope_theta=1000000.0, rope_scaling=None, intermediate_size=48,
+                    num_experts=4, top_k=2, moe_intermediate_size=48, norm_topk_prob=True)
     raise ValueError(kind)
+
+
+def is_moe(cfg):
+    return cfg.get("num_experts", 0) > 0
 
 
 def qwen25_05b_cfg():
@@ -256,6 +287,25 @@ def hf_config_json(cfg, real_qwen25=False):
         base.update({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
                      "attention_bias": False, "mlp_bias": False, "head_dim": cfg["head_dim"],
                      "pretraining_tp": 1})
+    elif a == "qwen3_moe":
+        # As Qwen3MoeConfig.to_dict() writes it (transformers 4.51).
+        base.update({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+                     "attention_bias": False, "head_dim": cfg["head_dim"],
+                     "use_sliding_window": False, "sliding_window": None,
+                     "max_window_layers": cfg["num_hidden_layers"],
+                     "num_experts": cfg["num_experts"],
+                     "num_experts_per_tok": cfg["top_k"],
+                     "moe_intermediate_size": cfg["moe_intermediate_size"],
+                     "norm_topk_prob": cfg["norm_topk_prob"],
+                     "decoder_sparse_step": 1, "mlp_only_layers": [],
+                     "output_router_logits": False, "router_aux_loss_coef": 0.001})
+    elif a == "mixtral":
+        base.update({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                     "head_dim": cfg["head_dim"], "sliding_window": None,
+                     "num_local_experts": cfg["num_experts"],
+                     "num_experts_per_tok": cfg["top_k"],
+                     "output_router_logits": False, "router_aux_loss_coef": 0.02,
+                     "router_jitter_noise": 0.0})
     else:
         raise ValueError(a)
     assert a != "qwen2" or cfg["head_dim"] == cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -291,9 +341,29 @@ def param_specs(cfg):
         if cfg["qk_norm"]:
             specs.append((p + "self_attn.q_norm.weight", [hd], "norm", hd))
             specs.append((p + "self_attn.k_norm.weight", [hd], "norm", hd))
-        specs.append((p + "mlp.gate_proj.weight", [I, H], "linear", H))
-        specs.append((p + "mlp.up_proj.weight", [I, H], "linear", H))
-        specs.append((p + "mlp.down_proj.weight", [H, I], "out_linear", I))
+        if cfg["arch"] == "qwen3_moe":
+            # Qwen3MoeSparseMoeBlock registers gate, then experts.
+            E, F = cfg["num_experts"], cfg["moe_intermediate_size"]
+            specs.append((p + "mlp.gate.weight", [E, H], "router", H))
+            for e in range(E):
+                q = p + "mlp.experts.%d." % e
+                specs.append((q + "gate_proj.weight", [F, H], "linear", H))
+                specs.append((q + "up_proj.weight", [F, H], "linear", H))
+                specs.append((q + "down_proj.weight", [H, F], "out_linear", F))
+        elif cfg["arch"] == "mixtral":
+            # MixtralSparseMoeBlock: gate, then experts (w1 gate, w2 down,
+            # w3 up, registered in that order).
+            E, F = cfg["num_experts"], cfg["moe_intermediate_size"]
+            specs.append((p + "block_sparse_moe.gate.weight", [E, H], "router", H))
+            for e in range(E):
+                q = p + "block_sparse_moe.experts.%d." % e
+                specs.append((q + "w1.weight", [F, H], "linear", H))
+                specs.append((q + "w2.weight", [H, F], "out_linear", F))
+                specs.append((q + "w3.weight", [F, H], "linear", H))
+        else:
+            specs.append((p + "mlp.gate_proj.weight", [I, H], "linear", H))
+            specs.append((p + "mlp.up_proj.weight", [I, H], "linear", H))
+            specs.append((p + "mlp.down_proj.weight", [H, I], "out_linear", I))
         specs.append((p + "input_layernorm.weight", [H], "norm", H))
         specs.append((p + "post_attention_layernorm.weight", [H], "norm", H))
     specs.append(("model.norm.weight", [H], "norm", H))
@@ -314,6 +384,9 @@ def init_param(kind, shape, fan_in, gen):
         # embeddings and a plain init, greedy decoding just repeats the last
         # token (self-similarity e.e wins), which makes a weak test.
         return torch.randn(shape, generator=gen) * (8.0 / math.sqrt(fan_in))
+    if kind == "router":
+        # 2x a plain linear, so the router's choices are far from ties.
+        return torch.randn(shape, generator=gen) * (2.0 / math.sqrt(fan_in))
     if kind == "bias":
         return torch.randn(shape, generator=gen) * 0.3
     if kind == "norm":
@@ -390,9 +463,41 @@ def linear(x, W, name, bias=False):
     return y
 
 
-def forward(cfg, W, ids):
+def moe_mlp(cfg, W, p, h, gaps):
+    """The sparse MoE block (Qwen3MoeSparseMoeBlock / MixtralSparseMoeBlock):
+    probs = softmax(h Wg^T) (HF: in float32; here in the compute dtype),
+    top-k of probs, renormalised to sum 1 when norm_topk_prob (Mixtral
+    always), out = sum_j w_j * expert_{i_j}(h), expert = SwiGLU.
+    Appends to `gaps` each token's router-logit gap between its k-th and
+    (k+1)-th expert (how far its choice is from a tie)."""
+    E, k = cfg["num_experts"], cfg["top_k"]
+    if cfg["arch"] == "qwen3_moe":
+        gate, names = p + "mlp.gate", [p + "mlp.experts.%d." % e for e in range(E)]
+        proj = ("gate_proj", "up_proj", "down_proj")
+    else:
+        gate, names = p + "block_sparse_moe.gate", [p + "block_sparse_moe.experts.%d." % e for e in range(E)]
+        proj = ("w1", "w3", "w2")
+    logits = linear(h, W, gate)                                      # [B, T, E]
+    probs = torch.softmax(logits, dim=-1)
+    top_w, top_i = probs.topk(k, dim=-1)
+    if cfg["norm_topk_prob"]:
+        top_w = top_w / top_w.sum(-1, keepdim=True)
+    sorted_logits = logits.sort(dim=-1, descending=True).values
+    gaps.append(sorted_logits[..., k - 1] - sorted_logits[..., k])
+    weights = torch.zeros_like(probs).scatter(-1, top_i, top_w)      # [B, T, E]
+    out = torch.zeros_like(h)
+    for e, q in enumerate(names):
+        y = linear(torch.nn.functional.silu(linear(h, W, q + proj[0])) * linear(h, W, q + proj[1]),
+                   W, q + proj[2])
+        out = out + weights[..., e:e + 1] * y
+    return out
+
+
+def forward(cfg, W, ids, gaps=None):
     """ids: LongTensor [B, T] (no padding). W: dict of tensors in the compute dtype.
-    Returns logits [B, T, V] in the compute dtype."""
+    Returns logits [B, T, V] in the compute dtype. MoE models append each
+    layer's router gaps [B, T] to `gaps` when it is given."""
+    gaps = [] if gaps is None else gaps
     dtype = W["model.embed_tokens.weight"].dtype
     B, T = ids.shape
     nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
@@ -420,8 +525,11 @@ def forward(cfg, W, ids):
         a = a.transpose(1, 2).reshape(B, T, nh * hd)
         x = x + linear(a, W, p + "self_attn.o_proj")
         h = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
-        m = torch.nn.functional.silu(linear(h, W, p + "mlp.gate_proj")) * linear(h, W, p + "mlp.up_proj")
-        x = x + linear(m, W, p + "mlp.down_proj")
+        if is_moe(cfg):
+            x = x + moe_mlp(cfg, W, p, h, gaps)
+        else:
+            m = torch.nn.functional.silu(linear(h, W, p + "mlp.gate_proj")) * linear(h, W, p + "mlp.up_proj")
+            x = x + linear(m, W, p + "mlp.down_proj")
     x = rms_norm(x, W["model.norm.weight"], eps)
     head = W["model.embed_tokens.weight"] if cfg["tie"] else W["lm_head.weight"]
     return x @ head.t()
@@ -432,12 +540,16 @@ def top2_margin(row):
     return int(t.indices[0]), float(t.values[0] - t.values[1])
 
 
-def greedy(cfg, W, prompt, n_new):
+def min_gap(gaps):
+    return min(float(g.min()) for g in gaps) if gaps else float("inf")
+
+
+def greedy(cfg, W, prompt, n_new, gaps=None):
     """Greedy argmax decoding, full recompute each step (no KV cache), no EOS stop."""
     ids = list(prompt)
     new, margins = [], []
     for _ in range(n_new):
-        logits = forward(cfg, W, torch.tensor([ids]))[0, -1]
+        logits = forward(cfg, W, torch.tensor([ids]), gaps)[0, -1]
         tok, m = top2_margin(logits)
         new.append(tok)
         margins.append(m)
@@ -471,8 +583,9 @@ def write_model_dir(out_dir, cfg, Wbf, tokenizer_dir, shard=False):
         # Split in HF state_dict order; boundary in the middle of the last layer
         # (after its self_attn.* tensors), as a size-limited save_pretrained would.
         names = [n for n, _, _, _ in param_specs(cfg)]
-        last = "model.layers.%d.mlp." % (cfg["num_hidden_layers"] - 1)
-        cut = next(i for i, n in enumerate(names) if n.startswith(last))
+        last = "model.layers.%d." % (cfg["num_hidden_layers"] - 1)
+        cut = next(i for i, n in enumerate(names)
+                   if n.startswith(last) and not n.startswith(last + "self_attn."))
         groups = [names[:cut], names[cut:]]
         nsh = len(groups)
         weight_map, total, back = {}, 0, {}
@@ -502,13 +615,21 @@ def build_tiny_model(name, kind, out_root, tokenizer_dir, prompts, tok_size, bas
     cfg = tiny_cfg(kind)
     logits_ids = torch.tensor([prompts[p] for p in LOGITS_PROMPTS])
     tried = []
-    for attempt in range(MAX_SEED_TRIES):
+    moe = is_moe(cfg)
+    tries = MAX_SEED_TRIES_MOE if moe else MAX_SEED_TRIES
+    for attempt in range(tries):
         seed = base_seed + attempt
         Wbf = make_weights_bf16(cfg, seed)
         W64 = {k: v.to(torch.float64) for k, v in Wbf.items()}
+        batch_gaps, greedy_gaps = [], []
+        if moe:
+            forward(cfg, W64, logits_ids, batch_gaps)
+            if min_gap(batch_gaps) < ROUTER_GAP_BATCH:
+                tried.append((seed, None))
+                continue
         gens = []
         for p in GREEDY_PROMPTS:
-            toks, margins = greedy(cfg, W64, prompts[p], GREEDY_NEW_TOKENS)
+            toks, margins = greedy(cfg, W64, prompts[p], GREEDY_NEW_TOKENS, greedy_gaps)
             gens.append((p, toks, margins))
         min_margin = min(min(m) for _, _, m in gens)
         max_id = max(max(t) for _, t, _ in gens)
@@ -516,11 +637,14 @@ def build_tiny_model(name, kind, out_root, tokenizer_dir, prompts, tok_size, bas
         # Also require every generated id to be a real tokenizer id (ids
         # >= tok_size are padding rows of the 151936-row embedding and have no
         # token string, which would only get in the way of detokenization tests).
-        if min_margin >= min_margin_req and max_id < tok_size:
+        if (min_margin >= min_margin_req and max_id < tok_size and
+                min_gap(greedy_gaps) >= min_margin_req):
             break
     else:
-        sys.exit("%s: no seed in %d tries gives greedy margin >= %g (and ids < %d): %s"
-                 % (name, MAX_SEED_TRIES, min_margin_req, tok_size, tried))
+        sys.exit("%s: no seed in %d tries gives greedy margin >= %g (and ids < %d%s): %s"
+                 % (name, tries, min_margin_req, tok_size,
+                    ", router gaps >= %g / %g" % (ROUTER_GAP_BATCH, min_margin_req) if moe else "",
+                    tried))
 
     out_dir = os.path.join(out_root, name)
     back = write_model_dir(out_dir, cfg, Wbf, tokenizer_dir, shard=shard)
@@ -555,7 +679,7 @@ def build_tiny_model(name, kind, out_root, tokenizer_dir, prompts, tok_size, bas
         "model": name,
         "architecture": hf_arch(kind),
         "seed": seed,
-        "seeds_tried": [{"seed": s, "min_greedy_margin": m} for s, m in tried],
+        "seeds_tried": [{"seed": s, "min_greedy_margin": m} for s, m in tried][-20:],
         "weights_dtype": "bfloat16",
         "reference_dtype": "float64 (bf16 weights upcast exactly to float64)",
         "input_ids": logits_ids.tolist(),
@@ -577,12 +701,20 @@ def build_tiny_model(name, kind, out_root, tokenizer_dir, prompts, tok_size, bas
         "eos_token_ids": GEN_EOS,
         "float32_vs_float64_max_abs_logit_diff": err32,
     }
+    if moe:
+        golden["min_router_gap_batch"] = min_gap(batch_gaps)
+        golden["min_router_gap_greedy"] = min_gap(greedy_gaps)
+        golden["router_gap_note"] = (
+            "the smallest gap between a token's k-th and (k+1)-th router logit (float64), over "
+            "every layer of the golden batch and of every greedy step's forward; required >= %g "
+            "and >= %g" % (ROUTER_GAP_BATCH, min_margin_req))
     write_text(os.path.join(out_dir, "golden.json"), json.dumps(golden, indent=2) + "\n")
     return out_dir, seed, golden["min_greedy_margin"], err32
 
 
 def hf_arch(kind):
-    return {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}[kind]
+    return {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM",
+            "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM"}[kind]
 
 
 def dir_size(d):
@@ -631,7 +763,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--preset", default="tiny", choices=["tiny", "qwen2.5-0.5b"])
     ap.add_argument("--seed", type=int, default=0,
-                    help="base seed; model k (0=qwen2,1=qwen3,2=llama) tries seeds 1000*seed+100*k+attempt")
+                    help="base seed; model k (0=qwen2,1=qwen3,2=llama,3=qwen3-moe,4=mixtral) tries seeds 1000*seed+100*k+attempt")
     ap.add_argument("--min-margin", type=float, default=MIN_MARGIN,
                     help="required top1-top2 logit margin at every greedy step (default %(default)g)")
     args = ap.parse_args()
@@ -647,7 +779,8 @@ def main():
         return
     prompts, tok_size = resolve_prompts(args.tokenizer_dir)
     os.makedirs(args.out, exist_ok=True)
-    models = [("qwen2-tiny", "qwen2", False), ("qwen3-tiny", "qwen3", False), ("llama-tiny", "llama", True)]
+    models = [("qwen2-tiny", "qwen2", False), ("qwen3-tiny", "qwen3", False), ("llama-tiny", "llama", True),
+              ("qwen3-moe-tiny", "qwen3_moe", False), ("mixtral-tiny", "mixtral", True)]
     for mi, (name, kind, shard) in enumerate(models):
         t1 = time.time()
         d, seed, margin, err32 = build_tiny_model(name, kind, args.out, args.tokenizer_dir, prompts,

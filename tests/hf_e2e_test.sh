@@ -2,8 +2,9 @@
 # The Hugging Face path through the fusionrl binary, as a user drives it: an
 # RL job on an imported Qwen3 model (real tokenizer, ChatML prompts, the math
 # task), its export, generation from the export and from the checkpoint, the
-# same with LoRA (PEFT adapter out and in, --merge, generate --lora), and
-# the config errors of model.hf_path and model.lora.
+# same with LoRA (PEFT adapter out and in, --merge, generate --lora), a
+# Qwen3-MoE model trained with its experts split over two cards and exported
+# whole, and the config errors of model.hf_path and model.lora.
 # Usage: hf_e2e_test.sh FUSIONRL_BINARY WORK_DIR FIXTURES_DIR
 set -euo pipefail
 BIN=$1
@@ -122,4 +123,32 @@ cp -r "$WORK/lora-exp" "$WORK/lora-r2"
 sed -i 's/"r": 4/"r": 2/' "$WORK/lora-r2/adapter_config.json"
 expect_error "lora_A.weight' has shape \[4, 64\] but the base model with r = 2" \
   "$BIN" generate --model "$MODEL" --lora "$WORK/lora-r2" --prompt x
+
+# 6. A mixture of experts: the imported Qwen3-MoE trains with its experts
+# split over two cards (placement.expert_parallel 2); the export gathers
+# every expert into one Qwen3MoeForCausalLM directory that generates as the
+# final checkpoint does.
+MOE="$FIX/qwen3-moe-tiny"
+if [ -f "$MOE/config.json" ]; then
+  timeout 300 "$BIN" run "$WORK/job.yaml" -o "$WORK/moe" --set model.hf_path="$MOE" \
+    --set placement.cards_per_super_node=2 --set placement.expert_parallel=2 \
+    >/dev/null 2>"$WORK/moe.log" || { cat "$WORK/moe.log"; fail "MoE run exited $?"; }
+  grep -q '"expert_parallel":2' "$WORK/moe/metrics.jsonl" || fail "MoE run: no expert_parallel 2 in metrics.jsonl"
+  grep -q '"Qwen3MoeForCausalLM"' "$WORK/moe/hf/config.json" || fail "MoE export config.json"
+  grep -q '"num_experts": 4' "$WORK/moe/hf/config.json" || fail "MoE export lacks num_experts"
+  header=$(head -c 65536 "$WORK/moe/hf/model.safetensors" | tr -d '\0')
+  for e in 0 1 2 3; do
+    # A here-string, not a pipe: grep -q exits at its first match, and
+    # under pipefail the writer's SIGPIPE would fail the check.
+    grep -q "\"model.layers.1.mlp.experts.$e.down_proj.weight\"" <<<"$header" ||
+      fail "MoE export lacks expert $e"
+  done
+  a=$(timeout 120 "$BIN" generate --model "$WORK/moe/hf" --prompt "What is 2 + 3?" --chat -n 6 --json)
+  b=$(timeout 120 "$BIN" generate --model "$WORK/moe/checkpoints/final" --prompt "What is 2 + 3?" --chat -n 6 --json)
+  [ "$a" = "$b" ] || fail "MoE export and checkpoint generate differently: $a vs $b"
+  expect_error "\\-\\-set model.moe_experts=8: is 8 but model.hf_path's config.json gives 4" \
+    "$BIN" validate "$WORK/job.yaml" --set model.hf_path="$MOE" --set model.moe_experts=8
+else
+  echo "hf_e2e_test: no $MOE, MoE block skipped"
+fi
 echo "hf_e2e_test: ok"

@@ -118,7 +118,7 @@ struct ModelConfig {
   double init_std = 0.02;          // std of the normal init of linear weights
   // Mixture of experts: with moe_experts > 0 every block's feed-forward is a
   // routed MoE block (engine/moe.h) instead of one dense SwiGLU.
-  int moe_experts = 0;  // N experts per block: 0 (dense) or 2..64
+  int moe_experts = 0;  // N experts per block: 0 (dense) or 2..128
   int moe_top_k = 2;    // experts per token: 1..8, <= moe_experts
   // MoGE (Mixture of Grouped Experts, Pangu Pro MoE): the N experts are
   // split into G equal groups of consecutive experts and each token takes

@@ -429,6 +429,9 @@ std::optional<FieldError> ApplyHfArchitecture(ModelConfig& m) {
   take("qkv_bias", &ModelConfig::qkv_bias);
   take("qk_norm", &ModelConfig::qk_norm);
   take("tie_embeddings", &ModelConfig::tie_embeddings);
+  take("moe_experts", &ModelConfig::moe_experts);
+  take("moe_top_k", &ModelConfig::moe_top_k);
+  take("moe_d_ff", &ModelConfig::moe_d_ff);
   if (error) return error;
   const RopeScalingConfig& r = m.rope_scaling;
   const RopeScalingConfig rdef;

@@ -109,9 +109,13 @@ void VisitLora(LoraConfig& l, V& v) {
 
 template <class V>
 void VisitModel(ModelConfig& m, V& v) {
-  static constexpr absl::string_view kArchitectures[] = {
-      "", "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-      "MistralForCausalLM"};
+  static constexpr absl::string_view kArchitectures[] = {"",
+                                                         "LlamaForCausalLM",
+                                                         "Qwen2ForCausalLM",
+                                                         "Qwen3ForCausalLM",
+                                                         "MistralForCausalLM",
+                                                         "Qwen3MoeForCausalLM",
+                                                         "MixtralForCausalLM"};
   static constexpr absl::string_view kDtypes[] = {"float32", "bfloat16"};
   v.String("hf_path", &m.hf_path, ExistingFile());
   v.String("architecture", &m.architecture, OneOf(kArchitectures));
@@ -134,9 +138,10 @@ void VisitModel(ModelConfig& m, V& v) {
   v.Bool("qk_norm", &m.qk_norm);
   v.Bool("tie_embeddings", &m.tie_embeddings);
   v.Double("init_std", &m.init_std, Above(0));
-  v.Int("moe_experts", &m.moe_experts, Closed(0, 64));
+  // At most 128: a rollout records each token's experts in one byte.
+  v.Int("moe_experts", &m.moe_experts, Closed(0, 128));
   v.Int("moe_top_k", &m.moe_top_k, Closed(1, 8));
-  v.Int("moe_groups", &m.moe_groups, Closed(1, 64));
+  v.Int("moe_groups", &m.moe_groups, Closed(1, 128));
   v.Double("moe_capacity_factor", &m.moe_capacity_factor, AtLeast(0));
   v.Double("moe_aux_loss_coef", &m.moe_aux_loss_coef, AtLeast(0));
   v.Double("moe_z_loss_coef", &m.moe_z_loss_coef, AtLeast(0));

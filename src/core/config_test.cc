@@ -1451,8 +1451,25 @@ TEST(ConfigTest, MoeKeysAreCheckedWhenParsed) {
                "policy"});
   ExpectError("model:\n  moe_experts: 8\nrun:\n  export_final: true\n",
               absl::StatusCode::kInvalidArgument,
-              {"job.yaml: run.export_final: a mixture-of-experts policy has no "
-               "Hugging Face architecture here"});
+              {"job.yaml: run.export_final: export: a mixture-of-experts "
+               "policy needs model.architecture Qwen3MoeForCausalLM or "
+               "MixtralForCausalLM (LlamaForCausalLM is dense); the "
+               "checkpoints hold the weights (model.pt)"});
+  ExpectError(
+      "model:\n  architecture: MixtralForCausalLM\n  moe_experts: 8\n"
+      "  moe_groups: 2\nrun:\n  export_final: true\n",
+      absl::StatusCode::kInvalidArgument,
+      {"job.yaml: run.export_final: export: MixtralForCausalLM cannot "
+       "express MoGE grouped routing (model.moe_groups > 1)"});
+  ExpectError("model:\n  architecture: Qwen3MoeForCausalLM\n  qk_norm: true\n",
+              absl::StatusCode::kInvalidArgument,
+              {"job.yaml: model.moe_experts: must be > 0 for "
+               "model.architecture Qwen3MoeForCausalLM (a mixture of "
+               "experts)"});
+  EXPECT_TRUE(ParseJobConfig("model:\n  architecture: MixtralForCausalLM\n"
+                             "  moe_experts: 8\nrun:\n  export_final: true\n",
+                             "job.yaml")
+                  .ok());
   // Expert parallelism.
   config = ParseJobConfig(
       "model:\n  moe_experts: 8\n  moe_top_k: 2\n"
@@ -1537,15 +1554,15 @@ TEST(ConfigTest, ValidateChecksRanges) {
        "model.norm_eps: must be > 0, got 0"},
       {[](JobConfig& c) { c.model.rope_theta = -1; },
        "model.rope_theta: must be > 0, got -1"},
-      {[](JobConfig& c) { c.model.moe_experts = 65; },
-       "model.moe_experts: must be in [0, 64], got 65"},
+      {[](JobConfig& c) { c.model.moe_experts = 129; },
+       "model.moe_experts: must be in [0, 128], got 129"},
       {[](JobConfig& c) { c.model.moe_experts = -1; },
-       "model.moe_experts: must be in [0, 64], got -1"},
+       "model.moe_experts: must be in [0, 128], got -1"},
       {[](JobConfig& c) {
          c.model.moe_experts = 1;
          c.model.moe_top_k = 1;
        },
-       "model.moe_experts: must be 0 (dense) or in [2, 64], got 1"},
+       "model.moe_experts: must be 0 (dense) or in [2, 128], got 1"},
       {[](JobConfig& c) {
          c.model.moe_experts = 1;
          c.model.moe_top_k = 2;
@@ -1559,7 +1576,7 @@ TEST(ConfigTest, ValidateChecksRanges) {
       {[](JobConfig& c) { c.model.moe_top_k = 0; },
        "model.moe_top_k: must be in [1, 8], got 0"},
       {[](JobConfig& c) { c.model.moe_groups = 0; },
-       "model.moe_groups: must be in [1, 64], got 0"},
+       "model.moe_groups: must be in [1, 128], got 0"},
       {[](JobConfig& c) { c.model.moe_capacity_factor = -0.5; },
        "model.moe_capacity_factor: must be >= 0, got -0.5"},
       {[](JobConfig& c) { c.model.moe_aux_loss_coef = -1; },

@@ -14,6 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "core/config_schema.h"
+#include "core/hf_config.h"
 #include "fusionrl/config.h"
 
 namespace fusionrl {
@@ -143,7 +144,8 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
   }
   {
     const bool qwen2 = m.architecture == "Qwen2ForCausalLM";
-    const bool qwen3 = m.architecture == "Qwen3ForCausalLM";
+    const bool qwen3 = m.architecture == "Qwen3ForCausalLM" ||
+                       m.architecture == "Qwen3MoeForCausalLM";
     if (!m.architecture.empty() && m.qkv_bias != qwen2) {
       return Invalid("model.qkv_bias",
                      absl::StrCat("must be ", qwen2 ? "true" : "false",
@@ -155,10 +157,12 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                                   " for model.architecture ", m.architecture));
     }
   }
-  if (!m.hf_path.empty() && m.moe_experts > 0) {
+  if ((m.architecture == "Qwen3MoeForCausalLM" ||
+       m.architecture == "MixtralForCausalLM") &&
+      m.moe_experts == 0) {
     return Invalid("model.moe_experts",
-                   "must be 0 with model.hf_path (imported models are "
-                   "dense)");
+                   absl::StrCat("must be > 0 for model.architecture ",
+                                m.architecture, " (a mixture of experts)"));
   }
   if (m.moe_experts > 0 && m.moe_top_k > m.moe_experts) {
     return Invalid("model.moe_top_k",
@@ -217,7 +221,7 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
   }
   if (m.moe_experts == 1) {
     return Invalid("model.moe_experts",
-                   "must be 0 (dense) or in [2, 64], got 1");
+                   "must be 0 (dense) or in [2, 128], got 1");
   }
   const ActivationConfig& act = m.activations;
   const bool planned = act.policy == ActivationPolicy::kAuto;
@@ -308,11 +312,13 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
   }
   // Known before the job trains rather than after its last step (which
   // would then fail with the weights only in the final checkpoint).
-  if (c.run.export_final && m.moe_experts > 0) {
-    return Invalid("run.export_final",
-                   "a mixture-of-experts policy has no Hugging Face "
-                   "architecture here (export supports dense models); its "
-                   "checkpoints hold the weights (model.pt)");
+  if (c.run.export_final) {
+    if (absl::Status s = HfExportable(m); !s.ok()) {
+      return Invalid("run.export_final",
+                     absl::StrCat(s.message(),
+                                  "; the checkpoints hold the weights "
+                                  "(model.pt)"));
+    }
   }
   if (p.expert_parallel > 1) {
     const int e = p.expert_parallel;

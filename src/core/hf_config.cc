@@ -18,15 +18,22 @@ namespace {
 using Json = nlohmann::json;
 
 constexpr const char* kArchitectures[] = {
-    "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-    "MistralForCausalLM"};
+    "LlamaForCausalLM",   "Qwen2ForCausalLM",    "Qwen3ForCausalLM",
+    "MistralForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM"};
 
 const char* ModelType(const std::string& arch) {
   if (arch == "Qwen2ForCausalLM") return "qwen2";
   if (arch == "Qwen3ForCausalLM") return "qwen3";
   if (arch == "MistralForCausalLM") return "mistral";
+  if (arch == "Qwen3MoeForCausalLM") return "qwen3_moe";
+  if (arch == "MixtralForCausalLM") return "mixtral";
   return "llama";
 }
+
+// FusionRL's router (engine/moe.h) renormalises the chosen probabilities
+// when k >= 2 and uses the probability itself when k = 1: the two
+// conventions an HF MoE config names with norm_topk_prob.
+bool RenormalisesTopK(int top_k) { return top_k >= 2; }
 
 absl::StatusOr<Json> ReadJsonFile(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -253,6 +260,80 @@ absl::Status ReadRope(const Json& j, const Fields& f, ModelConfig* m) {
   return absl::OkStatus();
 }
 
+// The sparse feed-forward of Qwen3MoeForCausalLM and MixtralForCausalLM:
+// every layer routed (a dense layer between them is refused), softmax
+// router, top-k, gates renormalised or not as FusionRL's router does for
+// that k.
+absl::Status ReadMoe(const Json& j, const Fields& f, const std::string& arch,
+                     ModelConfig* m) {
+  const bool qwen3_moe = arch == "Qwen3MoeForCausalLM";
+  int experts = 0, top_k = 0;
+  bool normalise = true;
+  const char* experts_key = qwen3_moe ? "num_experts" : "num_local_experts";
+  // Defaults as Qwen3MoeConfig's / MixtralConfig's.
+  HF_ASSIGN(experts, f.Int(experts_key, qwen3_moe ? 128 : 8));
+  HF_ASSIGN(top_k, f.Int("num_experts_per_tok", qwen3_moe ? 8 : 2));
+  if (experts < 2 || experts > 128) {
+    return f.Unsupported(
+        experts_key,
+        absl::StrCat("must be in [2, 128] (a rollout records each token's "
+                     "experts in one byte), got ",
+                     experts));
+  }
+  if (top_k < 1 || top_k > 8 || top_k > experts) {
+    return f.Unsupported(
+        "num_experts_per_tok",
+        absl::StrCat("must be in [1, 8] and at most ", experts_key, " (",
+                     experts, "), got ", top_k));
+  }
+  if (qwen3_moe) {
+    HF_ASSIGN(normalise, f.Bool("norm_topk_prob", false));
+    HF_ASSIGN(m->moe_d_ff, f.Int("moe_intermediate_size", 768));
+    if (m->moe_d_ff < 1) {
+      return f.Unsupported("moe_intermediate_size", "must be >= 1");
+    }
+    int step = 1;
+    HF_ASSIGN(step, f.Int("decoder_sparse_step", 1));
+    if (step != 1) {
+      return f.Unsupported(
+          "decoder_sparse_step",
+          absl::StrCat("must be 1 (every layer a mixture of experts; dense "
+                       "layers between them are not supported), got ",
+                       step));
+    }
+    if (f.Has("mlp_only_layers") &&
+        !(j["mlp_only_layers"].is_array() && j["mlp_only_layers"].empty())) {
+      return f.Unsupported("mlp_only_layers",
+                           "must be empty (every layer a mixture of experts; "
+                           "dense layers between them are not supported)");
+    }
+  } else {
+    // Mixtral: intermediate_size is each expert's width; the top-k
+    // probabilities are always renormalised.
+    m->moe_d_ff = 0;
+    double jitter = 0;
+    HF_ASSIGN(jitter, f.Number("router_jitter_noise", 0.0));
+    if (jitter != 0) {
+      return f.Unsupported("router_jitter_noise",
+                           "must be 0 (the router's training noise is not "
+                           "supported)");
+    }
+  }
+  if (normalise != RenormalisesTopK(top_k)) {
+    return f.Unsupported(
+        qwen3_moe ? "norm_topk_prob" : "num_experts_per_tok",
+        absl::StrCat(
+            "the router's gates must be renormalised exactly when "
+            "num_experts_per_tok >= 2 (FusionRL's router; with k = 1 the gate "
+            "is the probability itself); this config has k = ",
+            top_k, " and ", normalise ? "renormalised" : "unnormalised",
+            " gates"));
+  }
+  m->moe_experts = experts;
+  m->moe_top_k = top_k;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<HfModelInfo> ReadHfModelConfig(const std::string& dir) {
@@ -302,8 +383,8 @@ absl::StatusOr<HfModelInfo> ReadHfModelConfig(const std::string& dir) {
                          "intermediate_size) must be >= 1");
   }
   // Each architecture's own default where config.json has no head_dim:
-  // Qwen3Config's is 128 (not hidden_size / heads); Llama's and Mistral's
-  // configs fall back to hidden_size / heads.
+  // Qwen3Config's is 128 (not hidden_size / heads); Llama's, Mistral's,
+  // Mixtral's and Qwen3-MoE's fall back to hidden_size / heads.
   const int default_head_dim =
       arch == "Qwen3ForCausalLM" ? 128 : m.d_model / m.n_heads;
   // Qwen2's modeling code always uses hidden_size / num_attention_heads.
@@ -347,13 +428,17 @@ absl::StatusOr<HfModelInfo> ReadHfModelConfig(const std::string& dir) {
     return f.Unsupported("use_sliding_window",
                          "sliding-window attention is not supported");
   }
-  if (arch == "MistralForCausalLM" && f.Has("sliding_window")) {
+  const bool moe =
+      arch == "Qwen3MoeForCausalLM" || arch == "MixtralForCausalLM";
+  if ((arch == "MistralForCausalLM" || arch == "MixtralForCausalLM") &&
+      f.Has("sliding_window")) {
     return f.Unsupported("sliding_window",
                          "sliding-window attention is not supported (set it "
                          "to null if the model never needs it)");
   }
   m.qkv_bias = arch == "Qwen2ForCausalLM";
-  m.qk_norm = arch == "Qwen3ForCausalLM";
+  m.qk_norm = arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM";
+  if (moe) FUSIONRL_RETURN_IF_ERROR(ReadMoe(j, f, arch, &m));
 
   // generation_config.json's eos list wins over config.json's.
   HF_ASSIGN(info.eos_token_ids, EosIds(j, f, "eos_token_id"));
@@ -380,30 +465,36 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& m, int vocab_size,
   const std::string arch =
       m.architecture.empty() ? "LlamaForCausalLM" : m.architecture;
   const bool qwen2 = arch == "Qwen2ForCausalLM";
-  const bool qwen3 = arch == "Qwen3ForCausalLM";
-  if (m.moe_experts > 0) {
-    return absl::InvalidArgumentError(
-        "export: mixture-of-experts policies have no Hugging Face "
-        "architecture here (dense models only)");
-  }
-  if (m.qkv_bias != qwen2 || m.qk_norm != qwen3) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("export: ", arch, " cannot express this model (qkv_bias ",
-                     m.qkv_bias ? "true" : "false", ", qk_norm ",
-                     m.qk_norm ? "true" : "false",
-                     "); set model.architecture to the matching one"));
-  }
+  const bool qwen3_moe = arch == "Qwen3MoeForCausalLM";
+  const bool mixtral = arch == "MixtralForCausalLM";
+  const bool qwen3 = arch == "Qwen3ForCausalLM" || qwen3_moe;
+  FUSIONRL_RETURN_IF_ERROR(HfExportable(m));
   const int head_dim = m.head_dim > 0 ? m.head_dim : m.d_model / m.n_heads;
-  if (qwen2 && head_dim * m.n_heads != m.d_model) {
-    return absl::InvalidArgumentError(
-        "export: Qwen2ForCausalLM needs head_dim == hidden_size / heads");
-  }
   nlohmann::ordered_json j;
   j["architectures"] = {arch};
   j["model_type"] = ModelType(arch);
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = m.d_model;
   j["intermediate_size"] = m.d_ff;
+  if (qwen3_moe) {
+    j["num_experts"] = m.moe_experts;
+    j["num_experts_per_tok"] = m.moe_top_k;
+    j["moe_intermediate_size"] = m.moe_d_ff > 0 ? m.moe_d_ff : m.d_ff;
+    j["norm_topk_prob"] = RenormalisesTopK(m.moe_top_k);
+    j["decoder_sparse_step"] = 1;
+    j["mlp_only_layers"] = nlohmann::ordered_json::array();
+  }
+  if (mixtral) {
+    j["num_local_experts"] = m.moe_experts;
+    j["num_experts_per_tok"] = m.moe_top_k;
+    j["router_jitter_noise"] = 0.0;
+  }
+  if (qwen3_moe || mixtral) {
+    // FusionRL trains with its own balance losses (model.moe_aux_loss_coef);
+    // transformers adds its aux loss only with output_router_logits.
+    j["output_router_logits"] = false;
+    j["router_aux_loss_coef"] = m.moe_aux_loss_coef;
+  }
   j["num_hidden_layers"] = m.n_layers;
   j["num_attention_heads"] = m.n_heads;
   j["num_key_value_heads"] = m.n_kv_heads > 0 ? m.n_kv_heads : m.n_heads;
@@ -433,7 +524,7 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& m, int vocab_size,
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;
   }
-  if (arch == "MistralForCausalLM") j["sliding_window"] = nullptr;
+  if (arch == "MistralForCausalLM" || mixtral) j["sliding_window"] = nullptr;
   if (bos_token_id >= 0) j["bos_token_id"] = bos_token_id;
   if (eos_ids.size() == 1) j["eos_token_id"] = eos_ids[0];
   if (eos_ids.size() > 1) j["eos_token_id"] = eos_ids;
@@ -442,11 +533,68 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& m, int vocab_size,
   return j.dump(2) + "\n";
 }
 
+absl::Status HfExportable(const ModelConfig& m) {
+  const std::string arch =
+      m.architecture.empty() ? "LlamaForCausalLM" : m.architecture;
+  const bool moe_arch =
+      arch == "Qwen3MoeForCausalLM" || arch == "MixtralForCausalLM";
+  const bool qwen2 = arch == "Qwen2ForCausalLM";
+  const bool qwen3 =
+      arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM";
+  if (m.qkv_bias != qwen2 || m.qk_norm != qwen3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("export: ", arch, " cannot express this model (qkv_bias ",
+                     m.qkv_bias ? "true" : "false", ", qk_norm ",
+                     m.qk_norm ? "true" : "false",
+                     "); set model.architecture to the matching one"));
+  }
+  const int head_dim = m.head_dim > 0 ? m.head_dim : m.d_model / m.n_heads;
+  if (qwen2 && head_dim * m.n_heads != m.d_model) {
+    return absl::InvalidArgumentError(
+        "export: Qwen2ForCausalLM needs head_dim == hidden_size / heads");
+  }
+  if (m.moe_experts > 0 && !moe_arch) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "export: a mixture-of-experts policy needs model.architecture "
+        "Qwen3MoeForCausalLM or MixtralForCausalLM (",
+        arch, " is dense)"));
+  }
+  if (moe_arch && m.moe_experts == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "export: ", arch, " is a mixture of experts; set model.moe_experts"));
+  }
+  if (!moe_arch) return absl::OkStatus();
+  auto refuse = [&](const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("export: ", arch, " cannot express ", why));
+  };
+  if (m.moe_groups > 1) {
+    return refuse("MoGE grouped routing (model.moe_groups > 1)");
+  }
+  if (m.moe_shared_expert) {
+    return refuse("a shared expert (model.moe_shared_expert)");
+  }
+  if (arch == "MixtralForCausalLM") {
+    if (!RenormalisesTopK(m.moe_top_k)) {
+      return refuse(
+          "top-1 routing with the probability as the gate (Mixtral "
+          "renormalises the chosen probabilities); use Qwen3MoeForCausalLM");
+    }
+    if (m.moe_d_ff > 0 && m.moe_d_ff != m.d_ff) {
+      return refuse(
+          "experts narrower than model.d_ff (its experts are "
+          "intermediate_size wide); leave model.moe_d_ff 0");
+    }
+  }
+  return absl::OkStatus();
+}
+
 const std::vector<std::string>& ArchitectureKeys() {
   static const std::vector<std::string> keys = {
-      "architecture", "vocab_size", "d_model", "n_layers",      "n_heads",
-      "n_kv_heads",   "head_dim",   "d_ff",    "rope_theta",    "rope_scaling",
-      "norm_eps",     "qkv_bias",   "qk_norm", "tie_embeddings"};
+      "architecture", "vocab_size", "d_model", "n_layers",       "n_heads",
+      "n_kv_heads",   "head_dim",   "d_ff",    "rope_theta",     "rope_scaling",
+      "norm_eps",     "qkv_bias",   "qk_norm", "tie_embeddings", "moe_experts",
+      "moe_top_k",    "moe_d_ff"};
   return keys;
 }
 
@@ -459,7 +607,9 @@ bool SameArchitecture(const ModelConfig& a, const ModelConfig& b) {
          a.head_dim == b.head_dim && a.d_ff == b.d_ff &&
          a.rope_theta == b.rope_theta && a.norm_eps == b.norm_eps &&
          a.qkv_bias == b.qkv_bias && a.qk_norm == b.qk_norm &&
-         a.tie_embeddings == b.tie_embeddings && ra.type == rb.type &&
+         a.tie_embeddings == b.tie_embeddings &&
+         a.moe_experts == b.moe_experts && a.moe_top_k == b.moe_top_k &&
+         a.moe_d_ff == b.moe_d_ff && ra.type == rb.type &&
          ra.factor == rb.factor && ra.low_freq_factor == rb.low_freq_factor &&
          ra.high_freq_factor == rb.high_freq_factor &&
          ra.original_max_position_embeddings ==

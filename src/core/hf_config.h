@@ -2,13 +2,17 @@
 // read into FusionRL's ModelConfig, and written back for export.
 //
 // Supported architectures: LlamaForCausalLM, Qwen2ForCausalLM,
-// Qwen3ForCausalLM and MistralForCausalLM (without a sliding window). What
+// Qwen3ForCausalLM and MistralForCausalLM (without a sliding window), and
+// the mixtures of experts Qwen3MoeForCausalLM and MixtralForCausalLM. What
 // they need is exact (docs/models.md): grouped-query attention, head_dim,
 // rotary in the rotate-half convention with rope_theta and rope_scaling
 // (linear, llama3), tie_word_embeddings, q/k/v bias (Qwen2), q/k RMSNorm
-// (Qwen3), rms_norm_eps, SiLU. Anything else that changes the function
-// (another activation, rope type, sliding window, attention or MLP biases
-// of another shape) is refused by name rather than approximated.
+// (Qwen3, Qwen3-MoE), rms_norm_eps, SiLU; for MoE a softmax router, top-k,
+// gates renormalised for k >= 2, every layer sparse (docs/moe.md). Anything
+// else that changes the function (another activation, rope type, sliding
+// window, attention or MLP biases of another shape, dense layers among the
+// sparse ones, unnormalised top-k gates) is refused by name rather than
+// approximated.
 //
 // Torch-free: the controller and the config layer use it.
 #ifndef FUSIONRL_CORE_HF_CONFIG_H_
@@ -68,6 +72,12 @@ absl::StatusOr<PeftAdapterInfo> ReadPeftAdapterConfig(const std::string& dir);
 // adapter_config.json for `lora` (pretty JSON text).
 std::string PeftAdapterConfigJson(const LoraConfig& lora,
                                   const std::string& base_model);
+
+// OK when HfConfigJson can write `model` as its architecture; otherwise
+// InvalidArgument saying what the architecture cannot express (a MoE policy
+// under a dense architecture, MoGE groups, a shared expert, ...). Torch-free,
+// so a job's config is checked before it trains (run.export_final).
+absl::Status HfExportable(const ModelConfig& model);
 
 // The names of the [arch] keys, for error messages and docs.
 const std::vector<std::string>& ArchitectureKeys();

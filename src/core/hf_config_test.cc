@@ -1,6 +1,7 @@
 // config.json as transformers v4 and v5 write it: rope settings in either
 // form (and both, when they agree), each architecture's own head_dim
-// default, and what is refused by name.
+// default, the mixtures of experts (Qwen3-MoE, Mixtral), and what is
+// refused by name.
 #include "core/hf_config.h"
 
 #include <filesystem>
@@ -142,6 +143,132 @@ TEST(HfConfigTest, HeadDimDefaultsAreEachArchitecturesOwn) {
   auto given = Read(Qwen3(), "qwen3-given");
   ASSERT_TRUE(given.ok()) << given.status();
   EXPECT_EQ(given->model.head_dim, 32);
+}
+
+// Qwen3-30B-A3B's MoE keys on the small Qwen3 shape.
+Json Qwen3Moe(const Json& extra = Json::object()) {
+  Json j = Qwen3({{"architectures", {"Qwen3MoeForCausalLM"}},
+                  {"model_type", "qwen3_moe"},
+                  {"num_experts", 128},
+                  {"num_experts_per_tok", 8},
+                  {"moe_intermediate_size", 48},
+                  {"norm_topk_prob", true},
+                  {"decoder_sparse_step", 1},
+                  {"mlp_only_layers", Json::array()}});
+  j.merge_patch(extra);
+  return j;
+}
+
+TEST(HfConfigTest, MixturesOfExpertsReadTheirExpertsAndRoundTrip) {
+  auto qwen = Read(Qwen3Moe(), "qwen3-moe");
+  ASSERT_TRUE(qwen.ok()) << qwen.status();
+  EXPECT_EQ(qwen->model.moe_experts, 128);
+  EXPECT_EQ(qwen->model.moe_top_k, 8);
+  EXPECT_EQ(qwen->model.moe_d_ff, 48);
+  EXPECT_EQ(qwen->model.d_ff, 128);
+  EXPECT_TRUE(qwen->model.qk_norm);
+  // Mixtral: intermediate_size is each expert's width; no head_dim key
+  // means hidden / heads.
+  auto mixtral = Read(Qwen3({{"architectures", {"MixtralForCausalLM"}},
+                             {"model_type", "mixtral"},
+                             {"head_dim", nullptr},
+                             {"num_local_experts", 8},
+                             {"num_experts_per_tok", 2},
+                             {"sliding_window", nullptr}}),
+                      "mixtral");
+  ASSERT_TRUE(mixtral.ok()) << mixtral.status();
+  EXPECT_EQ(mixtral->model.moe_experts, 8);
+  EXPECT_EQ(mixtral->model.moe_top_k, 2);
+  EXPECT_EQ(mixtral->model.moe_d_ff, 0);
+  EXPECT_EQ(mixtral->model.head_dim, 16);
+  EXPECT_FALSE(mixtral->model.qk_norm);
+  // Both write back what they read.
+  for (const HfModelInfo* info : {&*qwen, &*mixtral}) {
+    auto text = HfConfigJson(info->model, info->model.vocab_size, 1, {2},
+                             "bfloat16", 512);
+    ASSERT_TRUE(text.ok()) << text.status();
+    auto again = Read(Json::parse(*text), "again-" + info->model.architecture);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_TRUE(SameArchitecture(again->model, info->model))
+        << info->model.architecture;
+  }
+}
+
+TEST(HfConfigTest, MoeFeaturesFusionRlCannotComputeAreRefusedByName) {
+  struct Case {
+    Json config;
+    std::string key;
+    std::string why;
+  };
+  const Case cases[] = {
+      {Qwen3Moe({{"norm_topk_prob", false}}), "norm_topk_prob",
+       "this config has k = 8 and unnormalised gates"},
+      {Qwen3Moe({{"num_experts_per_tok", 1}}), "norm_topk_prob",
+       "k = 1 and renormalised gates"},
+      {Qwen3Moe({{"decoder_sparse_step", 2}}), "decoder_sparse_step",
+       "dense layers between them are not supported"},
+      {Qwen3Moe({{"mlp_only_layers", {1}}}), "mlp_only_layers",
+       "must be empty"},
+      {Qwen3Moe({{"num_experts", 256}}), "num_experts", "must be in [2, 128]"},
+      {Qwen3Moe({{"num_experts_per_tok", 16}}), "num_experts_per_tok",
+       "must be in [1, 8]"},
+      {Qwen3({{"architectures", {"MixtralForCausalLM"}},
+              {"num_local_experts", 8},
+              {"router_jitter_noise", 0.01}}),
+       "router_jitter_noise", "training noise"},
+      {Qwen3({{"architectures", {"MixtralForCausalLM"}},
+              {"num_local_experts", 8},
+              {"sliding_window", 4096}}),
+       "sliding_window", "sliding-window attention is not supported"},
+  };
+  int i = 0;
+  for (const Case& c : cases) {
+    auto info = Read(c.config, "moe-bad-" + std::to_string(i++));
+    ASSERT_FALSE(info.ok()) << c.key;
+    EXPECT_THAT(std::string(info.status().message()),
+                HasSubstr("config.json: " + c.key + ": "))
+        << info.status();
+    EXPECT_THAT(std::string(info.status().message()), HasSubstr(c.why))
+        << info.status();
+  }
+}
+
+TEST(HfConfigTest, ExportRefusesWhatTheArchitectureCannotExpress) {
+  auto qwen = Read(Qwen3Moe(), "qwen3-moe-export");
+  ASSERT_TRUE(qwen.ok()) << qwen.status();
+  EXPECT_TRUE(HfExportable(qwen->model).ok());
+  auto refused = [](ModelConfig m) {
+    return std::string(HfExportable(m).message());
+  };
+  ModelConfig m = qwen->model;
+  m.moe_groups = 2;
+  EXPECT_THAT(refused(m), HasSubstr("cannot express MoGE grouped routing"));
+  m = qwen->model;
+  m.moe_shared_expert = true;
+  EXPECT_THAT(refused(m), HasSubstr("a shared expert"));
+  m = qwen->model;
+  m.architecture = "Qwen3ForCausalLM";
+  EXPECT_THAT(refused(m),
+              HasSubstr("needs model.architecture Qwen3MoeForCausalLM or "
+                        "MixtralForCausalLM (Qwen3ForCausalLM is dense)"));
+  m = qwen->model;
+  m.moe_experts = 0;
+  EXPECT_THAT(refused(m), HasSubstr("is a mixture of experts"));
+  // Top-1 with the probability as its gate: Qwen3-MoE writes it
+  // (norm_topk_prob false), Mixtral cannot.
+  m = qwen->model;
+  m.moe_top_k = 1;
+  EXPECT_TRUE(HfExportable(m).ok());
+  auto text = HfConfigJson(m, m.vocab_size, 1, {2}, "float32");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(Json::parse(*text).at("norm_topk_prob"), false);
+  m.architecture = "MixtralForCausalLM";
+  m.qk_norm = false;
+  m.moe_d_ff = 0;
+  EXPECT_THAT(refused(m), HasSubstr("top-1 routing"));
+  m.moe_top_k = 2;
+  m.moe_d_ff = 48;
+  EXPECT_THAT(refused(m), HasSubstr("experts narrower than model.d_ff"));
 }
 
 }  // namespace

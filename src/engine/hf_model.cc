@@ -80,7 +80,8 @@ absl::StatusOr<fs::path> FreshTmpDir(const std::string& out_dir) {
 
 }  // namespace
 
-absl::StatusOr<std::string> HfParameterName(const std::string& name) {
+absl::StatusOr<std::string> HfParameterName(const std::string& name,
+                                            const std::string& architecture) {
   if (name == "embed.weight") return std::string("model.embed_tokens.weight");
   if (name == "norm.weight") return std::string("model.norm.weight");
   if (name == "lm_head.weight") return std::string("lm_head.weight");
@@ -107,9 +108,32 @@ absl::StatusOr<std::string> HfParameterName(const std::string& name) {
         {"mlp.w2", "mlp.down_proj"}};
     auto it = kMap.find(path);
     if (it != kMap.end()) return absl::StrCat(prefix, it->second, ".", leaf);
+    // The sparse block: "mlp.router", "mlp.expert<e>.w1|w2|w3".
+    const bool qwen3_moe = architecture == "Qwen3MoeForCausalLM";
+    const bool mixtral = architecture == "MixtralForCausalLM";
+    if ((qwen3_moe || mixtral) && parts.size() >= 4 && parts[1] == "mlp") {
+      const std::string block = qwen3_moe ? "mlp" : "block_sparse_moe";
+      int expert = -1;
+      if (path == "mlp.router") {
+        return absl::StrCat(prefix, block, ".gate.", leaf);
+      }
+      if (parts.size() == 5 && absl::StartsWith(parts[2], "expert") &&
+          absl::SimpleAtoi(parts[2].substr(6), &expert) && expert >= 0) {
+        static const std::map<std::string, std::string> kQwen = {
+            {"w1", "gate_proj"}, {"w3", "up_proj"}, {"w2", "down_proj"}};
+        const std::string& w = parts[3];
+        if (w == "w1" || w == "w2" || w == "w3") {
+          return absl::StrCat(prefix, block, ".experts.", expert, ".",
+                              qwen3_moe ? kQwen.at(w) : w, ".", leaf);
+        }
+      }
+    }
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "parameter '", name, "' has no Hugging Face name (dense models only)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("parameter '", name, "' has no Hugging Face name under ",
+                   architecture.empty() ? "LlamaForCausalLM" : architecture,
+                   " (mixture-of-experts weights need Qwen3MoeForCausalLM or "
+                   "MixtralForCausalLM)"));
 }
 
 absl::Status LoadHfWeights(const std::string& dir, PolicyModel& model) {
@@ -167,7 +191,8 @@ absl::Status LoadHfWeights(const std::string& dir, PolicyModel& model) {
   std::set<std::string> used;
   const std::string where = paths.size() == 1 ? paths[0] : dir;
   for (auto& [name, param] : model.named_parameters()) {
-    FUSIONRL_ASSIGN_OR_RETURN(std::string hf, HfParameterName(name));
+    FUSIONRL_ASSIGN_OR_RETURN(
+        std::string hf, HfParameterName(name, model.config().architecture));
     auto it = stored.find(hf);
     if (it == stored.end()) {
       return absl::InvalidArgumentError(
@@ -226,7 +251,8 @@ absl::Status ExportHfModel(const PolicyModel& model, const std::string& out_dir,
   {
     torch::NoGradGuard no_grad;
     for (const auto& [name, param] : model.named_parameters()) {
-      FUSIONRL_ASSIGN_OR_RETURN(std::string hf, HfParameterName(name));
+      FUSIONRL_ASSIGN_OR_RETURN(
+          std::string hf, HfParameterName(name, model.config().architecture));
       at::Tensor t = param.detach()
                          .to(torch::kCPU)
                          .to(bf16 ? torch::kBFloat16 : torch::kFloat)

@@ -19,9 +19,16 @@
 
 namespace fusionrl {
 
-// The Hugging Face name of a FusionRL parameter name; InvalidArgument for a
-// parameter with no Hugging Face counterpart (MoE experts).
-absl::StatusOr<std::string> HfParameterName(const std::string& name);
+// The Hugging Face name of a FusionRL parameter name under `architecture`
+// (model.architecture; "" is Llama's naming). A mixture of experts'
+// router and experts ("block3.mlp.router.weight",
+// "block3.mlp.expert5.w1.weight") are named as Qwen3MoeForCausalLM
+// ("model.layers.3.mlp.gate.weight", "...mlp.experts.5.gate_proj.weight")
+// or MixtralForCausalLM ("model.layers.3.block_sparse_moe.gate.weight",
+// "...block_sparse_moe.experts.5.w1.weight") store them. InvalidArgument
+// for a parameter with no counterpart under that architecture.
+absl::StatusOr<std::string> HfParameterName(
+    const std::string& name, const std::string& architecture = "");
 
 // Loads the weights of the Hugging Face directory `dir` (model.safetensors,
 // or the shards listed by model.safetensors.index.json) into `model`, whose

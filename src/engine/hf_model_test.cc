@@ -1,5 +1,6 @@
 // Hugging Face import and export against an independent PyTorch reference:
-// tiny Qwen2 / Qwen3 / Llama models with the real Qwen3 vocabulary, their
+// tiny Qwen2 / Qwen3 / Llama models and the mixtures of experts Qwen3-MoE and
+// Mixtral, with the real Qwen3 vocabulary, their
 // golden logits and greedy continuations computed in float64 by
 // scripts/make_hf_fixtures.py (ctest's hf_fixtures_setup runs it into
 // $FUSIONRL_HF_FIXTURES). Without the fixtures (no Qwen3 tokenizer fetched,
@@ -32,7 +33,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const char* kModels[] = {"qwen2-tiny", "qwen3-tiny", "llama-tiny"};
+const char* kModels[] = {"qwen2-tiny", "qwen3-tiny", "llama-tiny",
+                         "qwen3-moe-tiny", "mixtral-tiny"};
 
 std::string FixturesDir() {
   const char* env = std::getenv("FUSIONRL_HF_FIXTURES");
