@@ -220,8 +220,9 @@ bool SameRope(const RopeScalingConfig& a, const RopeScalingConfig& b) {
 // {rope_type, rope_theta, ...}. Where a file holds both forms they must
 // agree: silently taking one would train a different model than the
 // file's authors describe.
-absl::Status ReadRope(const Json& j, const Fields& f, ModelConfig* m) {
-  auto theta = f.Number("rope_theta", 10000.0);
+absl::Status ReadRope(const Json& j, const Fields& f, double default_theta,
+                      ModelConfig* m) {
+  auto theta = f.Number("rope_theta", default_theta);
   if (!theta.ok()) return theta.status();
   m->rope_theta = *theta;
   RopeScalingConfig v4;
@@ -405,7 +406,10 @@ absl::StatusOr<HfModelInfo> ReadHfModelConfig(const std::string& dir) {
         "head_dim",
         absl::StrCat("must be even for rotary embeddings, got ", m.head_dim));
   }
-  if (auto s = ReadRope(j, f, &m); !s.ok()) return s;
+  // Without the key, the architecture's config class default (MixtralConfig
+  // has 1e6, the others 10000).
+  const double default_theta = arch == "MixtralForCausalLM" ? 1e6 : 10000.0;
+  if (auto s = ReadRope(j, f, default_theta, &m); !s.ok()) return s;
   HF_ASSIGN(m.norm_eps, f.Number("rms_norm_eps", 1e-6));
   HF_ASSIGN(m.tie_embeddings, f.Bool("tie_word_embeddings", false));
   HF_ASSIGN(info.max_position_embeddings, f.Int("max_position_embeddings", 0));

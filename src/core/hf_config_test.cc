@@ -181,6 +181,11 @@ TEST(HfConfigTest, MixturesOfExpertsReadTheirExpertsAndRoundTrip) {
   EXPECT_EQ(mixtral->model.moe_top_k, 2);
   EXPECT_EQ(mixtral->model.moe_d_ff, 0);
   EXPECT_EQ(mixtral->model.head_dim, 16);
+  auto no_theta = Read(Qwen3({{"architectures", {"MixtralForCausalLM"}},
+                              {"rope_theta", nullptr}}),
+                       "mixtral-theta");
+  ASSERT_TRUE(no_theta.ok()) << no_theta.status();
+  EXPECT_EQ(no_theta->model.rope_theta, 1e6);  // MixtralConfig's default
   EXPECT_FALSE(mixtral->model.qk_norm);
   // Both write back what they read.
   for (const HfModelInfo* info : {&*qwen, &*mixtral}) {
