@@ -341,25 +341,20 @@ def param_specs(cfg):
         if cfg["qk_norm"]:
             specs.append((p + "self_attn.q_norm.weight", [hd], "norm", hd))
             specs.append((p + "self_attn.k_norm.weight", [hd], "norm", hd))
-        if cfg["arch"] == "qwen3_moe":
-            # Qwen3MoeSparseMoeBlock registers gate, then experts.
+        if is_moe(cfg):
+            # The sparse block registers its gate, then the experts: Qwen3-MoE's
+            # gate_proj, up_proj, down_proj; Mixtral's w1 (gate), w2 (down),
+            # w3 (up), in those orders.
             E, F = cfg["num_experts"], cfg["moe_intermediate_size"]
-            specs.append((p + "mlp.gate.weight", [E, H], "router", H))
+            up = ([F, H], "linear", H)
+            down = ([H, F], "out_linear", F)
+            block, experts = (("mlp", [("gate_proj", up), ("up_proj", up), ("down_proj", down)])
+                              if cfg["arch"] == "qwen3_moe" else
+                              ("block_sparse_moe", [("w1", up), ("w2", down), ("w3", up)]))
+            specs.append((p + block + ".gate.weight", [E, H], "router", H))
             for e in range(E):
-                q = p + "mlp.experts.%d." % e
-                specs.append((q + "gate_proj.weight", [F, H], "linear", H))
-                specs.append((q + "up_proj.weight", [F, H], "linear", H))
-                specs.append((q + "down_proj.weight", [H, F], "out_linear", F))
-        elif cfg["arch"] == "mixtral":
-            # MixtralSparseMoeBlock: gate, then experts (w1 gate, w2 down,
-            # w3 up, registered in that order).
-            E, F = cfg["num_experts"], cfg["moe_intermediate_size"]
-            specs.append((p + "block_sparse_moe.gate.weight", [E, H], "router", H))
-            for e in range(E):
-                q = p + "block_sparse_moe.experts.%d." % e
-                specs.append((q + "w1.weight", [F, H], "linear", H))
-                specs.append((q + "w2.weight", [H, F], "out_linear", F))
-                specs.append((q + "w3.weight", [F, H], "linear", H))
+                for proj, (shape, kind, fan_in) in experts:
+                    specs.append((p + "%s.experts.%d.%s.weight" % (block, e, proj), shape, kind, fan_in))
         else:
             specs.append((p + "mlp.gate_proj.weight", [I, H], "linear", H))
             specs.append((p + "mlp.up_proj.weight", [I, H], "linear", H))
