@@ -251,8 +251,15 @@ class Reader {
     const Frame& frame = frames_.back();
     for (size_t i = 0; i < frame.entries.size() && !error_; ++i) {
       if (!frame.used[i]) {
-        Fail(frame.entries[i].first,
-             UnknownKeyReason(frame.entries[i].first, frame.known));
+        const std::string& key = frame.entries[i].first;
+        // A simulator config (configs/simulate.yaml) nests its job under
+        // `job:`; say which command reads it rather than list the keys.
+        Fail(key, frame.prefix.empty() && key == "job"
+                      ? std::string("unknown key: this looks like a "
+                                    "`fusionrl simulate` config (the job "
+                                    "nested under job:); run fusionrl "
+                                    "simulate on it")
+                      : UnknownKeyReason(key, frame.known));
       }
     }
     frames_.pop_back();

@@ -521,6 +521,11 @@ TEST(ConfigTest, RejectsUnknownKeyWithSuggestion) {
               {"job.yaml: modle: unknown key (did you mean 'model'?)"});
   ExpectError("optim:\n  betta2: 0.9\n", absl::StatusCode::kInvalidArgument,
               {"job.yaml: optim.betta2: unknown key (did you mean 'beta2'?)"});
+  // A simulator config given to a job command says which command reads it.
+  ExpectError("job:\n  name: sim\n", absl::StatusCode::kInvalidArgument,
+              {"job.yaml: job: unknown key: this looks like a `fusionrl "
+               "simulate` config (the job nested under job:); run fusionrl "
+               "simulate on it"});
 }
 
 TEST(ConfigTest, RejectsUnknownKeyListingKnownKeys) {
