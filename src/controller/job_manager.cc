@@ -135,14 +135,19 @@ absl::StatusOr<Assignment> JobManager::GetAssignment(const std::string& node_id,
     auto it = node_job_.find(node_id);
     if (it != node_job_.end()) {
       Job* job = FindLocked(it->second);
+      int offset = 0;
       for (Job::Part& part : job->parts) {
-        if (part.node_id != node_id || part.assigned) continue;
+        if (part.node_id != node_id || part.assigned) {
+          offset += part.train_cards();
+          continue;
+        }
         part.assigned = true;
         Assignment a;
         a.job_id = job->id;
         a.config = std::make_shared<const JobConfig>(job->config);
         a.card_indices = part.cards;
         a.rollout_cards = part.rollout_cards;
+        a.train_rank_offset = offset;
         a.resume_checkpoint = job->resume_dir;
         EventLocked(*job, absl::StrCat(part.node_id, " joined with ",
                                        part.cards.size(), " card(s)"));

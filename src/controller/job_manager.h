@@ -388,6 +388,8 @@ class JobManager {
 
   // The rendezvous scope of a job's generation ("<job>/<generation>").
   static std::string RendezvousScope(const Job& job, int64_t generation);
+  // The job's own scope (kJobRendezvousScope): open until the job ends.
+  static std::string JobRendezvousScope(const Job& job);
 
   NodeRegistry& registry_;
   const Clock& clock_;

@@ -299,6 +299,7 @@ void JobManager::FinishJobLocked(Job& job, JobPhase phase,
     // Wakes any card still in the data plane's rendezvous.
     rendezvous_.CloseScope(RendezvousScope(job, job.rendezvous_generation));
   }
+  rendezvous_.CloseScope(JobRendezvousScope(job));
   for (const Job::Part& part : job.parts) {
     auto it = node_job_.find(part.node_id);
     if (it != node_job_.end() && it->second == job.id) node_job_.erase(it);

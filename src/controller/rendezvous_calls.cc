@@ -28,14 +28,17 @@ absl::StatusOr<StoreReply> JobManager::Store(const StoreCall& call,
     absl::MutexLock lock(&mu_);
     FUSIONRL_ASSIGN_OR_RETURN(Job * job,
                               JobForNodeLocked(call.job_id, call.node_id));
-    if (Terminal(*job) || call.generation != job->rendezvous_generation) {
+    const bool job_scope = call.generation == kJobRendezvousScope;
+    if (Terminal(*job) ||
+        (!job_scope && call.generation != job->rendezvous_generation)) {
       return absl::AbortedError(absl::StrCat(
           "rendezvous generation ", call.generation, " of ", job->id,
           " is not current (now ", job->rendezvous_generation,
           Terminal(*job) ? ", the job ended" : "",
           "); re-form the group at the generation of the next plan"));
     }
-    scope = RendezvousScope(*job, call.generation);
+    scope = job_scope ? JobRendezvousScope(*job)
+                      : RendezvousScope(*job, call.generation);
     deadline =
         clock_.Now() +
         std::min(timeout,

@@ -43,6 +43,10 @@ std::string JobManager::RendezvousScope(const Job& job, int64_t generation) {
   return absl::StrCat(job.id, "/", generation);
 }
 
+std::string JobManager::JobRendezvousScope(const Job& job) {
+  return absl::StrCat(job.id, "/job");
+}
+
 void JobManager::AbortAttemptLocked(Job& job, int64_t step, int attempt,
                                     const std::string& node_id,
                                     const std::string& why) {
@@ -196,12 +200,10 @@ StepPlan JobManager::EndPlanLocked(const Job& job, int index,
   for (size_t i = 0; i < job.parts.size() && lead < 0; ++i) {
     if (!job.parts[i].lost) lead = static_cast<int>(i);
   }
-  if (index == lead && local_rank == 0) {
-    plan.checkpoint_name = job.end_checkpoint;
-    plan.rank = 0;
-  } else {
-    plan.rank = 1;
-  }
+  // Every card learns the checkpoint's name (an expert shard of another
+  // node writes its part of it); the lead, rank 0, writes it.
+  plan.checkpoint_name = job.end_checkpoint;
+  plan.rank = index == lead && local_rank == 0 ? 0 : 1;
   plan.data_cursor_after =
       job.base_cursor +
       static_cast<uint64_t>(job.last_committed - job.first_step + 1) *

@@ -41,6 +41,10 @@ struct Assignment {
   std::vector<int> card_indices;  // rollout-only cards first
   std::string resume_checkpoint;
   int rollout_cards = 0;
+  // The job's training cards on the nodes placed before this one (in
+  // placement order, super node by super node): local training card r is
+  // the job's card train_rank_offset + r while no node is lost.
+  int train_rank_offset = 0;
 };
 
 enum class PlanKind {
@@ -64,8 +68,10 @@ struct StepPlan {
   // "" = none after this step. The checkpoint holds the policy (written by
   // rank 0; every fused or disaggregated card adds what it sampled ahead);
   // the controller adds the run totals (run.json) when it commits the step.
-  // kAbandon: set (with step = its step + 1) when the job ended with this
-  // end checkpoint, for the cards' part.
+  // kEnd: the end checkpoint, on every card's plan (the lead, rank 0, writes
+  // it; an expert shard writes its optimizer state into it). kAbandon: set
+  // (with step = its step + 1) when the job ended with this end checkpoint,
+  // for the cards' part.
   std::string checkpoint_name;
   std::string message;             // kAbandon: why
   uint64_t data_cursor_after = 0;  // the next unseen prompt group
@@ -169,10 +175,17 @@ struct ReceivedUpdate {
 // one operation on a key of the job's scope, with c10d Store semantics.
 enum class StoreOp { kSet, kCompareSet, kGet, kAdd, kCheck, kWait, kDelete };
 
+// A StoreCall's generation naming the job's own scope instead of one
+// rendezvous generation: open from the job's placement to its end, for
+// groups formed once when the cards set up (an expert group spanning
+// nodes), which later generations must not close.
+inline constexpr int64_t kJobRendezvousScope = -1;
+
 struct StoreCall {
   std::string job_id;
   std::string node_id;
-  int64_t generation = 0;  // StepPlan::rendezvous_generation
+  // StepPlan::rendezvous_generation, or kJobRendezvousScope.
+  int64_t generation = 0;
   StoreOp op = StoreOp::kGet;
   std::vector<std::string> keys;  // one key, except kCheck / kWait
   std::string value;              // kSet, kCompareSet (desired)

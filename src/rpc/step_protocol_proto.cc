@@ -104,6 +104,7 @@ v1::GetAssignmentResponse AssignmentToProto(const Assignment& a) {
   for (int c : a.card_indices) out.add_card_indices(c);
   out.set_resume_checkpoint(a.resume_checkpoint);
   out.set_rollout_cards(a.rollout_cards);
+  out.set_train_rank_offset(a.train_rank_offset);
   return out;
 }
 
@@ -125,6 +126,7 @@ Assignment AssignmentFromProto(const v1::GetAssignmentResponse& response) {
                         response.card_indices().end());
   a.resume_checkpoint = response.resume_checkpoint();
   a.rollout_cards = response.rollout_cards();
+  a.train_rank_offset = response.train_rank_offset();
   return a;
 }
 

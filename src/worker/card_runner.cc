@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/memory_manager.h"
 #include "core/status_macros.h"
@@ -51,7 +52,7 @@ void CardRunner::ReportFailure(const absl::Status& status, int64_t step,
                                int attempt) {
   if (job_.local_rank != 0) return;
   StepReport report = NewReport(step, attempt);
-  report.error = status;
+  report.error = WithExpertGroupNote(job_, status);
   Finish(report).IgnoreError();
 }
 
@@ -95,8 +96,12 @@ absl::Status CardRunner::OnEnd(StepPlan plan) {
   SaveEndPrefetch(plan.step - 1);
   // Every card has card 0's plan: on the lead's node (rank 0) the lead's
   // expert group writes its shards' optimizer states, which card 0 waits
-  // for.
-  if (plan.rank == 0) {
+  // for. A group spanning nodes knows its cards by their job rank (no node
+  // was lost, or the job would have failed).
+  if (job_.experts_span_nodes) {
+    FUSIONRL_RETURN_IF_ERROR(
+        SaveExpertShard(plan.checkpoint_name, job_.job_rank, plan.step - 1));
+  } else if (plan.rank == 0) {
     FUSIONRL_RETURN_IF_ERROR(
         SaveExpertShard(plan.checkpoint_name, job_.local_rank, plan.step - 1));
   }
@@ -123,6 +128,20 @@ absl::StatusOr<int64_t> CardRunner::OnTrain(const StepPlan& plan) {
   PolicyModel& policy = *ctx_.policy;
   plan_step_ = plan.step;
   plan_attempt_ = plan.attempt;
+  if (job_.experts_span_nodes) {
+    if (expert_world_ == 0) expert_world_ = plan.world_size;
+    if (plan.rank != job_.job_rank || plan.world_size != expert_world_) {
+      // A node left the job: an expert group spanning nodes has lost
+      // experts no other card holds (or its members moved).
+      const absl::Status lost = absl::FailedPreconditionError(absl::StrCat(
+          "placement.expert_parallel: the job's cards changed (card ",
+          plan.rank, " of ", plan.world_size, " now, card ", job_.job_rank,
+          " of ", expert_world_,
+          " when the expert group formed): a node was lost"));
+      ReportFailure(lost, plan.step, plan.attempt);
+      return lost;
+    }
+  }
   std::optional<HierarchicalSync::DataPlane> data_plane;
   if (plan.c10d_data_plane && plan.nodes > 1) {
     data_plane =
@@ -224,6 +243,18 @@ absl::StatusOr<int64_t> CardRunner::OnTrain(const StepPlan& plan) {
   }
   if (fused_ != nullptr) PublishToRollout();
   return plan.step + 1;
+}
+
+absl::Status WithExpertGroupNote(const CardJob& job, absl::Status status) {
+  constexpr absl::string_view kNote =
+      " (this card's expert group spans worker processes, and a lost "
+      "member's experts are on no other card: resubmit the job with --resume "
+      "to continue from its last checkpoint)";
+  if (!job.experts_span_nodes || status.ok() || absl::IsCancelled(status) ||
+      absl::StrContains(status.message(), kNote)) {
+    return status;
+  }
+  return absl::Status(status.code(), absl::StrCat(status.message(), kNote));
 }
 
 absl::Status RunCard(const CardJob& job) {

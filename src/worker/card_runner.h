@@ -55,9 +55,14 @@ struct CardJob {
   int threads = 1;                // intra-op threads the node's cards share
   GradientSync* local = nullptr;  // node's c10d group; null for one card
   // placement.expert_parallel E > 1: the c10d group of the E consecutive
-  // cards whose expert shards make up one policy (this card is its rank
-  // local_rank % E); null otherwise.
+  // training cards of the job whose expert shards make up one policy (this
+  // card is its rank job_rank % E); null otherwise. `experts_span_nodes`:
+  // the group's cards are on several nodes (worker processes).
   GradientSync* experts = nullptr;
+  bool experts_span_nodes = false;
+  // The job's training card this is while no node is lost
+  // (Assignment::train_rank_offset + local_rank).
+  int job_rank = 0;
   CardCounters* counters = nullptr;
   // disaggregated: the rollout card serving this one, and its device.
   CardCounters* rollout_counters = nullptr;
@@ -78,6 +83,12 @@ struct CardJob {
 // ended (or this node was released from it); the error otherwise, already
 // reported to the controller by the lead card.
 absl::Status RunCard(const CardJob& job);
+
+// A failure of `job`'s card as the job reports it: for a card whose expert
+// group spans worker processes, the message also says that a lost member's
+// experts are on no other card and that the job goes on by --resume (once);
+// any other status is returned as it is.
+absl::Status WithExpertGroupNote(const CardJob& job, absl::Status status);
 
 }  // namespace fusionrl
 

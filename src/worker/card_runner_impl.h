@@ -150,6 +150,9 @@ class CardRunner {
   // LoRA: the merged view rollout_ and evaluation sample from (the policy
   // itself otherwise); SamplingPolicy() merges the current adapters in.
   std::unique_ptr<PolicyModel> merged_;
+  // An expert group spanning nodes: the job's training cards at its first
+  // step (0 before it); a later plan with other cards fails the job.
+  int expert_world_ = 0;
   // Expert parallelism (placement.expert_parallel): the policy trains as a
   // shard of the experts (ctx_.policy), and rollout, evaluation, export and
   // the checkpoint's model.pt use this model holding all of them, gathered

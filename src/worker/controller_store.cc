@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <stdexcept>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <utility>
 #include <vector>
@@ -130,6 +131,18 @@ absl::StatusOr<std::unique_ptr<GradientSync>> FormCrossNodeGroup(
   auto probe = [store] { return store->Probe(); };
   return MakeStoreGlooGroup(c10::intrusive_ptr<c10d::Store>(store), rank, nodes,
                             timeout, std::move(probe));
+}
+
+absl::StatusOr<std::unique_ptr<GradientSync>> FormJobGroup(
+    WorkClient* client, const std::string& job_id, const std::string& node_id,
+    const std::string& name, int rank, int size, absl::Duration timeout) {
+  auto store = c10::make_intrusive<ControllerStore>(
+      client, job_id, node_id, kJobRendezvousScope, timeout);
+  auto probe = [store] { return store->Probe(); };
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
+      name, c10::intrusive_ptr<c10d::Store>(store));
+  return MakeStoreGlooGroup(c10::intrusive_ptr<c10d::Store>(prefixed), rank,
+                            size, timeout, std::move(probe));
 }
 
 }  // namespace fusionrl

@@ -35,6 +35,18 @@ absl::StatusOr<std::unique_ptr<GradientSync>> FormCrossNodeGroup(
     WorkClient* client, const std::string& job_id, const std::string& node_id,
     int64_t generation, int rank, int nodes, absl::Duration timeout);
 
+// Rank `rank` of the `size`-rank group `name` in the job's own rendezvous
+// scope (kJobRendezvousScope, open until the job ends): a group formed once,
+// when the cards set up, whose members may be cards of several nodes (an
+// expert group spanning worker processes). Its collectives probe the job's
+// scope, so the job's end stops them; a lost member costs the others at
+// most the collective timeout.
+//
+// Borrows `client`, which must outlive the group.
+absl::StatusOr<std::unique_ptr<GradientSync>> FormJobGroup(
+    WorkClient* client, const std::string& job_id, const std::string& node_id,
+    const std::string& name, int rank, int size, absl::Duration timeout);
+
 }  // namespace fusionrl
 
 #endif  // FUSIONRL_WORKER_CONTROLLER_STORE_H_

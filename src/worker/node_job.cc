@@ -13,6 +13,7 @@
 #include "fusionrl/config.h"
 #include "spdlog/spdlog.h"
 #include "worker/card_runner.h"
+#include "worker/controller_store.h"
 #include "worker/plan_rendezvous.h"
 
 namespace fusionrl {
@@ -53,23 +54,59 @@ absl::Status RunNodeJob(const NodeContext& node, const Assignment& assignment) {
     if (!group.ok()) return report_setup_failure(group.status());
     local = *std::move(group);
   }
-  // Expert parallelism: each run of E consecutive cards holds one policy's
-  // expert shards, connected by a group of their own.
+  // Expert parallelism: each run of E consecutive training cards of the
+  // job (card i is the job's card offset + i; E divides a super node's
+  // cards, so no run crosses super nodes) holds one policy's expert shards,
+  // connected by a group of their own: a local Gloo group where the run's
+  // cards are all this node's, a group formed through the controller's
+  // store where it spans nodes (worker processes).
   const int ep = config->placement.expert_parallel;
-  std::vector<std::unique_ptr<GradientSync>> experts;
+  const int offset = assignment.train_rank_offset;
+  std::vector<std::unique_ptr<GradientSync>> experts(cards);
+  std::vector<bool> experts_span_nodes(cards, false);
   if (ep > 1) {
-    if (cards % ep != 0) {
-      return report_setup_failure(absl::InvalidArgumentError(absl::StrCat(
-          "placement.expert_parallel is ", ep, " but ", node.node_id,
-          " trains on ", cards,
-          " card(s) of the job: expert shards are spread over the cards of "
-          "one node, so each node needs a multiple of ",
-          ep, " (placement.cards_per_super_node)")));
+    std::vector<absl::Status> formed(cards);
+    std::vector<std::thread> forming;
+    for (int r = 0; r < cards;) {
+      const int group = (offset + r) / ep;
+      const int first = group * ep - offset;  // local index of its rank 0
+      const int end = first + ep;
+      if (first >= 0 && end <= cards) {
+        auto local_group = MakeLocalGlooGroup(ep, timeout);
+        if (!local_group.ok())
+          return report_setup_failure(local_group.status());
+        for (int i = 0; i < ep; ++i) {
+          experts[first + i] = std::move((*local_group)[i]);
+        }
+        r = end;
+        continue;
+      }
+      // The group spans nodes: every local member joins it at once (the
+      // rendezvous waits for all E).
+      for (int i = r; i < std::min(end, cards); ++i) {
+        experts_span_nodes[i] = true;
+        forming.emplace_back([&, i, group] {
+          auto joined =
+              FormJobGroup(node.client, assignment.job_id, node.node_id,
+                           absl::StrCat("experts/", group, "/"),
+                           (offset + i) % ep, ep, timeout);
+          if (joined.ok()) {
+            experts[i] = *std::move(joined);
+          } else {
+            formed[i] = joined.status();
+          }
+        });
+      }
+      r = std::min(end, cards);
     }
-    for (int g = 0; g < cards / ep; ++g) {
-      auto group = MakeLocalGlooGroup(ep, timeout);
-      if (!group.ok()) return report_setup_failure(group.status());
-      for (auto& rank : *group) experts.push_back(std::move(rank));
+    for (std::thread& t : forming) t.join();
+    for (int i = 0; i < cards; ++i) {
+      if (formed[i].ok()) continue;
+      return report_setup_failure(absl::Status(
+          formed[i].code(),
+          absl::StrCat("placement.expert_parallel: ", node.node_id, " card ", i,
+                       " could not join expert group ", (offset + i) / ep,
+                       " (it spans worker processes): ", formed[i].message())));
     }
   }
   auto counters_of = [&cards_of_node](int index) {
@@ -130,6 +167,8 @@ absl::Status RunNodeJob(const NodeContext& node, const Assignment& assignment) {
     }
     job.local = cards > 1 ? local[r].get() : nullptr;
     job.experts = ep > 1 ? experts[r].get() : nullptr;
+    job.experts_span_nodes = experts_span_nodes[r];
+    job.job_rank = offset + r;
     job.counters = counters_of(index);
   }
   std::vector<std::thread> threads;
@@ -145,6 +184,7 @@ absl::Status RunNodeJob(const NodeContext& node, const Assignment& assignment) {
         status[r] =
             absl::InternalError(absl::StrCat("card ", r, ": ", e.what()));
       }
+      status[r] = WithExpertGroupNote(job, std::move(status[r]));
       // Card 0 hands out the plans: release the cards waiting for one.
       if (r == 0 && !status[r].ok()) rendezvous.Fail(status[r]);
       job.counters->active = false;
