@@ -67,14 +67,17 @@ absl::Status RunNodeJob(const NodeContext& node, const Assignment& assignment) {
   if (ep > 1) {
     std::vector<absl::Status> formed(cards);
     std::vector<std::thread> forming;
-    for (int r = 0; r < cards;) {
+    absl::Status local_error;
+    for (int r = 0; r < cards && local_error.ok();) {
       const int group = (offset + r) / ep;
       const int first = group * ep - offset;  // local index of its rank 0
       const int end = first + ep;
       if (first >= 0 && end <= cards) {
         auto local_group = MakeLocalGlooGroup(ep, timeout);
-        if (!local_group.ok())
-          return report_setup_failure(local_group.status());
+        if (!local_group.ok()) {
+          local_error = local_group.status();  // after the joins below
+          break;
+        }
         for (int i = 0; i < ep; ++i) {
           experts[first + i] = std::move((*local_group)[i]);
         }
@@ -100,6 +103,7 @@ absl::Status RunNodeJob(const NodeContext& node, const Assignment& assignment) {
       r = std::min(end, cards);
     }
     for (std::thread& t : forming) t.join();
+    if (!local_error.ok()) return report_setup_failure(local_error);
     for (int i = 0; i < cards; ++i) {
       if (formed[i].ok()) continue;
       return report_setup_failure(absl::Status(
