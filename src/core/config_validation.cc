@@ -338,11 +338,6 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
           "is not built for placement.mode disaggregated (its rollout "
           "cards would need the gathered experts); use colocated-sync or "
           "fused";
-    } else if (p.super_nodes > 1 && c.stalesync.max_clock_skew > 0) {
-      why =
-          "is not built for StaleSync across super nodes "
-          "(stalesync.max_clock_skew > 0: its weight syncs carry one "
-          "card's state, not every shard's)";
     } else if (LoraEnabled(m)) {
       why =
           "does not apply to LoRA (model.lora.rank > 0): a MoE block's "

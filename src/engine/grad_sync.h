@@ -51,6 +51,11 @@ class GradientSync {
   virtual absl::Status ReduceGradients(std::vector<at::Tensor>& grads) {
     return AllReduceSum(grads);
   }
+  // True when ReduceGradients also adds replicas world_size() does not
+  // count (StaleSync across super nodes: other super nodes' updates), so
+  // expert parallelism must send every expert's slot even where one expert
+  // group spans the ranks.
+  virtual bool AddsOtherNodesUpdates() const { return false; }
 
   // An asynchronous sum (StaleSync's updates on the c10d data plane): starts
   // replacing `flat` (one contiguous tensor, which the caller keeps alive

@@ -476,9 +476,10 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
         // of every rank of its group (the exchange's backward); the
         // data-parallel sum adds the other groups' (zeros for the experts a
         // rank does not hold), and leaves experts out when one group spans
-        // every rank.
+        // every rank and no other super node's update is added.
         std::vector<at::Tensor> grads = DataParallelGradients(
-            policy_, shard.size > 1 && sync_->world_size() > shard.size);
+            policy_, shard.size > 1 && (sync_->world_size() > shard.size ||
+                                        sync_->AddsOtherNodesUpdates()));
         FUSIONRL_RETURN_IF_ERROR(sync_->ReduceGradients(grads));
         if (!trained) {
           at::NoGradGuard no_grad;

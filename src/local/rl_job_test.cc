@@ -701,6 +701,36 @@ TEST(RlJobTest, ExpertParallelTrainsAsOnePolicyAndResumesExactly) {
   nodes.placement.super_nodes = 2;
   ExpectShardedEqualsWhole(nodes, "2 super nodes", {"loss", "grad_norm"});
 
+  // StaleSync across two super nodes (clock skew 1): each super node's
+  // update carries every expert's slot, and each weight sync moves every
+  // shard's state (the lead's card r to card r elsewhere). On the c10d data
+  // plane the sums do not depend on timing, so E = 2 trains the E = 1
+  // policy; on either plane both super nodes end with one whole model.
+  for (const DataPlane plane : {DataPlane::kC10d, DataPlane::kController}) {
+    const bool c10d = plane == DataPlane::kC10d;
+    JobConfig skew = TinyExpertParallelJob(
+        c10d ? "moe-ep2-skew-c10d" : "moe-ep2-skew-controller", 6, 2);
+    skew.placement.super_nodes = 2;
+    skew.stalesync.max_clock_skew = 1;
+    skew.run.checkpoint_every = 3;
+    skew.run.data_plane = plane;
+    skew.run.collective_timeout_seconds = 30;  // a failure shows in seconds
+    std::filesystem::remove_all(skew.output_dir);
+    auto skewed = RunRlJob(skew);
+    ASSERT_TRUE(skewed.ok()) << skewed.status();
+    ASSERT_EQ(skewed->final_weights_crc32c.size(), 2u);
+    EXPECT_EQ(skewed->final_weights_crc32c.begin()->second,
+              skewed->final_weights_crc32c.rbegin()->second)
+        << "the two super nodes end with different experts";
+    if (!c10d) continue;
+    JobConfig whole = skew;
+    whole.placement.expert_parallel = 1;
+    whole.output_dir = skew.output_dir + "-ep1";
+    ExpectShardedEqualsWhole(whole, "2 super nodes, clock skew 1",
+                             {"loss", "grad_norm"}, skew.output_dir,
+                             skewed->checkpoint_dir);
+  }
+
   // policy auto plans from each card's timings; the cards of a group must
   // recompute alike (a recomputed MoE block exchanges again in backward),
   // so they take their group's rank 0's plan. Plans that differ would

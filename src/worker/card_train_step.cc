@@ -203,11 +203,16 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
     const absl::Time ts0 = clock_.MonotonicNow();
     Doing(absl::StrCat("weight sync after step ", plan.step));
     FUSIONRL_ASSIGN_OR_RETURN(exchange.weight_sync_bytes, SyncWeights(plan));
+    // Expert parallelism: the shard may have taken the lead's.
+    FUSIONRL_RETURN_IF_ERROR(GatherExperts());
     times.weight_sync = clock_.SecondsSince(ts0);
   }
   if (checkpoint && plan.exchange_updates) {
-    // Across super nodes the checkpoint holds the synced weights.
+    // Across super nodes the checkpoint holds the synced weights (and each
+    // expert shard's synced optimizer state).
     FUSIONRL_RETURN_IF_ERROR(SavePrefetch(plan.step));
+    FUSIONRL_RETURN_IF_ERROR(
+        SaveExpertShard(plan.checkpoint_name, plan.rank, plan.step));
   }
   if (plan.exchange_updates && job_.local_rank == 0) {
     // Each super node reports its own tokens and groups; the controller
@@ -218,7 +223,7 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
     report.trained_group_id_sum = totals.trained_group_id_sum;
     report.trained_group_id_sq_sum = totals.trained_group_id_sq_sum;
     if (plan.sync_weights) {
-      report.weights_crc32c = WeightsCrc32c(policy);
+      report.weights_crc32c = WeightsCrc32c(WholePolicy());  // every expert
       report.has_weights_crc32c = true;
     }
   }

@@ -48,6 +48,7 @@ absl::Status CardRunner::EnterSkewedStep(const StepPlan& plan) {
                  job_.node_id, plan.rollback_to_step, plan.attempt);
   }
   FUSIONRL_RETURN_IF_ERROR(it->second.Restore(*ctx_.policy, *trainer_));
+  FUSIONRL_RETURN_IF_ERROR(GatherExperts());
   sync_points_.erase(std::next(it), sync_points_.end());
   if (fused_ != nullptr) {
     // Sample the steps again from the restored weights.
@@ -59,20 +60,33 @@ absl::Status CardRunner::EnterSkewedStep(const StepPlan& plan) {
 
 absl::StatusOr<int64_t> CardRunner::SyncWeights(const StepPlan& plan) {
   if (plan.nodes <= 1) return 0;  // one super node left: nothing to sync
+  // Expert parallelism: a card's state is its shard's (its experts and
+  // their AdamW moments besides the rest), so a card of another super node
+  // takes that of the lead node's card holding the same shard (an expert
+  // group never spans nodes under StaleSync across super nodes).
+  const int shards = job_.experts != nullptr ? job_.experts->world_size() : 1;
+  const int shard = job_.experts != nullptr ? job_.experts->rank() : 0;
   if (plan.c10d_data_plane) {
-    // Broadcast over the nodes' group: no weight goes through the
-    // controller.
-    std::string blob;
-    if (plan.rank == 0) {
-      FUSIONRL_ASSIGN_OR_RETURN(blob, SerializeState(*ctx_.policy, *trainer_));
+    // Broadcast over the nodes' group, one shard after the other: no
+    // weight goes through the controller.
+    int64_t bytes = 0;
+    for (int r = 0; r < shards; ++r) {
+      std::string blob;
+      if (plan.node_rank == 0 && job_.local_rank == r) {
+        FUSIONRL_ASSIGN_OR_RETURN(blob,
+                                  SerializeState(*ctx_.policy, *trainer_));
+      }
+      FUSIONRL_RETURN_IF_ERROR(sync_->BroadcastFromLead(blob, r));
+      if (plan.node_rank != 0 && shard == r) {
+        FUSIONRL_RETURN_IF_ERROR(AdoptState(blob, *ctx_.policy, *trainer_));
+      }
+      bytes += static_cast<int64_t>(blob.size());  // 0 on the lead's others
     }
-    FUSIONRL_RETURN_IF_ERROR(sync_->BroadcastFromLead(blob));
-    if (plan.node_rank != 0) {
-      FUSIONRL_RETURN_IF_ERROR(AdoptState(blob, *ctx_.policy, *trainer_));
-    }
-    return static_cast<int64_t>(blob.size());  // 0 on the lead's other cards
+    return bytes;
   }
-  const std::string key = absl::StrCat(job_.job_id, "/sync");
+  const std::string key =
+      absl::StrCat(job_.job_id, "/sync",
+                   shards > 1 ? absl::StrCat("/shard", shard) : std::string());
   // A controller that went away took the weights it held: a restarted one
   // rolls the job back to its last weight sync, so the step is aborted
   // (the next plan restores that sync) rather than the job failed.
@@ -81,7 +95,7 @@ absl::StatusOr<int64_t> CardRunner::SyncWeights(const StepPlan& plan) {
         absl::IsUnavailable(s) ? absl::StatusCode::kAborted : s.code(),
         absl::StrCat("weight sync after step ", plan.step, ": ", s.message()));
   };
-  if (plan.rank == 0) {
+  if (plan.rank < shards) {  // the lead node's card of each shard
     FUSIONRL_ASSIGN_OR_RETURN(std::string blob,
                               SerializeState(*ctx_.policy, *trainer_));
     if (absl::Status s = job_.client->PublishWeights(

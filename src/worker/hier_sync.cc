@@ -303,12 +303,35 @@ absl::Status HierarchicalSync::SkewedC10dExchange(at::Tensor& flat,
   return absl::OkStatus();
 }
 
-absl::Status HierarchicalSync::BroadcastFromLead(std::string& state) {
+absl::Status HierarchicalSync::BroadcastFromLead(std::string& state,
+                                                 int source) {
   if (!data_plane_) {
     return absl::FailedPreconditionError(
         "a weight broadcast needs the c10d data plane");
   }
   const bool lead_node = data_plane_->node_rank == 0;
+  if (lead_node && source != 0) {
+    // The lead node's card `source` hands its state to card 0, which
+    // broadcasts it over the nodes' group.
+    if (local_ == nullptr || source >= local_->world_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("weight broadcast from card ", source, " of a node of ",
+                       local_ ? local_->world_size() : 1));
+    }
+    std::vector<double> n = {
+        local_rank_ == source ? static_cast<double>(state.size()) : 0.0};
+    FUSIONRL_RETURN_IF_ERROR(LocalSum(n));
+    at::Tensor b = at::empty({static_cast<int64_t>(n[0])}, at::kByte);
+    if (local_rank_ == source) {
+      std::memcpy(b.data_ptr(), state.data(), state.size());
+    }
+    std::vector<at::Tensor> v = {b};
+    FUSIONRL_RETURN_IF_ERROR(local_->Broadcast(v, source));
+    if (local_rank_ == 0) {
+      state.assign(static_cast<const char*>(b.data_ptr()),
+                   static_cast<size_t>(b.numel()));
+    }
+  }
   double outcome = kOk;
   std::string error;
   at::Tensor bytes;

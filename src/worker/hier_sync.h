@@ -89,15 +89,18 @@ class HierarchicalSync final : public GradientSync {
 
   // A StaleSync job's weight sync on the c10d data plane: every card of
   // every node but the lead's (node rank 0) gets `state` of the lead's
-  // card 0, through a broadcast over the nodes' group and one inside each
-  // node; the lead's cards keep theirs. Call on every card of the attempt
-  // with the sums of every round in hand (a sync step waits for all).
-  absl::Status BroadcastFromLead(std::string& state);
+  // card `source` (its local rank; 0 unless expert shards differ by card),
+  // through a broadcast inside the lead node (source > 0), one over the
+  // nodes' group and one inside each node; the lead's cards keep theirs.
+  // Call on every card of the attempt with the sums of every round in hand
+  // (a sync step waits for all).
+  absl::Status BroadcastFromLead(std::string& state, int source = 0);
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
   absl::Status AllReduceSum(std::vector<at::Tensor>& tensors) override;
   bool ExchangesGradients() const override { return skewed_ || world_ > 1; }
+  bool AddsOtherNodesUpdates() const override { return skewed_ && nodes_ > 1; }
   absl::Status ReduceGradients(std::vector<at::Tensor>& grads) override;
 
   // Told when a cross-node round starts ("all-reduce" or "update

@@ -104,6 +104,18 @@ absl::Status RunNodeJob(const NodeContext& node, const Assignment& assignment) {
     }
     for (std::thread& t : forming) t.join();
     if (!local_error.ok()) return report_setup_failure(local_error);
+    if (!forming.empty() && config->placement.super_nodes > 1 &&
+        config->stalesync.max_clock_skew > 0) {
+      // Each node of a skewed job runs its own clock; a group spanning
+      // nodes would tie theirs at every exchange.
+      return report_setup_failure(absl::InvalidArgumentError(absl::StrCat(
+          "placement.expert_parallel is ", ep, " but ", node.node_id, " holds ",
+          cards,
+          " card(s) of its super node: an expert group spanning worker "
+          "processes is not built for StaleSync across super nodes "
+          "(stalesync.max_clock_skew > 0); give each worker a multiple of ",
+          ep, " cards")));
+    }
     for (int i = 0; i < cards; ++i) {
       if (formed[i].ok()) continue;
       return report_setup_failure(absl::Status(
