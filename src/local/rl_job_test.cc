@@ -729,6 +729,9 @@ TEST(RlJobTest, ExpertParallelTrainsAsOnePolicyAndResumesExactly) {
     ExpectShardedEqualsWhole(whole, "2 super nodes, clock skew 1",
                              {"loss", "grad_norm"}, skew.output_dir,
                              skewed->checkpoint_dir);
+    // A resume from the sync at step 3 (each shard's synced optimizer
+    // state in the checkpoint) continues exactly.
+    ExpectExactResume(skew, 6, 3);
   }
 
   // policy auto plans from each card's timings; the cards of a group must
