@@ -144,8 +144,7 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
   }
   {
     const bool qwen2 = m.architecture == "Qwen2ForCausalLM";
-    const bool qwen3 = m.architecture == "Qwen3ForCausalLM" ||
-                       m.architecture == "Qwen3MoeForCausalLM";
+    const bool qwen3 = HasQkNorm(m.architecture);
     if (!m.architecture.empty() && m.qkv_bias != qwen2) {
       return Invalid("model.qkv_bias",
                      absl::StrCat("must be ", qwen2 ? "true" : "false",
@@ -157,9 +156,7 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                                   " for model.architecture ", m.architecture));
     }
   }
-  if ((m.architecture == "Qwen3MoeForCausalLM" ||
-       m.architecture == "MixtralForCausalLM") &&
-      m.moe_experts == 0) {
+  if (IsMoeArchitecture(m.architecture) && m.moe_experts == 0) {
     return Invalid("model.moe_experts",
                    absl::StrCat("must be > 0 for model.architecture ",
                                 m.architecture, " (a mixture of experts)"));

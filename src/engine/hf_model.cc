@@ -110,8 +110,8 @@ absl::StatusOr<std::string> HfParameterName(const std::string& name,
     if (it != kMap.end()) return absl::StrCat(prefix, it->second, ".", leaf);
     // The sparse block: "mlp.router", "mlp.expert<e>.w1|w2|w3".
     const bool qwen3_moe = architecture == "Qwen3MoeForCausalLM";
-    const bool mixtral = architecture == "MixtralForCausalLM";
-    if ((qwen3_moe || mixtral) && parts.size() >= 4 && parts[1] == "mlp") {
+    if (IsMoeArchitecture(architecture) && parts.size() >= 4 &&
+        parts[1] == "mlp") {
       const std::string block = qwen3_moe ? "mlp" : "block_sparse_moe";
       int expert = -1;
       if (path == "mlp.router") {
