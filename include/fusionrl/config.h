@@ -541,6 +541,17 @@ struct StaleSyncConfig {
   // disaggregated placement, max_policy_lag >= 2 and rollout_version
   // lagged; N < rollout.max_new_tokens. 0 = off (docs/stalesync.md).
   int partial_rollout_tokens = 0;
+  // Lagged: m consecutive steps sample from one policy version (1..s + 1).
+  // 1 = each step its own version, exactly s old once the pipeline is
+  // full. m > 1: the steps of each block of m (counted from the frame's
+  // start) sample from the version their last step is admitted at, so they
+  // are s - m + 1 .. s old and their rollouts decode in one round, a long
+  // tail beside the next step's responses (continuous batching across
+  // steps); the block starts once that version is published, which hides
+  // less of it behind training. For rollout-bound runs with long-tailed
+  // response lengths (docs/stalesync.md#steps-sharing-a-version). Not with
+  // partial rollout.
+  int steps_per_version = 1;
   // k: across super nodes, a super node that finished step c starts step
   // c + 1 only while c - min(clocks of the other super nodes) <= k, and
   // applies the other super nodes' gradient updates as they arrive (those

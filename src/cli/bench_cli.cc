@@ -33,6 +33,7 @@ struct Mode {
   PlacementMode placement = PlacementMode::kColocatedSync;
   int lag = 0;
   int partial = 0;                       // stalesync.partial_rollout_tokens
+  int shared = 1;                        // stalesync.steps_per_version
   FusedTurns turns = FusedTurns::kAuto;  // placement.fused_turns
   // stalesync.rollout_version; unset: the config's.
   std::optional<RolloutVersion> version;
@@ -43,17 +44,22 @@ absl::StatusOr<Mode> ParseMode(const std::string& full) {
   m.name = full;
   // Suffixes, in this order: "+turns:T" pins placement.fused_turns;
   // "+partial:N" turns on partial rollout with N tokens a segment;
-  // "+version:V" sets stalesync.rollout_version.
+  // "+version:V" sets stalesync.rollout_version; "+shared:M" sets
+  // stalesync.steps_per_version.
   std::string text = full;
-  for (const std::string suffix : {"+version", "+partial", "+turns"}) {
+  for (const std::string suffix :
+       {"+shared", "+version", "+partial", "+turns"}) {
     const size_t at = text.find(suffix);
     if (at == std::string::npos) continue;
     std::string value = text.substr(at + suffix.size());
     text = text.substr(0, at);
     const bool partial = suffix == "+partial";
     const bool version = suffix == "+version";
+    const bool shared = suffix == "+shared";
     bool ok = value.size() >= 2 && value[0] == ':';
-    if (ok && version) {
+    if (ok && shared) {
+      ok = absl::SimpleAtoi(value.substr(1), &m.shared) && m.shared >= 1;
+    } else if (ok && version) {
       absl::StatusOr<RolloutVersion> v = ParseRolloutVersion(value.substr(1));
       ok = v.ok();
       if (ok) m.version = *v;
@@ -67,12 +73,14 @@ absl::StatusOr<Mode> ParseMode(const std::string& full) {
     if (!ok) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--modes: '", full, "': expected <mode>",
-          version   ? "+version:V, V one of lagged, newest, jit "
+          shared    ? "+shared:M, M >= 1 (stalesync.steps_per_version)"
+          : version ? "+version:V, V one of lagged, newest, jit "
                       "(stalesync.rollout_version)"
           : partial ? "+partial:N, N >= 1 (stalesync.partial_rollout_tokens)"
                     : "+turns:T, T one of auto, concurrent, interleaved, "
                       "probe (placement.fused_turns)",
-          "; suffixes come in the order +turns, +partial, +version"));
+          "; suffixes come in the order +turns, +partial, +version, "
+          "+shared"));
     }
   }
   if (text == "colocated-sync" || text == "fused") {
@@ -101,7 +109,7 @@ absl::StatusOr<Mode> ParseMode(const std::string& full) {
   return absl::InvalidArgumentError(absl::StrCat(
       "--modes: unknown mode '", text,
       "' (colocated-sync, fused, fused+stalesync[:s], disaggregated[:s], "
-      "each optionally +turns:T, +partial:N and +version:V)"));
+      "each optionally +turns:T, +partial:N, +version:V and +shared:M)"));
 }
 
 }  // namespace
@@ -117,9 +125,11 @@ CLI::App* AddBenchCommand(CLI::App& app, BenchArgs& args) {
                     "fused+stalesync[:s], disaggregated[:s], each with an "
                     "optional +turns:T (placement.fused_turns: auto, "
                     "concurrent, interleaved, probe), +partial:N (partial "
-                    "rollout, N tokens a segment) and +version:V "
-                    "(stalesync.rollout_version: lagged, newest, jit; default "
-                    "colocated-sync,disaggregated,fused,fused+stalesync:2)");
+                    "rollout, N tokens a segment), +version:V "
+                    "(stalesync.rollout_version: lagged, newest, jit) and "
+                    "+shared:M (stalesync.steps_per_version: M steps sample "
+                    "from one version); default "
+                    "colocated-sync,disaggregated,fused,fused+stalesync:2");
   bench->add_option("--repeats", args.repeats, "runs per mode (default 3)")
       ->check(CLI::Range(1, 100));
   bench
@@ -175,6 +185,7 @@ JobConfig RunConfig(const JobConfig& base, const Mode& mode,
   c.stalesync.partial_rollout_tokens = mode.partial;
   c.placement.fused_turns = mode.turns;
   if (mode.version) c.stalesync.rollout_version = *mode.version;
+  c.stalesync.steps_per_version = mode.shared;
   std::string dir_name = mode.name;
   std::replace(dir_name.begin(), dir_name.end(), ':', '_');
   c.output_dir = absl::StrCat(work, "/", dir_name, "-", r);

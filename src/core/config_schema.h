@@ -278,6 +278,7 @@ void VisitStaleSync(StaleSyncConfig& c, V& v) {
   v.Int("max_clock_skew", &c.max_clock_skew, Closed(0, 1024));
   v.Int("partial_rollout_tokens", &c.partial_rollout_tokens,
         Closed(0, 1 << 20));
+  v.Int("steps_per_version", &c.steps_per_version, Closed(1, 1025));
 }
 
 template <class V>

@@ -1037,6 +1037,50 @@ TEST(ConfigTest, PartialRolloutNeedsAFusedLaggedRunWithALagOfTwo) {
               {"stalesync.partial_rollout_tokens"});
 }
 
+TEST(ConfigTest, StepsSharingAVersionNeedAFusedLaggedRunWithinTheLag) {
+  JobConfig c;
+  c.placement.mode = PlacementMode::kFused;
+  c.stalesync.max_policy_lag = 2;
+  c.algorithm.decoupled_loss = true;
+  c.stalesync.steps_per_version = 3;  // s + 1
+  EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
+  struct Case {
+    std::function<void(JobConfig&)> edit;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {[](JobConfig& j) {
+         j.placement.mode = PlacementMode::kColocatedSync;
+         j.stalesync.max_policy_lag = 0;
+       },
+       "stalesync.steps_per_version: 3 > 1 needs placement.mode fused or "
+       "disaggregated"},
+      {[](JobConfig& j) { j.stalesync.max_policy_lag = 1; },
+       "stalesync.steps_per_version: 3 must be at most "
+       "stalesync.max_policy_lag + 1 (2)"},
+      {[](JobConfig& j) {
+         j.stalesync.rollout_version = RolloutVersion::kJustInTime;
+       },
+       "stalesync.steps_per_version: 3 > 1 needs "
+       "stalesync.rollout_version: lagged"},
+      {[](JobConfig& j) {
+         j.rollout.max_new_tokens = 16;
+         j.stalesync.partial_rollout_tokens = 8;
+       },
+       "stalesync.steps_per_version: 3 > 1 does not combine with "
+       "stalesync.partial_rollout_tokens"},
+  };
+  for (const Case& k : cases) {
+    JobConfig bad = c;
+    k.edit(bad);
+    EXPECT_THAT(std::string(ValidateJobConfig(bad).message()),
+                HasSubstr(k.says));
+  }
+  ExpectError("stalesync:\n  steps_per_version: 0\n",
+              absl::StatusCode::kInvalidArgument,
+              {"stalesync.steps_per_version"});
+}
+
 TEST(ConfigTest, ReportsYamlSyntaxErrorWithLineAndColumn) {
   absl::StatusOr<JobConfig> config = ParseJobConfig(
       "name: a\nmodel:\n  d_model: 64\n    n_layers: 2\n", "job.yaml");

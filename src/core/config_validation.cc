@@ -462,6 +462,40 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                                   "): no response could be carried"));
     }
   }
+  if (const int m = c.stalesync.steps_per_version; m > 1) {
+    const std::string key = "stalesync.steps_per_version";
+    if (p.mode == PlacementMode::kColocatedSync) {
+      return Invalid(key, absl::StrCat(m,
+                                       " > 1 needs placement.mode fused or "
+                                       "disaggregated (colocated-sync samples "
+                                       "every step from the trainer's weights "
+                                       "of that step); set it to 1"));
+    }
+    if (m > c.stalesync.max_policy_lag + 1) {
+      return Invalid(
+          key,
+          absl::StrCat(m, " must be at most stalesync.max_policy_lag + 1 (",
+                       c.stalesync.max_policy_lag + 1,
+                       "): the block's first step would be trained more "
+                       "than max_policy_lag versions after the one it "
+                       "samples from"));
+    }
+    if (c.stalesync.rollout_version != RolloutVersion::kLagged) {
+      return Invalid(key, absl::StrCat(m,
+                                       " > 1 needs stalesync.rollout_version: "
+                                       "lagged (with newest or jit, timing "
+                                       "decides which steps share a version)"));
+    }
+    if (c.stalesync.partial_rollout_tokens > 0) {
+      return Invalid(
+          key, absl::StrCat(m,
+                            " > 1 does not combine with "
+                            "stalesync.partial_rollout_tokens (a response's "
+                            "tail would need a version its own step's "
+                            "training has not published yet); set one of "
+                            "them off"));
+    }
+  }
   if (p.fused_turns != FusedTurns::kAuto &&
       (p.mode != PlacementMode::kFused || !p.fused_share_idle_threads ||
        c.stalesync.max_policy_lag == 0)) {

@@ -65,6 +65,18 @@ int64_t StepsAdmitted(int64_t frame_version, int64_t version,
       0, SatAdd(SatAdd(version - frame_version, max_policy_lag), 1));
 }
 
+int64_t LaggedSampleVersion(int64_t frame_version, int64_t step_index,
+                            int64_t max_policy_lag, int64_t steps_per_version) {
+  const int64_t m = std::max<int64_t>(1, steps_per_version);
+  // The block's last step; floor division, so a negative index (a step
+  // before the frame) belongs to the block below it.
+  const int64_t block =
+      step_index >= 0 ? step_index / m : -((-step_index + m - 1) / m);
+  const int64_t last = block * m + m - 1;
+  return std::max(frame_version,
+                  AdmitVersion(frame_version, last, max_policy_lag));
+}
+
 int64_t PolicyLagGate::BudgetLocked() const {
   // The groups of the steps the rule admits at the current version.
   return SatMul(StepsAdmitted(initial_version_, version_, max_policy_lag_),

@@ -41,6 +41,17 @@ int64_t AdmitVersion(int64_t frame_version, int64_t step_index,
 // n - 1): version - v0 + s + 1, never negative.
 int64_t StepsAdmitted(int64_t frame_version, int64_t version,
                       int64_t max_policy_lag);
+// The version the i-th step of such a frame samples from under
+// stalesync.rollout_version lagged, with m = steps_per_version (1..s + 1)
+// consecutive steps sharing one version: the steps i in [mb, mb + m) sample
+// from max(v0, v0 + mb + m - 1 - s), the version their last step is
+// admitted at. m = 1 is AdmitVersion (every sample exactly s old once the
+// pipeline is full); with m > 1 the block's steps are s - m + 1 .. s old and
+// their rollouts can decode in one round (continuous batching across
+// steps), at the price of starting later. Never below AdmitVersion, so
+// staleness stays <= s.
+int64_t LaggedSampleVersion(int64_t frame_version, int64_t step_index,
+                            int64_t max_policy_lag, int64_t steps_per_version);
 
 // PolicyLagGate: policy-lag admission control for rollout (AReaL's rule).
 //

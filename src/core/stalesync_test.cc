@@ -775,6 +775,36 @@ TEST(StaleSyncClockSkewTest, ThreadedNodesReachTargetWithinSkew) {
 namespace fusionrl {
 namespace {
 
+// Lagged sampling with m steps sharing a version: each block of m steps
+// (from the frame's start) samples from the version its last step is
+// admitted at, so a step is s - m + 1 .. s versions old once the pipeline
+// is full, never more than s, never a version its trainer has not
+// published (staleness >= 0 at m = s + 1); m = 1 is the plain lagged rule.
+TEST(StaleSyncRuleTest, LaggedSampleVersionSharesAVersionPerBlock) {
+  for (int64_t v0 : {0, 7}) {
+    for (int64_t s = 0; s <= 4; ++s) {
+      for (int64_t m = 1; m <= s + 1; ++m) {
+        SCOPED_TRACE(absl::StrCat("v0=", v0, " s=", s, " m=", m));
+        for (int64_t i = 0; i < 40; ++i) {
+          const int64_t v = LaggedSampleVersion(v0, i, s, m);
+          const int64_t staleness = v0 + i - v;
+          EXPECT_GE(v, std::max(v0, AdmitVersion(v0, i, s))) << i;
+          EXPECT_LE(staleness, s) << i;
+          if (m == 1) EXPECT_EQ(v, std::max(v0, v0 + i - s)) << i;
+          // Past the pipeline's start the block's steps are exactly
+          // s - m + 1 .. s old, in order.
+          if (i >= s + m) EXPECT_EQ(staleness, s - m + 1 + i % m) << i;
+          if (i % m != 0) {
+            EXPECT_EQ(v, LaggedSampleVersion(v0, i - 1, s, m)) << i;
+          }
+        }
+      }
+    }
+  }
+  // Steps before the frame (negative index) belong to the block below.
+  EXPECT_EQ(LaggedSampleVersion(10, -1, 2, 2), 10);
+}
+
 // The policy-lag rule, defined once (AdmitVersion / StepsAdmitted) for the
 // gate and the fused rollout. Written against the literal rule, so that
 // loosening it by one version in the shared definition fails here.

@@ -841,6 +841,30 @@ TEST(RlJobTest, FusedWithLagResumesExactly) {
   ExpectExactLaggedResume(c, 6, 3);
 }
 
+// stalesync.steps_per_version 2 at s = 2: steps 1-2 sample from version 0,
+// then each pair from the version its second step is admitted at (1, 3,
+// 5), so the steps are 0, 1, then 1, 2 versions old in every pair. A
+// checkpoint after step 3 (version 3) carries step 4's batch, one after
+// step 4 those of steps 5 and 6; the resumed run continues the pairs.
+TEST(RlJobTest, FusedStepsSharingAVersionResumeExactly) {
+  for (int stop_at : {3, 4}) {
+    SCOPED_TRACE(stop_at);
+    JobConfig c = TinyRlJob(absl::StrCat("resume-fused-shared-", stop_at), 8);
+    c.placement.mode = PlacementMode::kFused;
+    c.stalesync.max_policy_lag = 2;
+    c.stalesync.steps_per_version = 2;
+    c.algorithm.decoupled_loss = true;
+    ExpectExactLaggedResume(c, 8, stop_at);
+    EXPECT_EQ(Column(c.output_dir + "-straight", "max_staleness"),
+              (std::vector<double>{0, 1, 1, 2, 1, 2, 1, 2}));
+    auto saved = ReadRolloutPrefetch(
+        RolloutPrefetchPath(c.output_dir + "-split/checkpoints", stop_at, 0));
+    ASSERT_TRUE(saved.ok()) << saved.status();
+    EXPECT_EQ(saved->steps_per_version, 2);
+    EXPECT_EQ(saved->batches.size(), stop_at == 3 ? 1u : 2u);
+  }
+}
+
 // Partial rollout: a response's tokens past each multiple of
 // partial_rollout_tokens (up to s - 1 of them) are sampled by the next
 // step's version, in the next round. The run resumes exactly (with s = 3,

@@ -62,11 +62,13 @@ void CardRunner::RestorePrefetch(const StepPlan& plan) {
   } else if (saved->max_policy_lag != cfg.stalesync.max_policy_lag ||
              saved->prompts_per_step != cfg.rollout.prompts_per_step ||
              saved->partial_rollout_tokens !=
-                 cfg.stalesync.partial_rollout_tokens) {
+                 cfg.stalesync.partial_rollout_tokens ||
+             saved->steps_per_version != cfg.stalesync.steps_per_version) {
     why = absl::StrCat(path, " was sampled with max_policy_lag ",
                        saved->max_policy_lag, ", prompts_per_step ",
-                       saved->prompts_per_step, " and partial_rollout_tokens ",
-                       saved->partial_rollout_tokens);
+                       saved->prompts_per_step, ", partial_rollout_tokens ",
+                       saved->partial_rollout_tokens, " and steps_per_version ",
+                       saved->steps_per_version);
   }
   if (!why.empty()) {
     spdlog::warn(

@@ -637,6 +637,41 @@ TEST(FusedRolloutTest, SamplesTheAdmittedStepsOfOneVersionInOneRound) {
   }
 }
 
+// stalesync.steps_per_version 2 at s = 2: the steps of each pair sample
+// from one version (0 for steps 1-2, then 1 and 3: LaggedSampleVersion)
+// and share a round, even when the next pair is admitted too.
+TEST(FusedRolloutTest, StepsSharingAVersionShareARound) {
+  auto policy = testing_util::TinyModel();
+  auto snapshot = policy->CloneFrozen();
+  auto engine =
+      std::make_unique<RolloutEngine>(*snapshot, 0, std::vector<int>{1});
+  RecordingSampler sampler;
+  sampler.HoldFirstRound();
+  FusedRollout::Options o;
+  o.max_policy_lag = 2;
+  o.steps_per_version = 2;
+  o.prompts_per_step = 2;
+  o.max_steps_per_round = 3;
+  o.timeout = absl::Seconds(10);
+  FusedRollout fused(std::move(snapshot), std::move(engine), o, sampler.Fn(),
+                     nullptr, RealClock());
+  fused.Publish(policy->parameters(), 0);
+  ASSERT_TRUE(fused.Take(TrainPlan(1, 2)).ok());
+  for (int v = 1; v <= 3; ++v) fused.Publish(policy->parameters(), v);
+  sampler.Release();
+  ASSERT_EQ(sampler.WaitFor(6).size(), 6u);
+  using Rounds = std::vector<std::vector<int64_t>>;
+  EXPECT_EQ(sampler.Rounds(), (Rounds{{1, 2}, {3, 4}, {5, 6}}));
+  const std::vector<int64_t> versions = {0, 1, 1, 3, 3};  // steps 2..6
+  for (int64_t step = 2; step <= 6; ++step) {
+    absl::StatusOr<RolloutBatch> b = fused.Take(TrainPlan(step, 2));
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(b->samples.front().behaviour_version, versions[step - 2])
+        << "step " << step;
+  }
+  fused.Stop();
+}
+
 TEST(FusedRolloutTest, TakeTimesOutNamingTheStep) {
   auto policy = testing_util::TinyModel();
   auto snapshot = policy->CloneFrozen();

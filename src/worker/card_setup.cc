@@ -182,6 +182,7 @@ absl::Status CardRunner::SetUpRolloutThread() {
       cfg.stalesync.rollout_version == RolloutVersion::kJustInTime;
   fo.prompts_per_step = cfg.rollout.prompts_per_step;
   fo.partial_rollout_tokens = cfg.stalesync.partial_rollout_tokens;
+  fo.steps_per_version = cfg.stalesync.steps_per_version;
   fo.snapshot_version = trainer_->version();
   fo.timeout = timeout_;
   fo.freeze_snapshot_before_step =

@@ -110,7 +110,9 @@ int64_t FusedRollout::AdmitVersionLocked(int64_t step) const {
 
 int64_t FusedRollout::SampleVersionLocked(int64_t step) const {
   if (!options_.lagged) return published_version_;
-  return std::max(frame_version_, AdmitVersionLocked(step));
+  return LaggedSampleVersion(frame_version_, step - base_step_,
+                             options_.max_policy_lag,
+                             options_.steps_per_version);
 }
 
 int64_t FusedRollout::TokenVersion(int64_t frame_version, int64_t base_step,
@@ -236,6 +238,7 @@ absl::StatusOr<std::optional<RolloutPrefetch>> FusedRollout::Pending(
   };
   out.partial_rollout_tokens =
       static_cast<int>(options_.partial_rollout_tokens);
+  out.steps_per_version = options_.steps_per_version;
   for (int64_t t = step + 1; SampleVersionLocked(t) < version; ++t) {
     while (saved(t) == nullptr && error_.ok() && generation == generation_ &&
            !WaitOnClock(changed_, mu_, clock_, deadline)) {

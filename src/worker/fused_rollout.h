@@ -14,10 +14,12 @@
 // staleness <= s. The trainer checks it again (StalenessFilter).
 //
 // Which version samples the step (stalesync.rollout_version): lagged =
-// exactly max(v0, v0 + i - s), so the versions follow from the config and
-// not from timing (the thread keeps the published versions it will still
-// need: one copy when it is ahead of the trainer, at most s + 1 when the
-// trainer waits for it); newest = the newest published one.
+// exactly max(v0, v0 + i - s), or with steps_per_version m > 1 the version
+// of the last step of the i-th step's block of m (LaggedSampleVersion), so
+// the versions follow from the config and not from timing (the thread
+// keeps the published versions it will still need: one copy when it is
+// ahead of the trainer, at most s + 1 when the trainer waits for it);
+// newest = the newest published one.
 //
 // Just in time (newest with Options::just_in_time; rollout_version jit):
 // the i-th step waits for version v0 + i - d instead of v0 + i - s, d in
@@ -31,7 +33,8 @@
 //
 // Rounds of several steps (max_steps_per_round > 1): when the steps after
 // the next one are admitted too and sample from the same version (lagged:
-// the first s + 1 steps after a reset all sample from v0; newest: every
+// the first s + 1 steps after a reset all sample from v0, or with
+// steps_per_version m > 1 each block of m steps shares one; newest: every
 // admitted step samples from the newest version), the thread samples them
 // in one engine call, where a finished sequence's slot takes the next
 // waiting one of the same or a later step (continuous batching across
@@ -108,8 +111,11 @@ class FusedRollout {
     int64_t max_policy_lag = 0;  // s
     bool lagged = true;          // stalesync.rollout_version
     bool just_in_time = false;   // jit (with lagged false; see above)
-    int prompts_per_step = 1;    // the job's, to advance predicted groups
-    int rollout_threads = 1;     // intra-op threads of the rollout thread
+    // Lagged: consecutive steps that sample from one version
+    // (stalesync.steps_per_version, LaggedSampleVersion).
+    int steps_per_version = 1;
+    int prompts_per_step = 1;  // the job's, to advance predicted groups
+    int rollout_threads = 1;   // intra-op threads of the rollout thread
     // At most this many steps sampled in one engine call (see above); 1 =
     // one step per round.
     int max_steps_per_round = 1;

@@ -1,5 +1,6 @@
 #include "worker/rollout_prefetch.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <system_error>
 
@@ -30,6 +31,7 @@ absl::Status WriteRolloutPrefetch(const std::string& path,
                                  prefetch.base_groups.end());
   out.set_frame_version(prefetch.frame_version);
   out.set_partial_rollout_tokens(prefetch.partial_rollout_tokens);
+  out.set_steps_per_version(prefetch.steps_per_version);
   for (const auto& [step, batch] : prefetch.batches) {
     v1::PrefetchedBatch* b = out.add_batches();
     b->set_step(step);
@@ -92,6 +94,7 @@ absl::StatusOr<RolloutPrefetch> ReadRolloutPrefetch(const std::string& path) {
   out.base_groups.assign(in.base_groups().begin(), in.base_groups().end());
   out.frame_version = in.frame_version();
   out.partial_rollout_tokens = in.partial_rollout_tokens();
+  out.steps_per_version = std::max(1, in.steps_per_version());
   int64_t expected = out.checkpoint_step + 1;
   for (const v1::PrefetchedBatch& b : in.batches()) {
     if (b.step() != expected) {

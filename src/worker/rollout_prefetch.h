@@ -38,6 +38,7 @@ struct RolloutPrefetch {
   int64_t max_policy_lag = 0;
   int prompts_per_step = 0;
   int partial_rollout_tokens = 0;
+  int steps_per_version = 1;
   // The frame (FusedRollout): base_groups at base_step, advancing by
   // prompts_per_step per step; versions counted from frame_version.
   int64_t base_step = 0;
