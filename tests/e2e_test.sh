@@ -102,8 +102,8 @@ assert [r["step"] for r in rows] == list(range(1, stopped + 3)), [r["step"] for 
 print(f"ok   --resume continued from step {stopped} to {stopped + 2}")
 PY
 
-# fusionrl bench: three modes side by side from the SFT checkpoint, JSON out.
-timeout 300 "$BIN" bench "$CFG" --modes colocated-sync,disaggregated:1,fused+stalesync:2 \
+# fusionrl bench: four modes side by side from the SFT checkpoint, JSON out.
+timeout 300 "$BIN" bench "$CFG" --modes colocated-sync,disaggregated:1,fused+stalesync:2,fused+stalesync:2+shared:2 \
   --repeats 1 --steps 6 --init-checkpoint "$OUT/sft/checkpoints/final" \
   --work-dir "$OUT/bench" --out "$OUT/bench.json" >/dev/null 2>"$OUT/bench.log" ||
   { echo "FAIL fusionrl bench"; tail -20 "$OUT/bench.log"; exit 1; }
@@ -112,14 +112,21 @@ import json, sys
 b = json.load(open(sys.argv[1]))
 sync, fused = b["modes"]["colocated-sync"], b["modes"]["fused+stalesync:2"]
 assert sync["ratio_to_colocated_sync"] == 1.0, sync
+assert sync["ratio_to_colocated_sync_with_evals"] == 1.0, sync
+assert fused["median_tokens_per_second_with_evals"] > 0, fused
+assert all(r["tokens_per_second_with_evals"] > 0 for r in fused["runs"]), fused
 assert sync["max_staleness"] == 0 and 0 <= fused["max_staleness"] <= 2, fused
 assert fused["placement"] == "fused" and fused["max_policy_lag"] == 2, fused
 assert len(fused["runs"]) == 1 and fused["median_tokens_per_second"] > 0, fused
 dis = b["modes"]["disaggregated:1"]
 assert dis["placement"] == "disaggregated" and 0 <= dis["max_staleness"] <= 1, dis
 assert dis["median_tokens_per_second"] > 0, dis
+# stalesync.steps_per_version 2: steps in pairs, 0, 1, then 1, 2 old.
+shared = b["modes"]["fused+stalesync:2+shared:2"]
+rows = [json.loads(l) for l in open(shared["runs"][0]["output_dir"] + "/metrics.jsonl")]
+assert [r["max_staleness"] for r in rows] == [0, 1, 1, 2, 1, 2], [r["max_staleness"] for r in rows]
 # Admission alone keeps the lag bound: nothing reached the trainer over it.
-for name in ("fused+stalesync:2", "disaggregated:1"):
+for name in ("fused+stalesync:2", "disaggregated:1", "fused+stalesync:2+shared:2"):
     for run in b["modes"][name]["runs"]:
         rows = [json.loads(l) for l in open(run["output_dir"] + "/metrics.jsonl")]
         assert rows and all(r["over_stale_samples"] == 0 for r in rows), (name, run)

@@ -790,10 +790,14 @@ TEST(StaleSyncRuleTest, LaggedSampleVersionSharesAVersionPerBlock) {
           const int64_t staleness = v0 + i - v;
           EXPECT_GE(v, std::max(v0, AdmitVersion(v0, i, s))) << i;
           EXPECT_LE(staleness, s) << i;
-          if (m == 1) EXPECT_EQ(v, std::max(v0, v0 + i - s)) << i;
+          if (m == 1) {
+            EXPECT_EQ(v, std::max(v0, v0 + i - s)) << i;
+          }
           // Past the pipeline's start the block's steps are exactly
           // s - m + 1 .. s old, in order.
-          if (i >= s + m) EXPECT_EQ(staleness, s - m + 1 + i % m) << i;
+          if (i >= s + m) {
+            EXPECT_EQ(staleness, s - m + 1 + i % m) << i;
+          }
           if (i % m != 0) {
             EXPECT_EQ(v, LaggedSampleVersion(v0, i - 1, s, m)) << i;
           }
