@@ -219,11 +219,13 @@ def tiny_cfg(kind):
         # Qwen3MoeForCausalLM: Qwen3's attention; every layer's MLP is a
         # sparse block (decoder_sparse_step 1, no mlp_only_layers) of
         # num_experts SwiGLU experts of moe_intermediate_size, top-k of the
-        # router's softmax, renormalised (norm_topk_prob, as Qwen3-30B-A3B).
+        # router's softmax, not renormalised (norm_topk_prob false,
+        # Qwen3MoeConfig's default; Qwen3-30B-A3B sets true, which
+        # mixtral-tiny's always-renormalised gates cover).
         return dict(common, arch="qwen3_moe", num_attention_heads=4, num_key_value_heads=2,
                     head_dim=32, qkv_bias=False, qk_norm=True, tie=False,
                     rope_theta=1000000.0, rope_scaling=None,
-                    num_experts=4, top_k=2, moe_intermediate_size=32, norm_topk_prob=True)
+                    num_experts=4, top_k=2, moe_intermediate_size=32, norm_topk_prob=False)
     if kind == "mixtral":
         # MixtralForCausalLM: Llama/Mistral attention; every MLP is a sparse
         # block of num_local_experts experts of intermediate_size; the top-k

@@ -105,7 +105,7 @@ expect_error() {  # expect_error PATTERN CMD...
   local pattern=$1; shift
   set +e; out=$("$@" 2>&1 >/dev/null); rc=$?; set -e
   [ "$rc" = 2 ] || fail "expected exit 2, got $rc from: $* ($out)"
-  echo "$out" | grep -q -- "$pattern" || fail "expected '$pattern' in: $out"
+  grep -q -- "$pattern" <<<"$out" || fail "expected '$pattern' in: $out"
 }
 expect_error "\-\-set model.d_model=256: is 256 but model.hf_path's config.json gives 64" \
   "$BIN" validate "$WORK/job.yaml" --set model.d_model=256
@@ -136,6 +136,7 @@ if [ -f "$MOE/config.json" ]; then
   grep -q '"expert_parallel":2' "$WORK/moe/metrics.jsonl" || fail "MoE run: no expert_parallel 2 in metrics.jsonl"
   grep -q '"Qwen3MoeForCausalLM"' "$WORK/moe/hf/config.json" || fail "MoE export config.json"
   grep -q '"num_experts": 4' "$WORK/moe/hf/config.json" || fail "MoE export lacks num_experts"
+  grep -q '"norm_topk_prob": false' "$WORK/moe/hf/config.json" || fail "MoE export: the fixture's unnormalised gates not written back"
   header=$(head -c 65536 "$WORK/moe/hf/model.safetensors" | tr -d '\0')
   for e in 0 1 2 3; do
     # A here-string, not a pipe: grep -q exits at its first match, and
@@ -148,6 +149,8 @@ if [ -f "$MOE/config.json" ]; then
   [ "$a" = "$b" ] || fail "MoE export and checkpoint generate differently: $a vs $b"
   expect_error "\\-\\-set model.moe_experts=8: is 8 but model.hf_path's config.json gives 4" \
     "$BIN" validate "$WORK/job.yaml" --set model.hf_path="$MOE" --set model.moe_experts=8
+  expect_error "moe_gates=renormalised: is renormalised but model.hf_path's config.json gives probabilities" \
+    "$BIN" validate "$WORK/job.yaml" --set model.hf_path="$MOE" --set model.moe_gates=renormalised
 else
   echo "hf_e2e_test: no $MOE, MoE block skipped"
 fi

@@ -77,6 +77,19 @@ inline constexpr const char* kLoraTargetNames[] = {
 absl::StatusOr<std::vector<std::string>> ParseLoraTargets(
     absl::string_view targets);
 
+// How a MoE token's k chosen router probabilities become its combine
+// weights (model.moe_gates): auto = the probability itself for k = 1
+// (Switch) and renormalised to sum to 1 for k >= 2 (GShard, Mixtral);
+// renormalised = always (k = 1: a gate of 1; Hugging Face's
+// norm_topk_prob true); probabilities = never (norm_topk_prob false, as
+// Qwen3MoeConfig's default, Qwen2-MoE and OLMoE).
+enum class MoeGates { kAuto, kRenormalised, kProbabilities };
+absl::StatusOr<MoeGates> ParseMoeGates(absl::string_view name);
+const char* MoeGatesName(MoeGates gates);
+// Whether `gates` renormalises the chosen probabilities of a top-`top_k`
+// router (auto resolved by k).
+bool RouterRenormalises(MoeGates gates, int top_k);
+
 struct ModelConfig {
   // A Hugging Face model directory (config.json, model.safetensors or a
   // sharded set with model.safetensors.index.json, tokenizer.json,
@@ -131,10 +144,11 @@ struct ModelConfig {
   // tokens of a forward call; assignments past that are dropped (the token
   // keeps its residual and the shared expert). 0 = dropless.
   double moe_capacity_factor = 0;
-  double moe_aux_loss_coef = 0.01;  // load-balancing loss weight (Switch)
-  double moe_z_loss_coef = 0.001;   // router z-loss weight (ST-MoE)
-  bool moe_shared_expert = false;   // add one always-on SwiGLU expert
-  int moe_d_ff = 0;                 // each expert's inner width; 0 = d_ff
+  double moe_aux_loss_coef = 0.01;       // load-balancing loss weight (Switch)
+  double moe_z_loss_coef = 0.001;        // router z-loss weight (ST-MoE)
+  bool moe_shared_expert = false;        // add one always-on SwiGLU expert
+  int moe_d_ff = 0;                      // each expert's inner width; 0 = d_ff
+  MoeGates moe_gates = MoeGates::kAuto;  // [arch] see MoeGates
   // Selective recompute / swap of activations (training forward only: a
   // no-grad forward keeps nothing anyway). Not part of the model's shape.
   ActivationConfig activations;

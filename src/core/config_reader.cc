@@ -440,6 +440,15 @@ std::optional<FieldError> ApplyHfArchitecture(ModelConfig& m) {
   take("moe_top_k", &ModelConfig::moe_top_k);
   take("moe_d_ff", &ModelConfig::moe_d_ff);
   if (error) return error;
+  if (m.moe_gates != def.moe_gates && m.moe_gates != hf.moe_gates) {
+    return Invalid("model.moe_gates",
+                   absl::StrCat("is ", MoeGatesName(m.moe_gates),
+                                " but model.hf_path's config.json gives ",
+                                MoeGatesName(hf.moe_gates),
+                                "; leave the architecture keys unset with "
+                                "model.hf_path"));
+  }
+  m.moe_gates = hf.moe_gates;
   const RopeScalingConfig& r = m.rope_scaling;
   const RopeScalingConfig rdef;
   const bool rope_default = r.type == rdef.type && r.factor == rdef.factor &&

@@ -93,6 +93,10 @@ constexpr Spelling<DataPlane> kDataPlanes[] = {
     {DataPlane::kController, "controller"}, {DataPlane::kC10d, "c10d"}};
 constexpr Spelling<OffloadPolicy> kOffloadPolicies[] = {
     {OffloadPolicy::kNever, "never"}, {OffloadPolicy::kAuto, "auto"}};
+constexpr Spelling<MoeGates> kMoeGates[] = {
+    {MoeGates::kAuto, "auto"},
+    {MoeGates::kRenormalised, "renormalised"},
+    {MoeGates::kProbabilities, "probabilities"}};
 constexpr Spelling<FusedTurns> kFusedTurns[] = {
     {FusedTurns::kAuto, "auto"},
     {FusedTurns::kConcurrent, "concurrent"},
@@ -266,6 +270,22 @@ absl::StatusOr<OffloadPolicy> ParseOffloadPolicy(absl::string_view name) {
 }
 const char* OffloadPolicyName(OffloadPolicy policy) {
   return NameOf(policy, kOffloadPolicies);
+}
+
+absl::StatusOr<MoeGates> ParseMoeGates(absl::string_view name) {
+  return ParseName<MoeGates>(name, kMoeGates);
+}
+const char* MoeGatesName(MoeGates gates) { return NameOf(gates, kMoeGates); }
+bool RouterRenormalises(MoeGates gates, int top_k) {
+  switch (gates) {
+    case MoeGates::kRenormalised:
+      return true;
+    case MoeGates::kProbabilities:
+      return false;
+    case MoeGates::kAuto:
+      break;
+  }
+  return top_k >= 2;
 }
 
 absl::StatusOr<FusedTurns> ParseFusedTurns(absl::string_view name) {

@@ -147,6 +147,7 @@ void VisitModel(ModelConfig& m, V& v) {
   v.Double("moe_z_loss_coef", &m.moe_z_loss_coef, AtLeast(0));
   v.Bool("moe_shared_expert", &m.moe_shared_expert);
   v.Int("moe_d_ff", &m.moe_d_ff, AtLeast(0));
+  v.Enum("moe_gates", &m.moe_gates, ParseMoeGates, MoeGatesName);
   v.Section("activations", [&] { VisitActivations(m.activations, v); });
   v.Section("lora", [&] { VisitLora(m.lora, v); });
   v.String("lora_path", &m.lora_path, ExistingFile());

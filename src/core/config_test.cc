@@ -1466,6 +1466,21 @@ TEST(ConfigTest, MoeKeysAreCheckedWhenParsed) {
   EXPECT_EQ(config->model.moe_z_loss_coef, 0.001);
   EXPECT_FALSE(config->model.moe_shared_expert);
   EXPECT_EQ(config->model.moe_d_ff, 0);
+  EXPECT_EQ(config->model.moe_gates, MoeGates::kAuto);
+  config = ParseJobConfig(
+      "model:\n  moe_experts: 4\n  moe_gates: probabilities\n", "job.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->model.moe_gates, MoeGates::kProbabilities);
+  EXPECT_FALSE(RouterRenormalises(config->model.moe_gates, 2));
+  EXPECT_TRUE(RouterRenormalises(MoeGates::kAuto, 2));
+  EXPECT_FALSE(RouterRenormalises(MoeGates::kAuto, 1));
+  EXPECT_TRUE(RouterRenormalises(MoeGates::kRenormalised, 1));
+  ExpectError("model:\n  moe_gates: renormalised\n",
+              absl::StatusCode::kInvalidArgument,
+              {"job.yaml: model.moe_gates: applies to a mixture of experts "
+               "only (model.moe_experts 0), got renormalised"});
+  ExpectError("model:\n  moe_experts: 4\n  moe_gates: normalised\n",
+              absl::StatusCode::kInvalidArgument, {"model.moe_gates"});
   ExpectError("model:\n  moe_expert: 4\n", absl::StatusCode::kInvalidArgument,
               {"job.yaml: model.moe_expert: unknown key (did you mean "
                "'moe_experts'?)"});

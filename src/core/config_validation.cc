@@ -166,6 +166,12 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                    absl::StrCat("must be <= model.moe_experts (", m.moe_experts,
                                 "), got ", m.moe_top_k));
   }
+  if (m.moe_gates != MoeGates::kAuto && m.moe_experts == 0) {
+    return Invalid("model.moe_gates",
+                   absl::StrCat("applies to a mixture of experts only "
+                                "(model.moe_experts 0), got ",
+                                MoeGatesName(m.moe_gates), "; leave it auto"));
+  }
   if (m.moe_groups > 1) {
     if (m.moe_experts == 0) {
       return Invalid("model.moe_groups",

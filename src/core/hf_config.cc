@@ -249,8 +249,9 @@ absl::Status ReadRope(const Json& j, const Fields& f, double default_theta,
 
 // The sparse feed-forward of Qwen3MoeForCausalLM and MixtralForCausalLM:
 // every layer routed (a dense layer between them is refused), softmax
-// router, top-k, gates renormalised or not as FusionRL's router does for
-// that k.
+// router, top-k, gates renormalised (norm_topk_prob; Mixtral always) or the
+// probabilities themselves: model.moe_gates auto where that is auto's rule
+// for k, else named.
 absl::Status ReadMoe(const Json& j, const Fields& f, const std::string& arch,
                      ModelConfig* m) {
   const bool qwen3_moe = arch == "Qwen3MoeForCausalLM";
@@ -306,16 +307,10 @@ absl::Status ReadMoe(const Json& j, const Fields& f, const std::string& arch,
                            "supported)");
     }
   }
-  if (normalise != RouterRenormalisesTopK(top_k)) {
-    return f.Unsupported(
-        qwen3_moe ? "norm_topk_prob" : "num_experts_per_tok",
-        absl::StrCat(
-            "the router's gates must be renormalised exactly when "
-            "num_experts_per_tok >= 2 (FusionRL's router; with k = 1 the gate "
-            "is the probability itself); this config has k = ",
-            top_k, " and ", normalise ? "renormalised" : "unnormalised",
-            " gates"));
-  }
+  m->moe_gates =
+      normalise == RouterRenormalises(MoeGates::kAuto, top_k)
+          ? MoeGates::kAuto
+          : (normalise ? MoeGates::kRenormalised : MoeGates::kProbabilities);
   m->moe_experts = experts;
   m->moe_top_k = top_k;
   return absl::OkStatus();
@@ -332,8 +327,6 @@ bool HasQkNorm(const std::string& architecture) {
   return architecture == "Qwen3ForCausalLM" ||
          architecture == "Qwen3MoeForCausalLM";
 }
-
-bool RouterRenormalisesTopK(int top_k) { return top_k >= 2; }
 
 absl::StatusOr<HfModelInfo> ReadHfModelConfig(const std::string& dir) {
   namespace fs = std::filesystem;

@@ -74,14 +74,12 @@ std::string PeftAdapterConfigJson(const LoraConfig& lora,
                                   const std::string& base_model);
 
 // Facts of the supported architectures, shared by import, export and the
-// config's validation: the mixtures of experts (Qwen3-MoE, Mixtral), those
-// with per-head q/k RMSNorm (Qwen3, Qwen3-MoE), and FusionRL's router's gate
-// rule (engine/moe.h: the chosen probabilities renormalised for k >= 2, the
-// probability itself for k = 1), which an HF MoE config names with
-// norm_topk_prob.
+// config's validation: the mixtures of experts (Qwen3-MoE, Mixtral) and
+// those with per-head q/k RMSNorm (Qwen3, Qwen3-MoE). The router's gate rule,
+// which an HF MoE config names with norm_topk_prob, is model.moe_gates
+// (RouterRenormalises, fusionrl/config.h).
 bool IsMoeArchitecture(const std::string& architecture);
 bool HasQkNorm(const std::string& architecture);
-bool RouterRenormalisesTopK(int top_k);
 
 // OK when HfConfigJson can write `model` as its architecture; otherwise
 // InvalidArgument saying what the architecture cannot express (a MoE policy

@@ -167,6 +167,8 @@ TEST(HfConfigTest, MixturesOfExpertsReadTheirExpertsAndRoundTrip) {
   EXPECT_EQ(qwen->model.moe_d_ff, 48);
   EXPECT_EQ(qwen->model.d_ff, 128);
   EXPECT_TRUE(qwen->model.qk_norm);
+  // norm_topk_prob true with k = 8 is auto's rule for that k.
+  EXPECT_EQ(qwen->model.moe_gates, MoeGates::kAuto);
   // Mixtral: intermediate_size is each expert's width; no head_dim key
   // means hidden / heads.
   auto mixtral = Read(Qwen3({{"architectures", {"MixtralForCausalLM"}},
@@ -181,6 +183,7 @@ TEST(HfConfigTest, MixturesOfExpertsReadTheirExpertsAndRoundTrip) {
   EXPECT_EQ(mixtral->model.moe_top_k, 2);
   EXPECT_EQ(mixtral->model.moe_d_ff, 0);
   EXPECT_EQ(mixtral->model.head_dim, 16);
+  EXPECT_EQ(mixtral->model.moe_gates, MoeGates::kAuto);
   auto no_theta = Read(Qwen3({{"architectures", {"MixtralForCausalLM"}},
                               {"rope_theta", nullptr}}),
                        "mixtral-theta");
@@ -199,6 +202,54 @@ TEST(HfConfigTest, MixturesOfExpertsReadTheirExpertsAndRoundTrip) {
   }
 }
 
+// norm_topk_prob and k name model.moe_gates: auto where they agree with
+// auto's rule (renormalised for k >= 2, the probability for k = 1), else
+// the rule by name; Mixtral always renormalises. Each writes back what it
+// read, and a job that pins another rule than the directory's is refused.
+TEST(HfConfigTest, RouterGateRulesAreReadAndWrittenBack) {
+  struct Case {
+    Json config;
+    MoeGates gates;
+    bool renormalised;
+  };
+  const Json mixtral_top1 = Qwen3({{"architectures", {"MixtralForCausalLM"}},
+                                   {"model_type", "mixtral"},
+                                   {"num_local_experts", 4},
+                                   {"num_experts_per_tok", 1}});
+  const Case cases[] = {
+      {Qwen3Moe({{"norm_topk_prob", false}}), MoeGates::kProbabilities, false},
+      {Qwen3Moe({{"norm_topk_prob", nullptr}}), MoeGates::kProbabilities,
+       false},  // Qwen3MoeConfig's default: false
+      {Qwen3Moe({{"num_experts_per_tok", 1}}), MoeGates::kRenormalised, true},
+      {Qwen3Moe({{"num_experts_per_tok", 1}, {"norm_topk_prob", false}}),
+       MoeGates::kAuto, false},
+      {mixtral_top1, MoeGates::kRenormalised, true},
+  };
+  for (const Case& c : cases) {
+    auto info = Read(c.config, "gates");
+    ASSERT_TRUE(info.ok()) << info.status() << c.config.dump();
+    EXPECT_EQ(info->model.moe_gates, c.gates) << c.config.dump();
+    EXPECT_EQ(RouterRenormalises(info->model.moe_gates, info->model.moe_top_k),
+              c.renormalised);
+    EXPECT_TRUE(HfExportable(info->model).ok()) << c.config.dump();
+    auto text =
+        HfConfigJson(info->model, info->model.vocab_size, 1, {2}, "float32");
+    ASSERT_TRUE(text.ok()) << text.status();
+    auto again = Read(Json::parse(*text), "gates-again");
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->model.moe_gates, c.gates) << *text;
+    EXPECT_TRUE(SameArchitecture(again->model, info->model));
+  }
+  ModelConfig a;
+  a.moe_experts = 4;
+  a.moe_top_k = 2;
+  ModelConfig b = a;
+  b.moe_gates = MoeGates::kRenormalised;
+  EXPECT_TRUE(SameArchitecture(a, b));  // the same rule for k = 2
+  b.moe_gates = MoeGates::kProbabilities;
+  EXPECT_FALSE(SameArchitecture(a, b));
+}
+
 TEST(HfConfigTest, MoeFeaturesFusionRlCannotComputeAreRefusedByName) {
   struct Case {
     Json config;
@@ -206,10 +257,6 @@ TEST(HfConfigTest, MoeFeaturesFusionRlCannotComputeAreRefusedByName) {
     std::string why;
   };
   const Case cases[] = {
-      {Qwen3Moe({{"norm_topk_prob", false}}), "norm_topk_prob",
-       "this config has k = 8 and unnormalised gates"},
-      {Qwen3Moe({{"num_experts_per_tok", 1}}), "norm_topk_prob",
-       "k = 1 and renormalised gates"},
       {Qwen3Moe({{"decoder_sparse_step", 2}}), "decoder_sparse_step",
        "dense layers between them are not supported"},
       {Qwen3Moe({{"mlp_only_layers", {1}}}), "mlp_only_layers",
@@ -260,7 +307,7 @@ TEST(HfConfigTest, ExportRefusesWhatTheArchitectureCannotExpress) {
   m.moe_experts = 0;
   EXPECT_THAT(refused(m), HasSubstr("is a mixture of experts"));
   // Top-1 with the probability as its gate: Qwen3-MoE writes it
-  // (norm_topk_prob false), Mixtral cannot.
+  // (norm_topk_prob false), Mixtral cannot; nor unnormalised top-2.
   m = qwen->model;
   m.moe_top_k = 1;
   EXPECT_TRUE(HfExportable(m).ok());
@@ -270,8 +317,15 @@ TEST(HfConfigTest, ExportRefusesWhatTheArchitectureCannotExpress) {
   m.architecture = "MixtralForCausalLM";
   m.qk_norm = false;
   m.moe_d_ff = 0;
-  EXPECT_THAT(refused(m), HasSubstr("top-1 routing"));
+  EXPECT_THAT(refused(m), HasSubstr("gates that are the router's "
+                                    "probabilities themselves"));
+  m.moe_gates = MoeGates::kRenormalised;
+  EXPECT_TRUE(HfExportable(m).ok());
   m.moe_top_k = 2;
+  m.moe_gates = MoeGates::kProbabilities;
+  EXPECT_THAT(refused(m), HasSubstr("gates that are the router's "
+                                    "probabilities themselves"));
+  m.moe_gates = MoeGates::kAuto;
   m.moe_d_ff = 48;
   EXPECT_THAT(refused(m), HasSubstr("experts narrower than model.d_ff"));
 }

@@ -46,7 +46,7 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& m, int vocab_size,
     j["num_experts"] = m.moe_experts;
     j["num_experts_per_tok"] = m.moe_top_k;
     j["moe_intermediate_size"] = m.moe_d_ff > 0 ? m.moe_d_ff : m.d_ff;
-    j["norm_topk_prob"] = RouterRenormalisesTopK(m.moe_top_k);
+    j["norm_topk_prob"] = RouterRenormalises(m.moe_gates, m.moe_top_k);
     j["decoder_sparse_step"] = 1;
     j["mlp_only_layers"] = nlohmann::ordered_json::array();
   }
@@ -138,10 +138,11 @@ absl::Status HfExportable(const ModelConfig& m) {
     return refuse("a shared expert (model.moe_shared_expert)");
   }
   if (arch == "MixtralForCausalLM") {
-    if (!RouterRenormalisesTopK(m.moe_top_k)) {
+    if (!RouterRenormalises(m.moe_gates, m.moe_top_k)) {
       return refuse(
-          "top-1 routing with the probability as the gate (Mixtral "
-          "renormalises the chosen probabilities); use Qwen3MoeForCausalLM");
+          "gates that are the router's probabilities themselves (Mixtral "
+          "renormalises the chosen ones; model.moe_gates renormalised, or "
+          "auto with k >= 2); use Qwen3MoeForCausalLM");
     }
     if (m.moe_d_ff > 0 && m.moe_d_ff != m.d_ff) {
       return refuse(
@@ -154,10 +155,11 @@ absl::Status HfExportable(const ModelConfig& m) {
 
 const std::vector<std::string>& ArchitectureKeys() {
   static const std::vector<std::string> keys = {
-      "architecture", "vocab_size", "d_model", "n_layers",       "n_heads",
-      "n_kv_heads",   "head_dim",   "d_ff",    "rope_theta",     "rope_scaling",
-      "norm_eps",     "qkv_bias",   "qk_norm", "tie_embeddings", "moe_experts",
-      "moe_top_k",    "moe_d_ff"};
+      "architecture", "vocab_size",     "d_model",     "n_layers",
+      "n_heads",      "n_kv_heads",     "head_dim",    "d_ff",
+      "rope_theta",   "rope_scaling",   "norm_eps",    "qkv_bias",
+      "qk_norm",      "tie_embeddings", "moe_experts", "moe_top_k",
+      "moe_d_ff",     "moe_gates"};
   return keys;
 }
 
@@ -172,6 +174,9 @@ bool SameArchitecture(const ModelConfig& a, const ModelConfig& b) {
          a.qkv_bias == b.qkv_bias && a.qk_norm == b.qk_norm &&
          a.tie_embeddings == b.tie_embeddings &&
          a.moe_experts == b.moe_experts && a.moe_top_k == b.moe_top_k &&
+         (a.moe_experts == 0 ||
+          RouterRenormalises(a.moe_gates, a.moe_top_k) ==
+              RouterRenormalises(b.moe_gates, b.moe_top_k)) &&
          a.moe_d_ff == b.moe_d_ff && ra.type == rb.type &&
          ra.factor == rb.factor && ra.low_freq_factor == rb.low_freq_factor &&
          ra.high_freq_factor == rb.high_freq_factor &&

@@ -57,6 +57,8 @@ nlohmann::ordered_json ModelJson(const ModelConfig& m, int vocab) {
     j["moe_d_ff"] = m.moe_d_ff > 0 ? m.moe_d_ff : m.d_ff;
     j["moe_shared_expert"] = m.moe_shared_expert;
     if (m.moe_groups > 1) j["moe_groups"] = m.moe_groups;
+    if (m.moe_gates != MoeGates::kAuto)
+      j["moe_gates"] = MoeGatesName(m.moe_gates);
   }
   return j;
 }
@@ -105,6 +107,16 @@ absl::Status ModelFromJson(const nlohmann::json& j, const std::string& where,
       m->moe_d_ff = j.at("moe_d_ff").get<int>();
       m->moe_shared_expert = j.at("moe_shared_expert").get<bool>();
       m->moe_groups = j.value("moe_groups", 1);
+      if (j.contains("moe_gates")) {
+        absl::StatusOr<MoeGates> gates =
+            ParseMoeGates(j.at("moe_gates").get<std::string>());
+        if (!gates.ok()) {
+          return absl::DataLossError(
+              absl::StrCat("checkpoint model config: moe_gates: ",
+                           gates.status().message()));
+        }
+        m->moe_gates = *gates;
+      }
     }
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(

@@ -18,10 +18,10 @@ BlockImpl::BlockImpl(const ModelConfig& c, ExpertShard shard) {
   mlp_norm = register_module("mlp_norm", RMSNorm(c.d_model, c.norm_eps));
   if (c.moe_experts > 0) {
     moe = register_module(
-        "mlp",
-        MoeFeedForward(c.d_model, c.moe_d_ff > 0 ? c.moe_d_ff : c.d_ff,
-                       c.moe_experts, c.moe_top_k, c.moe_groups,
-                       c.moe_capacity_factor, c.moe_shared_expert, shard));
+        "mlp", MoeFeedForward(c.d_model, c.moe_d_ff > 0 ? c.moe_d_ff : c.d_ff,
+                              c.moe_experts, c.moe_top_k, c.moe_groups,
+                              c.moe_capacity_factor, c.moe_shared_expert, shard,
+                              RouterRenormalises(c.moe_gates, c.moe_top_k)));
   } else {
     mlp = register_module("mlp", SwiGLU(c.d_model, c.d_ff));
   }

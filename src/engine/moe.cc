@@ -87,9 +87,11 @@ RouterOutput Route(const at::Tensor& logits, const RouteOptions& options) {
     top_p = r.probs.gather(1, top_i);
   }
   r.expert_index = top_i;
-  // k = 1: the probability itself (Switch); k >= 2: renormalised over the
-  // chosen experts (GShard, Mixtral).
-  r.gates = top_k == 1 ? top_p : top_p / top_p.sum(-1, /*keepdim=*/true);
+  // By default k = 1: the probability itself (Switch); k >= 2: renormalised
+  // over the chosen experts (GShard, Mixtral). model.moe_gates can pin
+  // either (Hugging Face's norm_topk_prob).
+  const bool renormalise = options.renormalise.value_or(top_k >= 2);
+  r.gates = renormalise ? top_p / top_p.sum(-1, /*keepdim=*/true) : top_p;
   // Assignments in priority order: every first choice by token order, then
   // every second choice by token order.
   const auto priority = top_i.t().reshape({-1});  // [k * T]
@@ -138,10 +140,12 @@ at::Tensor ZLoss(const at::Tensor& logits) {
 MoeFeedForwardImpl::MoeFeedForwardImpl(int64_t d_model, int64_t d_ff,
                                        int num_experts, int top_k, int groups,
                                        double capacity_factor,
-                                       bool shared_expert, ExpertShard shard)
+                                       bool shared_expert, ExpertShard shard,
+                                       std::optional<bool> renormalise_gates)
     : num_experts_(num_experts),
       top_k_(top_k),
       groups_(groups),
+      renormalise_gates_(renormalise_gates),
       shard_(shard),
       capacity_factor_(capacity_factor) {
   TORCH_CHECK(shard.size >= 1 && num_experts % shard.size == 0 &&
@@ -260,6 +264,7 @@ torch::Tensor MoeFeedForwardImpl::Dispatch(const torch::Tensor& x,
   options.top_k = top_k_;
   options.groups = groups_;
   options.replay = replay;
+  options.renormalise = renormalise_gates_;
   options.capacity =
       apply_capacity && !replay.defined()
           ? moe::Capacity(capacity_factor_, m, top_k_, num_experts_)

@@ -32,6 +32,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace fusionrl::moe {
@@ -60,6 +61,10 @@ struct RouteOptions {
   // [T, top_k] int64 experts to use (-1: route that slot as usual), or
   // undefined. Replayed assignments are never dropped: REQUIRES capacity 0.
   at::Tensor replay;
+  // Whether the gates are the chosen probabilities renormalised to sum to 1
+  // (true) or the probabilities themselves (false); nullopt: as top_k says
+  // (renormalised for k >= 2; model.moe_gates auto).
+  std::optional<bool> renormalise;
 };
 
 // Routes T tokens given router logits [T, N]. REQUIRES: T >= 1 and the

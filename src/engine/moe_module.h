@@ -25,6 +25,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "engine/lora.h"
@@ -92,10 +93,12 @@ class MoeFeedForwardImpl : public torch::nn::Module {
   // num_experts and top_k, capacity_factor >= 0, shard.size dividing
   // num_experts. With shard.size > 1 the module holds its shard's experts
   // only (registered under their global names, "expert<i>") and needs
-  // set_expert_group before its first forward.
+  // set_expert_group before its first forward. `renormalise_gates`:
+  // moe::RouteOptions::renormalise.
   MoeFeedForwardImpl(int64_t d_model, int64_t d_ff, int num_experts, int top_k,
                      int groups, double capacity_factor, bool shared_expert,
-                     ExpertShard shard = {});
+                     ExpertShard shard = {},
+                     std::optional<bool> renormalise_gates = std::nullopt);
 
   // Expert parallelism: the group of the shard.size ranks that hold the
   // block's shards (borrowed; rank shard.rank of them). Every forward then
@@ -156,6 +159,7 @@ class MoeFeedForwardImpl : public torch::nn::Module {
   int num_experts_;
   int top_k_;
   int groups_;
+  std::optional<bool> renormalise_gates_;
   ExpertShard shard_;
   GradientSync* expert_group_ = nullptr;
   bool record_routes_ = false;

@@ -89,6 +89,43 @@ TEST(MoeRouteTest, TopTwoRenormalisesTheGatesOverTheChosenPair) {
   EXPECT_TRUE(r.keep.all().item<bool>());
 }
 
+// model.moe_gates pins the rule (Hugging Face's norm_topk_prob): top-2
+// gates that are the chosen probabilities themselves, and top-1 gates
+// renormalised to 1; the routing itself is unchanged.
+TEST(MoeRouteTest, GateRuleCanBePinnedEitherWay) {
+  moe::RouteOptions o;
+  o.top_k = 2;
+  o.renormalise = false;
+  const moe::RouterOutput raw = moe::Route(HandLogits(), o);
+  EXPECT_TRUE(torch::equal(raw.expert_index,
+                           moe::Route(HandLogits(), 2, 0).expert_index));
+  ExpectNear(raw.gates, {0.5, 0.3, 0.6, 0.3, 0.7, 0.2, 0.4, 0.35}, 1e-6);
+  o.top_k = 1;
+  o.renormalise = true;
+  const moe::RouterOutput one = moe::Route(HandLogits(), o);
+  ExpectNear(one.gates, {1, 1, 1, 1}, 1e-6);
+  // The module follows its config: a top-2 block whose gates are the raw
+  // probabilities outputs less than the renormalised one wherever a
+  // token's two probabilities sum below 1 (here: every token).
+  torch::manual_seed(3);
+  MoeFeedForward renorm(8, 16, 4, 2, 1, 0.0, false);
+  MoeFeedForward probs(8, 16, 4, 2, 1, 0.0, false, ExpertShard{}, false);
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < renorm->parameters().size(); ++i) {
+    probs->parameters()[i].copy_(renorm->parameters()[i]);
+  }
+  const auto x = torch::randn({1, 5, 8});
+  const auto a = renorm(x, MoeRouting{});
+  const auto b = probs(x, MoeRouting{});
+  const auto p = at::softmax(renorm->router(x.view({5, 8})), -1);
+  const auto sum2 = std::get<0>(p.topk(2, -1)).sum(-1);  // [5]
+  EXPECT_LT((b.view({5, 8}) - a.view({5, 8}) * sum2.unsqueeze(1))
+                .abs()
+                .max()
+                .item<double>(),
+            1e-5);
+}
+
 TEST(MoeLossTest, AuxLossIsNTimesAssignmentShareDotMeanProbability) {
   // Mean probabilities P = [1.2, 1.35, 1.45] / 4 = [0.3, 0.3375, 0.3625].
   const at::Tensor logits = HandLogits();
