@@ -482,9 +482,9 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
           key,
           absl::StrCat(m, " must be at most stalesync.max_policy_lag + 1 (",
                        c.stalesync.max_policy_lag + 1,
-                       "): the block's first step would be trained more "
-                       "than max_policy_lag versions after the one it "
-                       "samples from"));
+                       "): the block's first step would have to sample "
+                       "from a version its own training step has not "
+                       "produced yet"));
     }
     if (c.stalesync.rollout_version != RolloutVersion::kLagged) {
       return Invalid(key, absl::StrCat(m,
