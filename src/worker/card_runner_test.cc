@@ -595,11 +595,30 @@ TEST(GroupSamplerTest, StepsSampledTogetherEqualStepsSampledAlone) {
 // Rounds of several steps: the steps admitted at once that sample from
 // one version go to the sampler together (lagged: the first s + 1 steps
 // after a reset all sample from v0; newest: every admitted step samples
-// from the newest version); steps of different versions never share a
-// round.
+// from the newest version; lagged with steps_per_version 2: each pair
+// samples from the version its second step is admitted at, 0 for steps
+// 1-2, then 1 and 3, LaggedSampleVersion); steps of different versions
+// never share a round.
 TEST(FusedRolloutTest, SamplesTheAdmittedStepsOfOneVersionInOneRound) {
-  for (const bool lagged : {true, false}) {
-    SCOPED_TRACE(lagged ? "lagged" : "newest");
+  using Rounds = std::vector<std::vector<int64_t>>;
+  struct Case {
+    const char* name;
+    bool lagged;
+    int steps_per_version;
+    Rounds rounds;
+    std::vector<int64_t> versions;  // of steps 2..6
+  };
+  const Case cases[] = {
+      {"lagged", true, 1, {{1, 2, 3}, {4}, {5}, {6}}, {0, 0, 1, 2, 3}},
+      {"newest", false, 1, {{1, 2, 3}, {4, 5, 6}}, {0, 0, 3, 3, 3}},
+      {"lagged, 2 steps per version",
+       true,
+       2,
+       {{1, 2}, {3, 4}, {5, 6}},
+       {0, 1, 1, 3, 3}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
     auto policy = testing_util::TinyModel();
     auto snapshot = policy->CloneFrozen();
     auto engine =
@@ -608,7 +627,8 @@ TEST(FusedRolloutTest, SamplesTheAdmittedStepsOfOneVersionInOneRound) {
     sampler.HoldFirstRound();
     FusedRollout::Options o;
     o.max_policy_lag = 2;
-    o.lagged = lagged;
+    o.lagged = c.lagged;
+    o.steps_per_version = c.steps_per_version;
     o.prompts_per_step = 2;
     o.max_steps_per_round = 3;
     o.timeout = absl::Seconds(10);
@@ -618,58 +638,20 @@ TEST(FusedRolloutTest, SamplesTheAdmittedStepsOfOneVersionInOneRound) {
     absl::StatusOr<RolloutBatch> b1 = fused.Take(TrainPlan(1, 2));
     ASSERT_TRUE(b1.ok()) << b1.status();
     // Versions 1..3 arrive while the first round is still in the sampler:
-    // steps 4..6 are admitted at once when the next round is formed.
+    // the later steps are admitted at once when the next round is formed.
     for (int v = 1; v <= 3; ++v) fused.Publish(policy->parameters(), v);
     sampler.Release();
     ASSERT_EQ(sampler.WaitFor(6).size(), 6u);
-    using Rounds = std::vector<std::vector<int64_t>>;
-    const Rounds want = lagged ? Rounds{{1, 2, 3}, {4}, {5}, {6}}
-                               : Rounds{{1, 2, 3}, {4, 5, 6}};
-    EXPECT_EQ(sampler.Rounds(), want);
+    EXPECT_EQ(sampler.Rounds(), c.rounds);
     for (int64_t step = 2; step <= 6; ++step) {
       absl::StatusOr<RolloutBatch> b = fused.Take(TrainPlan(step, 2));
       ASSERT_TRUE(b.ok()) << b.status();
       EXPECT_EQ(b->groups, TrainPlan(step, 2).groups);
-      EXPECT_EQ(b->samples.front().behaviour_version,
-                step <= 3 ? 0 : (lagged ? step - 3 : 3));
+      EXPECT_EQ(b->samples.front().behaviour_version, c.versions[step - 2])
+          << "step " << step;
     }
     fused.Stop();
   }
-}
-
-// stalesync.steps_per_version 2 at s = 2: the steps of each pair sample
-// from one version (0 for steps 1-2, then 1 and 3: LaggedSampleVersion)
-// and share a round, even when the next pair is admitted too.
-TEST(FusedRolloutTest, StepsSharingAVersionShareARound) {
-  auto policy = testing_util::TinyModel();
-  auto snapshot = policy->CloneFrozen();
-  auto engine =
-      std::make_unique<RolloutEngine>(*snapshot, 0, std::vector<int>{1});
-  RecordingSampler sampler;
-  sampler.HoldFirstRound();
-  FusedRollout::Options o;
-  o.max_policy_lag = 2;
-  o.steps_per_version = 2;
-  o.prompts_per_step = 2;
-  o.max_steps_per_round = 3;
-  o.timeout = absl::Seconds(10);
-  FusedRollout fused(std::move(snapshot), std::move(engine), o, sampler.Fn(),
-                     nullptr, RealClock());
-  fused.Publish(policy->parameters(), 0);
-  ASSERT_TRUE(fused.Take(TrainPlan(1, 2)).ok());
-  for (int v = 1; v <= 3; ++v) fused.Publish(policy->parameters(), v);
-  sampler.Release();
-  ASSERT_EQ(sampler.WaitFor(6).size(), 6u);
-  using Rounds = std::vector<std::vector<int64_t>>;
-  EXPECT_EQ(sampler.Rounds(), (Rounds{{1, 2}, {3, 4}, {5, 6}}));
-  const std::vector<int64_t> versions = {0, 1, 1, 3, 3};  // steps 2..6
-  for (int64_t step = 2; step <= 6; ++step) {
-    absl::StatusOr<RolloutBatch> b = fused.Take(TrainPlan(step, 2));
-    ASSERT_TRUE(b.ok()) << b.status();
-    EXPECT_EQ(b->samples.front().behaviour_version, versions[step - 2])
-        << "step " << step;
-  }
-  fused.Stop();
 }
 
 TEST(FusedRolloutTest, TakeTimesOutNamingTheStep) {
