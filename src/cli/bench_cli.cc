@@ -220,7 +220,6 @@ int RunOneHere(const BenchArgs& args, const JobConfig& base) {
   // exchanges per step (placement.expert_parallel).
   nlohmann::ordered_json card_memory = nlohmann::ordered_json::object();
   double a2a_bytes = 0, a2a_seconds = 0, gather_seconds = 0;
-  double tokens = 0;
   int64_t steps = 0;
   std::ifstream in(c.output_dir + "/metrics.jsonl");
   std::string line;
@@ -231,7 +230,6 @@ int RunOneHere(const BenchArgs& args, const JobConfig& base) {
     rollout += j.value("rollout_seconds", 0.0);
     step += j.value("step_seconds", 0.0);
     clock += j.value("step_seconds", 0.0) + j.value("eval_seconds", 0.0);
-    tokens += j.value("rollout_tokens", 0.0);
     if (j.contains("eval_accuracy")) {
       evals.push_back({{"step", j.value("step", 0)},
                        {"seconds", clock},
@@ -269,7 +267,8 @@ int RunOneHere(const BenchArgs& args, const JobConfig& base) {
       // rollout thread keeps sampling while the trainer evaluates, which
       // moves rollout work out of the steps' seconds into (slower)
       // evaluations; this figure counts both.
-      {"tokens_per_second_with_evals", clock > 0 ? tokens / clock : 0.0},
+      {"tokens_per_second_with_evals",
+       clock > 0 ? static_cast<double>(s->rollout_tokens) / clock : 0.0},
       {"final_eval_accuracy", s->final_eval_accuracy},
       {"max_staleness", stale},
       {"trainer_busy_fraction", step > 0 ? train / step : 0},
