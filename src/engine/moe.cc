@@ -304,39 +304,11 @@ torch::Tensor MoeFeedForwardImpl::Dispatch(const torch::Tensor& x,
     const auto y = ExchangeAndRun(x.index_select(0, token), per_expert);
     out.index_add_(0, token, y * gate);
   } else if (kept > 0) {
-    const bool recompute = recompute_act_ && at::GradMode::is_enabled();
-    // Under recompute each expert's node gathers its own rows from x (which
-    // autograd keeps anyway), so no gathered copy is saved.
-    const auto xs = recompute ? torch::Tensor()
-                              : TimeSubBlock(timer_, layer_, kMlpActSlot, [&] {
-                                  return x.index_select(0, token);
-                                });
-    std::vector<torch::Tensor> ys;
-    int64_t start = 0;
-    for (int i = 0; i < num_experts_; ++i) {
-      const int64_t n = count[i];
-      if (n == 0) continue;
-      if (recompute) {
-        // Gated inside the node and added at once (no concatenated copy).
-        const SwiGLU& e = experts[i];
-        const auto rows = token.narrow(0, start, n);
-        out.index_add_(
-            0, rows,
-            SwiGLURecomputedAct(x, rows, gate.narrow(0, start, n),
-                                e->w1->weight, e->w3->weight, e->w2->weight));
-      } else {
-        ys.push_back(experts[i]->forward(xs.narrow(0, start, n)));
-      }
-      start += n;
-    }
-    if (!ys.empty()) {
-      auto y = ys.size() == 1 ? ys[0] : torch::cat(ys);
-      // Profiling: the gating is what mlp_act recomputes besides the
-      // experts' SiLUs and products (timed in SwiGLUImpl::forward) and the
-      // gather.
-      y = TimeSubBlock(timer_, layer_, kMlpActSlot, [&] { return y * gate; });
-      out.index_add_(0, token, y);
-    }
+    const std::vector<int64_t> per_expert(count.data(),
+                                          count.data() + num_experts_);
+    std::vector<int> expert_of(num_experts_);
+    for (int i = 0; i < num_experts_; ++i) expert_of[i] = i;
+    out.index_add_(0, token, RunExperts(x, token, gate, per_expert, expert_of));
   }
   if (!shared.is_empty()) out = out + shared->forward(x);
   return out;
@@ -388,6 +360,59 @@ class RowExchange : public torch::autograd::Function<RowExchange> {
 
 }  // namespace
 
+torch::Tensor MoeFeedForwardImpl::RunExperts(
+    const torch::Tensor& x, const torch::Tensor& rows,
+    const torch::Tensor& gate, const std::vector<int64_t>& counts,
+    const std::vector<int>& expert_of) {
+  bool lora = false;
+  for (const SwiGLU& e : experts) {
+    for (const LoraAdapter* a : e->lora) lora = lora || a != nullptr;
+  }
+  std::vector<torch::Tensor> w1, w3, w2;
+  if (!lora) {
+    for (int e : expert_of) {
+      w1.push_back(experts[e]->w1->weight);
+      w3.push_back(experts[e]->w3->weight);
+      w2.push_back(experts[e]->w2->weight);
+    }
+  }
+  const bool grad = at::GradMode::is_enabled();
+  if (grad && recompute_act_ && !lora) {
+    // Gathered, gated and scattered back inside one node: no gathered copy
+    // is saved (autograd keeps x anyway).
+    return GroupedSwiGLURecomputedAct(x, rows, gate, counts, w1, w3, w2);
+  }
+  const torch::Tensor xs = TimeSubBlock(timer_, layer_, kMlpActSlot, [&] {
+    return rows.defined() ? x.index_select(0, rows) : x;
+  });
+  if (!grad && !lora) return GroupedSwiGLU(xs, gate, counts, w1, w3, w2);
+  torch::Tensor y;
+  if (lora) {
+    // The adapters run in the experts' own forwards, one expert at a time.
+    std::vector<torch::Tensor> ys;
+    int64_t start = 0;
+    for (size_t g = 0; g < counts.size(); ++g) {
+      if (counts[g] > 0) {
+        ys.push_back(
+            experts[expert_of[g]]->forward(xs.narrow(0, start, counts[g])));
+      }
+      start += counts[g];
+    }
+    y = ys.size() == 1 ? ys[0] : torch::cat(ys);
+  } else {
+    const torch::Tensor h1 = InvariantGroupedLinear(xs, counts, w1);
+    const torch::Tensor h3 = InvariantGroupedLinear(xs, counts, w3);
+    // Profiling: what mlp_act would recompute.
+    y = InvariantGroupedLinear(
+        TimeSubBlock(timer_, layer_, kMlpActSlot,
+                     [&] { return torch::silu(h1) * h3; }),
+        counts, w2);
+  }
+  if (!gate.defined()) return y;
+  // Profiling: the gating is recomputed under mlp_act too.
+  return TimeSubBlock(timer_, layer_, kMlpActSlot, [&] { return y * gate; });
+}
+
 torch::Tensor MoeFeedForwardImpl::ExchangeAndRun(
     const torch::Tensor& xs, const std::vector<int64_t>& count) {
   const int ranks = shard_.size;
@@ -407,27 +432,17 @@ torch::Tensor MoeFeedForwardImpl::ExchangeAndRun(
   }
   const at::Tensor received =
       RowExchange::apply(xs, expert_group_, send_rows, recv_rows);
-  // Received rows are rank-major, expert-minor (recv_count's order): each
-  // local expert runs on its block from each rank, a contiguous slice, so
-  // the outputs come out in arrival order with no regrouping copy (an
-  // expert's rows from E ranks cost E products instead of one).
-  const bool recompute = recompute_act_ && at::GradMode::is_enabled();
-  std::vector<torch::Tensor> ys;
-  int64_t start = 0;
-  for (int b = 0; b < num_experts_; ++b) {
-    const int64_t n = recv_count[b];
-    if (n == 0) continue;
-    const auto slice = received.narrow(0, start, n);
-    SwiGLU& ex = experts[b % per];
-    ys.push_back(recompute ? SwiGLURecomputedAct(slice, {}, {}, ex->w1->weight,
-                                                 ex->w3->weight, ex->w2->weight)
-                           : ex->forward(slice));
-    start += n;
-  }
+  // Received rows are rank-major, expert-minor (recv_count's order): block
+  // b is rank b / per's rows for local expert b % per, a contiguous slice,
+  // so the outputs come out in arrival order with no regrouping copy.
   // No rows (then `received` is empty): still the graph's, so that
   // backward joins the reverse exchanges.
+  std::vector<int> expert_of(num_experts_);
+  for (int b = 0; b < num_experts_; ++b) expert_of[b] = b % per;
   const at::Tensor y =
-      ys.empty() ? received : (ys.size() == 1 ? ys[0] : torch::cat(ys));
+      received.size(0) == 0
+          ? received
+          : RunExperts(received, {}, {}, recv_count, expert_of);
   return RowExchange::apply(y, expert_group_, recv_rows, send_rows);
 }
 

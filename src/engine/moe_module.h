@@ -7,9 +7,10 @@
 // and an optional shared SwiGLU expert that every token goes through.
 // Dispatch is batched and its index work is done once per call: the kept
 // assignments are sorted by expert (one stable sort and one host copy of
-// the N counts), their tokens gathered in that order with one index_select,
-// each expert runs once on its contiguous [n_e, d_model] slice, and the
-// gate-weighted outputs of all experts go back with one index_add_. Tokens
+// the N counts), their tokens gathered in that order, all experts run as one
+// grouped computation over their contiguous slices (each projection one
+// pass over every expert's row blocks), and the gate-weighted outputs go
+// back with one index_add_. Tokens
 // marked invalid
 // (padding) are not routed, do not count towards capacity or the statistics,
 // and get a zero output. Capacity is applied only when the caller asks for it
@@ -151,6 +152,15 @@ class MoeFeedForwardImpl : public torch::nn::Module {
   // computed by the ranks that hold their experts.
   torch::Tensor ExchangeAndRun(const torch::Tensor& xs,
                                const std::vector<int64_t>& count);
+  // The experts' outputs, gated by `gate` ([n, 1]) where it is defined, for
+  // xs = x[rows] (x itself where rows is undefined): rows [s_g, s_g +
+  // counts[g]) of xs go through experts[expert_of[g]]. All experts run as
+  // one grouped computation (swiglu.h, invariant_ops.h); with LoRA adapters
+  // on the experts, one expert at a time through their own forwards.
+  torch::Tensor RunExperts(const torch::Tensor& x, const torch::Tensor& rows,
+                           const torch::Tensor& gate,
+                           const std::vector<int64_t>& counts,
+                           const std::vector<int>& expert_of);
   // x [M, D], every row a token to route; replay [M, top_k] or undefined.
   // Sets *routes ([M, top_k]) when recording.
   torch::Tensor Dispatch(const torch::Tensor& x, bool apply_capacity,

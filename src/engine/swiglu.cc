@@ -4,6 +4,8 @@
 #include <ATen/Parallel.h>
 #include <torch/autograd.h>
 
+#include <vector>
+
 #include "engine/invariant_ops.h"
 #include "engine/kernel_math.h"
 #include "engine/model.h"
@@ -87,46 +89,134 @@ bool FusedActApplies(std::initializer_list<const at::Tensor*> ts) {
   return true;
 }
 
-// Inputs x, w1, w3, w2, then rows and gate where present (an undefined
-// tensor cannot be an input of a custom Function in LibTorch 1.13).
+// The experts' weights: expert g's are w1[g], w3[g], w2[g].
+struct ExpertWeights {
+  std::vector<at::Tensor> w1, w3, w2;
+};
+
+// The forward products of the grouped experts on xs [n, D]: the two
+// projections h1, h3 [n, F] and the (ungated) output [n, D].
+struct GroupedForward {
+  at::Tensor h1, h3, y;
+};
+
+GroupedForward RunGroupedForward(const at::Tensor& xs,
+                                 const std::vector<int64_t>& counts,
+                                 const ExpertWeights& w) {
+  const int64_t n = xs.size(0), f = w.w1[0].size(0), d = w.w2[0].size(0);
+  GroupedForward out;
+  out.h1 = at::empty({n, f}, xs.options());
+  out.h3 = at::empty({n, f}, xs.options());
+  out.y = at::empty({n, d}, xs.options());
+  std::vector<MmProblem> problems;
+  int64_t start = 0;
+  for (size_t g = 0; g < counts.size(); ++g) {
+    const int64_t c = counts[g];
+    if (c > 0) {
+      const at::Tensor x_g = xs.narrow(0, start, c);
+      problems.push_back({out.h1.narrow(0, start, c), x_g, w.w1[g].t()});
+      problems.push_back({out.h3.narrow(0, start, c), x_g, w.w3[g].t()});
+    }
+    start += c;
+  }
+  InvariantMmGroup(problems);
+  const at::Tensor act = at::silu(out.h1).mul_(out.h3);
+  problems.clear();
+  start = 0;
+  for (size_t g = 0; g < counts.size(); ++g) {
+    const int64_t c = counts[g];
+    if (c > 0) {
+      problems.push_back(
+          {out.y.narrow(0, start, c), act.narrow(0, start, c), w.w2[g].t()});
+    }
+    start += c;
+  }
+  InvariantMmGroup(problems);
+  return out;
+}
+
+void CheckGroups(int64_t rows, const std::vector<int64_t>& counts,
+                 const ExpertWeights& w) {
+  const size_t g = counts.size();
+  TORCH_CHECK(
+      g >= 1 && w.w1.size() == g && w.w3.size() == g && w.w2.size() == g,
+      "SwiGLU experts: ", g, " counts for ", w.w1.size(), ", ", w.w3.size(),
+      " and ", w.w2.size(), " weights");
+  int64_t sum = 0;
+  for (int64_t c : counts) {
+    TORCH_CHECK(c >= 0, "SwiGLU experts: a negative row count");
+    sum += c;
+  }
+  TORCH_CHECK(sum == rows, "SwiGLU experts: the counts sum to ", sum, " for ",
+              rows, " rows");
+}
+
+// Inputs x, w1[0..G), w3[0..G), w2[0..G), the counts, then rows and gate
+// where present (an undefined tensor cannot be an input of a custom
+// Function in LibTorch 1.13).
 class SwiGLUAct : public torch::autograd::Function<SwiGLUAct> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx,
-                               const torch::Tensor& x, const torch::Tensor& w1,
-                               const torch::Tensor& w3, const torch::Tensor& w2,
+                               const torch::Tensor& x, at::TensorList w1,
+                               at::TensorList w3, at::TensorList w2,
+                               const std::vector<int64_t>& counts,
                                const c10::optional<torch::Tensor>& rows,
                                const c10::optional<torch::Tensor>& gate) {
     const torch::Tensor xs = rows ? x.index_select(0, *rows) : x;
-    const torch::Tensor h1 = InvariantMm(xs, w1.t());
-    const torch::Tensor h3 = InvariantMm(xs, w3.t());
-    torch::Tensor y = InvariantMm(at::silu(h1).mul_(h3), w2.t());
-    if (gate) y.mul_(*gate);
+    const ExpertWeights w{w1.vec(), w3.vec(), w2.vec()};
+    GroupedForward f = RunGroupedForward(xs, counts, w);
+    if (gate) f.y.mul_(*gate);
     ctx->saved_data["rows"] = rows.has_value();
     ctx->saved_data["gate"] = gate.has_value();
-    torch::autograd::variable_list saved = {x, w1, w3, w2, h1, h3};
+    ctx->saved_data["counts"] = counts;
+    torch::autograd::variable_list saved = {x, f.h1, f.h3};
+    for (const std::vector<at::Tensor>* ws : {&w.w1, &w.w3, &w.w2}) {
+      saved.insert(saved.end(), ws->begin(), ws->end());
+    }
     if (rows) saved.push_back(*rows);
     if (gate) saved.push_back(*gate);
     ctx->save_for_backward(saved);
-    return y;
+    return f.y;
   }
 
   static torch::autograd::tensor_list backward(
       torch::autograd::AutogradContext* ctx,
       torch::autograd::tensor_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const torch::Tensor &x = saved[0], &w1 = saved[1], &w3 = saved[2],
-                        &w2 = saved[3], &h1 = saved[4], &h3 = saved[5];
+    const std::vector<int64_t> counts = ctx->saved_data["counts"].toIntVector();
+    const size_t groups = counts.size();
+    const torch::Tensor &x = saved[0], &h1 = saved[1], &h3 = saved[2];
+    auto w1 = [&](size_t g) -> const at::Tensor& { return saved[3 + g]; };
+    auto w3 = [&](size_t g) -> const at::Tensor& {
+      return saved[3 + groups + g];
+    };
+    auto w2 = [&](size_t g) -> const at::Tensor& {
+      return saved[3 + 2 * groups + g];
+    };
+    size_t next = 3 + 3 * groups;
     const bool has_rows = ctx->saved_data["rows"].toBool();
     const bool has_gate = ctx->saved_data["gate"].toBool();
-    const torch::Tensor rows = has_rows ? saved[6] : torch::Tensor();
-    const torch::Tensor gate =
-        has_gate ? saved[has_rows ? 7 : 6] : torch::Tensor();
+    const torch::Tensor rows = has_rows ? saved[next++] : torch::Tensor();
+    const torch::Tensor gate = has_gate ? saved[next] : torch::Tensor();
     const torch::Tensor& dy = grads[0];
     const torch::Tensor xs = has_rows ? x.index_select(0, rows) : x;
-    torch::Tensor dh1 = InvariantMm(dy, w2);  // d(ungated output) w2, [n, F]
+    const int64_t n = h1.size(0), f = h1.size(1);
+    // d(ungated output) w2, [n, F]
+    torch::Tensor dh1 = at::empty({n, f}, h1.options());
+    {
+      std::vector<MmProblem> problems;
+      int64_t start = 0;
+      for (size_t g = 0; g < groups; ++g) {
+        if (counts[g] > 0) {
+          problems.push_back({dh1.narrow(0, start, counts[g]),
+                              dy.narrow(0, start, counts[g]), w2(g)});
+        }
+        start += counts[g];
+      }
+      InvariantMmGroup(problems);
+    }
     torch::Tensor p, dh3, dgate;
     if (FusedActApplies({&h1, &h3, &dh1, &gate})) {
-      const int64_t n = h1.size(0), f = h1.size(1);
       p = at::empty_like(h1);
       dh3 = at::empty_like(h1);
       if (has_gate) dgate = at::empty({n, 1}, h1.options());
@@ -151,29 +241,79 @@ class SwiGLUAct : public torch::autograd::Function<SwiGLUAct> {
       // silu'(h) = sig * (1 + h * (1 - sig))
       dh1 = dh1 * h3 * sig * (1 + h1 * (1 - sig));
     }
-    const torch::Tensor dw2 = InvariantMm(dy.t(), p);
-    const torch::Tensor dxs = InvariantMm(dh1, w1).add_(InvariantMm(dh3, w3));
-    const torch::Tensor dx =
-        has_rows ? at::zeros_like(x).index_add_(0, rows, dxs) : dxs;
-    return {dx,  InvariantMm(dh1.t(), xs), InvariantMm(dh3.t(), xs),
-            dw2, torch::Tensor(),          dgate};
+    // Every expert's weight gradients and its rows of dxs = dh1 w1 + dh3 w3,
+    // in one pass.
+    torch::autograd::tensor_list out(3 * groups + 4);
+    const torch::Tensor dxs1 = at::empty({n, xs.size(1)}, xs.options());
+    const torch::Tensor dxs3 = at::empty({n, xs.size(1)}, xs.options());
+    std::vector<MmProblem> problems;
+    int64_t start = 0;
+    for (size_t g = 0; g < groups; ++g) {
+      const int64_t c = counts[g];
+      if (c > 0) {
+        const at::Tensor dh1_g = dh1.narrow(0, start, c),
+                         dh3_g = dh3.narrow(0, start, c),
+                         xs_g = xs.narrow(0, start, c);
+        at::Tensor& dw1 = out[1 + g];
+        at::Tensor& dw3 = out[1 + groups + g];
+        at::Tensor& dw2 = out[1 + 2 * groups + g];
+        dw1 = at::empty(w1(g).sizes(), w1(g).options());
+        dw3 = at::empty(w3(g).sizes(), w3(g).options());
+        dw2 = at::empty(w2(g).sizes(), w2(g).options());
+        problems.push_back(
+            {dw2, dy.narrow(0, start, c).t(), p.narrow(0, start, c)});
+        problems.push_back({dxs1.narrow(0, start, c), dh1_g, w1(g)});
+        problems.push_back({dxs3.narrow(0, start, c), dh3_g, w3(g)});
+        problems.push_back({dw1, dh1_g.t(), xs_g});
+        problems.push_back({dw3, dh3_g.t(), xs_g});
+      }
+      start += c;
+    }
+    InvariantMmGroup(problems);
+    const torch::Tensor dxs = dxs1.add_(dxs3);
+    out[0] = has_rows ? at::zeros_like(x).index_add_(0, rows, dxs) : dxs;
+    // out[3G + 1]: the counts, then rows: no gradient.
+    if (has_gate) out[3 * groups + 3] = dgate;
+    return out;
   }
 };
 
 }  // namespace
 
-at::Tensor SwiGLURecomputedAct(const at::Tensor& x, const at::Tensor& rows,
-                               const at::Tensor& gate, const at::Tensor& w1,
-                               const at::Tensor& w3, const at::Tensor& w2) {
+at::Tensor GroupedSwiGLURecomputedAct(
+    const at::Tensor& x, const at::Tensor& rows, const at::Tensor& gate,
+    const std::vector<int64_t>& counts, const std::vector<at::Tensor>& w1,
+    const std::vector<at::Tensor>& w3, const std::vector<at::Tensor>& w2) {
   auto present = [](const at::Tensor& t) {
     return t.defined() ? c10::optional<at::Tensor>(t) : c10::nullopt;
   };
+  CheckGroups(rows.defined() ? rows.size(0) : x.size(0), counts, {w1, w3, w2});
+  return SwiGLUAct::apply(x, at::TensorList(w1), at::TensorList(w3),
+                          at::TensorList(w2), counts, present(rows),
+                          present(gate));
+}
+
+at::Tensor GroupedSwiGLU(const at::Tensor& xs, const at::Tensor& gate,
+                         const std::vector<int64_t>& counts,
+                         const std::vector<at::Tensor>& w1,
+                         const std::vector<at::Tensor>& w3,
+                         const std::vector<at::Tensor>& w2) {
+  const ExpertWeights w{w1, w3, w2};
+  CheckGroups(xs.size(0), counts, w);
+  at::Tensor y = RunGroupedForward(xs, counts, w).y;
+  return gate.defined() ? y.mul_(gate) : y;
+}
+
+at::Tensor SwiGLURecomputedAct(const at::Tensor& x, const at::Tensor& rows,
+                               const at::Tensor& gate, const at::Tensor& w1,
+                               const at::Tensor& w3, const at::Tensor& w2) {
   if (rows.defined()) {
-    return SwiGLUAct::apply(x, w1, w3, w2, present(rows), present(gate));
+    return GroupedSwiGLURecomputedAct(x, rows, gate, {rows.size(0)}, {w1}, {w3},
+                                      {w2});
   }
   const at::Tensor flat = x.reshape({-1, x.size(-1)});
-  at::Tensor y =
-      SwiGLUAct::apply(flat, w1, w3, w2, c10::nullopt, present(gate));
+  at::Tensor y = GroupedSwiGLURecomputedAct(flat, at::Tensor(), gate,
+                                            {flat.size(0)}, {w1}, {w3}, {w2});
   std::vector<int64_t> shape = x.sizes().vec();
   shape.back() = w2.size(0);
   return y.view(shape);
