@@ -20,7 +20,7 @@
 #include "absl/time/time.h"
 #include "cli/bench_common.h"
 #include "cli/exit_codes.h"
-#include "cli/op_counter.h"
+#include "engine/op_counter.h"
 #include "core/status_macros.h"
 #include "engine/activation_memory.h"
 #include "engine/activation_planner.h"

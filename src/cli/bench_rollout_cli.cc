@@ -18,7 +18,7 @@
 #include "cli/bench_common.h"
 #include "cli/child_process.h"
 #include "cli/exit_codes.h"
-#include "cli/op_counter.h"
+#include "engine/op_counter.h"
 #include "core/status_macros.h"
 #include "engine/job_common.h"
 #include "engine/memory_accounting.h"

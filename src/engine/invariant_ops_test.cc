@@ -2,43 +2,18 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
-#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "engine/intra_op_threads.h"
+#include "engine/op_counter.h"
 
 namespace fusionrl {
 namespace {
-
-// Counts the ATen operators dispatched on any thread while it lives.
-class DispatchCounter {
- public:
-  DispatchCounter() {
-    Count() = 0;
-    at::RecordFunctionCallback cb(
-        [](const at::RecordFunction&) -> std::unique_ptr<at::ObserverContext> {
-          Count().fetch_add(1);
-          return nullptr;
-        });
-    cb.scopes({at::RecordScope::FUNCTION});
-    handle_ = at::addGlobalCallback(cb);
-  }
-  ~DispatchCounter() { at::removeCallback(handle_); }
-  int64_t count() const { return Count().load(); }
-
- private:
-  static std::atomic<int64_t>& Count() {
-    static std::atomic<int64_t> n{0};
-    return n;
-  }
-  at::CallbackHandle handle_;
-};
 
 // Runs f with the calling thread's intra-op count at `threads`.
 template <typename F>
@@ -101,7 +76,7 @@ TEST(InvariantOpsTest, BlocksCallTheBlasWithoutTheDispatcher) {
     at::Tensor got;
     int64_t ops = 0;
     {
-      DispatchCounter counter;
+      OpCounter counter;
       got = WithThreads(2, [&] { return InvariantMm(a, w.t()); });
       ops = counter.count();
     }

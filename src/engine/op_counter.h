@@ -1,9 +1,9 @@
 // Counts the ATen operators dispatched (on every thread) while an
 // OpCounter lives: the host-side cost of a step that its wall time alone
 // hides (e.g. a MoE layer's dispatch, an operator or more per expert).
-// One counter at a time per process (benchmarks only).
-#ifndef FUSIONRL_CLI_OP_COUNTER_H_
-#define FUSIONRL_CLI_OP_COUNTER_H_
+// One counter at a time per process (benchmarks and tests).
+#ifndef FUSIONRL_ENGINE_OP_COUNTER_H_
+#define FUSIONRL_ENGINE_OP_COUNTER_H_
 
 #include <ATen/record_function.h>
 
@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <memory>
 
-namespace fusionrl::cli {
+namespace fusionrl {
 
 class OpCounter {
  public:
@@ -38,6 +38,6 @@ class OpCounter {
   at::CallbackHandle handle_;
 };
 
-}  // namespace fusionrl::cli
+}  // namespace fusionrl
 
-#endif  // FUSIONRL_CLI_OP_COUNTER_H_
+#endif  // FUSIONRL_ENGINE_OP_COUNTER_H_
