@@ -626,6 +626,26 @@ void PolicyModel::set_expert_group(GradientSync* group) {
 
 GradientSync* PolicyModel::expert_group() const { return impl_->expert_group; }
 
+absl::Status PolicyModel::JoinExpertExchanges() {
+  if (impl_->shard.size == 1 || impl_->expert_group == nullptr) {
+    return absl::FailedPreconditionError(
+        "JoinExpertExchanges: the model is not an expert shard with its "
+        "group");
+  }
+  const at::Tensor none =
+      at::empty({0, impl_->config.d_model},
+                impl_->decoder->norm->weight.options().requires_grad(false));
+  try {
+    for (auto& b : impl_->decoder->blocks) {
+      if (!b->moe.is_empty()) b->moe->forward(none, MoeRouting{});
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("joining the expert exchanges: ",
+                                            e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+}
+
 bool PolicyModel::lora() const { return !impl_->lora.empty(); }
 bool PolicyModel::lora_merged() const { return impl_->lora_merged; }
 

@@ -190,6 +190,13 @@ class PolicyModel {
   // shard and the group.
   void set_expert_group(GradientSync* group);
   GradientSync* expert_group() const;
+  // Joins the expert exchanges one forward of this model makes (each MoE
+  // block's, in order) with no tokens: what a rank of the group with
+  // nothing to compute runs so that the others' forward completes (a
+  // rollout in lockstep, RolloutEngine::set_expert_lockstep).
+  // FailedPrecondition unless the model is an expert shard with its group;
+  // Internal when an exchange fails.
+  absl::Status JoinExpertExchanges();
   // Gathering, gradients and plans of the shards: engine/expert_parallel.h.
 
   // Selective recompute / swap (model.activations, resolved per layer at

@@ -241,6 +241,9 @@ torch::Tensor MoeFeedForwardImpl::Dispatch(const torch::Tensor& x,
               shard_.rank, " of ", shard_.size,
               " has no expert group (set_expert_group)");
   if (m == 0) {
+    if (routes != nullptr) {
+      *routes = torch::empty({0, top_k_}, x.options().dtype(torch::kLong));
+    }
     // An expert-parallel rank with no tokens still serves its experts to
     // the others (the exchanges are collective).
     if (parallel) {
@@ -254,9 +257,6 @@ torch::Tensor MoeFeedForwardImpl::Dispatch(const torch::Tensor& x,
     stats_.z_loss = torch::zeros({}, f32);
     stats_.expert_load = torch::zeros({num_experts_}, f32);
     stats_.dropped_frac = torch::zeros({}, f32);
-    if (routes != nullptr) {
-      *routes = torch::empty({0, top_k_}, x.options().dtype(torch::kLong));
-    }
     return torch::zeros_like(x);
   }
   const auto logits = InvariantLinear(x, router->weight);  // [M, N]

@@ -996,5 +996,98 @@ TEST(MoeExpertParallelTest, ShardsGatherBackAndShareOnePlan) {
   }
 }
 
+// Rollout in the experts' layout: two ranks, each holding half of the
+// experts, sample their own prompts in lockstep (a rank with fewer or
+// shorter sequences, or none, joins the other's remaining forwards with no
+// tokens) and get exactly what the whole model samples for the same
+// prompts: tokens, log-probs and routes, bit for bit (each expert runs a
+// rank's rows as its own block, as the whole model does).
+TEST(MoeExpertParallelTest, RolloutInLockstepSamplesWhatTheWholeModelSamples) {
+  ModelConfig c = testing_util::TinyModelConfig();
+  c.moe_experts = 4;
+  c.moe_top_k = 2;
+  auto whole = PolicyModel::Create(c, 40, c10::Device("cpu"), 5).value();
+  const std::vector<int> stops = {kEos, 7, 8};
+  struct Case {
+    std::vector<std::vector<int>> prompts[2];
+    int max_new[2];
+    RolloutEngine::DecodePath path;
+  };
+  const std::vector<Case> cases = {
+      {{{{kBos, 11, 12}, {kBos, 13}, {kBos, 11, 12}}, {{kBos, 20, 21, 22}}},
+       {8, 3},
+       RolloutEngine::DecodePath::kComposite},
+      {{{{kBos, 14}, {kBos, 15, 16}}, {}},
+       {5, 4},
+       RolloutEngine::DecodePath::kComposite},
+      {{{{kBos, 17}}, {{kBos, 18, 19}, {kBos, 23}}},
+       {2, 7},
+       RolloutEngine::DecodePath::kStatic},
+  };
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    const Case& k = cases[ci];
+    SCOPED_TRACE(absl::StrCat("case ", ci));
+    auto group = MakeLocalGlooGroup(2, absl::Seconds(20)).value();
+    std::vector<std::unique_ptr<PolicyModel>> shards;
+    std::vector<absl::StatusOr<std::vector<Completion>>> got;
+    std::vector<DecodeStats> stats(2);
+    for (int r = 0; r < 2; ++r) {
+      shards.push_back(whole->ExpertShardOf(ExpertShard{r, 2}).value());
+      shards[r]->set_expert_group(group[r].get());
+      got.emplace_back(absl::UnknownError("not run"));
+    }
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        RolloutEngine engine(*shards[r], kPad, stops);
+        engine.set_decode_path(k.path);
+        engine.set_expert_lockstep(group[r].get());
+        SamplingParams params;
+        params.max_new_tokens = k.max_new[r];
+        try {
+          got[r] = engine.Generate(k.prompts[r], params, /*seed=*/40 + r);
+        } catch (const c10::Error& e) {  // an exchange timed out
+          got[r] = absl::InternalError(e.what_without_backtrace());
+        }
+        stats[r] = engine.last_stats();
+      });
+    }
+    for (auto& t : threads) t.join();
+    int64_t forwards[2];
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(got[r].ok()) << "rank " << r << ": " << got[r].status();
+      forwards[r] = k.prompts[r].empty() ? 0 : 1 + stats[r].decode_steps;
+    }
+    for (int r = 0; r < 2; ++r) {
+      // Each rank's call ran its own forwards and joined the rest.
+      EXPECT_EQ(stats[r].expert_joins,
+                std::max(forwards[0], forwards[1]) - forwards[r])
+          << "rank " << r;
+      RolloutEngine reference(*whole, kPad, stops);
+      reference.set_decode_path(k.path);
+      SamplingParams params;
+      params.max_new_tokens = k.max_new[r];
+      const auto want = reference.Generate(k.prompts[r], params, 40 + r);
+      ASSERT_TRUE(want.ok()) << want.status();
+      ASSERT_EQ(got[r]->size(), want->size()) << "rank " << r;
+      for (size_t i = 0; i < want->size(); ++i) {
+        const Completion &a = (*got[r])[i], &b = (*want)[i];
+        EXPECT_EQ(a.tokens, b.tokens) << "rank " << r << " sequence " << i;
+        EXPECT_EQ(a.logp, b.logp) << "rank " << r << " sequence " << i;
+        EXPECT_EQ(a.finished, b.finished);
+        EXPECT_EQ(a.routes, b.routes) << "rank " << r << " sequence " << i;
+        EXPECT_FALSE(a.routes.empty());
+      }
+    }
+    EXPECT_NE(forwards[0], forwards[1]);  // the lockstep had work to do
+  }
+  // Lockstep is for expert shards: the whole model refuses it at once.
+  auto group = MakeLocalGlooGroup(2, absl::Seconds(20)).value();
+  RolloutEngine engine(*whole, kPad, stops);
+  engine.set_expert_lockstep(group[0].get());
+  EXPECT_EQ(engine.Generate({{kBos, 11}}, SamplingParams{}, 1).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace fusionrl

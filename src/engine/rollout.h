@@ -81,6 +81,9 @@ struct DecodeStats {
   double sample_seconds = 0;   // sampling of decode steps
   double host_seconds = 0;     // the rest: bookkeeping, copies, setup
   double total_seconds = 0;
+  // Expert lockstep: forwards this rank joined with no tokens after its
+  // own had ended (RolloutEngine::set_expert_lockstep).
+  int64_t expert_joins = 0;
 };
 
 // The uniform in (0, 1] that draws token `t` of sequence `i`.
@@ -169,6 +172,18 @@ class RolloutEngine {
   void set_step_hook(std::function<void()> hook) {
     step_hook_ = std::move(hook);
   }
+  // Expert parallelism: sampling from an expert shard (docs/moe.md
+  // "Rollout in the experts' layout"). `group` is the shard's expert group
+  // (the model's own, or one of the same ranks for the rollout alone).
+  // Every rank of the group then calls Generate() together, each with its
+  // own prompts (none included), and the calls run in lockstep: before each
+  // forward a rank tells the group that it has one, and a rank whose call
+  // has ended (done, failed, or with nothing to do) joins the others'
+  // forwards with no tokens until no rank has one left. Only the composite
+  // and static paths (the fused decoder takes no MoE model). A failed
+  // exchange or count fails the call with the group's error. Null (the
+  // default): off.
+  void set_expert_lockstep(GradientSync* group) { lockstep_ = group; }
   // Whether Generate() would take the fused path for this engine's model.
   bool fused() const;
   // Whether Generate() prefills each distinct prompt once (every path but
@@ -183,6 +198,15 @@ class RolloutEngine {
 
  private:
   bool IsStop(int id) const;
+  absl::StatusOr<std::vector<Completion>> GenerateOnce(
+      const std::vector<std::vector<int>>& prompts,
+      const SamplingParams& params, const std::vector<SequenceKey>& keys,
+      const FinishedFn& on_finished);
+  // Expert lockstep: tells the group this rank has a forward to run (before
+  // each one), and joins the others' forwards until none has one left
+  // (after the call). No-ops without a lockstep group.
+  absl::Status AnnounceForward();
+  absl::Status FinishLockstep();
   absl::StatusOr<std::vector<Completion>> GenerateComposite(
       const std::vector<std::vector<int>>& prompts,
       const SamplingParams& params, const std::vector<SequenceKey>& keys);
@@ -199,6 +223,7 @@ class RolloutEngine {
   int64_t max_batch_ = 0;
   int row_blocks_ = 0;
   std::function<void()> step_hook_;
+  GradientSync* lockstep_ = nullptr;
   double compaction_fraction_ = -1;
   DecodeStats stats_;
 };
