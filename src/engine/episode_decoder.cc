@@ -12,8 +12,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "engine/cpu_decoder.h"
+#include "engine/expert_parallel.h"
 
 namespace fusionrl {
 namespace {
@@ -118,8 +120,12 @@ class FusedBackend final : public Backend {
 // model); each step runs the live episodes one by one.
 class CompositeBackend final : public Backend {
  public:
-  CompositeBackend(PolicyModel& model, int64_t slots, int64_t capacity)
+  // `lockstep`: null, or the call's expert lockstep (announced before every
+  // forward).
+  CompositeBackend(PolicyModel& model, int64_t slots, int64_t capacity,
+                   ExpertLockstep* lockstep)
       : model_(model),
+        lockstep_(lockstep),
         capacity_(capacity),
         slot_episode_(slots, -1),
         record_(model.config().moe_experts > 0) {
@@ -137,6 +143,7 @@ class CompositeBackend final : public Backend {
       auto tokens = at::tensor(ids, long_opts).view({1, len});
       auto positions = at::arange(len, long_opts).view({1, len});
       auto valid = at::ones({1, len}, long_opts.dtype(at::kBool));
+      Announce();
       logits.push_back(
           model_.ForwardCached(tokens, positions, valid, cache, true)
               .select(1, 0));
@@ -173,6 +180,7 @@ class CompositeBackend final : public Backend {
       auto tok = at::full({1, 1}, tokens[s], long_opts);
       auto positions = at::full({1, 1}, pos, long_opts);
       auto valid = at::ones({1, pos + 1}, long_opts.dtype(at::kBool));
+      Announce();
       rows.push_back(
           model_.ForwardCached(tok, positions, valid, cache).select(1, 0));
       if (record_)
@@ -189,7 +197,14 @@ class CompositeBackend final : public Backend {
   }
 
  private:
+  void Announce() {
+    if (lockstep_ == nullptr) return;
+    const absl::Status status = lockstep_->Announce();
+    TORCH_CHECK(status.ok(), std::string(status.message()));
+  }
+
   PolicyModel& model_;
+  ExpertLockstep* lockstep_;
   int64_t capacity_;
   std::vector<KvCache> prompts_;
   std::map<int64_t, KvCache> caches_;
@@ -210,6 +225,38 @@ bool EpisodeDecoder::fused() const {
 }
 
 absl::StatusOr<std::vector<EpisodeTokens>> EpisodeDecoder::Run(
+    const std::vector<std::vector<int>>& prompts,
+    const std::vector<SequenceKey>& keys, const SamplingParams& params,
+    const EpisodeLimits& limits, TurnDriver& driver) {
+  if (lockstep_group_ == nullptr) {
+    return RunOnce(prompts, keys, params, limits, driver);
+  }
+  if (model_.expert_shard().size == 1 || fused()) {
+    // The same model on every rank: all of them refuse, none waits.
+    return absl::FailedPreconditionError(
+        "episodes: expert lockstep needs an expert shard of a MoE model");
+  }
+  ExpertLockstep lockstep(lockstep_group_);
+  lockstep_ = &lockstep;
+  absl::Cleanup unset = [this] { lockstep_ = nullptr; };
+  absl::StatusOr<std::vector<EpisodeTokens>> out;
+  try {
+    out = RunOnce(prompts, keys, params, limits, driver);
+  } catch (const c10::Error& e) {
+    // A failed announcement (the backend's steps return tensors): the
+    // group is broken, joining would only wait out its deadline again.
+    return absl::UnavailableError(e.what_without_backtrace());
+  }
+  // Whatever this call did, the group's other calls need this rank until
+  // their last forward.
+  const absl::Status finished = lockstep.Finish(model_);
+  stats_.expert_joins = lockstep.joins();
+  if (!out.ok()) return out;
+  if (!finished.ok()) return finished;
+  return out;
+}
+
+absl::StatusOr<std::vector<EpisodeTokens>> EpisodeDecoder::RunOnce(
     const std::vector<std::vector<int>>& prompts,
     const std::vector<SequenceKey>& keys, const SamplingParams& params,
     const EpisodeLimits& limits, TurnDriver& driver) {
@@ -251,7 +298,8 @@ absl::StatusOr<std::vector<EpisodeTokens>> EpisodeDecoder::Run(
     backend = std::make_unique<FusedBackend>(model_, pad_id_, slots, capacity,
                                              row_blocks_);
   } else {
-    backend = std::make_unique<CompositeBackend>(model_, slots, capacity);
+    backend =
+        std::make_unique<CompositeBackend>(model_, slots, capacity, lockstep_);
   }
   const int64_t turn_budget = params.max_new_tokens;
   auto is_stop = [&](int id) {

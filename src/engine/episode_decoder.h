@@ -86,7 +86,11 @@ struct EpisodeDecodeStats {
   int64_t env_tokens_fed = 0;
   double wait_seconds = 0;  // blocked in TurnDriver::Await
   double total_seconds = 0;
+  // Expert lockstep: forwards joined with no tokens after this rank's own.
+  int64_t expert_joins = 0;
 };
+
+class ExpertLockstep;
 
 class EpisodeDecoder {
  public:
@@ -103,6 +107,10 @@ class EpisodeDecoder {
 
   // The fused backend where the model allows it (as RolloutEngine).
   void set_fused(bool fused) { fused_ = fused; }
+  // Expert parallelism: runs from an expert shard, every rank of `group`
+  // calling Run() together with its own episodes, in lockstep (as
+  // RolloutEngine::set_expert_lockstep; the composite backend). Null: off.
+  void set_expert_lockstep(GradientSync* group) { lockstep_group_ = group; }
   void set_row_blocks(int blocks) { row_blocks_ = blocks; }
   bool fused() const;
   const EpisodeDecodeStats& last_stats() const { return stats_; }
@@ -111,8 +119,15 @@ class EpisodeDecoder {
   PolicyModel& model_;
   int pad_id_;
   std::vector<int> stop_ids_;
+  absl::StatusOr<std::vector<EpisodeTokens>> RunOnce(
+      const std::vector<std::vector<int>>& prompts,
+      const std::vector<SequenceKey>& keys, const SamplingParams& params,
+      const EpisodeLimits& limits, TurnDriver& driver);
+
   bool fused_ = true;
   int row_blocks_ = 0;
+  GradientSync* lockstep_group_ = nullptr;
+  ExpertLockstep* lockstep_ = nullptr;  // during a Run in lockstep
   EpisodeDecodeStats stats_;
 };
 

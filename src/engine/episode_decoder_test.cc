@@ -5,9 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include "engine/cpu_decoder.h"
+#include "engine/expert_parallel.h"
+#include "engine/grad_sync.h"
 #include "engine/test_util.h"
 
 namespace fusionrl {
@@ -256,6 +260,77 @@ TEST(EpisodeDecoderTest, MoeEpisodesRecordTheRoutesOfEveryFedToken) {
         std::vector<int64_t>(ep.routes.begin(), ep.routes.end()), at::kLong);
     EXPECT_TRUE(at::equal(got.to(at::kChar), full)) << "episode " << i;
   }
+}
+
+// Multi-turn episodes from expert shards in lockstep: rank 0 runs the four
+// scripted episodes of three turns in two slots, rank 1 one episode of one
+// turn, so rank 1 joins most of rank 0's forwards with no tokens. Each
+// rank's episodes are the whole model's, bit for bit.
+TEST(EpisodeDecoderTest, ExpertShardsRunEpisodesInLockstepAsTheWholeModel) {
+  ModelConfig c = EpisodeModelConfig();
+  c.moe_experts = 4;
+  c.moe_top_k = 2;
+  c.moe_d_ff = 32;
+  auto whole = PolicyModel::Create(c, 40, c10::Device("cpu"), 11).value();
+  auto group = MakeLocalGlooGroup(2, absl::Seconds(20)).value();
+  const std::vector<std::vector<int>> prompts[2] = {kScriptedPrompts,
+                                                    {{1, 14, 15}}};
+  const int turns[2] = {3, 1};
+  auto run = [&](PolicyModel& model, GradientSync* lockstep, int r,
+                 EpisodeDecodeStats* stats) {
+    EpisodeDecoder decoder(model, kPad, {kStop});
+    decoder.set_expert_lockstep(lockstep);
+    std::vector<SequenceKey> keys;
+    for (size_t i = 0; i < prompts[r].size(); ++i) {
+      keys.push_back(
+          {99 + static_cast<uint64_t>(r), static_cast<int64_t>(i), 0, 0});
+    }
+    SamplingParams params;
+    params.max_new_tokens = 5;
+    EpisodeLimits limits;
+    limits.max_turns = turns[r];
+    limits.max_episode_tokens = 40;
+    limits.slots = 2;
+    ScriptedDriver driver(turns[r], {20, 21, 22});
+    auto out = decoder.Run(prompts[r], keys, params, limits, driver);
+    if (stats != nullptr) *stats = decoder.last_stats();
+    return out;
+  };
+  std::vector<std::unique_ptr<PolicyModel>> shards;
+  for (int r = 0; r < 2; ++r) {
+    shards.push_back(whole->ExpertShardOf(ExpertShard{r, 2}).value());
+    shards[r]->set_expert_group(group[r].get());
+  }
+  std::vector<absl::StatusOr<std::vector<EpisodeTokens>>> got(
+      2, absl::UnknownError("not run"));
+  EpisodeDecodeStats stats[2];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        got[r] = run(*shards[r], group[r].get(), r, &stats[r]);
+      } catch (const c10::Error& e) {  // an exchange timed out
+        got[r] = absl::InternalError(e.what_without_backtrace());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(got[r].ok()) << "rank " << r << ": " << got[r].status();
+    const auto want = run(*whole, nullptr, r, nullptr);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_EQ(got[r]->size(), want->size());
+    for (size_t i = 0; i < want->size(); ++i) {
+      const EpisodeTokens &a = (*got[r])[i], &b = (*want)[i];
+      EXPECT_EQ(a.tokens, b.tokens) << "rank " << r << " episode " << i;
+      EXPECT_EQ(a.logp, b.logp) << "rank " << r << " episode " << i;
+      EXPECT_EQ(a.model, b.model) << "rank " << r << " episode " << i;
+      EXPECT_EQ(a.routes, b.routes) << "rank " << r << " episode " << i;
+      EXPECT_FALSE(a.routes.empty());
+    }
+  }
+  EXPECT_EQ(stats[0].expert_joins, 0);
+  EXPECT_GT(stats[1].expert_joins, 0);
 }
 
 }  // namespace

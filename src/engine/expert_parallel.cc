@@ -1,6 +1,7 @@
 #include "engine/expert_parallel.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 
 #include <cmath>
 #include <map>
@@ -99,6 +100,30 @@ absl::StatusOr<double> ShardedGradNorm(const PolicyModel& model,
   std::vector<double> sq = {InvariantGradSquaredNorm(experts)};
   FUSIONRL_RETURN_IF_ERROR(SumAcrossRanks(model.expert_group(), sq));
   return std::sqrt(InvariantGradSquaredNorm(dense) + sq[0]);
+}
+
+absl::StatusOr<double> ExpertLockstep::Forwards(double mine) {
+  std::vector<double> forwards = {mine};
+  const absl::Status status = SumAcrossRanks(group_, forwards);
+  if (!status.ok()) {
+    return absl::Status(
+        status.code(),
+        absl::StrCat("sampling in expert lockstep (rank ", group_->rank(),
+                     " of ", group_->world_size(), "): ", status.message()));
+  }
+  return forwards[0];
+}
+
+absl::Status ExpertLockstep::Announce() { return Forwards(1.0).status(); }
+
+absl::Status ExpertLockstep::Finish(PolicyModel& model) {
+  c10::InferenceMode inference;
+  while (true) {
+    FUSIONRL_ASSIGN_OR_RETURN(const double forwards, Forwards(0.0));
+    if (forwards == 0) return absl::OkStatus();
+    FUSIONRL_RETURN_IF_ERROR(model.JoinExpertExchanges());
+    ++joins_;
+  }
 }
 
 }  // namespace fusionrl

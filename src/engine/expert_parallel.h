@@ -48,6 +48,34 @@ std::vector<at::Tensor> DataParallelGradients(PolicyModel& model,
 absl::StatusOr<double> ShardedGradNorm(const PolicyModel& model,
                                        const std::vector<at::Tensor>& params);
 
+// Sampling from expert shards in lockstep (RolloutEngine and
+// EpisodeDecoder's set_expert_lockstep; docs/moe.md "Sampling from a
+// shard"). Every rank of the group announces each forward it is about to
+// run (a sum over the group); a rank done with its own work calls Finish,
+// which joins the others' forwards with no tokens until no rank announces
+// one. So every rank makes the same expert exchanges in the same order,
+// whatever its prompts. One per decode call; every rank's call must end
+// in Finish, whatever its outcome. Errors name the rank and the group's
+// failure.
+class ExpertLockstep {
+ public:
+  // `group`: the shard's expert group (borrowed).
+  explicit ExpertLockstep(GradientSync* group) : group_(group) {}
+  // Before each forward of this rank.
+  absl::Status Announce();
+  // After this rank's last forward: joins the group's remaining ones with
+  // `model` (the expert shard; PolicyModel::JoinExpertExchanges).
+  absl::Status Finish(PolicyModel& model);
+  // Forwards joined with no tokens.
+  int64_t joins() const { return joins_; }
+
+ private:
+  absl::StatusOr<double> Forwards(double mine);
+
+  GradientSync* group_;
+  int64_t joins_ = 0;
+};
+
 }  // namespace fusionrl
 
 #endif  // FUSIONRL_ENGINE_EXPERT_PARALLEL_H_

@@ -10,11 +10,12 @@
 #include <map>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "core/seed.h"
 #include "core/status_macros.h"
 #include "engine/cpu_decoder.h"
-#include "engine/grad_sync.h"
+#include "engine/expert_parallel.h"
 #include "engine/vocab_kernels.h"
 
 namespace fusionrl {
@@ -190,7 +191,7 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(
 absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(
     const std::vector<std::vector<int>>& prompts, const SamplingParams& params,
     const std::vector<SequenceKey>& keys, const FinishedFn& on_finished) {
-  if (lockstep_ == nullptr) {
+  if (lockstep_group_ == nullptr) {
     return GenerateOnce(prompts, params, keys, on_finished);
   }
   if (model_.expert_shard().size == 1 || fused()) {
@@ -198,47 +199,17 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(
     return absl::FailedPreconditionError(
         "rollout: expert lockstep needs an expert shard of a MoE model");
   }
+  ExpertLockstep lockstep(lockstep_group_);
+  lockstep_ = &lockstep;
+  absl::Cleanup unset = [this] { lockstep_ = nullptr; };
   auto out = GenerateOnce(prompts, params, keys, on_finished);
   // Whatever this call did, the group's other calls need this rank until
   // their last forward.
-  const absl::Status finished = FinishLockstep();
+  const absl::Status finished = lockstep.Finish(model_);
+  stats_.expert_joins = lockstep.joins();
   if (!out.ok()) return out;
   if (!finished.ok()) return finished;
   return out;
-}
-
-namespace {
-
-// How many of the group's ranks have a forward to run now, `mine` being
-// this rank's 0 or 1.
-absl::StatusOr<double> ForwardsInGroup(GradientSync* group, double mine) {
-  std::vector<double> forwards = {mine};
-  const absl::Status status = SumAcrossRanks(group, forwards);
-  if (!status.ok()) {
-    return absl::Status(
-        status.code(),
-        absl::StrCat("rollout in expert lockstep (rank ", group->rank(), " of ",
-                     group->world_size(), "): ", status.message()));
-  }
-  return forwards[0];
-}
-
-}  // namespace
-
-absl::Status RolloutEngine::AnnounceForward() {
-  if (lockstep_ == nullptr) return absl::OkStatus();
-  return ForwardsInGroup(lockstep_, 1.0).status();
-}
-
-absl::Status RolloutEngine::FinishLockstep() {
-  c10::InferenceMode inference;
-  while (true) {
-    FUSIONRL_ASSIGN_OR_RETURN(const double forwards,
-                              ForwardsInGroup(lockstep_, 0.0));
-    if (forwards == 0) return absl::OkStatus();
-    FUSIONRL_RETURN_IF_ERROR(model_.JoinExpertExchanges());
-    ++stats_.expert_joins;
-  }
 }
 
 absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateOnce(
@@ -484,7 +455,7 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateComposite(
         LeftPadded(unique, prompt_len, 0, pad_id_, device);
     KvCache prefill =
         model_.NewCache(static_cast<int64_t>(unique.size()), prompt_len);
-    FUSIONRL_RETURN_IF_ERROR(AnnounceForward());
+    if (lockstep_ != nullptr) FUSIONRL_RETURN_IF_ERROR(lockstep_->Announce());
     at::Tensor unique_logits =
         model_
             .ForwardCached(unique_tokens, PositionsFromValid(unique_valid),
@@ -507,7 +478,7 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateComposite(
     }
     stats_.prefill_rows = static_cast<int64_t>(unique.size());
   } else {
-    FUSIONRL_RETURN_IF_ERROR(AnnounceForward());
+    if (lockstep_ != nullptr) FUSIONRL_RETURN_IF_ERROR(lockstep_->Announce());
     logits = model_
                  .ForwardCached(prompt_tokens, PositionsFromValid(prompt_valid),
                                 prompt_valid, cache, /*last_only=*/true)
@@ -593,7 +564,7 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateComposite(
       rows = live;
       alive = at::ones({rows}, long_opts.dtype(at::kBool).device(device));
     }
-    FUSIONRL_RETURN_IF_ERROR(AnnounceForward());
+    if (lockstep_ != nullptr) FUSIONRL_RETURN_IF_ERROR(lockstep_->Announce());
     logits =
         model_
             .ForwardCached(next.unsqueeze(1), next_pos,

@@ -110,6 +110,8 @@ struct SequenceKey {
   int64_t max_tokens = 0;
 };
 
+class ExpertLockstep;
+
 class RolloutEngine {
  public:
   enum class DecodePath {
@@ -183,7 +185,7 @@ class RolloutEngine {
   // and static paths (the fused decoder takes no MoE model). A failed
   // exchange or count fails the call with the group's error. Null (the
   // default): off.
-  void set_expert_lockstep(GradientSync* group) { lockstep_ = group; }
+  void set_expert_lockstep(GradientSync* group) { lockstep_group_ = group; }
   // Whether Generate() would take the fused path for this engine's model.
   bool fused() const;
   // Whether Generate() prefills each distinct prompt once (every path but
@@ -202,11 +204,6 @@ class RolloutEngine {
       const std::vector<std::vector<int>>& prompts,
       const SamplingParams& params, const std::vector<SequenceKey>& keys,
       const FinishedFn& on_finished);
-  // Expert lockstep: tells the group this rank has a forward to run (before
-  // each one), and joins the others' forwards until none has one left
-  // (after the call). No-ops without a lockstep group.
-  absl::Status AnnounceForward();
-  absl::Status FinishLockstep();
   absl::StatusOr<std::vector<Completion>> GenerateComposite(
       const std::vector<std::vector<int>>& prompts,
       const SamplingParams& params, const std::vector<SequenceKey>& keys);
@@ -223,7 +220,8 @@ class RolloutEngine {
   int64_t max_batch_ = 0;
   int row_blocks_ = 0;
   std::function<void()> step_hook_;
-  GradientSync* lockstep_ = nullptr;
+  GradientSync* lockstep_group_ = nullptr;
+  ExpertLockstep* lockstep_ = nullptr;  // during a call in lockstep
   double compaction_fraction_ = -1;
   DecodeStats stats_;
 };
