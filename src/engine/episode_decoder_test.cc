@@ -53,6 +53,15 @@ ModelConfig EpisodeModelConfig() {
   return c;
 }
 
+// The same with 4 experts, top-2, in every block.
+ModelConfig MoeEpisodeModelConfig() {
+  ModelConfig c = EpisodeModelConfig();
+  c.moe_experts = 4;
+  c.moe_top_k = 2;
+  c.moe_d_ff = 32;
+  return c;
+}
+
 std::unique_ptr<PolicyModel> EpisodeModel() {
   return PolicyModel::Create(EpisodeModelConfig(), 40, c10::Device("cpu"), 11)
       .value();
@@ -232,10 +241,7 @@ TEST(EpisodeDecoderTest, APromptThatLeavesNoRoomIsAnError) {
 // every token they fed, the environment's included, in sequence order:
 // the experts a full forward of prompt + episode routes them to.
 TEST(EpisodeDecoderTest, MoeEpisodesRecordTheRoutesOfEveryFedToken) {
-  ModelConfig c = EpisodeModelConfig();
-  c.moe_experts = 4;
-  c.moe_top_k = 2;
-  c.moe_d_ff = 32;
+  const ModelConfig c = MoeEpisodeModelConfig();
   auto model = PolicyModel::Create(c, 40, c10::Device("cpu"), 11).value();
   EpisodeDecoder decoder(*model, kPad, {kStop});
   const std::vector<std::vector<int>>& prompts = kScriptedPrompts;
@@ -267,10 +273,7 @@ TEST(EpisodeDecoderTest, MoeEpisodesRecordTheRoutesOfEveryFedToken) {
 // turn, so rank 1 joins most of rank 0's forwards with no tokens. Each
 // rank's episodes are the whole model's, bit for bit.
 TEST(EpisodeDecoderTest, ExpertShardsRunEpisodesInLockstepAsTheWholeModel) {
-  ModelConfig c = EpisodeModelConfig();
-  c.moe_experts = 4;
-  c.moe_top_k = 2;
-  c.moe_d_ff = 32;
+  const ModelConfig c = MoeEpisodeModelConfig();
   auto whole = PolicyModel::Create(c, 40, c10::Device("cpu"), 11).value();
   auto group = MakeLocalGlooGroup(2, absl::Seconds(20)).value();
   const std::vector<std::vector<int>> prompts[2] = {kScriptedPrompts,
