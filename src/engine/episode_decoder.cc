@@ -14,6 +14,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "engine/cpu_decoder.h"
 #include "engine/expert_parallel.h"
 
@@ -231,11 +232,8 @@ absl::StatusOr<std::vector<EpisodeTokens>> EpisodeDecoder::Run(
   if (lockstep_group_ == nullptr) {
     return RunOnce(prompts, keys, params, limits, driver);
   }
-  if (model_.expert_shard().size == 1 || fused()) {
-    // The same model on every rank: all of them refuse, none waits.
-    return absl::FailedPreconditionError(
-        "episodes: expert lockstep needs an expert shard of a MoE model");
-  }
+  FUSIONRL_RETURN_IF_ERROR(
+      ExpertLockstep::Applies(model_, fused(), "episodes"));
   ExpertLockstep lockstep(lockstep_group_);
   lockstep_ = &lockstep;
   absl::Cleanup unset = [this] { lockstep_ = nullptr; };
@@ -249,10 +247,8 @@ absl::StatusOr<std::vector<EpisodeTokens>> EpisodeDecoder::Run(
   }
   // Whatever this call did, the group's other calls need this rank until
   // their last forward.
-  const absl::Status finished = lockstep.Finish(model_);
+  out = lockstep.Finish(model_, std::move(out));
   stats_.expert_joins = lockstep.joins();
-  if (!out.ok()) return out;
-  if (!finished.ok()) return finished;
   return out;
 }
 

@@ -114,6 +114,13 @@ absl::StatusOr<double> ExpertLockstep::Forwards(double mine) {
   return forwards[0];
 }
 
+absl::Status ExpertLockstep::Applies(const PolicyModel& model, bool fused,
+                                     const char* what) {
+  if (model.expert_shard().size > 1 && !fused) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, ": expert lockstep needs an expert shard of a MoE model"));
+}
+
 absl::Status ExpertLockstep::Announce() { return Forwards(1.0).status(); }
 
 absl::Status ExpertLockstep::Finish(PolicyModel& model) {

@@ -66,6 +66,20 @@ class ExpertLockstep {
   // After this rank's last forward: joins the group's remaining ones with
   // `model` (the expert shard; PolicyModel::JoinExpertExchanges).
   absl::Status Finish(PolicyModel& model);
+  // Finish, then what the decode call in lockstep returns: `out`, or
+  // Finish's error where `out` succeeded and Finish did not.
+  template <typename T>
+  absl::StatusOr<T> Finish(PolicyModel& model, absl::StatusOr<T> out) {
+    const absl::Status finished = Finish(model);
+    if (!out.ok() || finished.ok()) return out;
+    return finished;
+  }
+  // OK where `what` (a decoder) can sample in lockstep from `model` on the
+  // path it takes (`fused`: the fused CPU decoder, which takes no MoE
+  // model): FailedPrecondition unless the model is an expert shard. The
+  // same on every rank of a group, so all of them refuse and none waits.
+  static absl::Status Applies(const PolicyModel& model, bool fused,
+                              const char* what);
   // Forwards joined with no tokens.
   int64_t joins() const { return joins_; }
 

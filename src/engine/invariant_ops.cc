@@ -110,10 +110,14 @@ void MmBlock(const MmProblem& p, int64_t r0, int64_t n) {
   at::mm_out(block, p.a.narrow(0, r0, n), p.b);
 }
 
+void CheckOperands(const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0),
+              "InvariantMm: [M, K] @ [K, N], got ", a.sizes(), " and ",
+              b.sizes());
+}
+
 void CheckProblem(const MmProblem& p) {
-  TORCH_CHECK(p.a.dim() == 2 && p.b.dim() == 2 && p.a.size(1) == p.b.size(0),
-              "InvariantMm: [M, K] @ [K, N], got ", p.a.sizes(), " and ",
-              p.b.sizes());
+  CheckOperands(p.a, p.b);
   TORCH_CHECK(p.out.dim() == 2 && p.out.size(0) == p.a.size(0) &&
                   p.out.size(1) == p.b.size(1) &&
                   (p.out.stride(1) == 1 || p.out.size(1) <= 1),
@@ -233,9 +237,7 @@ void InvariantMmGroup(const std::vector<MmProblem>& problems) {
 }
 
 at::Tensor InvariantMm(const at::Tensor& a, const at::Tensor& b) {
-  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0),
-              "InvariantMm: [M, K] @ [K, N], got ", a.sizes(), " and ",
-              b.sizes());
+  CheckOperands(a, b);
   if (!a.device().is_cpu()) return at::mm(a, b);
   at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
   InvariantMmGroup({{out, a, b}});

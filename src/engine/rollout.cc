@@ -194,21 +194,15 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::Generate(
   if (lockstep_group_ == nullptr) {
     return GenerateOnce(prompts, params, keys, on_finished);
   }
-  if (model_.expert_shard().size == 1 || fused()) {
-    // The same model on every rank: all of them refuse, none waits.
-    return absl::FailedPreconditionError(
-        "rollout: expert lockstep needs an expert shard of a MoE model");
-  }
+  FUSIONRL_RETURN_IF_ERROR(ExpertLockstep::Applies(model_, fused(), "rollout"));
   ExpertLockstep lockstep(lockstep_group_);
   lockstep_ = &lockstep;
   absl::Cleanup unset = [this] { lockstep_ = nullptr; };
-  auto out = GenerateOnce(prompts, params, keys, on_finished);
   // Whatever this call did, the group's other calls need this rank until
   // their last forward.
-  const absl::Status finished = lockstep.Finish(model_);
+  auto out =
+      lockstep.Finish(model_, GenerateOnce(prompts, params, keys, on_finished));
   stats_.expert_joins = lockstep.joins();
-  if (!out.ok()) return out;
-  if (!finished.ok()) return finished;
   return out;
 }
 
