@@ -6,7 +6,9 @@
 # equals the same job run in one process (one worker holding both cards and
 # a local expert group) record for record and byte for byte (model.pt, both
 # shards' optimizer states); `submit --resume` from its middle checkpoint
-# ends at the same bytes; and a worker killed mid-job fails the job at once
+# ends at the same bytes; RL Fusion with each card sampling from its own
+# shard in lockstep across the processes (expert_sampling shard) equals
+# the gathered in-process run; and a worker killed mid-job fails the job at once
 # with a message that names the expert group and the way on (--resume),
 # never a hang.
 # Usage: $0 FUSIONRL_BINARY WORK_DIR
@@ -66,6 +68,19 @@ timeout 120 "$BIN" submit "$OUT/job.yaml" --controller "$ADDR" --output-dir "$OU
   fail "resumed cluster job failed: $(tail -3 "$OUT/submit-resume.log")"
 echo "ok   the job resumed from step 2 on two worker processes"
 
+# 3b. RL Fusion with lag 1, each card sampling from its own shard in
+#     lockstep across the processes (placement.expert_sampling shard: the
+#     rollout threads' group is formed through the store too), against the
+#     same job sampling from gathered copies in one process.
+FUSED=(--set placement.mode=fused --set stalesync.max_policy_lag=1
+       --set algorithm.decoupled_loss=true)
+timeout 120 "$BIN" run "$OUT/job.yaml" -o "$OUT/fused-ref" "${FUSED[@]}" >/dev/null \
+  2>"$OUT/fused-ref.log" || fail "in-process fused run failed: $(tail -3 "$OUT/fused-ref.log")"
+timeout 120 "$BIN" submit "$OUT/job.yaml" --controller "$ADDR" --output-dir "$OUT/fused-shard" \
+  "${FUSED[@]}" --set placement.expert_sampling=shard --wait >/dev/null \
+  2>"$OUT/submit-fused.log" || fail "fused shard-sampling job failed: $(tail -3 "$OUT/submit-fused.log")"
+echo "ok   fused, sampling from the shards in lockstep across two worker processes"
+
 python3 - "$OUT" <<'PY' || fail "expert parallelism across processes"
 import os, sys
 out = sys.argv[1]
@@ -101,6 +116,16 @@ for run in ("cluster", "resume"):
     for f in ("optim.pt", "optim.expert-shard-1.pt"):
         check(checks.optimizer_entries(final("ref", f)) == checks.optimizer_entries(final(run, f)),
               f"{run}: {f} holds the one-process run's tensors")
+fref = checks.rows(os.path.join(out, "fused-ref", "metrics.jsonl"))
+fsh = checks.rows(os.path.join(out, "fused-shard", "metrics.jsonl"))
+fdiffs = [d for d in checks.record_diffs(fref, fsh)
+          if d[1] not in layout and not d[1].startswith("card_memory_")]
+check(len(fsh) == 4 and not fdiffs,
+      f"fused, shard sampling across processes: every step record (samples, losses, the final evaluation) equals the gathered in-process run's ({len(fdiffs)} differences)")
+for d in fdiffs[:8]:
+    print(f"     step {d[0]} {d[1]}: gathered {d[2]!r}, shard {d[3]!r}")
+check(checks.same_bytes(final("fused-ref", "model.pt"), final("fused-shard", "model.pt")),
+      "fused, shard sampling: final model.pt (gathered for the checkpoint) is byte-identical")
 checks.finish()
 PY
 

@@ -464,6 +464,16 @@ enum class FusedTurns { kAuto, kConcurrent, kInterleaved, kProbe };
 absl::StatusOr<FusedTurns> ParseFusedTurns(absl::string_view name);
 const char* FusedTurnsName(FusedTurns turns);
 
+// Expert parallelism: what a card samples and evaluates from.
+//   gathered: a frozen copy of the whole model, gathered from the group
+//             after every step (rollout free of collectives; a whole
+//             model's memory on every card).
+//   shard:    the card's own expert shard, in lockstep with its group
+//             (every decode step exchanges tokens; no whole copy).
+enum class ExpertSampling { kGathered, kShard };
+absl::StatusOr<ExpertSampling> ParseExpertSampling(absl::string_view name);
+const char* ExpertSamplingName(ExpertSampling sampling);
+
 // Which cards a job gets and what each card does. A super node is a group
 // of cards with a fast local interconnect (one machine here); the job takes
 // the same number of cards in each of the super nodes it spans.
@@ -490,9 +500,11 @@ struct PlacementConfig {
   FusedTurns fused_turns = FusedTurns::kAuto;
   // Expert parallelism (MoE; docs/moe.md): each run of E consecutive
   // training cards of a node holds one policy, each card 1 / E of every
-  // block's experts (tokens reach them by all-to-all), and samples from
-  // the gathered model. 1 = every card holds every expert.
+  // block's experts (tokens reach them by all-to-all). 1 = every card
+  // holds every expert.
   int expert_parallel = 1;
+  // expert_parallel > 1: gathered | shard (see ExpertSampling).
+  ExpertSampling expert_sampling = ExpertSampling::kGathered;
   bool fail_if_unplaceable = false;  // false: wait for capacity, showing the
                                      //   reason in status; true: fail the job
 };

@@ -167,7 +167,13 @@ StepPlan JobManager::TrainPlanLocked(const Job& job, const Attempt& a, int k,
   const bool checkpoint = run.checkpoint_every > 0 &&
                           a.step % run.checkpoint_every == 0 &&
                           a.step != run.total_steps;
-  if (plan.rank == 0) {
+  // The lead evaluates; with expert shards sampling in lockstep
+  // (placement.expert_sampling shard) its expert group's cards join it.
+  const bool lead_group =
+      plan.rank == 0 ||
+      (job.config.placement.expert_sampling == ExpertSampling::kShard &&
+       plan.rank < job.config.placement.expert_parallel);
+  if (lead_group) {
     plan.eval_before = a.step == job.first_step && job.resume_dir.empty();
     plan.eval_after = (run.eval_every > 0 && a.step % run.eval_every == 0) ||
                       a.step == run.total_steps;

@@ -102,6 +102,8 @@ constexpr Spelling<FusedTurns> kFusedTurns[] = {
     {FusedTurns::kConcurrent, "concurrent"},
     {FusedTurns::kInterleaved, "interleaved"},
     {FusedTurns::kProbe, "probe"}};
+constexpr Spelling<ExpertSampling> kExpertSampling[] = {
+    {ExpertSampling::kGathered, "gathered"}, {ExpertSampling::kShard, "shard"}};
 constexpr Spelling<OverStalePolicy> kOverStalePolicies[] = {
     {OverStalePolicy::kRegenerate, "regenerate"},
     {OverStalePolicy::kDrop, "drop"}};
@@ -293,6 +295,13 @@ absl::StatusOr<FusedTurns> ParseFusedTurns(absl::string_view name) {
 }
 const char* FusedTurnsName(FusedTurns turns) {
   return NameOf(turns, kFusedTurns);
+}
+
+absl::StatusOr<ExpertSampling> ParseExpertSampling(absl::string_view name) {
+  return ParseName<ExpertSampling>(name, kExpertSampling);
+}
+const char* ExpertSamplingName(ExpertSampling sampling) {
+  return NameOf(sampling, kExpertSampling);
 }
 
 absl::StatusOr<OverStalePolicy> ParseOverStalePolicy(absl::string_view name) {

@@ -266,6 +266,8 @@ void VisitPlacement(PlacementConfig& p, V& v) {
   v.Bool("fused_share_idle_threads", &p.fused_share_idle_threads);
   v.Enum("fused_turns", &p.fused_turns, ParseFusedTurns, FusedTurnsName);
   v.Int("expert_parallel", &p.expert_parallel, Closed(1, 4096));
+  v.Enum("expert_sampling", &p.expert_sampling, ParseExpertSampling,
+         ExpertSamplingName);
   v.Bool("fail_if_unplaceable", &p.fail_if_unplaceable);
 }
 

@@ -1439,6 +1439,7 @@ TEST(ConfigTest, ToYamlIsReadable) {
                               "fused_share_idle_threads: true\n  "
                               "fused_turns: auto\n  "
                               "expert_parallel: 1\n  "
+                              "expert_sampling: gathered\n  "
                               "fail_if_unplaceable: false\n"));
   EXPECT_THAT(yaml, HasSubstr("behaviour_weight_level: token\n  "
                               "behaviour_weight_mode: truncate\n"));
@@ -1566,6 +1567,43 @@ TEST(ConfigTest, MoeKeysAreCheckedWhenParsed) {
                              "stalesync:\n  max_clock_skew: 1\n",
                              "job.yaml")
                   .ok());
+  // Sampling from the shards, in lockstep: every card of a group must
+  // sample each step from one version, in the same rounds.
+  EXPECT_EQ(JobConfig().placement.expert_sampling, ExpertSampling::kGathered);
+  config = ParseJobConfig(
+      "model:\n  moe_experts: 8\n"
+      "placement:\n  mode: fused\n  cards_per_super_node: 2\n"
+      "  expert_parallel: 2\n  expert_sampling: shard\n"
+      "stalesync:\n  max_policy_lag: 1\nalgorithm:\n  decoupled_loss: true\n",
+      "job.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->placement.expert_sampling, ExpertSampling::kShard);
+  ExpectError(
+      "model:\n  moe_experts: 8\nplacement:\n  expert_sampling: shard\n",
+      absl::StatusCode::kInvalidArgument,
+      {"job.yaml: placement.expert_sampling: shard needs "
+       "placement.expert_parallel > 1"});
+  ExpectError(
+      "model:\n  moe_experts: 8\n"
+      "placement:\n  mode: fused\n  cards_per_super_node: 2\n"
+      "  expert_parallel: 2\n  expert_sampling: shard\n"
+      "stalesync:\n  max_policy_lag: 1\n  rollout_version: newest\n"
+      "algorithm:\n  decoupled_loss: true\n",
+      absl::StatusCode::kInvalidArgument,
+      {"job.yaml: placement.expert_sampling: shard needs "
+       "stalesync.rollout_version: lagged", "(got newest"});
+  ExpectError(
+      "model:\n  moe_experts: 8\n"
+      "placement:\n  mode: fused\n  cards_per_super_node: 2\n"
+      "  expert_parallel: 2\n  expert_sampling: shard\n"
+      "stalesync:\n  max_policy_lag: 1\n  partial_rollout_tokens: 4\n"
+      "algorithm:\n  decoupled_loss: true\n",
+      absl::StatusCode::kInvalidArgument,
+      {"job.yaml: placement.expert_sampling: shard is not built for "
+       "stalesync.partial_rollout_tokens"});
+  ExpectError("placement:\n  expert_sampling: all\n",
+              absl::StatusCode::kInvalidArgument,
+              {"placement.expert_sampling", "all"});
   ExpectError(
       "model:\n  moe_experts: 8\n"
       "placement:\n  mode: disaggregated\n  cards_per_super_node: 4\n"

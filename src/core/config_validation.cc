@@ -352,6 +352,37 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                      absl::StrCat(why, ", got ", e));
     }
   }
+  if (p.expert_sampling == ExpertSampling::kShard) {
+    // The cards of a group run every decode step together, so each of
+    // them must sample a step from the same policy version, in the same
+    // rounds.
+    const StaleSyncConfig& st = c.stalesync;
+    const bool overlapped =
+        p.mode == PlacementMode::kFused && st.max_policy_lag > 0;
+    std::string why;
+    if (p.expert_parallel < 2) {
+      why =
+          "needs placement.expert_parallel > 1 (without expert shards every "
+          "card samples from its whole model)";
+    } else if (overlapped && st.rollout_version != RolloutVersion::kLagged) {
+      why = absl::StrCat(
+          "needs stalesync.rollout_version: lagged with placement.mode fused "
+          "and stalesync.max_policy_lag > 0 (got ",
+          RolloutVersionName(st.rollout_version),
+          ", which picks a step's policy version by the clock, on each card "
+          "its own; the cards of an expert group must sample a step from "
+          "one version)");
+    } else if (overlapped && st.partial_rollout_tokens > 0) {
+      why =
+          "is not built for stalesync.partial_rollout_tokens (a card's "
+          "rounds would follow its own responses' lengths; the cards of an "
+          "expert group decode in the same rounds)";
+    }
+    if (!why.empty()) {
+      return Invalid("placement.expert_sampling",
+                     absl::StrCat("shard ", why));
+    }
+  }
   const AlgorithmConfig& a = c.algorithm;
   if (a.router_replay && m.moe_experts == 0) {
     return Invalid("algorithm.router_replay",

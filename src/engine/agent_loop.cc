@@ -333,7 +333,8 @@ void OpenEpisodes(const JobContext& ctx, CallPool& pool,
 absl::StatusOr<EpisodeBatch> AgentLoop::Run(
     PolicyModel& model, const std::vector<Problem>& problems,
     const std::vector<SequenceKey>& keys, const SamplingParams& params,
-    int64_t slots, int row_blocks, bool fused) const {
+    int64_t slots, int row_blocks, bool fused,
+    GradientSync* expert_lockstep) const {
   if (ctx_.environment == nullptr) {
     return absl::FailedPreconditionError("AgentLoop: the job has no env");
   }
@@ -373,6 +374,7 @@ absl::StatusOr<EpisodeBatch> AgentLoop::Run(
     EpisodeDecoder decoder(model, ctx_.tokenizer->pad_id(), ctx_.stop_ids);
     decoder.set_fused(fused);
     decoder.set_row_blocks(row_blocks);
+    decoder.set_expert_lockstep(expert_lockstep);
     EpisodeLimits limits;
     limits.max_turns = ctx_.env.max_turns;
     limits.max_episode_tokens = ctx_.env.max_episode_tokens;

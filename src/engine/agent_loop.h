@@ -50,13 +50,14 @@ class AgentLoop {
   // decoded at once (0 = all). Fills each Sample's prompt, response, loss
   // mask, behaviour log-probs, finished (= the environment ended it),
   // reward, correct and episode stats (the environment's metrics
-  // included); group ids are the caller's.
-  absl::StatusOr<EpisodeBatch> Run(PolicyModel& model,
-                                   const std::vector<Problem>& problems,
-                                   const std::vector<SequenceKey>& keys,
-                                   const SamplingParams& params,
-                                   int64_t slots = 0, int row_blocks = 0,
-                                   bool fused = true) const;
+  // included); group ids are the caller's. `expert_lockstep`: `model` is
+  // an expert shard and this rank runs its episodes in lockstep with that
+  // group (EpisodeDecoder::set_expert_lockstep).
+  absl::StatusOr<EpisodeBatch> Run(
+      PolicyModel& model, const std::vector<Problem>& problems,
+      const std::vector<SequenceKey>& keys, const SamplingParams& params,
+      int64_t slots = 0, int row_blocks = 0, bool fused = true,
+      GradientSync* expert_lockstep = nullptr) const;
 
  private:
   const JobContext& ctx_;

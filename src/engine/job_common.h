@@ -145,9 +145,17 @@ struct EvalResult {
 };
 
 // Greedy decoding of every eval problem with `model`, in batches.
+//
+// An expert shard (placement.expert_sampling: shard) decodes in lockstep
+// with its group (RolloutEngine::set_expert_lockstep): every rank of the
+// group calls this at once, one of them to evaluate and the others with
+// `joins_only`, who join its forwards with no prompts and return an empty
+// result (problems 0). The evaluating rank decodes the batches a whole
+// model would, so its result is the whole model's.
 absl::StatusOr<EvalResult> EvaluateGreedy(PolicyModel& model,
                                           const JobContext& ctx,
-                                          int max_new_tokens);
+                                          int max_new_tokens,
+                                          bool joins_only = false);
 
 // Seconds elapsed since `start` on the steady clock.
 inline double SecondsSince(std::chrono::steady_clock::time_point start) {

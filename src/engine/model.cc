@@ -618,6 +618,19 @@ absl::StatusOr<std::unique_ptr<PolicyModel>> PolicyModel::ExpertShardOf(
 
 const ExpertShard& PolicyModel::expert_shard() const { return impl_->shard; }
 
+std::unique_ptr<PolicyModel> PolicyModel::WholeFrozen() const {
+  auto impl = std::make_unique<Impl>(impl_->config, impl_->vocab_size,
+                                     impl_->device, nullptr);
+  impl->decoder = Decoder(impl_->config, impl_->vocab_size);
+  impl->decoder->to(impl_->device, ModelDtype(impl_->config));
+  std::unique_ptr<PolicyModel> whole(new PolicyModel(std::move(impl)));
+  for (auto& p : whole->impl_->decoder->parameters()) {
+    p.set_requires_grad(false);
+  }
+  whole->set_training(false);
+  return whole;
+}
+
 void PolicyModel::set_expert_group(GradientSync* group) {
   impl_->expert_group = group;
   if (impl_->shard.size == 1) return;

@@ -183,6 +183,11 @@ class PolicyModel {
   absl::StatusOr<std::unique_ptr<PolicyModel>> ExpertShardOf(
       ExpertShard shard) const;
   const ExpertShard& expert_shard() const;
+  // A frozen model of this config holding every expert, on this model's
+  // device, without an expert group: an expert shard's whole model, its
+  // values to be set by GatherExperts (freshly initialised until then).
+  // REQUIRES: no LoRA.
+  std::unique_ptr<PolicyModel> WholeFrozen() const;
   // The c10d group of the shard.size ranks holding the shards (borrowed,
   // rank shard.rank of it): every forward exchanges token rows with them
   // (engine/moe_module.h), so all of them run the same forwards and

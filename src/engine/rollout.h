@@ -186,6 +186,7 @@ class RolloutEngine {
   // exchange or count fails the call with the group's error. Null (the
   // default): off.
   void set_expert_lockstep(GradientSync* group) { lockstep_group_ = group; }
+  GradientSync* expert_lockstep() const { return lockstep_group_; }
   // Whether Generate() would take the fused path for this engine's model.
   bool fused() const;
   // Whether Generate() prefills each distinct prompt once (every path but

@@ -1127,6 +1127,114 @@ JobConfig TwoTurnJob(const std::string& out, int steps) {
   return c;
 }
 
+// An episode takes as many turns as its answer has characters (1 to 3 on
+// TinyRlJob's task): cards sampling different problems decode for
+// different numbers of forwards.
+class AnswerTurnsEnvironment final : public Environment {
+ public:
+  class Ep final : public Episode {
+   public:
+    explicit Ep(int turns) : turns_(turns) {}
+    absl::StatusOr<Observation> Step(const AssistantTurn& turn,
+                                     absl::Time) override {
+      Observation o;
+      o.done = turn.index + 1 >= turns_;
+      if (!o.done) o.messages.push_back({"tool", "ok"});
+      return o;
+    }
+
+   private:
+    int turns_;
+  };
+  absl::StatusOr<std::unique_ptr<Episode>> Open(const Problem& problem,
+                                                uint64_t, absl::Time,
+                                                EpisodeStart*) override {
+    return std::unique_ptr<Episode>(
+        new Ep(static_cast<int>(problem.answer.size())));
+  }
+};
+
+JobConfig AnswerTurnsJob(const std::string& out, int steps) {
+  static const bool registered = [] {
+    return EnvironmentRegistry::Global()
+        .Register("test_answer_turns",
+                  [](const EnvConfig&)
+                      -> absl::StatusOr<std::unique_ptr<Environment>> {
+                    return std::make_unique<AnswerTurnsEnvironment>();
+                  })
+        .ok();
+  }();
+  EXPECT_TRUE(registered);
+  JobConfig c = TinyRlJob(out, steps);
+  c.env.name = "test_answer_turns";
+  c.env.max_turns = 3;
+  return c;
+}
+
+// placement.expert_sampling shard: every card samples and evaluates from
+// its own expert shard, in lockstep with its group, and holds no gathered
+// copy of the whole model. Colocated (single- and multi-turn), and fused
+// with lag 1 (the rollout thread exchanging over a group of its own beside
+// the trainer's): the
+// samples, evaluations, losses and checkpoints (a step's and the end's,
+// whole models gathered for them) are the gathered run's bit for bit, the
+// card books fewer weight bytes, and resume is exact.
+TEST(RlJobTest, ExpertShardsSampleInLockstepAsTheGatheredModel) {
+  for (const char* layout : {"colocated", "multi-turn", "fused"}) {
+    const std::string name = layout;
+    const bool fused = name == "fused";
+    JobConfig gathered =
+        TinyExpertParallelJob("moe-ep2-gathered-" + name, 4, 2);
+    gathered.run.checkpoint_every = 2;
+    gathered.run.collective_timeout_seconds = 30;  // a hang fails in seconds
+    if (name == "multi-turn") {
+      // Episodes of one to three turns: the two cards' rollouts and the
+      // lead's evaluation run different numbers of forwards.
+      gathered.env = AnswerTurnsJob("unused", 1).env;
+    }
+    if (fused) {
+      gathered.placement.mode = PlacementMode::kFused;
+      gathered.stalesync.max_policy_lag = 1;
+      gathered.algorithm.decoupled_loss = true;
+    }
+    JobConfig shard = gathered;
+    shard.placement.expert_sampling = ExpertSampling::kShard;
+    shard.output_dir = gathered.output_dir + "-shard";
+    std::filesystem::remove_all(gathered.output_dir);
+    std::filesystem::remove_all(shard.output_dir);
+    auto a = RunRlJob(gathered);
+    ASSERT_TRUE(a.ok()) << name << ": " << a.status();
+    auto b = RunRlJob(shard);
+    ASSERT_TRUE(b.ok()) << name << ": " << b.status();
+    for (const char* key : {"reward_mean", "loss", "grad_norm", "kl",
+                            "entropy", "eval_accuracy", "max_staleness"}) {
+      EXPECT_EQ(Column(shard.output_dir, key),
+                Column(gathered.output_dir, key))
+          << name << ": " << key;
+    }
+    EXPECT_EQ(b->initial_eval_accuracy, a->initial_eval_accuracy) << name;
+    EXPECT_EQ(b->final_eval_accuracy, a->final_eval_accuracy) << name;
+    ExpectSameWeights(a->checkpoint_dir, b->checkpoint_dir, gathered.model);
+    ExpectSameWeights(gathered.output_dir + "/checkpoints/step_2",
+                      shard.output_dir + "/checkpoints/step_2",
+                      gathered.model);
+    const std::vector<double> held =
+        Column(gathered.output_dir, "card_memory_weights_bytes");
+    const std::vector<double> own =
+        Column(shard.output_dir, "card_memory_weights_bytes");
+    ASSERT_EQ(own.size(), held.size());
+    for (size_t i = 0; i < own.size(); ++i) {
+      EXPECT_GT(own[i], 0) << name;
+      EXPECT_LT(own[i], held[i]) << name << ": step " << i + 1;
+    }
+    if (fused) {
+      ExpectExactLaggedResume(shard, 4, 2);
+    } else {
+      ExpectExactResume(shard, 4, 2);
+    }
+  }
+}
+
 // Multi-turn episodes resume exactly: synchronously, fused with lag 2 and
 // disaggregated with lag 1,
 // where the checkpoint keeps the episodes the rollout had finished ahead

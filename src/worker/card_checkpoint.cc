@@ -2,10 +2,12 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "engine/checkpoint.h"
+#include "engine/grad_sync.h"
 #include "engine/model.h"
 #include "engine/trainer.h"
 #include "spdlog/spdlog.h"
@@ -70,6 +72,16 @@ void CardRunner::RestorePrefetch(const StepPlan& plan) {
                        saved->partial_rollout_tokens, " and steps_per_version ",
                        saved->steps_per_version);
   }
+  if (samples_shard_) {
+    // The cards of an expert group decode every round together: all of
+    // them continue their pipelines, or none does.
+    std::vector<double> kept = {why.empty() ? 0.0 : 1.0};
+    if (absl::Status s = SumAcrossRanks(job_.experts, kept); !s.ok()) {
+      why = absl::StrCat("the expert group could not agree: ", s.message());
+    } else if (why.empty() && kept[0] > 0) {
+      why = "another card of its expert group samples them afresh";
+    }
+  }
   if (!why.empty()) {
     spdlog::warn(
         "{} card {}: sampling the steps after {} afresh from the "
@@ -99,6 +111,7 @@ absl::Status CardRunner::SaveExpertShard(const std::string& checkpoint,
 }
 
 absl::Status CardRunner::WriteStepCheckpoint(const StepPlan& plan, int64_t step,
+                                             const PolicyModel& whole,
                                              std::string* dir) {
   const JobConfig& cfg = config();
   CheckpointMeta meta{"rl",
@@ -111,7 +124,7 @@ absl::Status CardRunner::WriteStepCheckpoint(const StepPlan& plan, int64_t step,
   Doing(absl::StrCat("writing checkpoint ", plan.checkpoint_name));
   // Expert parallelism: model.pt holds every expert (the gathered model);
   // the other shards' optimizer states were written by their cards.
-  if (gathered_ != nullptr) {
+  if (job_.experts != nullptr) {
     meta.expert_parallel = job_.experts->world_size();
     // Written before the step's sum, or (the end checkpoint) by the cards
     // as they end: wait for them.
@@ -129,18 +142,26 @@ absl::Status CardRunner::WriteStepCheckpoint(const StepPlan& plan, int64_t step,
       }
     }
   }
-  return WriteCheckpoint(*dir, WholePolicy(), trainer_.get(), meta,
+  return WriteCheckpoint(*dir, whole, trainer_.get(), meta,
                          CheckpointPause());
 }
 
 absl::Status CardRunner::WriteEndCheckpoint(const StepPlan& plan,
                                             std::string* dir) {
   const JobConfig& cfg = config();
-  FUSIONRL_RETURN_IF_ERROR(WriteStepCheckpoint(plan, plan.step - 1, dir));
+  if (samples_shard_ && end_whole_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "placement.expert_sampling shard: this card's expert group did not "
+        "gather the end checkpoint's model; resume from the last step "
+        "checkpoint");
+  }
+  const PolicyModel& whole = end_whole_ ? *end_whole_ : RolloutSource();
+  FUSIONRL_RETURN_IF_ERROR(
+      WriteStepCheckpoint(plan, plan.step - 1, whole, dir));
   // A job that ran to its end (not one stopped early) is exported.
   if (cfg.run.export_final && plan.checkpoint_name == "final") {
     FUSIONRL_RETURN_IF_ERROR(
-        ExportJobPolicy(cfg, ctx_, WholePolicy(), cfg.output_dir + "/hf"));
+        ExportJobPolicy(cfg, ctx_, whole, cfg.output_dir + "/hf"));
   }
   return absl::OkStatus();
 }

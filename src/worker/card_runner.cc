@@ -57,8 +57,9 @@ void CardRunner::ReportFailure(const absl::Status& status, int64_t step,
 }
 
 void CardRunner::PublishToRollout() {
-  // Expert parallelism: the gathered model, refreshed after every step.
-  fused_->Publish(WholePolicy().trainable_parameters(), trainer_->version());
+  // Expert parallelism: the gathered model, refreshed after every step, or
+  // the card's shard (expert_sampling shard).
+  fused_->Publish(RolloutSource().trainable_parameters(), trainer_->version());
 }
 
 absl::Status CardRunner::Run() {
@@ -104,6 +105,13 @@ absl::Status CardRunner::OnEnd(StepPlan plan) {
   } else if (plan.rank == 0) {
     FUSIONRL_RETURN_IF_ERROR(
         SaveExpertShard(plan.checkpoint_name, job_.local_rank, plan.step - 1));
+  }
+  if (samples_shard_ && !plan.checkpoint_name.empty()) {
+    // The end checkpoint's whole model: every expert group gathers its
+    // own (they hold the same weights), so whichever card 0 ends up the
+    // lead has it.
+    FUSIONRL_ASSIGN_OR_RETURN(end_whole_, GatherWhole());
+    if (job_.local_rank != 0) end_whole_.reset();
   }
   if (job_.local_rank != 0) return absl::OkStatus();
   const int64_t next = plan.step;

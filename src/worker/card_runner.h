@@ -60,6 +60,10 @@ struct CardJob {
   // the group's cards are on several nodes (worker processes).
   GradientSync* experts = nullptr;
   bool experts_span_nodes = false;
+  // Fused with placement.expert_sampling shard: a second group of the same
+  // cards, for the rollout thread's exchanges beside the trainer's; null
+  // otherwise.
+  GradientSync* rollout_experts = nullptr;
   // The job's training card this is while no node is lost
   // (Assignment::train_rank_offset + local_rank).
   int job_rank = 0;

@@ -19,6 +19,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -130,8 +131,9 @@ class CardRunner {
   absl::Status SaveExpertShard(const std::string& checkpoint, int rank,
                                int64_t step);
   // The lead's checkpoint of a step (`dir` under output_dir/checkpoints).
+  // `whole`: the model holding every parameter (model.pt).
   absl::Status WriteStepCheckpoint(const StepPlan& plan, int64_t step,
-                                   std::string* dir);
+                                   const PolicyModel& whole, std::string* dir);
   // The job's end checkpoint (and the Hugging Face export of a finished
   // job).
   absl::Status WriteEndCheckpoint(const StepPlan& plan, std::string* dir);
@@ -154,16 +156,32 @@ class CardRunner {
   // step (0 before it); a later plan with other cards fails the job.
   int expert_world_ = 0;
   // Expert parallelism (placement.expert_parallel): the policy trains as a
-  // shard of the experts (ctx_.policy), and rollout, evaluation, export and
-  // the checkpoint's model.pt use this model holding all of them, gathered
-  // from the card's expert group after every step (GatherExperts, a
-  // collective of the group).
+  // shard of the experts (ctx_.policy). With expert_sampling gathered,
+  // rollout, evaluation, export and the checkpoint's model.pt use this
+  // model holding all of them, gathered from the card's expert group after
+  // every step (GatherExperts, a collective of the group).
   std::unique_ptr<PolicyModel> gathered_;
   absl::Status GatherExperts();
-  // The model holding every parameter: gathered_ under expert parallelism,
-  // else the policy (with LoRA its adapters: what it publishes and saves).
-  PolicyModel& WholePolicy() { return gathered_ ? *gathered_ : *ctx_.policy; }
+  // expert_sampling shard: the card samples and evaluates from its shard,
+  // in lockstep with its group (the rollout thread's over
+  // job_.rollout_experts); a whole model exists only while a checkpoint is
+  // written (GatherWhole).
+  bool samples_shard_ = false;
+  // The whole model of the card's expert group, gathered now into a new
+  // model (a collective of the group).
+  absl::StatusOr<std::unique_ptr<PolicyModel>> GatherWhole();
+  // What the card samples from and publishes to its rollout thread:
+  // gathered_ where it exists, else the policy (with LoRA its adapters;
+  // with expert_sampling shard the card's shard).
+  PolicyModel& RolloutSource() { return gathered_ ? *gathered_ : *ctx_.policy; }
   PolicyModel& SamplingPolicy();
+  // Evaluation with plan.eval_before / eval_after: the lead's result; the
+  // other cards of its expert group (expert_sampling shard) join its
+  // forwards and get none.
+  absl::StatusOr<std::optional<EvalResult>> Evaluate(const StepPlan& plan);
+  // The end checkpoint's whole model under expert_sampling shard, gathered
+  // by every card's group in OnEnd (card 0 keeps it).
+  std::unique_ptr<PolicyModel> end_whole_;
   std::unique_ptr<FusedRollout> fused_;
   std::shared_ptr<CardMemoryManager> memory_;          // this card
   std::shared_ptr<CardMemoryManager> rollout_memory_;  // its rollout card's

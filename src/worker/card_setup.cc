@@ -41,7 +41,8 @@ absl::Status CardRunner::Setup() {
   if (job_.experts != nullptr) {
     // Expert parallelism: the model PrepareJob made (every expert, as a job
     // without shards starts) is cut into this card's shard, which trains;
-    // a frozen copy of the whole stays for sampling.
+    // a frozen copy of the whole stays for sampling (expert_sampling
+    // gathered), or the shard samples too (shard).
     // model.activations.policy auto is planned here, on the whole model
     // (whose passes exchange nothing), and the group then takes its rank
     // 0's plan (Trainer::Create).
@@ -53,7 +54,9 @@ absl::Status CardRunner::Setup() {
     FUSIONRL_ASSIGN_OR_RETURN(std::unique_ptr<PolicyModel> mine,
                               ctx_.policy->ExpertShardOf(shard));
     mine->set_expert_group(job_.experts);
-    gathered_ = ctx_.policy->CloneFrozen();
+    samples_shard_ =
+        cfg.placement.expert_sampling == ExpertSampling::kShard;
+    if (!samples_shard_) gathered_ = ctx_.policy->CloneFrozen();
     ctx_.policy = std::move(mine);
   }
   PolicyModel& policy = *ctx_.policy;
@@ -71,10 +74,11 @@ absl::Status CardRunner::Setup() {
   // model's does.
   if (policy.lora()) merged_ = policy.CloneFrozen();
   rollout_ =
-      std::make_unique<RolloutEngine>(merged_ ? *merged_ : WholePolicy(),
+      std::make_unique<RolloutEngine>(merged_ ? *merged_ : RolloutSource(),
                                       ctx_.tokenizer->pad_id(), ctx_.stop_ids);
   rollout_->Configure(cfg.rollout);
   rollout_->set_row_blocks(per_card_threads_);
+  if (samples_shard_) rollout_->set_expert_lockstep(job_.experts);
   if (job_.local_rank == 0) {
     spdlog::info(
         "[{}] {}: policy {} parameters on {} x {} card(s), task {} "
@@ -99,14 +103,15 @@ absl::Status CardRunner::Setup() {
     resumed_crc32c_ = WeightsCrc32c(policy);
     FUSIONRL_RETURN_IF_ERROR(GatherExperts());
   }
-  if (job_.local_rank == 0 && gathered_ != nullptr) {
+  if (job_.local_rank == 0 && job_.experts != nullptr) {
     spdlog::info(
-        "[{}] expert parallel {}: each card trains {} of {} parameters "
-        "({} experts of {} per block) and samples from all of them",
+        "[{}] expert parallel {}: each card trains {} parameters ({} experts "
+        "of {} per block) and samples from {}",
         cfg.name, job_.experts->world_size(), policy.num_parameters(),
-        gathered_->num_parameters(),
         cfg.model.moe_experts / job_.experts->world_size(),
-        cfg.model.moe_experts);
+        cfg.model.moe_experts,
+        samples_shard_ ? "its shard, in lockstep with its expert group"
+                       : "all of them, gathered after every step");
   }
   FUSIONRL_ASSIGN_OR_RETURN(
       memory_, CardMemoryManager::Create(job_.local_rank, cfg.memory));
@@ -163,6 +168,14 @@ absl::Status CardRunner::GatherExperts() {
   return fusionrl::GatherExperts(*ctx_.policy, *gathered_);
 }
 
+absl::StatusOr<std::unique_ptr<PolicyModel>> CardRunner::GatherWhole() {
+  Doing(absl::StrCat("gathering the experts of step ", plan_step_,
+                     " for a checkpoint"));
+  std::unique_ptr<PolicyModel> whole = ctx_.policy->WholeFrozen();
+  FUSIONRL_RETURN_IF_ERROR(fusionrl::GatherExperts(*ctx_.policy, *whole));
+  return whole;
+}
+
 PolicyModel& CardRunner::SamplingPolicy() {
   if (gathered_ != nullptr) return *gathered_;
   if (merged_ == nullptr) return *ctx_.policy;
@@ -199,7 +212,12 @@ absl::Status CardRunner::SetUpRolloutThread() {
     fo.rollout_threads = cfg.placement.fused_rollout_threads > 0
                              ? cfg.placement.fused_rollout_threads
                              : std::max(1, per_card_threads_ - train_threads);
-    snapshot = WholePolicy().CloneFrozen();
+    snapshot = RolloutSource().CloneFrozen();
+    if (samples_shard_) {
+      // The snapshot is the card's shard: its exchanges go over the
+      // rollout's own group, beside the trainer's.
+      snapshot->set_expert_group(job_.rollout_experts);
+    }
     // At s = 0 nothing can overlap (the next step samples from the weights
     // this step trains): the card samples between its steps, on its whole
     // thread budget, from the snapshot.
@@ -212,7 +230,7 @@ absl::Status CardRunner::SetUpRolloutThread() {
     fo.rollout_threads = std::max(1, per_card_threads_ / served);
     FUSIONRL_ASSIGN_OR_RETURN(c10::Device rollout_device,
                               ResolveDevice(job_.rollout_device));
-    snapshot = WholePolicy().CloneFrozen(rollout_device);
+    snapshot = RolloutSource().CloneFrozen(rollout_device);
   }
   rollout_memory_->Set(MemoryCategory::kSnapshot,
                        ParameterBytes(*snapshot, &policy));
@@ -220,6 +238,7 @@ absl::Status CardRunner::SetUpRolloutThread() {
   auto engine = std::make_unique<RolloutEngine>(
       *snapshot, ctx_.tokenizer->pad_id(), ctx_.stop_ids);
   engine->Configure(cfg.rollout);
+  if (samples_shard_) engine->set_expert_lockstep(job_.rollout_experts);
   // The decoder's rows are split as on a card that samples with all its
   // threads, whatever share the rollout holds at a step: the samples are
   // those of a colocated-sync run, and the same in every run.

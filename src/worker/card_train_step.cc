@@ -40,6 +40,23 @@ absl::StatusOr<RolloutBatch> CardRunner::SampleHere(
       });
 }
 
+absl::StatusOr<std::optional<EvalResult>> CardRunner::Evaluate(
+    const StepPlan& plan) {
+  const int max_new = config().rollout.max_new_tokens;
+  if (plan.rank == 0) {
+    FUSIONRL_ASSIGN_OR_RETURN(EvalResult result,
+                              EvaluateGreedy(SamplingPolicy(), ctx_, max_new));
+    return result;
+  }
+  if (samples_shard_) {
+    // The lead evaluates on its shard: this card's experts take part.
+    FUSIONRL_RETURN_IF_ERROR(
+        EvaluateGreedy(*ctx_.policy, ctx_, max_new, /*joins_only=*/true)
+            .status());
+  }
+  return std::nullopt;
+}
+
 absl::Status CardRunner::PrepareOptimizer() {
   CardMemoryManager& m = *memory_;
   if (m.offload_in_flight()) {
@@ -91,6 +108,17 @@ absl::StatusOr<RolloutBatch> CardRunner::StepBatch(const StepPlan& plan,
   FUSIONRL_ASSIGN_OR_RETURN(
       std::vector<uint64_t> stale_groups,
       filter.OverStaleGroups(batch.samples, trainer_->version()));
+  if (samples_shard_ &&
+      cfg.stalesync.over_stale == OverStalePolicy::kRegenerate) {
+    // The cards of an expert group sample in lockstep: all of them take
+    // part in a regeneration any of them needs, with no groups of their
+    // own where they need none.
+    std::vector<double> anywhere = {static_cast<double>(stale_groups.size())};
+    FUSIONRL_RETURN_IF_ERROR(SumAcrossRanks(job_.experts, anywhere));
+    if (stale_groups.empty() && anywhere[0] > 0) {
+      FUSIONRL_RETURN_IF_ERROR(SampleHere({}, plan).status());
+    }
+  }
   if (stale_groups.empty()) return batch;
   *over_stale =
       static_cast<int64_t>(stale_groups.size()) * cfg.rollout.group_size;
@@ -116,14 +144,15 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   const JobConfig& cfg = config();
   PolicyModel& policy = *ctx_.policy;
   const bool lead = plan.rank == 0;
-  if (lead && plan.eval_before) {
+  if (plan.eval_before) {
     Doing("evaluation before step 1");
-    FUSIONRL_ASSIGN_OR_RETURN(
-        EvalResult initial,
-        EvaluateGreedy(SamplingPolicy(), ctx_, cfg.rollout.max_new_tokens));
-    spdlog::info("[{}] initial eval accuracy {:.3f} ({:.1f}s)", cfg.name,
-                 initial.accuracy, initial.seconds);
-    report.initial_eval_accuracy = initial.accuracy;
+    FUSIONRL_ASSIGN_OR_RETURN(std::optional<EvalResult> initial,
+                              Evaluate(plan));
+    if (initial.has_value()) {
+      spdlog::info("[{}] initial eval accuracy {:.3f} ({:.1f}s)", cfg.name,
+                   initial->accuracy, initial->seconds);
+      report.initial_eval_accuracy = initial->accuracy;
+    }
   }
   const absl::Time t0 = clock_.MonotonicNow();
   job_.counters->active = true;
@@ -223,7 +252,9 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
     report.trained_group_id_sum = totals.trained_group_id_sum;
     report.trained_group_id_sq_sum = totals.trained_group_id_sq_sum;
     if (plan.sync_weights) {
-      report.weights_crc32c = WeightsCrc32c(WholePolicy());  // every expert
+      // Every expert; with expert_sampling shard the lead card's shard
+      // (each super node's card 0 holds the same one).
+      report.weights_crc32c = WeightsCrc32c(RolloutSource());
       report.has_weights_crc32c = true;
     }
   }
@@ -236,7 +267,20 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   job_.counters->busy_us += static_cast<int64_t>(times.step * 1e6);
   // Since the previous step's record (the first one holds the setup).
   const RoleSplit split = overlap_.Take();
-  if (!lead) return absl::OkStatus();
+  // expert_sampling shard: the checkpoint's whole model, gathered by the
+  // lead's expert group (the other groups hold the same weights).
+  std::unique_ptr<PolicyModel> whole;
+  if (checkpoint && samples_shard_ &&
+      plan.rank < job_.experts->world_size()) {
+    FUSIONRL_ASSIGN_OR_RETURN(whole, GatherWhole());
+  }
+  if (!lead) {
+    if (plan.eval_after) {
+      Doing(absl::StrCat("evaluation after step ", plan.step));
+      FUSIONRL_RETURN_IF_ERROR(Evaluate(plan).status());
+    }
+    return absl::OkStatus();
+  }
 
   exchange.cross_node_rounds = sync_->rounds();
   exchange.cross_node_seconds = sync_->cross_node_seconds();
@@ -276,16 +320,15 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   MetricFields rec = StepRecord(parts);
   if (plan.eval_after) {
     Doing(absl::StrCat("evaluation after step ", plan.step));
-    FUSIONRL_ASSIGN_OR_RETURN(
-        EvalResult ev,
-        EvaluateGreedy(SamplingPolicy(), ctx_, cfg.rollout.max_new_tokens));
-    report.eval_accuracy = ev.accuracy;
-    rec.push_back({"eval_accuracy", ev.accuracy});
-    rec.push_back({"eval_seconds", ev.seconds});
+    FUSIONRL_ASSIGN_OR_RETURN(std::optional<EvalResult> ev, Evaluate(plan));
+    report.eval_accuracy = ev->accuracy;
+    rec.push_back({"eval_accuracy", ev->accuracy});
+    rec.push_back({"eval_seconds", ev->seconds});
   }
   if (checkpoint) {
     FUSIONRL_RETURN_IF_ERROR(
-        WriteStepCheckpoint(plan, plan.step, &report.checkpoint_dir));
+        WriteStepCheckpoint(plan, plan.step, whole ? *whole : RolloutSource(),
+                            &report.checkpoint_dir));
   }
   report.metrics = std::move(rec);
   report.rollout_tokens = static_cast<int64_t>(totals.tokens);

@@ -275,7 +275,8 @@ absl::Status GroupSampler::SampleEpisodes(RolloutEngine& engine,
   FUSIONRL_ASSIGN_OR_RETURN(
       EpisodeBatch episodes,
       AgentLoop(ctx_).Run(engine.model(), problems, keys, sampling, slots,
-                          engine.row_blocks(), engine.fused_path()));
+                          engine.row_blocks(), engine.fused_path(),
+                          engine.expert_lockstep()));
   const bool drop = config_.env.on_failure == "drop";
   size_t next = 0;
   for (size_t k = 0; k < steps.size(); ++k) {

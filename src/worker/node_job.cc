@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <exception>
 #include <memory>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -62,9 +63,13 @@ absl::Status RunNodeJob(const NodeContext& node, const Assignment& assignment) {
   // store where it spans nodes (worker processes).
   const int ep = config->placement.expert_parallel;
   const int offset = assignment.train_rank_offset;
-  std::vector<std::unique_ptr<GradientSync>> experts(cards);
   std::vector<bool> experts_span_nodes(cards, false);
-  if (ep > 1) {
+  // Forms the expert groups of this node's cards into `groups`, those
+  // spanning nodes under the store prefix `prefix`<group>/.
+  auto form_expert_groups =
+      [&](const std::string& prefix,
+          std::vector<std::unique_ptr<GradientSync>>& groups) -> absl::Status {
+    groups.resize(cards);
     std::vector<absl::Status> formed(cards);
     std::vector<std::thread> forming;
     absl::Status local_error;
@@ -79,7 +84,7 @@ absl::Status RunNodeJob(const NodeContext& node, const Assignment& assignment) {
           break;
         }
         for (int i = 0; i < ep; ++i) {
-          experts[first + i] = std::move((*local_group)[i]);
+          groups[first + i] = std::move((*local_group)[i]);
         }
         r = end;
         continue;
@@ -89,12 +94,11 @@ absl::Status RunNodeJob(const NodeContext& node, const Assignment& assignment) {
       for (int i = r; i < std::min(end, cards); ++i) {
         experts_span_nodes[i] = true;
         forming.emplace_back([&, i, group] {
-          auto joined =
-              FormJobGroup(node.client, assignment.job_id, node.node_id,
-                           absl::StrCat("experts/", group, "/"),
-                           (offset + i) % ep, ep, timeout);
+          auto joined = FormJobGroup(node.client, assignment.job_id,
+                                     node.node_id, absl::StrCat(prefix, group, "/"),
+                                     (offset + i) % ep, ep, timeout);
           if (joined.ok()) {
-            experts[i] = *std::move(joined);
+            groups[i] = *std::move(joined);
           } else {
             formed[i] = joined.status();
           }
@@ -103,27 +107,41 @@ absl::Status RunNodeJob(const NodeContext& node, const Assignment& assignment) {
       r = std::min(end, cards);
     }
     for (std::thread& t : forming) t.join();
-    if (!local_error.ok()) return report_setup_failure(local_error);
+    if (!local_error.ok()) return local_error;
     if (!forming.empty() && config->placement.super_nodes > 1 &&
         config->stalesync.max_clock_skew > 0) {
       // Each node of a skewed job runs its own clock; a group spanning
       // nodes would tie theirs at every exchange.
-      return report_setup_failure(absl::InvalidArgumentError(absl::StrCat(
+      return absl::InvalidArgumentError(absl::StrCat(
           "placement.expert_parallel is ", ep, " but ", node.node_id, " holds ",
           cards,
           " card(s) of its super node: an expert group spanning worker "
           "processes is not built for StaleSync across super nodes "
           "(stalesync.max_clock_skew > 0); give each worker a multiple of ",
-          ep, " cards")));
+          ep, " cards"));
     }
     for (int i = 0; i < cards; ++i) {
       if (formed[i].ok()) continue;
-      return report_setup_failure(absl::Status(
+      return absl::Status(
           formed[i].code(),
           absl::StrCat("placement.expert_parallel: ", node.node_id, " card ", i,
                        " could not join expert group ", (offset + i) / ep,
-                       " (it spans worker processes): ", formed[i].message())));
+                       " (it spans worker processes): ", formed[i].message()));
     }
+    return absl::OkStatus();
+  };
+  std::vector<std::unique_ptr<GradientSync>> experts;
+  // Fused cards sampling from their shards (expert_sampling shard): the
+  // rollout thread exchanges beside the trainer, over a second group of
+  // the same cards.
+  std::vector<std::unique_ptr<GradientSync>> rollout_experts;
+  if (ep > 1) {
+    absl::Status s = form_expert_groups("experts/", experts);
+    if (s.ok() && config->placement.mode == PlacementMode::kFused &&
+        config->placement.expert_sampling == ExpertSampling::kShard) {
+      s = form_expert_groups("rollout-experts/", rollout_experts);
+    }
+    if (!s.ok()) return report_setup_failure(s);
   }
   auto counters_of = [&cards_of_node](int index) {
     return cards_of_node[std::min<size_t>(index, cards_of_node.size() - 1)]
@@ -183,6 +201,8 @@ absl::Status RunNodeJob(const NodeContext& node, const Assignment& assignment) {
     }
     job.local = cards > 1 ? local[r].get() : nullptr;
     job.experts = ep > 1 ? experts[r].get() : nullptr;
+    job.rollout_experts =
+        rollout_experts.empty() ? nullptr : rollout_experts[r].get();
     job.experts_span_nodes = experts_span_nodes[r];
     job.job_rank = offset + r;
     job.counters = counters_of(index);
