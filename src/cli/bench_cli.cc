@@ -220,6 +220,7 @@ int RunOneHere(const BenchArgs& args, const JobConfig& base) {
   // exchanges per step (placement.expert_parallel).
   nlohmann::ordered_json card_memory = nlohmann::ordered_json::object();
   double a2a_bytes = 0, a2a_seconds = 0, gather_seconds = 0;
+  double sampling_a2a_bytes = 0, sampling_a2a_seconds = 0;
   int64_t steps = 0;
   std::ifstream in(c.output_dir + "/metrics.jsonl");
   std::string line;
@@ -239,6 +240,8 @@ int RunOneHere(const BenchArgs& args, const JobConfig& base) {
     a2a_bytes += j.value("expert_alltoall_bytes", 0.0);
     a2a_seconds += j.value("expert_alltoall_seconds", 0.0);
     gather_seconds += j.value("expert_gather_seconds", 0.0);
+    sampling_a2a_bytes += j.value("expert_sampling_alltoall_bytes", 0.0);
+    sampling_a2a_seconds += j.value("expert_sampling_alltoall_seconds", 0.0);
     for (const auto& [key, value] : j.items()) {
       constexpr absl::string_view kPrefix = "card_memory_";
       if (absl::StartsWith(key, kPrefix)) {
@@ -287,6 +290,10 @@ int RunOneHere(const BenchArgs& args, const JobConfig& base) {
     run["expert_alltoall_bytes_per_step"] = a2a_bytes / steps;
     run["expert_alltoall_seconds_per_step"] = a2a_seconds / steps;
     run["expert_gather_seconds_per_step"] = gather_seconds / steps;
+    run["expert_sampling"] = ExpertSamplingName(c.placement.expert_sampling);
+    run["expert_sampling_alltoall_bytes_per_step"] = sampling_a2a_bytes / steps;
+    run["expert_sampling_alltoall_seconds_per_step"] =
+        sampling_a2a_seconds / steps;
   }
   std::cout << run.dump() << std::endl;
   return kExitOk;

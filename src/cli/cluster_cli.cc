@@ -160,11 +160,19 @@ std::string FormatStatus(const v1::JobStatus& s) {
       absl::StrAppendFormat(
           &out,
           "  MoE experts: %.0f cards per expert group; all-to-all %.1f MiB "
-          "in %.3f s, gather %.3f s\n",
+          "in %.3f s, gather %.3f s",
           rec.value("expert_parallel", 0.0),
           rec.value("expert_alltoall_bytes", 0.0) / 1048576.0,
           rec.value("expert_alltoall_seconds", 0.0),
           rec.value("expert_gather_seconds", 0.0));
+      if (rec.value("expert_sampling_alltoall_bytes", 0.0) > 0) {
+        // expert_sampling shard: the rollout's exchanges.
+        absl::StrAppendFormat(
+            &out, "; sampling all-to-all %.1f MiB in %.3f s",
+            rec.value("expert_sampling_alltoall_bytes", 0.0) / 1048576.0,
+            rec.value("expert_sampling_alltoall_seconds", 0.0));
+      }
+      out += "\n";
     }
     if (rec.is_object() && rec.contains("lora_rank")) {
       // What the optimizer holds and a weight publish moves.

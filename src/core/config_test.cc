@@ -1591,7 +1591,8 @@ TEST(ConfigTest, MoeKeysAreCheckedWhenParsed) {
       "algorithm:\n  decoupled_loss: true\n",
       absl::StatusCode::kInvalidArgument,
       {"job.yaml: placement.expert_sampling: shard needs "
-       "stalesync.rollout_version: lagged", "(got newest"});
+       "stalesync.rollout_version: lagged",
+       "(got newest"});
   ExpectError(
       "model:\n  moe_experts: 8\n"
       "placement:\n  mode: fused\n  cards_per_super_node: 2\n"

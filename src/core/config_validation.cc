@@ -379,8 +379,7 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
           "expert group decode in the same rounds)";
     }
     if (!why.empty()) {
-      return Invalid("placement.expert_sampling",
-                     absl::StrCat("shard ", why));
+      return Invalid("placement.expert_sampling", absl::StrCat("shard ", why));
     }
   }
   const AlgorithmConfig& a = c.algorithm;

@@ -332,8 +332,7 @@ Verdict ScoreCompletion(const JobContext& ctx, const Problem& problem,
 
 absl::StatusOr<EvalResult> EvaluateGreedy(PolicyModel& model,
                                           const JobContext& ctx,
-                                          int max_new_tokens,
-                                          bool joins_only) {
+                                          int max_new_tokens, bool joins_only) {
   const auto start = std::chrono::steady_clock::now();
   const auto& problems = ctx.task->eval_set();
   GradientSync* lockstep =

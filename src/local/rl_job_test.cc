@@ -1206,18 +1206,16 @@ TEST(RlJobTest, ExpertShardsSampleInLockstepAsTheGatheredModel) {
     ASSERT_TRUE(a.ok()) << name << ": " << a.status();
     auto b = RunRlJob(shard);
     ASSERT_TRUE(b.ok()) << name << ": " << b.status();
-    for (const char* key : {"reward_mean", "loss", "grad_norm", "kl",
-                            "entropy", "eval_accuracy", "max_staleness"}) {
-      EXPECT_EQ(Column(shard.output_dir, key),
-                Column(gathered.output_dir, key))
+    for (const char* key : {"reward_mean", "loss", "grad_norm", "kl", "entropy",
+                            "eval_accuracy", "max_staleness"}) {
+      EXPECT_EQ(Column(shard.output_dir, key), Column(gathered.output_dir, key))
           << name << ": " << key;
     }
     EXPECT_EQ(b->initial_eval_accuracy, a->initial_eval_accuracy) << name;
     EXPECT_EQ(b->final_eval_accuracy, a->final_eval_accuracy) << name;
     ExpectSameWeights(a->checkpoint_dir, b->checkpoint_dir, gathered.model);
     ExpectSameWeights(gathered.output_dir + "/checkpoints/step_2",
-                      shard.output_dir + "/checkpoints/step_2",
-                      gathered.model);
+                      shard.output_dir + "/checkpoints/step_2", gathered.model);
     const std::vector<double> held =
         Column(gathered.output_dir, "card_memory_weights_bytes");
     const std::vector<double> own =
@@ -1227,6 +1225,19 @@ TEST(RlJobTest, ExpertShardsSampleInLockstepAsTheGatheredModel) {
       EXPECT_GT(own[i], 0) << name;
       EXPECT_LT(own[i], held[i]) << name << ": step " << i + 1;
     }
+    // Sampling exchanged tokens with the group, only there: at every step
+    // on the card's thread; the fused rollout thread's count up to each
+    // record, which it may run ahead of.
+    double sampled = 0;
+    for (double bytes :
+         Column(shard.output_dir, "expert_sampling_alltoall_bytes")) {
+      if (!fused) EXPECT_GT(bytes, 0) << name;
+      sampled += bytes;
+    }
+    EXPECT_GT(sampled, 0) << name;
+    EXPECT_EQ(Column(gathered.output_dir, "expert_sampling_alltoall_bytes"),
+              std::vector<double>(4, 0.0))
+        << name;
     if (fused) {
       ExpectExactLaggedResume(shard, 4, 2);
     } else {

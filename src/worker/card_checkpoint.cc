@@ -142,8 +142,7 @@ absl::Status CardRunner::WriteStepCheckpoint(const StepPlan& plan, int64_t step,
       }
     }
   }
-  return WriteCheckpoint(*dir, whole, trainer_.get(), meta,
-                         CheckpointPause());
+  return WriteCheckpoint(*dir, whole, trainer_.get(), meta, CheckpointPause());
 }
 
 absl::Status CardRunner::WriteEndCheckpoint(const StepPlan& plan,

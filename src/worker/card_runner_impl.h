@@ -15,6 +15,7 @@
 #ifndef FUSIONRL_WORKER_CARD_RUNNER_IMPL_H_
 #define FUSIONRL_WORKER_CARD_RUNNER_IMPL_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -182,6 +183,13 @@ class CardRunner {
   // The end checkpoint's whole model under expert_sampling shard, gathered
   // by every card's group in OnEnd (card 0 keeps it).
   std::unique_ptr<PolicyModel> end_whole_;
+  // expert_sampling shard: runs `sample`, a rollout in lockstep over
+  // `group` on this thread, and adds what it exchanged to the counters
+  // below, which the next step record takes (the rollout thread's too).
+  absl::Status CountSamplingExchanges(
+      GradientSync* group, const std::function<absl::Status()>& sample);
+  std::atomic<int64_t> sampling_alltoall_bytes_{0};
+  std::atomic<int64_t> sampling_alltoall_us_{0};
   std::unique_ptr<FusedRollout> fused_;
   std::shared_ptr<CardMemoryManager> memory_;          // this card
   std::shared_ptr<CardMemoryManager> rollout_memory_;  // its rollout card's

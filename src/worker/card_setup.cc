@@ -54,8 +54,7 @@ absl::Status CardRunner::Setup() {
     FUSIONRL_ASSIGN_OR_RETURN(std::unique_ptr<PolicyModel> mine,
                               ctx_.policy->ExpertShardOf(shard));
     mine->set_expert_group(job_.experts);
-    samples_shard_ =
-        cfg.placement.expert_sampling == ExpertSampling::kShard;
+    samples_shard_ = cfg.placement.expert_sampling == ExpertSampling::kShard;
     if (!samples_shard_) gathered_ = ctx_.policy->CloneFrozen();
     ctx_.policy = std::move(mine);
   }
@@ -314,20 +313,22 @@ absl::Status CardRunner::SetUpRolloutThread() {
           if (turns_ != nullptr) turns_->RolloutIdle();
           overlap_.End(RoleOverlap::Role::kRollout);
         };
-        return sampler_->SampleSteps(
-            engine, steps, rank, version, *rollout_memory,
-            [this, rollout_memory, host_memory](const MemoryDecision& kv) {
-              if (host_memory) {
-                // Host and card are the same memory: only the books move.
-                rollout_memory->OptimizerOffloaded(kv.offload_bytes);
-                return absl::OkStatus();
-              }
-              // The trainer moves it before its next step
-              // (PrepareOptimizer).
-              return rollout_memory->WaitOptimizerOffloaded(
-                  clock_, clock_.Now() + timeout_);
-            },
-            deliver, segment_end);
+        return CountSamplingExchanges(engine.expert_lockstep(), [&] {
+          return sampler_->SampleSteps(
+              engine, steps, rank, version, *rollout_memory,
+              [this, rollout_memory, host_memory](const MemoryDecision& kv) {
+                if (host_memory) {
+                  // Host and card are the same memory: only the books move.
+                  rollout_memory->OptimizerOffloaded(kv.offload_bytes);
+                  return absl::OkStatus();
+                }
+                // The trainer moves it before its next step
+                // (PrepareOptimizer).
+                return rollout_memory->WaitOptimizerOffloaded(
+                    clock_, clock_.Now() + timeout_);
+              },
+              deliver, segment_end);
+        });
       },
       [counters](double seconds) {
         counters->busy_us += static_cast<int64_t>(seconds * 1e6);

@@ -26,18 +26,37 @@
 
 namespace fusionrl {
 
+absl::Status CardRunner::CountSamplingExchanges(
+    GradientSync* group, const std::function<absl::Status()>& sample) {
+  if (group == nullptr) return sample();
+  const GradientSync::AllToAllTotals before = group->all_to_all_totals();
+  absl::Status status = sample();
+  const GradientSync::AllToAllTotals& after = group->all_to_all_totals();
+  sampling_alltoall_bytes_ += after.bytes - before.bytes;
+  sampling_alltoall_us_ +=
+      static_cast<int64_t>((after.seconds - before.seconds) * 1e6);
+  return status;
+}
+
 absl::StatusOr<RolloutBatch> CardRunner::SampleHere(
     const std::vector<uint64_t>& groups, const StepPlan& plan) {
   overlap_.Begin(RoleOverlap::Role::kRollout);
   absl::Cleanup done = [this] { overlap_.End(RoleOverlap::Role::kRollout); };
   SamplingPolicy();  // LoRA: the current adapters merged into rollout_'s
-  return sampler_->Sample(
-      *rollout_, groups, plan.step, plan.rank, trainer_->version(), *memory_,
-      [this](const MemoryDecision&) -> absl::Status {
-        FUSIONRL_RETURN_IF_ERROR(MoveOptimizerState(*trainer_, c10::kCPU));
-        memory_->OptimizerOffloaded(OptimizerStateBytes(*trainer_));
-        return absl::OkStatus();
-      });
+  absl::StatusOr<RolloutBatch> batch;
+  FUSIONRL_RETURN_IF_ERROR(
+      CountSamplingExchanges(rollout_->expert_lockstep(), [&] {
+        batch = sampler_->Sample(
+            *rollout_, groups, plan.step, plan.rank, trainer_->version(),
+            *memory_, [this](const MemoryDecision&) -> absl::Status {
+              FUSIONRL_RETURN_IF_ERROR(
+                  MoveOptimizerState(*trainer_, c10::kCPU));
+              memory_->OptimizerOffloaded(OptimizerStateBytes(*trainer_));
+              return absl::OkStatus();
+            });
+        return batch.status();
+      }));
+  return batch;
 }
 
 absl::StatusOr<std::optional<EvalResult>> CardRunner::Evaluate(
@@ -270,8 +289,7 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   // expert_sampling shard: the checkpoint's whole model, gathered by the
   // lead's expert group (the other groups hold the same weights).
   std::unique_ptr<PolicyModel> whole;
-  if (checkpoint && samples_shard_ &&
-      plan.rank < job_.experts->world_size()) {
+  if (checkpoint && samples_shard_ && plan.rank < job_.experts->world_size()) {
     FUSIONRL_ASSIGN_OR_RETURN(whole, GatherWhole());
   }
   if (!lead) {
@@ -298,6 +316,9 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   parts.max_staleness = max_staleness;
   parts.admission_lag = admission_lag;
   parts.times = times;
+  exchange.sampling_alltoall_bytes = sampling_alltoall_bytes_.exchange(0);
+  exchange.sampling_alltoall_seconds =
+      static_cast<double>(sampling_alltoall_us_.exchange(0)) / 1e6;
   parts.exchange = exchange;
   parts.split = split;
   parts.interleaved = interleaved;

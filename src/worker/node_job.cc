@@ -94,9 +94,9 @@ absl::Status RunNodeJob(const NodeContext& node, const Assignment& assignment) {
       for (int i = r; i < std::min(end, cards); ++i) {
         experts_span_nodes[i] = true;
         forming.emplace_back([&, i, group] {
-          auto joined = FormJobGroup(node.client, assignment.job_id,
-                                     node.node_id, absl::StrCat(prefix, group, "/"),
-                                     (offset + i) % ep, ep, timeout);
+          auto joined = FormJobGroup(
+              node.client, assignment.job_id, node.node_id,
+              absl::StrCat(prefix, group, "/"), (offset + i) % ep, ep, timeout);
           if (joined.ok()) {
             groups[i] = *std::move(joined);
           } else {

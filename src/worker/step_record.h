@@ -44,6 +44,10 @@ struct StepExchange {
   int64_t expert_alltoall_calls = 0;
   int64_t expert_alltoall_bytes = 0;
   double expert_alltoall_seconds = 0;
+  // expert_sampling shard: the card's rollout exchanges in lockstep since
+  // the previous record (either thread's): bytes sent, seconds.
+  int64_t sampling_alltoall_bytes = 0;
+  double sampling_alltoall_seconds = 0;
 };
 
 struct StepRecordParts {
