@@ -165,8 +165,9 @@ std::string FormatStatus(const v1::JobStatus& s) {
           rec.value("expert_alltoall_bytes", 0.0) / 1048576.0,
           rec.value("expert_alltoall_seconds", 0.0),
           rec.value("expert_gather_seconds", 0.0));
-      if (rec.value("expert_sampling_alltoall_bytes", 0.0) > 0) {
-        // expert_sampling shard: the rollout's exchanges.
+      if (rec.contains("expert_sampling_alltoall_bytes")) {
+        // expert_sampling shard: the rollout's exchanges since the
+        // previous step's record.
         absl::StrAppendFormat(
             &out, "; sampling all-to-all %.1f MiB in %.3f s",
             rec.value("expert_sampling_alltoall_bytes", 0.0) / 1048576.0,

@@ -308,8 +308,13 @@ class LongOpeningEnvironment final : public Environment {
     }
     return episode;
   }
+  static EnvConfig Calculator() {
+    EnvConfig c;
+    c.name = "calculator";
+    return c;
+  }
   std::unique_ptr<Environment> calculator_ =
-      EnvironmentRegistry::Global().Create(EnvConfig{"calculator"}).value();
+      EnvironmentRegistry::Global().Create(Calculator()).value();
 };
 
 TEST(AgentLoopTest, AnOpeningTooLongForTheModelFailsItsEpisodeOnly) {
@@ -357,7 +362,9 @@ TEST(AgentLoopTest, CalculatorEpisodesAreReproducibleAndMaskedRight) {
     ASSERT_EQ(x.loss_mask.size(), x.response_ids.size());
     ASSERT_EQ(x.behaviour_logp.size(), x.response_ids.size());
     for (size_t t = 0; t < x.loss_mask.size(); ++t) {
-      if (!x.loss_mask[t]) EXPECT_EQ(x.behaviour_logp[t], 0.0f);
+      if (!x.loss_mask[t]) {
+        EXPECT_EQ(x.behaviour_logp[t], 0.0f);
+      }
     }
     EXPECT_GE(x.episode.turns, 1);
     EXPECT_LE(x.episode.turns, c.env.max_turns);

@@ -177,7 +177,9 @@ TEST(EpisodeDecoderTest, TurnsEndAtTheStopOrTheTurnBudgetAndAnswersFollow) {
   for (size_t t = 0; t < 2; ++t) {
     const auto& turn = driver.ended_[0][t];
     EXPECT_EQ(driver.stopped_[0][t], turn.back() == kStop);
-    if (turn.back() != kStop) EXPECT_EQ(turn.size(), 4u);
+    if (turn.back() != kStop) {
+      EXPECT_EQ(turn.size(), 4u);
+    }
   }
 }
 

@@ -327,6 +327,7 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   if (parts.moe) parts.card_memory = memory_->Snapshot();
   parts.expert_parallel =
       job_.experts != nullptr ? job_.experts->world_size() : 1;
+  parts.samples_shard = samples_shard_;
   parts.env = !cfg.env.name.empty();
   if (policy.lora()) {
     parts.lora_rank = cfg.model.lora.rank;

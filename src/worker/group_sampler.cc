@@ -36,7 +36,8 @@ absl::StatusOr<RolloutBatch> GroupSampler::Sample(
     const OffloadFn& on_offload) const {
   std::optional<RolloutBatch> out;
   FUSIONRL_RETURN_IF_ERROR(SampleSteps(
-      engine, {StepGroups{step, groups}}, rank, version, memory, on_offload,
+      engine, {StepGroups{step, groups, std::nullopt}}, rank, version, memory,
+      on_offload,
       [&out](int64_t, RolloutBatch batch) { out = std::move(batch); }));
   if (!out.has_value()) {
     return absl::InternalError(

@@ -117,10 +117,12 @@ MetricFields StepRecord(const StepRecordParts& p) {
                    static_cast<double>(x.expert_alltoall_bytes)});
     rec.push_back({"expert_alltoall_seconds", x.expert_alltoall_seconds});
     rec.push_back({"expert_gather_seconds", p.times.expert_gather});
-    rec.push_back({"expert_sampling_alltoall_bytes",
-                   static_cast<double>(x.sampling_alltoall_bytes)});
-    rec.push_back(
-        {"expert_sampling_alltoall_seconds", x.sampling_alltoall_seconds});
+    if (p.samples_shard) {
+      rec.push_back({"expert_sampling_alltoall_bytes",
+                     static_cast<double>(x.sampling_alltoall_bytes)});
+      rec.push_back(
+          {"expert_sampling_alltoall_seconds", x.sampling_alltoall_seconds});
+    }
   }
   return rec;
 }

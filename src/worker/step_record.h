@@ -69,6 +69,9 @@ struct StepRecordParts {
   int64_t snapshot_updates = 0;
   bool moe = false;         // model.moe_experts > 0: router statistics
   int expert_parallel = 1;  // placement.expert_parallel: its exchanges
+  // placement.expert_sampling shard: the rollout's exchanges too
+  // (StepExchange::sampling_alltoall_*).
+  bool samples_shard = false;
   // MoE: the lead card's memory by category (CardMemoryManager::Snapshot),
   // recorded as card_memory_<category>_bytes: what expert parallelism
   // changes.
