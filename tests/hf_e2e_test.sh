@@ -125,14 +125,19 @@ expect_error "lora_A.weight' has shape \[4, 64\] but the base model with r = 2" 
   "$BIN" generate --model "$MODEL" --lora "$WORK/lora-r2" --prompt x
 
 # 6. A mixture of experts: the imported Qwen3-MoE trains with its experts
-# split over two cards (placement.expert_parallel 2); the export gathers
-# every expert into one Qwen3MoeForCausalLM directory that generates as the
-# final checkpoint does.
+# split over two cards (placement.expert_parallel 2), each card sampling
+# from its own shard (placement.expert_sampling shard: the checkpoints hold
+# each shard's experts in a file of its own); the export gathers every
+# expert from those files into one Qwen3MoeForCausalLM directory that
+# generates as the final checkpoint (read back from its files) does.
 MOE="$FIX/qwen3-moe-tiny"
 if [ -f "$MOE/config.json" ]; then
   timeout 300 "$BIN" run "$WORK/job.yaml" -o "$WORK/moe" --set model.hf_path="$MOE" \
     --set placement.cards_per_super_node=2 --set placement.expert_parallel=2 \
+    --set placement.expert_sampling=shard \
     >/dev/null 2>"$WORK/moe.log" || { cat "$WORK/moe.log"; fail "MoE run exited $?"; }
+  [ -f "$WORK/moe/checkpoints/final/model.expert-shard-1.pt" ] ||
+    fail "MoE run sampling from its shards: no model.expert-shard-1.pt in the final checkpoint"
   grep -q '"expert_parallel":2' "$WORK/moe/metrics.jsonl" || fail "MoE run: no expert_parallel 2 in metrics.jsonl"
   grep -q '"Qwen3MoeForCausalLM"' "$WORK/moe/hf/config.json" || fail "MoE export config.json"
   grep -q '"num_experts": 4' "$WORK/moe/hf/config.json" || fail "MoE export lacks num_experts"

@@ -97,6 +97,7 @@ absl::StatusOr<CheckpointMeta> CheckpointMetaFromJson(const nlohmann::json& j,
     meta.policy_version = j.value("policy_version", int64_t{0});
     meta.data_cursor = j.value("data_cursor", uint64_t{0});
     meta.expert_parallel = j.value("expert_parallel", 1);
+    meta.expert_weights_split = j.value("expert_weights_split", false);
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(
         absl::StrCat("checkpoint '", dir, "': meta.json: ", e.what()));

@@ -22,10 +22,16 @@ struct CheckpointMeta {
   uint64_t data_cursor = 0;  // next Task::TrainProblem index
   // LoRA: the base model the adapters apply to (written to meta.json's
   // "lora" section); "" = the model's hf_path.
-  std::string lora_base;
+  std::string lora_base{};
   // Expert parallelism: the shards the optimizer state is split into
-  // (placement.expert_parallel; model.pt always holds every expert).
+  // (placement.expert_parallel).
   int expert_parallel = 1;
+  // Where the weights are: false, model.pt holds every parameter; true
+  // (written by cards sampling from their shards, placement.expert_sampling
+  // shard, so that no card gathers the whole model), model.pt holds the
+  // dense parameters and shard 0's experts and model.expert-shard-<r>.pt
+  // shard r's experts (engine/checkpoint.h).
+  bool expert_weights_split = false;
 };
 
 // The run totals at a checkpoint, carried across a resume so that the final

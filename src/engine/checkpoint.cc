@@ -2,13 +2,16 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <system_error>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/metrics.h"
 #include "core/status_macros.h"
+#include "engine/expert_parallel.h"
 #include "nlohmann/json.hpp"
 
 namespace fusionrl {
@@ -161,6 +164,32 @@ std::string ShardOptimizerName(int shard) {
   return absl::StrCat("optim.expert-shard-", shard, ".pt");
 }
 
+std::string ShardWeightsName(int shard) {
+  return absl::StrCat("model.expert-shard-", shard, ".pt");
+}
+
+// Writes `path` whole through `write` (to path + ".tmp", then renamed): the
+// lead never moves a partial file in.
+absl::Status WriteWhole(
+    const fs::path& path,
+    const std::function<absl::Status(const std::string&)>& write) {
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat("checkpoint: cannot create '",
+                                               path.parent_path().string(),
+                                               "': ", ec.message()));
+  }
+  const std::string tmp = path.string() + ".tmp";
+  FUSIONRL_RETURN_IF_ERROR(write(tmp));
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat("checkpoint: cannot move '", tmp,
+                                               "' into place: ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string ExpertShardOptimizerPath(const std::string& dir, int shard,
@@ -170,25 +199,26 @@ std::string ExpertShardOptimizerPath(const std::string& dir, int shard,
       .string();
 }
 
-absl::Status WriteExpertShardOptimizer(const std::string& dir, int shard,
-                                       int64_t step, const Trainer& trainer) {
-  const fs::path path(ExpertShardOptimizerPath(dir, shard, step));
-  std::error_code ec;
-  fs::create_directories(path.parent_path(), ec);
-  if (ec) {
-    return absl::UnavailableError(absl::StrCat("checkpoint: cannot create '",
-                                               path.parent_path().string(),
-                                               "': ", ec.message()));
+std::string ExpertShardWeightsPath(const std::string& dir, int shard,
+                                   int64_t step) {
+  return (fs::path(dir + ".shards") /
+          absl::StrCat("model.expert-shard-", shard, ".step-", step, ".pt"))
+      .string();
+}
+
+absl::Status WriteExpertShard(const std::string& dir, int shard, int64_t step,
+                              const Trainer& trainer,
+                              const PolicyModel* weights) {
+  if (weights != nullptr) {
+    // Its own experts only: the dense parameters are in model.pt.
+    FUSIONRL_RETURN_IF_ERROR(WriteWhole(
+        ExpertShardWeightsPath(dir, shard, step), [&](const std::string& tmp) {
+          return weights->Save(tmp, IsExpertParameter);
+        }));
   }
-  // Written whole, then renamed: the lead never moves a partial file in.
-  const std::string tmp = path.string() + ".tmp";
-  FUSIONRL_RETURN_IF_ERROR(trainer.SaveOptimizer(tmp));
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    return absl::UnavailableError(absl::StrCat("checkpoint: cannot move '", tmp,
-                                               "' into place: ", ec.message()));
-  }
-  return absl::OkStatus();
+  return WriteWhole(
+      ExpertShardOptimizerPath(dir, shard, step),
+      [&](const std::string& tmp) { return trainer.SaveOptimizer(tmp); });
 }
 
 absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,
@@ -208,8 +238,8 @@ absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,
     FUSIONRL_RETURN_IF_ERROR(
         trainer->SaveOptimizer((tmp_dir / "optim.pt").string()));
   }
-  // Expert parallelism: the other shards' optimizer states, written by
-  // their cards before this call.
+  // Expert parallelism: the other shards' optimizer states (and experts),
+  // written by their cards before this call.
   for (int r = 1; r < meta.expert_parallel; ++r) {
     const std::string from = ExpertShardOptimizerPath(dir, r, meta.step);
     fs::rename(from, tmp_dir / ShardOptimizerName(r), ec);
@@ -217,6 +247,14 @@ absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,
       return absl::FailedPreconditionError(absl::StrCat(
           "checkpoint '", dir, "': the optimizer state of expert shard ", r,
           " was not written (expected at ", from, "): ", ec.message()));
+    }
+    if (!meta.expert_weights_split) continue;
+    const std::string weights = ExpertShardWeightsPath(dir, r, meta.step);
+    fs::rename(weights, tmp_dir / ShardWeightsName(r), ec);
+    if (ec) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint '", dir, "': the experts of shard ", r,
+          " were not written (expected at ", weights, "): ", ec.message()));
     }
   }
   nlohmann::ordered_json j = {
@@ -228,6 +266,7 @@ absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,
       {"data_cursor", meta.data_cursor},
       {"model", ModelJson(model.config(), model.vocab_size())}};
   if (meta.expert_parallel > 1) j["expert_parallel"] = meta.expert_parallel;
+  if (meta.expert_weights_split) j["expert_weights_split"] = true;
   // Where the model and tokenizer came from (not compared on load): what
   // `fusionrl export` copies the tokenizer files from.
   if (!model.config().hf_path.empty() || !model.config().tokenizer.empty()) {
@@ -311,7 +350,13 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir,
         "the same value (its weights alone load with any: "
         "model.init_checkpoint)"));
   }
-  FUSIONRL_RETURN_IF_ERROR(model.Load((root / "model.pt").string()));
+  std::vector<std::string> weights = {(root / "model.pt").string()};
+  if (meta.expert_weights_split) {
+    for (int r = 1; r < meta.expert_parallel; ++r) {
+      weights.push_back((root / ShardWeightsName(r)).string());
+    }
+  }
+  FUSIONRL_RETURN_IF_ERROR(model.Load(weights));
   if (trainer != nullptr) {
     // Continuing training needs the optimizer state: without it AdamW's
     // moments and step count (and the warm-up) would silently restart.

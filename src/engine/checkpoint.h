@@ -27,7 +27,10 @@ namespace fusionrl {
 //   <dir>/optim.expert-shard-<r>.pt  expert parallelism (meta
 //                     expert_parallel E > 1): the optimizer state of the card
 //                     holding expert shard r, for r in 1..E-1 (shard 0's is
-//                     optim.pt); model.pt holds every expert
+//                     optim.pt); model.pt holds every expert, unless
+//   <dir>/model.expert-shard-<r>.pt  (meta expert_weights_split) shard r's
+//                     experts: model.pt then holds the dense parameters and
+//                     shard 0's experts, `model` being shard 0 itself
 //
 // `trainer` may be null (no optim.pt is written). `before_swap`, when set,
 // is called once every file is written and before the directory is moved
@@ -38,14 +41,19 @@ absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,
                              const std::function<void()>& before_swap = {});
 
 // Expert parallelism: where the card holding shard `shard` (> 0) writes its
-// optimizer state for the checkpoint `dir` of step `step` before the lead
-// writes it ("<dir>.shards/optim.expert-shard-<r>.step-<step>.pt", whole
-// or not at all); WriteCheckpoint with meta.expert_parallel E moves those
-// of shards 1..E-1 and meta.step in, and fails naming a missing one.
+// part of the checkpoint `dir` of step `step` before the lead writes it
+// ("<dir>.shards/<name>.step-<step>.pt", each whole or not at all): its
+// optimizer state, and with `weights` (its expert shard; the checkpoint's
+// expert_weights_split) its experts' weights. WriteCheckpoint with
+// meta.expert_parallel E moves those of shards 1..E-1 and meta.step in,
+// and fails naming a missing one.
 std::string ExpertShardOptimizerPath(const std::string& dir, int shard,
                                      int64_t step);
-absl::Status WriteExpertShardOptimizer(const std::string& dir, int shard,
-                                       int64_t step, const Trainer& trainer);
+std::string ExpertShardWeightsPath(const std::string& dir, int shard,
+                                   int64_t step);
+absl::Status WriteExpertShard(const std::string& dir, int shard, int64_t step,
+                              const Trainer& trainer,
+                              const PolicyModel* weights);
 
 // Reads meta.json, checks its model config against `model`'s, loads the
 // weights and, when `trainer` is non-null and optim.pt exists, the optimizer

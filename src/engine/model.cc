@@ -618,11 +618,12 @@ absl::StatusOr<std::unique_ptr<PolicyModel>> PolicyModel::ExpertShardOf(
 
 const ExpertShard& PolicyModel::expert_shard() const { return impl_->shard; }
 
-std::unique_ptr<PolicyModel> PolicyModel::WholeFrozen() const {
-  auto impl = std::make_unique<Impl>(impl_->config, impl_->vocab_size,
-                                     impl_->device, nullptr);
+std::unique_ptr<PolicyModel> PolicyModel::WholeFrozen(
+    c10::Device device) const {
+  auto impl =
+      std::make_unique<Impl>(impl_->config, impl_->vocab_size, device, nullptr);
   impl->decoder = Decoder(impl_->config, impl_->vocab_size);
-  impl->decoder->to(impl_->device, ModelDtype(impl_->config));
+  impl->decoder->to(device, ModelDtype(impl_->config));
   std::unique_ptr<PolicyModel> whole(new PolicyModel(std::move(impl)));
   for (auto& p : whole->impl_->decoder->parameters()) {
     p.set_requires_grad(false);
@@ -715,10 +716,16 @@ int64_t PolicyModel::num_parameters() const {
 void PolicyModel::set_training(bool on) { impl_->decoder->train(on); }
 
 absl::Status PolicyModel::Save(const std::string& path) const {
+  return Save(path, [](const std::string&) { return true; });
+}
+
+absl::Status PolicyModel::Save(
+    const std::string& path,
+    const std::function<bool(const std::string&)>& keep) const {
   try {
     torch::serialize::OutputArchive archive;
     for (const auto& [name, value] : named_trainable_parameters()) {
-      archive.write(name, value.detach().to(torch::kCPU));
+      if (keep(name)) archive.write(name, value.detach().to(torch::kCPU));
     }
     archive.save_to(path);
   } catch (const c10::Error& e) {
@@ -729,18 +736,29 @@ absl::Status PolicyModel::Save(const std::string& path) const {
 }
 
 absl::Status PolicyModel::Load(const std::string& path) {
-  torch::serialize::InputArchive archive;
-  try {
-    archive.load_from(path);
-  } catch (const c10::Error& e) {
-    return absl::DataLossError(absl::StrCat("cannot read weights from '", path,
-                                            "': ", e.what_without_backtrace()));
+  return Load(std::vector<std::string>{path});
+}
+
+absl::Status PolicyModel::Load(const std::vector<std::string>& paths) {
+  if (paths.empty()) {
+    return absl::InvalidArgumentError("Load: no weight archive to read");
+  }
+  const std::string& path = paths.front();  // named in errors
+  std::vector<torch::serialize::InputArchive> archives(paths.size());
+  for (size_t i = 0; i < paths.size(); ++i) {
+    try {
+      archives[i].load_from(paths[i]);
+    } catch (const c10::Error& e) {
+      return absl::DataLossError(
+          absl::StrCat("cannot read weights from '", paths[i],
+                       "': ", e.what_without_backtrace()));
+    }
   }
   torch::NoGradGuard no_grad;
   // A LoRA model reads the adapters of a LoRA archive, or the base weights
   // of a full one; a full model refuses a LoRA archive by name.
   bool has_adapters = false;
-  for (const std::string& key : archive.keys()) {
+  for (const std::string& key : archives.front().keys()) {
     has_adapters = has_adapters || absl::EndsWith(key, ".lora_A");
   }
   if (has_adapters && !lora()) {
@@ -765,9 +783,18 @@ absl::Status PolicyModel::Load(const std::string& path) {
   }
   for (auto& [name, value] : wanted) {
     torch::Tensor stored;
-    if (!archive.try_read(name, stored)) {
+    bool found = false;
+    for (auto& archive : archives) {
+      if (archive.try_read(name, stored)) {
+        found = true;
+        break;
+      }
+    }
+    if (!found) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "'", path, "' has no tensor '", name,
+          "'", path, "'",
+          paths.size() > 1 ? " and its expert shards' files have" : " has",
+          " no tensor '", name,
           adapters
               ? "': the adapters were made with other model.lora "
                 "targets (its config.yaml says which)"

@@ -183,11 +183,11 @@ class PolicyModel {
   absl::StatusOr<std::unique_ptr<PolicyModel>> ExpertShardOf(
       ExpertShard shard) const;
   const ExpertShard& expert_shard() const;
-  // A frozen model of this config holding every expert, on this model's
-  // device, without an expert group: an expert shard's whole model, its
-  // values to be set by GatherExperts (freshly initialised until then).
-  // REQUIRES: no LoRA.
-  std::unique_ptr<PolicyModel> WholeFrozen() const;
+  // A frozen model of this config holding every expert, on `device`,
+  // without an expert group: an expert shard's whole model, its values to
+  // be set by GatherExperts or read from a checkpoint (freshly initialised
+  // until then). REQUIRES: no LoRA.
+  std::unique_ptr<PolicyModel> WholeFrozen(c10::Device device) const;
   // The c10d group of the shard.size ranks holding the shards (borrowed,
   // rank shard.rank of it): every forward exchanges token rows with them
   // (engine/moe_module.h), so all of them run the same forwards and
@@ -260,11 +260,19 @@ class PolicyModel {
   // With LoRA the adapters only (the base is the job's model.hf_path or
   // init_checkpoint).
   absl::Status Save(const std::string& path) const;
+  // Save() of the parameters whose names `keep` accepts (an expert shard's
+  // own experts, next to another shard's model.pt: engine/checkpoint.h).
+  absl::Status Save(const std::string& path,
+                    const std::function<bool(const std::string&)>& keep) const;
   // Loads weights saved by Save(); FailedPrecondition naming the mismatching
   // tensor if the shapes differ from this model's config. A LoRA model takes
   // the adapters of a LoRA archive, or the base weights of a full one (a
   // LoRA job started from a full checkpoint).
   absl::Status Load(const std::string& path);
+  // Load() of weights spread over several archives (a checkpoint whose
+  // expert shards wrote their experts apart): each tensor is read from the
+  // first archive that holds it.
+  absl::Status Load(const std::vector<std::string>& paths);
 
   const ModelConfig& config() const;
   int vocab_size() const;

@@ -1214,6 +1214,15 @@ TEST(RlJobTest, ExpertShardsSampleInLockstepAsTheGatheredModel) {
     EXPECT_EQ(b->initial_eval_accuracy, a->initial_eval_accuracy) << name;
     EXPECT_EQ(b->final_eval_accuracy, a->final_eval_accuracy) << name;
     ExpectSameWeights(a->checkpoint_dir, b->checkpoint_dir, gathered.model);
+    // No card held the whole model: shard 1 wrote its experts apart.
+    const auto weights = [](const std::string& dir) {
+      return std::filesystem::file_size(dir + "/model.pt");
+    };
+    EXPECT_FALSE(std::filesystem::exists(a->checkpoint_dir +
+                                         "/model.expert-shard-1.pt"));
+    ASSERT_TRUE(std::filesystem::exists(b->checkpoint_dir +
+                                        "/model.expert-shard-1.pt"));
+    EXPECT_LT(weights(b->checkpoint_dir), weights(a->checkpoint_dir));
     ExpectSameWeights(gathered.output_dir + "/checkpoints/step_2",
                       shard.output_dir + "/checkpoints/step_2", gathered.model);
     const std::vector<double> held =

@@ -105,13 +105,14 @@ absl::Status CardRunner::SaveExpertShard(const std::string& checkpoint,
   }
   Doing(absl::StrCat("writing expert shard ", rank, " of checkpoint ",
                      checkpoint));
-  return WriteExpertShardOptimizer(
-      config().output_dir + "/checkpoints/" + checkpoint, rank, step,
-      *trainer_);
+  // Sampling from the shards, no card holds the whole model: each writes
+  // its experts beside its optimizer state.
+  return WriteExpertShard(config().output_dir + "/checkpoints/" + checkpoint,
+                          rank, step, *trainer_,
+                          samples_shard_ ? ctx_.policy.get() : nullptr);
 }
 
 absl::Status CardRunner::WriteStepCheckpoint(const StepPlan& plan, int64_t step,
-                                             const PolicyModel& whole,
                                              std::string* dir) {
   const JobConfig& cfg = config();
   CheckpointMeta meta{"rl",
@@ -122,10 +123,13 @@ absl::Status CardRunner::WriteStepCheckpoint(const StepPlan& plan, int64_t step,
                       LoraBaseModel(cfg)};
   *dir = cfg.output_dir + "/checkpoints/" + plan.checkpoint_name;
   Doing(absl::StrCat("writing checkpoint ", plan.checkpoint_name));
-  // Expert parallelism: model.pt holds every expert (the gathered model);
-  // the other shards' optimizer states were written by their cards.
+  // Expert parallelism: model.pt holds every expert (the gathered model),
+  // or (sampling from the shards) this card's shard, the others' experts
+  // in files of their own; the other shards' optimizer states (and
+  // experts) were written by their cards.
   if (job_.experts != nullptr) {
     meta.expert_parallel = job_.experts->world_size();
+    meta.expert_weights_split = samples_shard_;
     // Written before the step's sum, or (the end checkpoint) by the cards
     // as they end: wait for them.
     const absl::Time deadline = clock_.Now() + timeout_;
@@ -142,25 +146,26 @@ absl::Status CardRunner::WriteStepCheckpoint(const StepPlan& plan, int64_t step,
       }
     }
   }
-  return WriteCheckpoint(*dir, whole, trainer_.get(), meta, CheckpointPause());
+  return WriteCheckpoint(*dir, RolloutSource(), trainer_.get(), meta,
+                         CheckpointPause());
 }
 
 absl::Status CardRunner::WriteEndCheckpoint(const StepPlan& plan,
                                             std::string* dir) {
   const JobConfig& cfg = config();
-  if (samples_shard_ && end_whole_ == nullptr) {
-    return absl::FailedPreconditionError(
-        "placement.expert_sampling shard: this card's expert group did not "
-        "gather the end checkpoint's model; resume from the last step "
-        "checkpoint");
-  }
-  const PolicyModel& whole = end_whole_ ? *end_whole_ : RolloutSource();
-  FUSIONRL_RETURN_IF_ERROR(
-      WriteStepCheckpoint(plan, plan.step - 1, whole, dir));
+  FUSIONRL_RETURN_IF_ERROR(WriteStepCheckpoint(plan, plan.step - 1, dir));
   // A job that ran to its end (not one stopped early) is exported.
   if (cfg.run.export_final && plan.checkpoint_name == "final") {
+    if (!samples_shard_) {
+      return ExportJobPolicy(cfg, ctx_, RolloutSource(),
+                             cfg.output_dir + "/hf");
+    }
+    // The experts are in the shards' files: the whole model is read from
+    // them on the host, for the export alone.
+    std::unique_ptr<PolicyModel> whole = ctx_.policy->WholeFrozen(c10::kCPU);
+    FUSIONRL_RETURN_IF_ERROR(ReadCheckpoint(*dir, *whole, nullptr).status());
     FUSIONRL_RETURN_IF_ERROR(
-        ExportJobPolicy(cfg, ctx_, whole, cfg.output_dir + "/hf"));
+        ExportJobPolicy(cfg, ctx_, *whole, cfg.output_dir + "/hf"));
   }
   return absl::OkStatus();
 }

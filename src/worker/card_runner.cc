@@ -106,13 +106,6 @@ absl::Status CardRunner::OnEnd(StepPlan plan) {
     FUSIONRL_RETURN_IF_ERROR(
         SaveExpertShard(plan.checkpoint_name, job_.local_rank, plan.step - 1));
   }
-  if (samples_shard_ && !plan.checkpoint_name.empty()) {
-    // The end checkpoint's whole model: every expert group gathers its
-    // own (they hold the same weights), so whichever card 0 ends up the
-    // lead has it.
-    FUSIONRL_ASSIGN_OR_RETURN(end_whole_, GatherWhole());
-    if (job_.local_rank != 0) end_whole_.reset();
-  }
   if (job_.local_rank != 0) return absl::OkStatus();
   const int64_t next = plan.step;
   while (plan.kind == PlanKind::kEnd &&

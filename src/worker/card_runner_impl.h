@@ -132,9 +132,8 @@ class CardRunner {
   absl::Status SaveExpertShard(const std::string& checkpoint, int rank,
                                int64_t step);
   // The lead's checkpoint of a step (`dir` under output_dir/checkpoints).
-  // `whole`: the model holding every parameter (model.pt).
   absl::Status WriteStepCheckpoint(const StepPlan& plan, int64_t step,
-                                   const PolicyModel& whole, std::string* dir);
+                                   std::string* dir);
   // The job's end checkpoint (and the Hugging Face export of a finished
   // job).
   absl::Status WriteEndCheckpoint(const StepPlan& plan, std::string* dir);
@@ -165,12 +164,9 @@ class CardRunner {
   absl::Status GatherExperts();
   // expert_sampling shard: the card samples and evaluates from its shard,
   // in lockstep with its group (the rollout thread's over
-  // job_.rollout_experts); a whole model exists only while a checkpoint is
-  // written (GatherWhole).
+  // job_.rollout_experts), and no card holds the whole model: each shard
+  // writes its experts into a checkpoint (engine/checkpoint.h).
   bool samples_shard_ = false;
-  // The whole model of the card's expert group, gathered now into a new
-  // model (a collective of the group).
-  absl::StatusOr<std::unique_ptr<PolicyModel>> GatherWhole();
   // What the card samples from and publishes to its rollout thread:
   // gathered_ where it exists, else the policy (with LoRA its adapters;
   // with expert_sampling shard the card's shard).
@@ -180,9 +176,6 @@ class CardRunner {
   // other cards of its expert group (expert_sampling shard) join its
   // forwards and get none.
   absl::StatusOr<std::optional<EvalResult>> Evaluate(const StepPlan& plan);
-  // The end checkpoint's whole model under expert_sampling shard, gathered
-  // by every card's group in OnEnd (card 0 keeps it).
-  std::unique_ptr<PolicyModel> end_whole_;
   // expert_sampling shard: runs `sample`, a rollout in lockstep over
   // `group` on this thread, and adds what it exchanged to the counters
   // below, which the next step record takes (the rollout thread's too).

@@ -167,14 +167,6 @@ absl::Status CardRunner::GatherExperts() {
   return fusionrl::GatherExperts(*ctx_.policy, *gathered_);
 }
 
-absl::StatusOr<std::unique_ptr<PolicyModel>> CardRunner::GatherWhole() {
-  Doing(absl::StrCat("gathering the experts of step ", plan_step_,
-                     " for a checkpoint"));
-  std::unique_ptr<PolicyModel> whole = ctx_.policy->WholeFrozen();
-  FUSIONRL_RETURN_IF_ERROR(fusionrl::GatherExperts(*ctx_.policy, *whole));
-  return whole;
-}
-
 PolicyModel& CardRunner::SamplingPolicy() {
   if (gathered_ != nullptr) return *gathered_;
   if (merged_ == nullptr) return *ctx_.policy;

@@ -286,12 +286,6 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   job_.counters->busy_us += static_cast<int64_t>(times.step * 1e6);
   // Since the previous step's record (the first one holds the setup).
   const RoleSplit split = overlap_.Take();
-  // expert_sampling shard: the checkpoint's whole model, gathered by the
-  // lead's expert group (the other groups hold the same weights).
-  std::unique_ptr<PolicyModel> whole;
-  if (checkpoint && samples_shard_ && plan.rank < job_.experts->world_size()) {
-    FUSIONRL_ASSIGN_OR_RETURN(whole, GatherWhole());
-  }
   if (!lead) {
     if (plan.eval_after) {
       Doing(absl::StrCat("evaluation after step ", plan.step));
@@ -349,8 +343,7 @@ absl::Status CardRunner::TrainStep(const StepPlan& plan, StepReport& report) {
   }
   if (checkpoint) {
     FUSIONRL_RETURN_IF_ERROR(
-        WriteStepCheckpoint(plan, plan.step, whole ? *whole : RolloutSource(),
-                            &report.checkpoint_dir));
+        WriteStepCheckpoint(plan, plan.step, &report.checkpoint_dir));
   }
   report.metrics = std::move(rec);
   report.rollout_tokens = static_cast<int64_t>(totals.tokens);
