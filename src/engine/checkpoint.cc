@@ -240,21 +240,22 @@ absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,
   }
   // Expert parallelism: the other shards' optimizer states (and experts),
   // written by their cards before this call.
+  auto move_in = [&](const std::string& from, const std::string& name,
+                     const std::string& what) -> absl::Status {
+    fs::rename(from, tmp_dir / name, ec);
+    if (!ec) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint '", dir, "': ", what, " was not written (expected at ",
+        from, "): ", ec.message()));
+  };
   for (int r = 1; r < meta.expert_parallel; ++r) {
-    const std::string from = ExpertShardOptimizerPath(dir, r, meta.step);
-    fs::rename(from, tmp_dir / ShardOptimizerName(r), ec);
-    if (ec) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint '", dir, "': the optimizer state of expert shard ", r,
-          " was not written (expected at ", from, "): ", ec.message()));
-    }
-    if (!meta.expert_weights_split) continue;
-    const std::string weights = ExpertShardWeightsPath(dir, r, meta.step);
-    fs::rename(weights, tmp_dir / ShardWeightsName(r), ec);
-    if (ec) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint '", dir, "': the experts of shard ", r,
-          " were not written (expected at ", weights, "): ", ec.message()));
+    FUSIONRL_RETURN_IF_ERROR(move_in(
+        ExpertShardOptimizerPath(dir, r, meta.step), ShardOptimizerName(r),
+        absl::StrCat("the optimizer state of expert shard ", r)));
+    if (meta.expert_weights_split) {
+      FUSIONRL_RETURN_IF_ERROR(move_in(
+          ExpertShardWeightsPath(dir, r, meta.step), ShardWeightsName(r),
+          absl::StrCat("the experts of expert shard ", r)));
     }
   }
   nlohmann::ordered_json j = {
