@@ -1255,6 +1255,36 @@ TEST(RlJobTest, ExpertShardsSampleInLockstepAsTheGatheredModel) {
       ExpectExactResume(shard, 4, 2);
     }
   }
+  // StaleSync across two super nodes (clock skew 1, syncs every 3 steps,
+  // on the c10d plane whose sums do not depend on timing): each super
+  // node's group samples in lockstep on its own, weight syncs move each
+  // shard's state, and the run is the gathered one.
+  JobConfig skew = TinyExpertParallelJob("moe-ep2-skew-gathered", 6, 2);
+  skew.placement.super_nodes = 2;
+  skew.stalesync.max_clock_skew = 1;
+  skew.run.checkpoint_every = 3;
+  skew.run.data_plane = DataPlane::kC10d;
+  skew.run.collective_timeout_seconds = 30;
+  JobConfig skew_shard = skew;
+  skew_shard.placement.expert_sampling = ExpertSampling::kShard;
+  skew_shard.output_dir = skew.output_dir + "-shard";
+  std::filesystem::remove_all(skew.output_dir);
+  std::filesystem::remove_all(skew_shard.output_dir);
+  auto a = RunRlJob(skew);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = RunRlJob(skew_shard);
+  ASSERT_TRUE(b.ok()) << b.status();
+  for (const char* key :
+       {"reward_mean", "loss", "grad_norm", "eval_accuracy"}) {
+    EXPECT_EQ(Column(skew_shard.output_dir, key), Column(skew.output_dir, key))
+        << "clock skew 1: " << key;
+  }
+  // Both super nodes end with the same weights (the CRC of each one's lead
+  // card's shard, under shard).
+  ASSERT_EQ(b->final_weights_crc32c.size(), 2u);
+  EXPECT_EQ(b->final_weights_crc32c.begin()->second,
+            b->final_weights_crc32c.rbegin()->second);
+  ExpectSameWeights(a->checkpoint_dir, b->checkpoint_dir, skew.model);
 }
 
 // Multi-turn episodes resume exactly: synchronously, fused with lag 2 and
