@@ -168,6 +168,16 @@ std::string ShardWeightsName(int shard) {
   return absl::StrCat("model.expert-shard-", shard, ".pt");
 }
 
+// Where a shard's card stages the file `name` ("<stem>.pt") of checkpoint
+// `dir` of `step` until the lead moves it in:
+// "<dir>.shards/<stem>.step-<step>.pt".
+std::string StagedPath(const std::string& dir, const std::string& name,
+                       int64_t step) {
+  const std::string stem = name.substr(0, name.size() - 3);
+  return (fs::path(dir + ".shards") / absl::StrCat(stem, ".step-", step, ".pt"))
+      .string();
+}
+
 // Writes `path` whole through `write` (to path + ".tmp", then renamed): the
 // lead never moves a partial file in.
 absl::Status WriteWhole(
@@ -194,16 +204,7 @@ absl::Status WriteWhole(
 
 std::string ExpertShardOptimizerPath(const std::string& dir, int shard,
                                      int64_t step) {
-  return (fs::path(dir + ".shards") /
-          absl::StrCat("optim.expert-shard-", shard, ".step-", step, ".pt"))
-      .string();
-}
-
-std::string ExpertShardWeightsPath(const std::string& dir, int shard,
-                                   int64_t step) {
-  return (fs::path(dir + ".shards") /
-          absl::StrCat("model.expert-shard-", shard, ".step-", step, ".pt"))
-      .string();
+  return StagedPath(dir, ShardOptimizerName(shard), step);
 }
 
 absl::Status WriteExpertShard(const std::string& dir, int shard, int64_t step,
@@ -211,10 +212,11 @@ absl::Status WriteExpertShard(const std::string& dir, int shard, int64_t step,
                               const PolicyModel* weights) {
   if (weights != nullptr) {
     // Its own experts only: the dense parameters are in model.pt.
-    FUSIONRL_RETURN_IF_ERROR(WriteWhole(
-        ExpertShardWeightsPath(dir, shard, step), [&](const std::string& tmp) {
-          return weights->Save(tmp, IsExpertParameter);
-        }));
+    FUSIONRL_RETURN_IF_ERROR(
+        WriteWhole(StagedPath(dir, ShardWeightsName(shard), step),
+                   [&](const std::string& tmp) {
+                     return weights->Save(tmp, IsExpertParameter);
+                   }));
   }
   return WriteWhole(
       ExpertShardOptimizerPath(dir, shard, step),
@@ -240,8 +242,9 @@ absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,
   }
   // Expert parallelism: the other shards' optimizer states (and experts),
   // written by their cards before this call.
-  auto move_in = [&](const std::string& from, const std::string& name,
+  auto move_in = [&](const std::string& name,
                      const std::string& what) -> absl::Status {
+    const std::string from = StagedPath(dir, name, meta.step);
     fs::rename(from, tmp_dir / name, ec);
     if (!ec) return absl::OkStatus();
     return absl::FailedPreconditionError(absl::StrCat(
@@ -249,13 +252,13 @@ absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,
         from, "): ", ec.message()));
   };
   for (int r = 1; r < meta.expert_parallel; ++r) {
-    FUSIONRL_RETURN_IF_ERROR(move_in(
-        ExpertShardOptimizerPath(dir, r, meta.step), ShardOptimizerName(r),
-        absl::StrCat("the optimizer state of expert shard ", r)));
+    FUSIONRL_RETURN_IF_ERROR(
+        move_in(ShardOptimizerName(r),
+                absl::StrCat("the optimizer state of expert shard ", r)));
     if (meta.expert_weights_split) {
-      FUSIONRL_RETURN_IF_ERROR(move_in(
-          ExpertShardWeightsPath(dir, r, meta.step), ShardWeightsName(r),
-          absl::StrCat("the experts of expert shard ", r)));
+      FUSIONRL_RETURN_IF_ERROR(
+          move_in(ShardWeightsName(r),
+                  absl::StrCat("the experts of expert shard ", r)));
     }
   }
   nlohmann::ordered_json j = {

@@ -44,13 +44,13 @@ absl::Status WriteCheckpoint(const std::string& dir, const PolicyModel& model,
 // part of the checkpoint `dir` of step `step` before the lead writes it
 // ("<dir>.shards/<name>.step-<step>.pt", each whole or not at all): its
 // optimizer state, and with `weights` (its expert shard; the checkpoint's
-// expert_weights_split) its experts' weights. WriteCheckpoint with
+// expert_weights_split) its experts' weights, written first, so the
+// optimizer file's arrival (ExpertShardOptimizerPath, which the lead waits
+// for) means both are in place. WriteCheckpoint with
 // meta.expert_parallel E moves those of shards 1..E-1 and meta.step in,
 // and fails naming a missing one.
 std::string ExpertShardOptimizerPath(const std::string& dir, int shard,
                                      int64_t step);
-std::string ExpertShardWeightsPath(const std::string& dir, int shard,
-                                   int64_t step);
 absl::Status WriteExpertShard(const std::string& dir, int shard, int64_t step,
                               const Trainer& trainer,
                               const PolicyModel* weights);

@@ -127,11 +127,12 @@ absl::StatusOr<RolloutBatch> CardRunner::StepBatch(const StepPlan& plan,
   FUSIONRL_ASSIGN_OR_RETURN(
       std::vector<uint64_t> stale_groups,
       filter.OverStaleGroups(batch.samples, trainer_->version()));
-  if (samples_shard_ &&
+  if (samples_shard_ && fused_ != nullptr &&
       cfg.stalesync.over_stale == OverStalePolicy::kRegenerate) {
     // The cards of an expert group sample in lockstep: all of them take
     // part in a regeneration any of them needs, with no groups of their
-    // own where they need none.
+    // own where they need none. (A batch sampled here, from the trainer's
+    // version, is never over the lag.)
     std::vector<double> anywhere = {static_cast<double>(stale_groups.size())};
     FUSIONRL_RETURN_IF_ERROR(SumAcrossRanks(job_.experts, anywhere));
     if (stale_groups.empty() && anywhere[0] > 0) {
