@@ -129,18 +129,27 @@ at::Tensor MaskedWhiten(const at::Tensor& values, const at::Tensor& mask,
 }
 
 at::Tensor ReinforcePlusPlusAdvantages(const at::Tensor& token_rewards,
-                                       const at::Tensor& mask, double gamma) {
-  CheckSameShape2d(token_rewards, "token_rewards", mask, "mask");
-  const at::Tensor m = MaskAs(mask, token_rewards);
-  const at::Tensor rewards = MaskedValues(token_rewards, m);
+                                       const at::Tensor& token_mask,
+                                       const at::Tensor& episode_mask,
+                                       double gamma) {
+  CheckSameShape2d(token_rewards, "token_rewards", token_mask, "token_mask");
+  CheckSameShape2d(token_rewards, "token_rewards", episode_mask,
+                   "episode_mask");
+  const at::Tensor m = MaskAs(token_mask, token_rewards);
+  const at::Tensor e = MaskAs(episode_mask, token_rewards);
+  const at::Tensor rewards = MaskedValues(token_rewards, e);
   const int64_t num_steps = rewards.size(1);
   if (num_steps == 0) return at::zeros_like(rewards);
   std::vector<at::Tensor> returns(static_cast<size_t>(num_steps));
   at::Tensor running = at::zeros({rewards.size(0)}, rewards.options());
   for (int64_t t = num_steps - 1; t >= 0; --t) {
-    running = rewards.select(1, t) + gamma * running;
+    // A policy token discounts what follows; an environment token passes it
+    // on; padding (past the episode) starts from 0.
+    const at::Tensor model = m.select(1, t);
+    const at::Tensor inside = e.select(1, t);
+    const at::Tensor discount = model * gamma + (1.0 - model);
+    running = (rewards.select(1, t) + discount * running) * inside;
     returns[static_cast<size_t>(t)] = running;
-    running = running * m.select(1, t);  // reset past the mask (verl)
   }
   return MaskedWhiten(at::stack(returns, 1), m);
 }
@@ -198,6 +207,7 @@ PolicyLossResult PpoClipLoss(const at::Tensor& logp, const at::Tensor& old_logp,
 
   PolicyLossResult result;
   result.loss = AggLoss(per_token, m, mode, norm);
+  result.per_token = MaskedValues(per_token, m);
   // Metrics: per-call token means over the mask, outside the graph.
   const at::Tensor md = m.detach();
   const at::Tensor clipped = (l2.detach() > l1.detach()).to(md.scalar_type());

@@ -61,11 +61,19 @@ at::Tensor MaskedWhiten(const at::Tensor& values, const at::Tensor& mask,
                         double eps = 1e-8);
 
 // REINFORCE++: token_rewards [B, T] (the outcome score on each sequence's
-// last valid token, minus any per-token KL penalty). Discounted returns
-// G_t = r_t + gamma * G_{t+1} (reset past the mask), then whitened over the
-// batch. Returns [B, T], 0 on padding.
+// last response token, minus any per-token KL penalty). Discounted returns
+// over the policy's tokens (token_mask): G_t = r_t + gamma * G_next, where
+// G_next is the return of the next policy token of the episode. An
+// environment token inside the episode (episode_mask 1, token_mask 0: a
+// multi-turn episode's tool answer) passes the return on unchanged, its own
+// reward included, without a discount; the padding after the episode
+// (episode_mask 0) resets it. (verl's loop resets on every mask hole, which
+// gives the turns before an environment answer no outcome credit.) Then
+// whitened over token_mask. Returns [B, T], 0 off token_mask.
 at::Tensor ReinforcePlusPlusAdvantages(const at::Tensor& token_rewards,
-                                       const at::Tensor& mask, double gamma);
+                                       const at::Tensor& token_mask,
+                                       const at::Tensor& episode_mask,
+                                       double gamma);
 
 // Per-token KL estimate between the policy (logp) and the reference (ref_logp),
 // both [B, T] log-probs of the sampled tokens:
@@ -86,6 +94,8 @@ struct PolicyLossResult {
   at::Tensor dual_clip_frac;  // fraction of tokens where the dual clip bound
   at::Tensor approx_kl;       // token-mean of (old_logp - logp), the
                               // difference clamped to [-20, 20] as in ratio
+  at::Tensor per_token;       // [B, T] each token's loss (weight applied),
+                              // before aggregation; 0 off the mask
 };
 
 // PPO clipped surrogate with asymmetric clip and dual clip:

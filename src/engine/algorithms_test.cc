@@ -292,7 +292,7 @@ TEST(AlgorithmsTest, ReinforcePlusPlusGammaOneMatchesHandComputed) {
   // (index 1) and a stray 5 on padding, which must be ignored.
   const at::Tensor rewards = Make({0, 0, 1, 0, -1, 5}, {2, 3});
   const at::Tensor mask = Make({1, 1, 1, 1, 1, 0}, {2, 3});
-  const at::Tensor adv = ReinforcePlusPlusAdvantages(rewards, mask, 1.0);
+  const at::Tensor adv = ReinforcePlusPlusAdvantages(rewards, mask, mask, 1.0);
   // Returns: [[1,1,1],[-1,-1,pad]]; valid mean 0.2, unbiased var
   // (3*0.64 + 2*1.44)/4 = 1.2; 0.8/sqrt(1.2+1e-8) = 0.730296740,
   // -1.2/sqrt(1.2+1e-8) = -1.095445110.
@@ -310,7 +310,7 @@ TEST(AlgorithmsTest, ReinforcePlusPlusGammaOneMatchesHandComputed) {
 TEST(AlgorithmsTest, ReinforcePlusPlusGammaHalfMatchesHandComputed) {
   const at::Tensor rewards = Make({0, 0, 1, 0, 2, 0}, {2, 3});
   const at::Tensor mask = Make({1, 1, 1, 1, 1, 0}, {2, 3});
-  const at::Tensor adv = ReinforcePlusPlusAdvantages(rewards, mask, 0.5);
+  const at::Tensor adv = ReinforcePlusPlusAdvantages(rewards, mask, mask, 0.5);
   // Returns row 0: G2 = 1, G1 = 0.5, G0 = 0.25; row 1: G1 = 2, G0 = 1.
   // Valid {0.25, 0.5, 1, 1, 2}: mean 0.95, deviations -0.7, -0.45, 0.05,
   // 0.05, 1.05; unbiased var (0.49+0.2025+0.0025+0.0025+1.1025)/4 = 0.45.
@@ -325,19 +325,28 @@ TEST(AlgorithmsTest, ReinforcePlusPlusGammaHalfMatchesHandComputed) {
       1e-12);
 }
 
-TEST(AlgorithmsTest, ReinforcePlusPlusResetsReturnAtMaskHole) {
-  // Row 0 has a hole at t=1 (e.g. a masked tool output): the return resets
-  // there, so the reward at t=2 does not reach t=0.
-  const at::Tensor rewards = Make({0, 0, 1, 0, 0, 2}, {2, 3});
-  const at::Tensor mask = Make({1, 0, 1, 1, 1, 1}, {2, 3});
-  const at::Tensor adv = ReinforcePlusPlusAdvantages(rewards, mask, 1.0);
-  // Returns: row 0 {G0 = 0, hole, G2 = 1}; row 1 {2, 2, 2}.
-  // Valid {0, 1, 2, 2, 2}: mean 1.4, unbiased var
-  // (1.96 + 0.16 + 3 * 0.36) / 4 = 0.8; adv = dev / sqrt(0.8 + 1e-8).
-  ExpectTensorNear(adv,
-                   {-1.56524757447, 0, -0.447213592705, 0.670820389057,
-                    0.670820389057, 0.670820389057},
-                   1e-9);
+TEST(AlgorithmsTest, ReinforcePlusPlusPassesTheReturnThroughEnvironmentTokens) {
+  // Row 0 has an environment token at t=1 (a tool's answer, not trained):
+  // the outcome at t=2 still reaches the policy's turn at t=0, undiscounted
+  // by the environment token; row 1's padding after its episode (t=2)
+  // resets the return, so the stray 7 there reaches nothing.
+  const at::Tensor rewards = Make({0, 0, 1, 0, 2, 7}, {2, 3});
+  const at::Tensor tokens = Make({1, 0, 1, 1, 1, 0}, {2, 3});
+  const at::Tensor episode = Make({1, 1, 1, 1, 1, 0}, {2, 3});
+  const at::Tensor adv =
+      ReinforcePlusPlusAdvantages(rewards, tokens, episode, 1.0);
+  // Returns: row 0 {1, (env), 1}; row 1 {2, 2, pad}. Valid {1, 1, 2, 2}:
+  // mean 1.5, unbiased var 4 * 0.25 / 3 = 1/3; adv = dev / sqrt(1/3 + 1e-8).
+  const double a = 0.5 / std::sqrt(1.0 / 3.0 + 1e-8);
+  ExpectTensorNear(adv, {-a, 0, -a, a, a, 0}, 1e-12);
+  // With gamma 0.5 the environment token does not discount: row 0 {0.5,
+  // (env), 1}, not 0.25.
+  const at::Tensor half =
+      ReinforcePlusPlusAdvantages(rewards, tokens, episode, 0.5);
+  ExpectTensorNear(
+      half,
+      ToVector(MaskedWhiten(Make({0.5, 0, 1, 1, 2, 0}, {2, 3}), tokens)),
+      1e-12);
 }
 
 TEST(AlgorithmsTest, ReinforcePlusPlusIsWhitenedOnRandomBatch) {
@@ -349,7 +358,7 @@ TEST(AlgorithmsTest, ReinforcePlusPlusIsWhitenedOnRandomBatch) {
                                 1, 0, 0, 0, 0, 0, 0},
                                {4, 7});
   for (double gamma : {1.0, 0.9, 0.0}) {
-    ExpectWhitened(ReinforcePlusPlusAdvantages(rewards, mask, gamma), mask);
+    ExpectWhitened(ReinforcePlusPlusAdvantages(rewards, mask, mask, gamma), mask);
   }
 }
 

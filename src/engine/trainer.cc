@@ -19,6 +19,7 @@
 #include "engine/invariant_ops.h"
 #include "engine/master_weights.h"
 #include "engine/moe.h"
+#include "engine/step_math.h"
 #include "engine/trainer_batch.h"
 #include "engine/vocab_kernels.h"
 
@@ -55,11 +56,7 @@ Trainer::Trainer(PolicyModel& policy, PolicyModel* reference,
       temperature_(config.rollout.temperature > 0 ? config.rollout.temperature
                                                   : 1.0),
       pad_id_(pad_id),
-      max_new_tokens_(config.rollout.max_new_tokens),
-      overlong_(config.rollout.overlong),
-      overlong_buffer_(algo::OverlongBuffer(config.rollout.max_new_tokens,
-                                            config.rollout.overlong_buffer)),
-      overlong_penalty_(config.rollout.overlong_penalty),
+      rollout_(config.rollout),
       logits_chunk_tokens_(config.optim.logits_chunk_tokens),
       sync_(sync) {}
 
@@ -144,43 +141,18 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
                                  with_entropy);
   };
   TrainStats stats;
-  // rollout.overlong: responses cut at max_new_tokens keep their reward in
-  // their group's statistics, but leave the loss (mask), or lose reward on
-  // the length ramp (penalize; every response past the ramp's start).
-  std::vector<double> rewards(batch);
-  {
-    int64_t trained = 0, cut = 0;
-    double penalty_sum = 0;
-    std::vector<int64_t> masked_rows;
-    for (int64_t b = 0; b < batch; ++b) {
-      const Sample& s = samples[b];
-      rewards[b] = s.reward;
-      if (s.excluded) continue;
-      ++trained;
-      if (!s.finished) ++cut;
-      if (overlong_ == OverlongMode::kPenalize) {
-        const double p = algo::OverlongPenalty(
-            static_cast<int64_t>(s.response_ids.size()), max_new_tokens_,
-            overlong_buffer_, overlong_penalty_);
-        rewards[b] -= p;
-        penalty_sum += p;
-      } else if (overlong_ == OverlongMode::kMask && !s.finished) {
-        masked_rows.push_back(b);
-      }
-    }
-    if (!masked_rows.empty()) {
-      full.response_mask.index_fill_(
-          0,
-          at::tensor(masked_rows, at::TensorOptions().dtype(at::kLong))
-              .to(device),
-          0.0);
-    }
-    stats.overlong_frac =
-        trained > 0 ? static_cast<double>(cut) / static_cast<double>(trained)
-                    : 0.0;
-    stats.overlong_penalty_mean =
-        trained > 0 ? penalty_sum / static_cast<double>(trained) : 0.0;
-  }
+  // Rewards and masks as trained (rollout.overlong applied): a response cut
+  // at max_new_tokens keeps its reward in its group's statistics and leaves
+  // only the loss (mask), or loses reward on the length ramp (penalize).
+  const algo::StepRewards step = algo::PrepareStepRewards(
+      samples, rollout_, at::TensorOptions().dtype(at::kFloat).device(device));
+  stats.overlong_frac = step.trained > 0 ? static_cast<double>(step.cut) /
+                                               static_cast<double>(step.trained)
+                                         : 0.0;
+  stats.overlong_penalty_mean =
+      step.trained > 0 ? step.penalty_sum / static_cast<double>(step.trained)
+                       : 0.0;
+  full.response_mask = step.loss_mask;
   const auto& mask = full.response_mask;
   const int64_t r_len = mask.size(1);
   const bool use_kl = algo_.kl_coef > 0 && reference_ != nullptr;
@@ -231,42 +203,19 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
     stats.behaviour_weight_truncated = capped;
   }
 
-  // Token-level rewards and advantages (no grad).
+  // Advantages (no grad). The KL as a reward penalty is the proximal
+  // policy's (the trainer's weights at the step's start, as the loss-mode
+  // KL measures the trainer's policy), not the behaviour policy's: with a
+  // policy lag the samples' log-probs are those of a stale policy. Without
+  // the decoupled loss old_logp is the behaviour log-probs, which are the
+  // proximal ones there (no lag).
   at::Tensor advantages;
   {
     at::NoGradGuard no_grad;
-    std::vector<float> scores_host(batch);
-    std::vector<int64_t> last_idx(batch);
-    for (int64_t b = 0; b < batch; ++b) {
-      scores_host[b] = static_cast<float>(rewards[b]);
-      last_idx[b] = static_cast<int64_t>(samples[b].response_ids.size()) - 1;
-    }
-    auto scores = at::tensor(scores_host).to(device);
-    auto last = at::tensor(last_idx).to(device);
-    auto token_rewards =
-        at::zeros_like(mask).scatter(1, last.unsqueeze(1), scores.unsqueeze(1));
-    if (kl_in_reward) {
-      // KL of the proximal policy (the trainer's weights at the step's
-      // start, as the loss-mode KL measures the trainer's policy), not of
-      // the behaviour policy: with a policy lag the samples' log-probs are
-      // those of a stale policy. Without the decoupled loss old_logp is the
-      // behaviour log-probs, which are the proximal ones there (no lag).
-      token_rewards =
-          token_rewards -
-          algo_.kl_coef *
-              algo::KlPenalty(old_logp, ref_logp, algo_.kl_estimator) * mask;
-    }
-    if (algo_.adv_estimator == AdvEstimator::kReinforcePp) {
-      advantages =
-          algo::ReinforcePlusPlusAdvantages(token_rewards, mask, algo_.gamma);
-    } else {
-      auto returns = (token_rewards * mask).sum(1);
-      auto seq_adv = algo_.adv_estimator == AdvEstimator::kRloo
-                         ? algo::RlooAdvantages(returns, group_size_)
-                         : algo::GrpoAdvantages(returns, group_size_,
-                                                algo_.norm_adv_by_std);
-      advantages = seq_adv.unsqueeze(1) * mask;
-    }
+    advantages = algo::StepAdvantages(
+        algo_, group_size_, step,
+        kl_in_reward ? algo::KlPenalty(old_logp, ref_logp, algo_.kl_estimator)
+                     : at::Tensor());
   }
 
   stats.advantage_abs_mean = MaskedMean(advantages.abs(), mask);
@@ -331,19 +280,14 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
   for (int epoch = 0; epoch < algo_.ppo_epochs; ++epoch) {
     for (int64_t m0 = 0; m0 < batch; m0 += mini) {
       const int64_t m_n = std::min(mini, batch - m0);
-      // Loss normalisers of the whole (global) mini-batch; max_len is the
-      // configured response cap, the same on every rank and every step.
-      // Sequences count only if they have a trained token (an excluded,
-      // over-stale sample has none).
-      const at::Tensor m_mask = work.response_mask.narrow(0, m0, m_n);
-      std::vector<double> totals = {m_mask.sum().item<double>(),
-                                    (m_mask.sum(1) > 0).sum().item<double>()};
+      // Loss normalisers of the whole (global) mini-batch: its tokens and
+      // sequences summed over the data-parallel ranks (algo::LocalAggNorm).
+      algo::AggNorm norm = algo::LocalAggNorm(
+          work.response_mask.narrow(0, m0, m_n), rollout_.max_new_tokens);
+      std::vector<double> totals = {norm.num_tokens, norm.num_seqs};
       FUSIONRL_RETURN_IF_ERROR(SumAcrossRanks(sync_, totals));
-      algo::AggNorm norm;
       norm.num_tokens = totals[0];
       norm.num_seqs = totals[1];
-      norm.max_len =
-          static_cast<double>(std::max<int64_t>(r_len, max_new_tokens_));
       // A mini-batch without a trained token (every sample excluded, e.g.
       // over-stale groups dropped) has nothing to learn from and takes no
       // optimizer step: an AdamW step on zero gradients would still move the
@@ -419,26 +363,16 @@ absl::StatusOr<TrainStats> Trainer::Step(const std::vector<Sample>& samples) {
             route_differing += a.differing;
           }
         }
-        auto pg = algo::PpoClipLoss(logp, old_mb, adv, mb.response_mask,
-                                    algo_.clip_ratio_low, algo_.clip_ratio_high,
-                                    algo_.clip_ratio_c, algo_.loss_agg_mode,
-                                    norm, weight_mb);
-        auto loss = pg.loss;
+        const algo::MicroBatchLoss parts = algo::MicroBatchLossOf(
+            algo_, logp, old_mb, adv, mb.response_mask, norm, weight_mb,
+            use_kl ? rows(ref_logp) : at::Tensor(),
+            entropy_grad ? tok.entropy : at::Tensor());
+        const algo::PolicyLossResult& pg = parts.pg;
+        at::Tensor loss = parts.loss;
         const double mb_tokens = mb.response_mask.sum().item<double>();
         if (use_kl) {
-          auto kl_tok =
-              algo::KlPenalty(logp, rows(ref_logp), algo_.kl_estimator);
-          if (algo_.kl_mode == KlMode::kLoss) {
-            loss =
-                loss + algo_.kl_coef * algo::AggLoss(kl_tok, mb.response_mask,
-                                                     algo_.loss_agg_mode, norm);
-          }
-          kl_sum += MaskedMean(kl_tok.detach(), mb.response_mask) * mb_tokens;
-        }
-        if (entropy_grad) {
-          loss = loss - algo_.entropy_coef *
-                            algo::AggLoss(tok.entropy, mb.response_mask,
-                                          algo_.loss_agg_mode, norm);
+          kl_sum += MaskedMean(parts.kl_tokens.detach(), mb.response_mask) *
+                    mb_tokens;
         }
         {
           at::NoGradGuard no_grad;

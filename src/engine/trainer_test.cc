@@ -919,29 +919,38 @@ std::vector<Sample> HalfCutAtTheCap() {
   return s;
 }
 
-// rollout.overlong mask: a cut response keeps its reward in its group's
-// advantages but leaves the loss, exactly as a sample excluded from it.
-TEST(TrainerTest, OverlongMaskDropsCutResponsesFromTheLoss) {
+// rollout.overlong mask: a cut response leaves the loss (its tokens and
+// log-probs change nothing) but keeps its reward in its group's baseline
+// (its reward changes every other member's advantage). The old rule, which
+// scored masked samples 0 in their group, passed the first half and failed
+// the second.
+TEST(TrainerTest, OverlongMaskDropsCutResponsesFromTheLossOnly) {
   JobConfig c = TinyJob();
   std::vector<Sample> samples = HalfCutAtTheCap();
-  std::vector<Sample> as_excluded = samples;
-  for (Sample& s : as_excluded) s.excluded = !s.finished;
-  TrainStats keep_stats, mask_stats, excluded_stats;
+  TrainStats keep_stats, mask_stats, other_stats;
   const auto keep = GradsAfterStep(c, samples, &keep_stats);
   EXPECT_DOUBLE_EQ(keep_stats.overlong_frac, 0.25);
   c.rollout.overlong = OverlongMode::kMask;
   const auto masked = GradsAfterStep(c, samples, &mask_stats);
-  c.rollout.overlong = OverlongMode::kKeep;
-  const auto excluded = GradsAfterStep(c, as_excluded, &excluded_stats);
-  EXPECT_EQ(mask_stats.tokens, excluded_stats.tokens);
   EXPECT_LT(mask_stats.tokens, keep_stats.tokens);
-  double keep_vs_mask = 0;
+  std::vector<Sample> other_tokens = samples, other_rewards = samples;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    if (samples[i].finished) continue;
+    for (float& lp : other_tokens[i].behaviour_logp) lp -= 0.7f;
+    other_rewards[i].reward += 1.0;
+  }
+  const auto tokens_changed = GradsAfterStep(c, other_tokens, &other_stats);
+  const auto rewards_changed = GradsAfterStep(c, other_rewards, &other_stats);
+  double keep_vs_mask = 0, reward_effect = 0;
   for (size_t i = 0; i < keep.size(); ++i) {
-    EXPECT_TRUE(torch::allclose(masked[i], excluded[i], 1e-5, 1e-7))
+    EXPECT_TRUE(torch::allclose(masked[i], tokens_changed[i], 1e-5, 1e-7))
         << "parameter " << i;
     keep_vs_mask += (keep[i] - masked[i]).abs().sum().item<double>();
+    reward_effect += (rewards_changed[i] - masked[i]).abs().sum().item<double>();
   }
   EXPECT_GT(keep_vs_mask, 1e-4);
+  EXPECT_GT(reward_effect, 1e-4)
+      << "a masked sample's reward must count in its group's baseline";
 }
 
 // rollout.overlong penalize: the step is the keep step on rewards lowered by
