@@ -12,7 +12,9 @@
 #   command's own contract (a bad line, a missing template).
 # MODE probes: every probe of tests/chat_template/probes.jsonl (small
 #   templates on jinja2's scoping, filters, tests, str / dict methods,
-#   whitespace control and errors): same text, or both refuse.
+#   whitespace control and errors): same text, or both refuse; and 60
+#   conversations through tests/chat_template/context_model (tools /
+#   documents None, the special tokens transformers passes).
 # Needs /usr/bin/python3 with jinja2 (Debian's python3-jinja2) and, for
 # conversations, the fetched data. Without them it skips (exit 77, ctest's
 # SKIP_RETURN_CODE), or fails under FUSIONRL_REQUIRE_ALL_TESTS=1 (CI), where a
@@ -53,8 +55,15 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 
 case "$MODE" in
   probes)
+    rc=0
     TZ=UTC "$PY" "$CHECK" probes --probes "$ROOT/tests/chat_template/probes.jsonl" \
-      --fusionrl "$BIN" --work "$WORK/probes"
+      --fusionrl "$BIN" --work "$WORK/probes" || rc=1
+    # What apply_chat_template passes besides the messages (tools and
+    # documents None, the special tokens), through a committed template.
+    TZ=UTC "$PY" "$CHECK" conversations \
+      --model "$ROOT/tests/chat_template/context_model" --label context \
+      --fusionrl "$BIN" --work "$WORK/context" --count 60 --seed 1 || rc=1
+    [ "$rc" = 0 ] || exit 1
     echo "PASS: every probe equals jinja2 (or both refuse)"
     ;;
   conversations)

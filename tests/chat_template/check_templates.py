@@ -123,7 +123,9 @@ def tool_turn(r, conv):
         calls.append({"type": "function", "function": {
             "name": r.choice(TOOLS)["function"]["name"],
             "arguments": r.choice(ARGUMENTS)}})
-    content = r.choice(["", None, r.choice(THINK_ANSWERS)])
+    # Null content (OpenAI style) is rare: Qwen3's template refuses it.
+    content = None if r.random() < 0.08 else r.choice(
+        ["", r.choice(THINK_ANSWERS)])
     conv["messages"].append(
         {"role": "assistant", "content": content, "tool_calls": calls})
     for _ in calls:
