@@ -8,7 +8,8 @@
 #   tests/chat_template_exactness_test.sh FUSIONRL_BINARY WORK_DIR MODE
 #
 # MODE conversations: 300 generated conversations through each chat template
-#   we fetch (scripts/fetch-test-data.sh: Qwen3, Llama-3, Llama-3.1) and the
+#   we fetch (scripts/fetch-test-data.sh: Qwen3, Llama-3, Llama-3.1,
+#   Qwen2.5, DeepSeek-V3, Gemma 3) and the
 #   command's own contract (a bad line, a missing template).
 # MODE probes: every probe of tests/chat_template/probes.jsonl (small
 #   templates on jinja2's scoping, filters, tests, str / dict methods,
@@ -28,7 +29,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DATA="${FUSIONRL_TEST_DATA:-$HOME/.cache/fusionrl/test-data}"
 PY=/usr/bin/python3  # Debian's: `python3` on PATH may lack jinja2
 CHECK="$ROOT/tests/chat_template/check_templates.py"
-MODELS=(qwen3 llama3 llama3_1)
+MODELS=(qwen3 llama3 llama3_1 qwen2_5 deepseek_v3 gemma3)
 mkdir -p "$WORK"
 
 missing=""
