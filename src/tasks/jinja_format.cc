@@ -1,7 +1,8 @@
 // Python's string formatting for the chat-template interpreter: `fmt % args`
 // (printf-style, also jinja2's `format` filter) and `fmt.format(...)`.
-// What is not implemented (a `{0.attr}` field, `*` widths, a float format
-// spec without a type) is refused with an error, never approximated.
+// What is not implemented (a `{0.attr}` field, `*` widths, a precision
+// without a type, %a, '#' with %o) is refused with an error, never
+// approximated.
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -47,6 +48,9 @@ std::string FormatNumber(const Value& v, char conversion,
   if (conversion == 'd' || conversion == 'i' || conversion == 'u' ||
       conversion == 'o' || conversion == 'x' || conversion == 'X') {
     const int64_t i = IntArg(v, conversion);
+    if (conversion == 'o' && flags.find('#') != std::string::npos) {
+      Fail("unsupported: '#' with %o");  // Python writes 0o17, printf 017
+    }
     if (conversion != 'd' && conversion != 'i' && conversion != 'u' && i < 0) {
       // printf has no signed hex / octal; Python prints -0x..: refuse.
       Fail(absl::StrCat("unsupported: %", std::string(1, conversion),
@@ -74,8 +78,7 @@ std::string Convert(const Value& v, char conversion, const std::string& flags,
   const bool left = flags.find('-') != std::string::npos;
   switch (conversion) {
     case 's':
-    case 'r':
-    case 'a': {
+    case 'r': {
       std::string text = conversion == 's' ? v.Str() : v.Repr();
       if (precision >= 0) {
         std::vector<uint32_t> cps = DecodeUtf8(text);
@@ -212,11 +215,9 @@ std::string FormatSpec(const Value& v, const std::string& spec) {
     ++i;
   }
   if (i < spec.size() && spec[i] == '#') Fail("unsupported: '#' in a format spec");
+  bool zero = false;  // '0': zero padding unless an alignment is given
   if (i < spec.size() && spec[i] == '0') {
-    if (align == '\0') {
-      fill = '0';
-      align = '=';
-    }
+    zero = align == '\0';
     ++i;
   }
   const int64_t width = ReadNumber(spec, &i);
@@ -237,14 +238,16 @@ std::string FormatSpec(const Value& v, const std::string& spec) {
                         "' for a str"));
     }
     if (!flags.empty()) Fail("sign not allowed in a string format spec");
+    if (align == '=') Fail("'=' alignment not allowed in a string format spec");
     body = Convert(v, 's', "", -1, precision);
+    if (zero) fill = '0';
     if (align == '\0') align = '<';
   } else if (v.is_number() || v.is_bool()) {
     if (type == '\0' && (v.is_int() || v.is_bool()) && precision < 0) {
       type = 'd';
     }
-    if (type == '\0') {
-      Fail("unsupported: a number format spec without a type");
+    if (type == '\0' && precision >= 0) {
+      Fail("unsupported: a number format spec with a precision but no type");
     }
     if (type == 'b' || type == 'n' || type == '%' || type == 'c') {
       Fail(absl::StrCat("unsupported format code '", std::string(1, type),
@@ -261,7 +264,18 @@ std::string FormatSpec(const Value& v, const std::string& spec) {
         precision < 0) {
       precision = 6;
     }
-    body = FormatNumber(v, type, flags, -1, precision);
+    if (type == '\0') {  // a float without a type prints as str()
+      body = (flags == "+" && !std::signbit(v.as_float()) ? "+"
+              : flags == " " && !std::signbit(v.as_float()) ? " "
+                                                            : "") +
+             v.Str();
+    } else {
+      body = FormatNumber(v, type, flags, -1, precision);
+    }
+    if (zero) {
+      fill = '0';
+      align = '=';
+    }
     if (align == '\0') align = '>';
   } else {
     Fail(absl::StrCat("unsupported: a format spec for a ", v.TypeName()));
@@ -367,7 +381,7 @@ std::string StrFormat(Evaluator& ev, const std::string& fmt,
       if (value == nullptr) Fail(absl::StrCat("KeyError: '", field, "'"));
     }
     Value converted = *value;
-    if (conversion == 'r' || conversion == 'a') {
+    if (conversion == 'r') {
       converted = Value(value->Repr());
     } else if (conversion == 's') {
       converted = Value(value->Str());
