@@ -55,15 +55,16 @@ std::string RenderInlineLine(const std::string& line, int line_number,
       ordered_json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (input.is_discarded() || !input.is_object() ||
       !input.contains("template") || !input["template"].is_string()) {
-    return ErrorLine(absl::StrCat(
-        "stdin line ", line_number,
-        ": expected a JSON object with a string \"template\""));
+    return ErrorLine(
+        absl::StrCat("stdin line ", line_number,
+                     ": expected a JSON object with a string \"template\""));
   }
   const ordered_json variables =
       input.contains("variables") ? input["variables"] : ordered_json::object();
   absl::StatusOr<jinja::Template> compiled =
       jinja::Template::Parse(input["template"].get<std::string>());
-  if (!compiled.ok()) return ErrorLine(std::string(compiled.status().message()));
+  if (!compiled.ok())
+    return ErrorLine(std::string(compiled.status().message()));
   jinja::RenderOptions options;
   options.now = now;
   absl::StatusOr<std::string> text = compiled->Render(variables, options);
@@ -90,10 +91,10 @@ CLI::App* AddChatTemplateCommand(CLI::App& app, ChatTemplateArgs& args) {
                   "strftime_now's clock, RFC 3339 (e.g. "
                   "2024-07-26T12:00:00Z; default: now)");
   cmd->add_flag("--inline-templates", args.inline_templates,
-               "each stdin line is {\"template\": TEXT, \"variables\": "
-               "{...}}: TEXT rendered with exactly those variables (no "
-               "model, no conversation defaults); for checking the "
-               "interpreter against jinja2");
+                "each stdin line is {\"template\": TEXT, \"variables\": "
+                "{...}}: TEXT rendered with exactly those variables (no "
+                "model, no conversation defaults); for checking the "
+                "interpreter against jinja2");
   return cmd;
 }
 

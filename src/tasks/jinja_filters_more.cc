@@ -1,6 +1,6 @@
 // More of jinja2's filters for chat templates (jinja2/filters.py): format,
-// sum, max, min, batch, slice, center and wordcount. FindFilter (jinja_filters.cc)
-// falls back to this table.
+// sum, max, min, batch, slice, center and wordcount. FindFilter
+// (jinja_filters.cc) falls back to this table.
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,13 +14,15 @@ namespace {
 // do_format(value, *args, **kwargs): soft_str(value) % (kwargs or args).
 Value FilterFormat(Evaluator& ev, const Value& in, CallArgs& args) {
   if (!args.positional.empty() && !args.keyword.empty()) {
-    Fail("format: can't handle positional and keyword arguments at the same "
-         "time");
+    Fail(
+        "format: can't handle positional and keyword arguments at the same "
+        "time");
   }
   if (!args.keyword.empty()) {
     Dict mapping;
     for (const auto& [k, v] : args.keyword) mapping.Set(k, v);
-    return Value(PercentFormat(ev, in.Str(), Value::MakeDict(std::move(mapping))));
+    return Value(
+        PercentFormat(ev, in.Str(), Value::MakeDict(std::move(mapping))));
   }
   return Value(PercentFormat(
       ev, in.Str(), Value::MakeList(args.positional, /*is_tuple=*/true)));
@@ -163,9 +165,10 @@ struct NamedFilter {
   FilterFn fn;
 };
 constexpr NamedFilter kMoreFilters[] = {
-    {"batch", FilterBatch}, {"center", FilterCenter}, {"format", FilterFormat},
-    {"max", FilterMax},     {"min", FilterMin},       {"slice", FilterSlice},
-    {"sum", FilterSum},     {"wordcount", FilterWordcount},
+    {"batch", FilterBatch},   {"center", FilterCenter},
+    {"format", FilterFormat}, {"max", FilterMax},
+    {"min", FilterMin},       {"slice", FilterSlice},
+    {"sum", FilterSum},       {"wordcount", FilterWordcount},
 };
 
 }  // namespace

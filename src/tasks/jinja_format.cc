@@ -66,7 +66,8 @@ std::string FormatNumber(const Value& v, char conversion,
                       " format: a real number is required, not ",
                       v.TypeName()));
   }
-  if (width > 400 || precision > 300) Fail("format width or precision too large");
+  if (width > 400 || precision > 300)
+    Fail("format width or precision too large");
   spec.push_back(conversion);
   std::snprintf(buf, sizeof(buf), spec.c_str(), v.AsDouble());
   return buf;
@@ -98,8 +99,18 @@ std::string Convert(const Value& v, char conversion, const std::string& flags,
       }
       return Pad(std::move(text), width, left, ' ');
     }
-    case 'd': case 'i': case 'u': case 'o': case 'x': case 'X':
-    case 'e': case 'E': case 'f': case 'F': case 'g': case 'G':
+    case 'd':
+    case 'i':
+    case 'u':
+    case 'o':
+    case 'x':
+    case 'X':
+    case 'e':
+    case 'E':
+    case 'f':
+    case 'F':
+    case 'g':
+    case 'G':
       return FormatNumber(v, conversion, flags, width, precision);
     default:
       Fail(absl::StrCat("unsupported format character '",
@@ -150,8 +161,8 @@ std::string PercentFormat(Evaluator& ev, const std::string& fmt,
       i = close + 1;
     }
     std::string flags;
-    while (i < fmt.size() && std::string("-+ #0").find(fmt[i]) !=
-                                 std::string::npos) {
+    while (i < fmt.size() &&
+           std::string("-+ #0").find(fmt[i]) != std::string::npos) {
       flags.push_back(fmt[i++]);
     }
     if (i < fmt.size() && fmt[i] == '*') Fail("unsupported: '*' in a format");
@@ -163,7 +174,8 @@ std::string PercentFormat(Evaluator& ev, const std::string& fmt,
       ++i;
       precision = ReadNumber(fmt, &i);
     }
-    while (i < fmt.size() && (fmt[i] == 'h' || fmt[i] == 'l' || fmt[i] == 'L')) {
+    while (i < fmt.size() &&
+           (fmt[i] == 'h' || fmt[i] == 'l' || fmt[i] == 'L')) {
       ++i;
     }
     if (i >= fmt.size()) Fail("incomplete format");
@@ -214,7 +226,8 @@ std::string FormatSpec(const Value& v, const std::string& spec) {
     if (spec[i] != '-') flags.push_back(spec[i]);
     ++i;
   }
-  if (i < spec.size() && spec[i] == '#') Fail("unsupported: '#' in a format spec");
+  if (i < spec.size() && spec[i] == '#')
+    Fail("unsupported: '#' in a format spec");
   bool zero = false;  // '0': zero padding unless an alignment is given
   if (i < spec.size() && spec[i] == '0') {
     zero = align == '\0';
@@ -250,8 +263,8 @@ std::string FormatSpec(const Value& v, const std::string& spec) {
       Fail("unsupported: a number format spec with a precision but no type");
     }
     if (type == 'b' || type == 'n' || type == '%' || type == 'c') {
-      Fail(absl::StrCat("unsupported format code '", std::string(1, type),
-                        "'"));
+      Fail(
+          absl::StrCat("unsupported format code '", std::string(1, type), "'"));
     }
     if ((type == 'd' || type == 'x' || type == 'X' || type == 'o') &&
         !(v.is_int() || v.is_bool())) {
@@ -265,7 +278,7 @@ std::string FormatSpec(const Value& v, const std::string& spec) {
       precision = 6;
     }
     if (type == '\0') {  // a float without a type prints as str()
-      body = (flags == "+" && !std::signbit(v.as_float()) ? "+"
+      body = (flags == "+" && !std::signbit(v.as_float())   ? "+"
               : flags == " " && !std::signbit(v.as_float()) ? " "
                                                             : "") +
              v.Str();
@@ -294,10 +307,10 @@ std::string FormatSpec(const Value& v, const std::string& spec) {
     case '^':
       return fill_of(pad / 2) + body + fill_of(pad - pad / 2);
     case '=': {
-      const size_t sign = !body.empty() && (body[0] == '-' || body[0] == '+' ||
-                                            body[0] == ' ')
-                              ? 1
-                              : 0;
+      const size_t sign =
+          !body.empty() && (body[0] == '-' || body[0] == '+' || body[0] == ' ')
+              ? 1
+              : 0;
       return body.substr(0, sign) + fill_of(pad) + body.substr(sign);
     }
     default:
@@ -332,7 +345,8 @@ std::string StrFormat(Evaluator& ev, const std::string& fmt,
       continue;
     }
     const size_t close = fmt.find('}', i);
-    if (close == std::string::npos) Fail("single '{' encountered in format string");
+    if (close == std::string::npos)
+      Fail("single '{' encountered in format string");
     std::string field = fmt.substr(i + 1, close - i - 1);
     if (field.find('{') != std::string::npos) {
       Fail("unsupported: nested fields in a format string");
@@ -347,7 +361,8 @@ std::string StrFormat(Evaluator& ev, const std::string& fmt,
     char conversion = '\0';
     const size_t bang = field.find('!');
     if (bang != std::string::npos) {
-      if (bang + 2 != field.size()) Fail("invalid conversion in a format field");
+      if (bang + 2 != field.size())
+        Fail("invalid conversion in a format field");
       conversion = field[bang + 1];
       field.resize(bang);
     }
@@ -356,7 +371,8 @@ std::string StrFormat(Evaluator& ev, const std::string& fmt,
     }
     const Value* value = nullptr;
     if (field.empty()) {
-      if (manual) Fail("cannot switch from manual to automatic field numbering");
+      if (manual)
+        Fail("cannot switch from manual to automatic field numbering");
       if (auto_index >= args.positional.size()) {
         Fail(absl::StrCat("IndexError: replacement index ", auto_index,
                           " out of range"));

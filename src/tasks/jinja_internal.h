@@ -1,8 +1,9 @@
 // Internals of the chat-template interpreter (jinja.h), shared by its rooms
 // in data-path order: jinja_lexer.cc (text -> tokens, whitespace control),
 // jinja_parser.cc (tokens -> AST), jinja_eval.cc (AST -> output), with
-// jinja_filters.cc (filters, tests), jinja_strings.cc (str operations and
-// methods), jinja_builtins.cc (dict / list methods, globals) and
+// jinja_filters.cc and jinja_filters_more.cc (filters, tests),
+// jinja_strings.cc (str operations and methods), jinja_format.cc (Python's
+// % and str.format), jinja_builtins.cc (dict / list methods, globals) and
 // jinja_value.cc (the value model: printing, equality, JSON in and out,
 // UTF-8 helpers).
 //
