@@ -107,6 +107,17 @@ def special_tokens(config):
     return tokens
 
 
+_compiled = {}
+
+
+def _compile(env, source):
+    # transformers caches its compiled template too (lru_cache).
+    key = (id(env), source)
+    if key not in _compiled:
+        _compiled[key] = env.from_string(source)
+    return _compiled[key]
+
+
 def _render(compile_fn, render_fn):
     try:
         template = compile_fn()
@@ -126,7 +137,7 @@ def render_conversation(env, source, config, conversation):
     # template_kwargs = {**self.special_tokens_map, **kwargs}
     template_kwargs = {**special_tokens(config), **kwargs}
     return _render(
-        lambda: env.from_string(source),
+        lambda: _compile(env, source),
         lambda t: t.render(messages=messages, tools=tools,
                            documents=documents,
                            add_generation_prompt=add_generation_prompt,
