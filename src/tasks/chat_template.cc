@@ -47,6 +47,34 @@ absl::StatusOr<std::string> SpecialToken(const ordered_json& config,
                    "' must be a string or an object with a string 'content'"));
 }
 
+// transformers' special_tokens_map of tokenizer_config.json `config`
+// (PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES, non-empty ones).
+absl::Status ReadSpecialTokens(const ordered_json& config,
+                               const std::string& path, ChatTemplate* out) {
+  for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token",
+                          "pad_token", "cls_token", "mask_token"}) {
+    absl::StatusOr<std::string> token = SpecialToken(config, key, path);
+    if (!token.ok()) return token.status();
+    if (std::string_view(key) == "bos_token") out->bos_token = *token;
+    if (std::string_view(key) == "eos_token") out->eos_token = *token;
+    if (!token->empty()) out->special_tokens.emplace_back(key, *token);
+  }
+  auto it = config.find("additional_special_tokens");
+  if (it == config.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": 'additional_special_tokens' must be a list of tokens"));
+  }
+  for (const ordered_json& entry : *it) {
+    ordered_json holder = {{"token", entry}};
+    absl::StatusOr<std::string> token = SpecialToken(
+        holder, "token", absl::StrCat(path, " additional_special_tokens"));
+    if (!token.ok()) return token.status();
+    out->additional_special_tokens.push_back(*std::move(token));
+  }
+  return absl::OkStatus();
+}
+
 // The template text of tokenizer_config.json's `chat_template`: the string,
 // or the entry of the named list called `name` ("default" if empty).
 absl::StatusOr<std::string> ConfigTemplate(const ordered_json& value,
@@ -117,13 +145,8 @@ absl::StatusOr<ChatTemplate> LoadChatTemplate(std::string_view model_dir_view,
       return absl::InvalidArgumentError(
           absl::StrCat(config_path, ": not a JSON object"));
     }
-    for (auto [key, field] : {std::pair{"bos_token", &result.bos_token},
-                              std::pair{"eos_token", &result.eos_token}}) {
-      absl::StatusOr<std::string> token =
-          SpecialToken(config, key, config_path);
-      if (!token.ok()) return token.status();
-      *field = *std::move(token);
-    }
+    absl::Status tokens = ReadSpecialTokens(config, config_path, &result);
+    if (!tokens.ok()) return tokens;
   }
 
   if (has_jinja) {
@@ -166,11 +189,19 @@ absl::StatusOr<std::string> RenderConversation(
     return absl::InvalidArgumentError(absl::StrCat(
         "the conversation must be a JSON object, got ", variables.type_name()));
   }
-  // transformers passes bos/eos from the tokenizer and add_generation_prompt
-  // (False by default); the conversation's own keys take precedence.
-  ordered_json context = {{"bos_token", chat_template.bos_token},
-                          {"eos_token", chat_template.eos_token},
+  // apply_chat_template's render(messages=..., tools=None, documents=None,
+  // add_generation_prompt=False, **special_tokens_map, **kwargs): the
+  // conversation's own keys take precedence.
+  ordered_json context = {{"tools", nullptr},
+                          {"documents", nullptr},
                           {"add_generation_prompt", false}};
+  for (const auto& [key, token] : chat_template.special_tokens) {
+    context[key] = token;
+  }
+  if (!chat_template.additional_special_tokens.empty()) {
+    context["additional_special_tokens"] =
+        chat_template.additional_special_tokens;
+  }
   for (const auto& [key, value] : variables.items()) context[key] = value;
   jinja::RenderOptions options;
   options.now = now;

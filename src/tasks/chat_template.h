@@ -13,6 +13,7 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -28,10 +29,17 @@ struct ChatTemplate {
   // Where it came from: "<dir>/chat_template.jinja" or
   // "<dir>/tokenizer_config.json" (+ " (template 'name')" for a named one).
   std::string origin;
-  // From tokenizer_config.json ("" when absent or null); passed to the
-  // template as `bos_token` / `eos_token`.
+  // From tokenizer_config.json ("" when absent or null).
   std::string bos_token;
   std::string eos_token;
+  // transformers' tokenizer.special_tokens_map, what every render gets:
+  // each of bos_token, eos_token, unk_token, sep_token, pad_token,
+  // cls_token, mask_token that tokenizer_config.json sets to a non-empty
+  // string (or AddedToken), in that order; a token that is absent, null or
+  // "" is left undefined, as transformers leaves it.
+  std::vector<std::pair<std::string, std::string>> special_tokens;
+  // Its `additional_special_tokens` (passed only when non-empty).
+  std::vector<std::string> additional_special_tokens;
   jinja::Template compiled;
 };
 
@@ -44,9 +52,11 @@ absl::StatusOr<ChatTemplate> LoadChatTemplate(std::string_view model_dir,
                                               std::string_view name = "");
 
 // Renders `variables`, the whole template context: `messages`, and
-// optionally `tools`, `add_generation_prompt` (default false) and any other
-// keyword (e.g. `enable_thinking`). `bos_token` / `eos_token` come from the
-// template unless `variables` sets them; `now` is strftime_now's clock
+// optionally `tools`, `documents` (both None when absent, as
+// apply_chat_template passes them), `add_generation_prompt` (default false)
+// and any other keyword (e.g. `enable_thinking`). The special tokens come
+// from the template's config unless `variables` sets them; `now` is
+// strftime_now's clock
 // (shown in the local time zone, as transformers does). Errors as
 // jinja::Template::Render; a raise_exception message is in the status.
 absl::StatusOr<std::string> RenderConversation(

@@ -1,17 +1,17 @@
 // A Jinja interpreter for Hugging Face chat templates, with the semantics of
 // transformers' renderer: jinja2's ImmutableSandboxedEnvironment with
 // trim_blocks, lstrip_blocks and the loopcontrols extension, plus the
-// globals transformers adds (raise_exception, strftime_now) and its
-// `tojson` (json.dumps, non-ASCII kept). The byte-exactness reference in
-// tests is @huggingface/jinja (transformers.js's engine).
+// globals transformers adds (raise_exception, strftime_now), its
+// `generation` tag and its `tojson` (json.dumps, non-ASCII kept). The
+// byte-exactness reference in tests is Python jinja2 set up that way
+// (tests/chat_template/jinja2_reference.py).
 //
 // A template is parsed once into an immutable AST and rendered many times.
 // What the interpreter does not implement is refused with an error naming
 // the construct and the template line ("chat template line 12: unsupported
 // filter 'wordwrap'"), at parse time when the name is known then; nothing is
-// rendered approximately. Two deliberate leniencies, shared with the
-// reference: an attribute or item of an undefined value is undefined (jinja2
-// raises), and printing undefined gives "".
+// rendered approximately. As in jinja2, printing undefined gives "" and an
+// attribute or item of an undefined value is an error (UndefinedError).
 //
 // Thread safety: a Template is immutable; Render may be called from many
 // threads at once. Copies share the AST.

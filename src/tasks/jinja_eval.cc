@@ -26,8 +26,8 @@ void Evaluator::CheckSize(size_t bytes) const {
 namespace {
 
 // A variable scope: the render's variables at the root, then one frame per
-// for loop and macro call. Frames are shared because a macro keeps the
-// frame it was defined in (Jinja's lexical scoping).
+// for-loop iteration and macro call. Frames are shared because a macro keeps
+// the frame it was defined in (Jinja's lexical scoping).
 struct Frame {
   explicit Frame(std::shared_ptr<Frame> p) : parent(std::move(p)) {}
   std::shared_ptr<Frame> parent;
@@ -214,21 +214,24 @@ class Interpreter final : public Evaluator {
     for (size_t i = 0; i < items.size(); ++i) frame.vars[targets[i]] = items[i];
   }
 
+  // jinja2's scoping: each iteration runs in a frame of its own below
+  // `frame`, so a `set` in the body (also inside an `if`) lasts until the
+  // end of that iteration, and neither the targets nor those names are
+  // visible after the loop (namespace() is the way out).
   void ExecFor(const Stmt& s, const FramePtr& frame, std::string* out) {
     const Value iterable = Eval(*s.expr, *frame);
     if (iterable.is_none()) Fail("'NoneType' object is not iterable");
     std::vector<Value> items = Iterate(iterable);
-    auto loop_frame = std::make_shared<Frame>(frame);
     if (s.condition) {  // `for x in xs if cond`: filtered before `loop`
       std::vector<Value> kept;
       for (Value& item : items) {
-        Bind(s.targets, item, *loop_frame);
-        if (Eval(*s.condition, *loop_frame).Truthy()) {
+        auto test_frame = std::make_shared<Frame>(frame);
+        Bind(s.targets, item, *test_frame);
+        if (Eval(*s.condition, *test_frame).Truthy()) {
           kept.push_back(std::move(item));
         }
       }
       items = std::move(kept);
-      loop_frame = std::make_shared<Frame>(frame);
     }
     if (items.empty()) {
       Exec(s.else_body, frame, out);
@@ -246,9 +249,10 @@ class Interpreter final : public Evaluator {
       info->length = n;
       if (i > 0) info->previtem = items[i - 1];
       if (i + 1 < n) info->nextitem = items[i + 1];
-      Bind(s.targets, items[i], *loop_frame);
-      loop_frame->vars["loop"] = Value::MakeLoop(std::move(info));
-      if (Exec(s.body, loop_frame, out) == Flow::kBreak) break;
+      auto iteration = std::make_shared<Frame>(frame);
+      Bind(s.targets, items[i], *iteration);
+      iteration->vars["loop"] = Value::MakeLoop(std::move(info));
+      if (Exec(s.body, iteration, out) == Flow::kBreak) break;
     }
   }
 
@@ -368,8 +372,10 @@ class Interpreter final : public Evaluator {
       case Value::Kind::kString:
       case Value::Kind::kList:
         return FindMethod(obj, name);
+      case Value::Kind::kUndefined:  // jinja2's Undefined raises
+        Fail(absl::StrCat("attribute '", name, "' of an undefined value"));
       default:
-        return Value();  // undefined (also of undefined: see jinja.h)
+        return Value();  // undefined, as jinja2's getattr of None or 1
     }
   }
 
@@ -401,6 +407,8 @@ class Interpreter final : public Evaluator {
         AppendUtf8(cps[i], &one);
         return Value(std::move(one));
       }
+      case Value::Kind::kUndefined:  // jinja2's Undefined raises
+        Fail(absl::StrCat("item ", key.Repr(), " of an undefined value"));
       default:
         return Value();
     }
@@ -537,7 +545,7 @@ class Interpreter final : public Evaluator {
       }
       return Value(std::move(out));
     }
-    if (obj.is_undefined()) return Value();
+    if (obj.is_undefined()) Fail("slice of an undefined value");
     Fail(absl::StrCat("cannot slice a ", obj.TypeName()));
   }
 
@@ -654,7 +662,7 @@ class Interpreter final : public Evaluator {
       }
     } else if (op == "//" || op == "%") {
       if (a.is_string() && op == "%") {
-        Fail("unsupported: string formatting with '%'");
+        return Value(PercentFormat(*this, a.as_string(), b));
       }
       if (numeric) {
         if (b.AsDouble() == 0) Fail("division by zero");

@@ -405,23 +405,25 @@ Value FilterTitle(Evaluator&, const Value& in, CallArgs& args) {
 }
 
 // transformers' tojson: json.dumps(x, ensure_ascii=False, indent=None,
-// separators=None, sort_keys=False).
+// separators=None, sort_keys=False); positional arguments bind in that
+// order (tojson(true) is ensure_ascii).
 Value FilterToJson(Evaluator& ev, const Value& in, CallArgs& args) {
   auto a = args.Bind("tojson",
-                     {"indent", "ensure_ascii", "separators", "sort_keys"});
+                     {"ensure_ascii", "indent", "separators", "sort_keys"});
   JsonDumpOptions options;
-  if (a[0] != nullptr && !a[0]->is_none()) {
-    if (a[0]->is_string()) {
+  const Value* indent = a[1];
+  if (indent != nullptr && !indent->is_none()) {
+    if (indent->is_string()) {
       options.indent = 0;
-      options.indent_string = a[0]->as_string();
+      options.indent_string = indent->as_string();
     } else {
       options.indent = static_cast<int>(
-          std::max<int64_t>(0, RequireInt(a[0], "tojson indent")));
+          std::max<int64_t>(0, RequireInt(indent, "tojson indent")));
       options.indent_string.assign(options.indent, ' ');
     }
     options.item_separator = ",";
   }
-  options.ensure_ascii = OptionalBool(a[1], false);
+  options.ensure_ascii = OptionalBool(a[0], false);
   if (a[2] != nullptr && !a[2]->is_none()) {
     if (!a[2]->is_list() || a[2]->as_list().items.size() != 2) {
       Fail("tojson separators must be an (item, key) pair");
@@ -539,14 +541,11 @@ FUSIONRL_JINJA_SIMPLE_TEST(TestSequence, "sequence",
                            v.is_list() || v.is_dict() || v.is_string() ||
                                v.is_undefined())
 FUSIONRL_JINJA_SIMPLE_TEST(TestCallable, "callable", v.is_callable())
+// jinja2: str(value).islower() / .isupper().
 FUSIONRL_JINJA_SIMPLE_TEST(TestLower, "lower",
-                           v.is_string() &&
-                               MapCodePoints(v.as_string(), ToLower) ==
-                                   v.as_string())
+                           IsPyLowerOrUpper(v.Str(), /*lower=*/true))
 FUSIONRL_JINJA_SIMPLE_TEST(TestUpper, "upper",
-                           v.is_string() &&
-                               MapCodePoints(v.as_string(), ToUpper) ==
-                                   v.as_string())
+                           IsPyLowerOrUpper(v.Str(), /*lower=*/false))
 #undef FUSIONRL_JINJA_SIMPLE_TEST
 
 int64_t RequireIntOperand(const Value& v, absl::string_view test) {
@@ -640,7 +639,7 @@ FilterFn FindFilter(absl::string_view name) {
   for (const NamedFilter& f : kFilters) {
     if (f.name == name) return f.fn;
   }
-  return nullptr;
+  return FindMoreFilter(name);
 }
 
 TestFn FindTest(absl::string_view name) {

@@ -1,8 +1,9 @@
 // Internals of the chat-template interpreter (jinja.h), shared by its rooms
 // in data-path order: jinja_lexer.cc (text -> tokens, whitespace control),
 // jinja_parser.cc (tokens -> AST), jinja_eval.cc (AST -> output), with
-// jinja_filters.cc (filters, tests), jinja_strings.cc (str operations and
-// methods), jinja_builtins.cc (dict / list methods, globals) and
+// jinja_filters.cc and jinja_filters_more.cc (filters, tests),
+// jinja_strings.cc (str operations and methods), jinja_format.cc (Python's
+// % and str.format), jinja_builtins.cc (dict / list methods, globals) and
 // jinja_value.cc (the value model: printing, equality, JSON in and out,
 // UTF-8 helpers).
 //
@@ -199,7 +200,11 @@ bool IsCased(uint32_t c);
 const std::string& RequireString(const Value* v, absl::string_view what);
 int64_t RequireInt(const Value* v, absl::string_view what);  // int or bool
 bool OptionalBool(const Value* v, bool if_missing);          // truthiness
+// Each code point through `fn`; with ToUpper / ToLower, Python's full case
+// mappings that expand a letter ('ß'.upper() == 'SS') apply.
 std::string MapCodePoints(const std::string& s, uint32_t (*fn)(uint32_t));
+// A character of Python's regex \w (letters, numbers, '_').
+bool IsPythonWordChar(uint32_t c);
 std::string Capitalize(const std::string& s);  // str.capitalize()
 // str.strip(chars) (left and right), lstrip (left) or rstrip (right).
 std::string Strip(const std::string& s, const Value* chars, bool left,
@@ -213,6 +218,15 @@ std::string Replace(Evaluator& ev, const std::string& s, const std::string& old,
 Value AttributePath(const Value& item, const std::string& path);
 // Python's float(str): surrounding whitespace, inf, nan, exponents.
 bool ParseFloat(const std::string& text, double* out);
+// Python's str.islower() (lower) or str.isupper(): at least one cased
+// character, and every cased one already lower (upper) case.
+bool IsPyLowerOrUpper(const std::string& s, bool lower);
+// Python's `fmt % args` (args: a tuple of values, a mapping for %(key)s,
+// or the one value) and `fmt.format(*args, **kwargs)` (jinja_format.cc).
+std::string PercentFormat(Evaluator& ev, const std::string& fmt,
+                          const Value& args);
+std::string StrFormat(Evaluator& ev, const std::string& fmt,
+                      const CallArgs& args);
 // The safe str methods (`s.split`, ...): IsStrMethod says which exist.
 bool IsStrMethod(absl::string_view name);
 Value StrMethod(Evaluator& ev, const std::string& s, absl::string_view name,
@@ -231,6 +245,8 @@ using TestFn = bool (*)(Evaluator&, const Value& input, CallArgs& args);
 
 // nullptr when the name is not supported.
 FilterFn FindFilter(absl::string_view name);
+// The filters of jinja_filters_more.cc (FindFilter's fallback).
+FilterFn FindMoreFilter(absl::string_view name);
 TestFn FindTest(absl::string_view name);
 // A global function (range, namespace, ...) or undefined.
 Value FindGlobal(absl::string_view name);

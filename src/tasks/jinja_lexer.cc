@@ -34,8 +34,11 @@ void RStrip(std::string* text) {
 
 class Lexer {
  public:
-  explicit Lexer(absl::string_view source) : src_(source) {
-    // keep_trailing_newline=False: one trailing newline is not output.
+  // jinja2 first turns every \r\n and \r of the source into \n
+  // (newline_sequence), then drops one trailing newline
+  // (keep_trailing_newline=False).
+  explicit Lexer(absl::string_view source) : normalized_(Normalize(source)) {
+    src_ = normalized_;
     if (!src_.empty() && src_.back() == '\n') src_.remove_suffix(1);
   }
 
@@ -155,7 +158,12 @@ class Lexer {
         tokens_.push_back(
             {is_block ? Token::Kind::kBlockEnd : Token::Kind::kVarEnd, "",
              LineAt(pos_)});
-        AfterTag(modifier, is_block);
+        // jinja2's raw_begin rule has no trim_blocks suffix: the newline
+        // after `{% raw %}` is text (`{% raw -%}` still strips).
+        const bool raw = is_block && tokens_.size() == first_token + 2 &&
+                         tokens_[first_token].kind == Token::Kind::kName &&
+                         tokens_[first_token].value == "raw";
+        AfterTag(modifier, is_block && !raw);
         break;
       }
       LexOne(&depth);
@@ -360,6 +368,21 @@ class Lexer {
     }
   }
 
+  static std::string Normalize(absl::string_view source) {
+    std::string out;
+    out.reserve(source.size());
+    for (size_t i = 0; i < source.size(); ++i) {
+      if (source[i] != '\r') {
+        out.push_back(source[i]);
+        continue;
+      }
+      out.push_back('\n');
+      if (i + 1 < source.size() && source[i + 1] == '\n') ++i;
+    }
+    return out;
+  }
+
+  std::string normalized_;
   absl::string_view src_;
   size_t pos_ = 0;
   size_t line_pos_ = 0;

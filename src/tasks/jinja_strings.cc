@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include <utf8proc.h>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -41,9 +43,9 @@ std::vector<Value> Split(const std::string& s, const Value* sep_v,
       while (i < cps.size() && IsPythonSpace(cps[i])) ++i;
       if (i == cps.size()) break;
       if (maxsplit >= 0 && static_cast<int64_t>(parts.size()) == maxsplit) {
-        size_t end = cps.size();
-        while (end > i && IsPythonSpace(cps[end - 1])) --end;
-        std::vector<uint32_t> rest(cps.begin() + i, cps.begin() + end);
+        // The remainder keeps its trailing whitespace ("a b  ".split(None,
+        // 1) == ['a', 'b  ']).
+        std::vector<uint32_t> rest(cps.begin() + i, cps.end());
         if (from_right) std::reverse(rest.begin(), rest.end());
         parts.push_back(EncodeUtf8(rest));
         break;
@@ -115,10 +117,73 @@ bool OptionalBool(const Value* v, bool if_missing) {
   return v == nullptr ? if_missing : v->Truthy();
 }
 
+namespace {
+
+// Python's full case mappings (Unicode SpecialCasing.txt) that expand one
+// code point into several, for the letters and ligatures text contains:
+// 'ß'.upper() == 'SS', 'ﬁ'.upper() == 'FI', 'İ'.lower() == 'i̇'.
+struct SpecialCase {
+  uint32_t from;
+  const char* to;  // UTF-8
+};
+constexpr SpecialCase kUpperSpecial[] = {
+    {0x00df, "SS"},           {0x0149, "\u02bcN"},
+    {0x01f0, "J\u030c"},      {0x0587, "\u0535\u0552"},
+    {0x1e96, "H\u0331"},      {0x1e97, "T\u0308"},
+    {0x1e98, "W\u030a"},      {0x1e99, "Y\u030a"},
+    {0x1e9a, "A\u02be"},      {0xfb00, "FF"},
+    {0xfb01, "FI"},           {0xfb02, "FL"},
+    {0xfb03, "FFI"},          {0xfb04, "FFL"},
+    {0xfb05, "ST"},           {0xfb06, "ST"},
+    {0xfb13, "\u0544\u0546"}, {0xfb14, "\u0544\u0535"},
+    {0xfb15, "\u0544\u053b"}, {0xfb16, "\u054e\u0546"},
+    {0xfb17, "\u0544\u053d"},
+};
+constexpr SpecialCase kLowerSpecial[] = {{0x0130, "i\u0307"}};
+
+}  // namespace
+
 std::string MapCodePoints(const std::string& s, uint32_t (*fn)(uint32_t)) {
-  std::vector<uint32_t> cps = DecodeUtf8(s);
-  for (uint32_t& c : cps) c = fn(c);
-  return EncodeUtf8(cps);
+  std::string out;
+  out.reserve(s.size());
+  for (uint32_t c : DecodeUtf8(s)) {
+    const char* special = nullptr;
+    if (fn == ToUpper) {
+      for (const SpecialCase& sc : kUpperSpecial) {
+        if (sc.from == c) special = sc.to;
+      }
+    } else if (fn == ToLower) {
+      for (const SpecialCase& sc : kLowerSpecial) {
+        if (sc.from == c) special = sc.to;
+      }
+    }
+    if (special != nullptr) {
+      out += special;
+    } else {
+      AppendUtf8(fn(c), &out);
+    }
+  }
+  return out;
+}
+
+bool IsPythonWordChar(uint32_t c) {
+  if (c < 0x80) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c >= '0' && c <= '9') || c == '_';
+  }
+  switch (utf8proc_category(static_cast<utf8proc_int32_t>(c))) {
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_NO:
+      return true;
+    default:
+      return false;
+  }
 }
 
 // Python's str.capitalize(): the first character upper, the rest lower.
@@ -245,12 +310,23 @@ bool ParseFloat(const std::string& text, double* out) {
   return end == s.c_str() + s.size();
 }
 
+bool IsPyLowerOrUpper(const std::string& s, bool lower) {
+  bool any_cased = false;
+  for (uint32_t c : DecodeUtf8(s)) {
+    if (!IsCased(c)) continue;
+    any_cased = true;
+    if ((lower ? ToLower(c) : ToUpper(c)) != c) return false;
+  }
+  return any_cased;
+}
+
 bool IsStrMethod(absl::string_view name) {
   static constexpr absl::string_view kNames[] = {
       "strip",      "lstrip",   "rstrip",  "split",   "rsplit", "splitlines",
       "startswith", "endswith", "upper",   "lower",   "title",  "capitalize",
       "replace",    "count",    "find",    "rfind",   "join",   "isdigit",
-      "isalpha",    "isalnum",  "isspace", "islower", "isupper"};
+      "isalpha",    "isalnum",  "isspace", "islower", "isupper",
+      "format"};
   return std::find(std::begin(kNames), std::end(kNames), name) !=
          std::end(kNames);
 }
@@ -289,6 +365,7 @@ Value StrMethod(Evaluator& ev, const std::string& s, absl::string_view name,
     }
     return Value(false);
   }
+  if (name == "format") return Value(StrFormat(ev, s, args));
   if (name == "upper" || name == "lower") {
     args.Bind(name, {});
     return Value(MapCodePoints(s, name == "upper" ? ToUpper : ToLower));
@@ -342,14 +419,7 @@ Value StrMethod(Evaluator& ev, const std::string& s, absl::string_view name,
     args.Bind(name, {});
     const std::vector<uint32_t> cps = DecodeUtf8(s);
     if (name == "islower" || name == "isupper") {
-      const bool lower = name == "islower";
-      bool any_cased = false;
-      for (uint32_t c : cps) {
-        if (!IsCased(c)) continue;
-        any_cased = true;
-        if ((lower ? ToLower(c) : ToUpper(c)) != c) return Value(false);
-      }
-      return Value(any_cased);
+      return Value(IsPyLowerOrUpper(s, name == "islower"));
     }
     if (cps.empty()) return Value(false);
     for (uint32_t c : cps) {

@@ -433,9 +433,17 @@ Value LoopAttribute(const LoopInfo& loop, absl::string_view name) {
   if (name == "nextitem") return loop.nextitem;
   if (name == "depth") return Value(1);
   if (name == "depth0") return Value(0);
-  if (name == "cycle" || name == "changed") {
-    Fail(absl::StrCat("unsupported: loop.", name));
+  if (name == "cycle") {
+    const int64_t index0 = loop.index0;
+    return Value::MakeCallable("loop.cycle", [index0](Evaluator&,
+                                                      CallArgs& args) {
+      if (!args.keyword.empty() || args.positional.empty()) {
+        Fail("loop.cycle() takes one or more positional arguments");
+      }
+      return args.positional[index0 % args.positional.size()];
+    });
   }
+  if (name == "changed") Fail("unsupported: loop.changed");
   return Value();
 }
 
