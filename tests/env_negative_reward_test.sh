@@ -58,12 +58,13 @@ run turns --set env.max_turns=1
 run tokens --set env.max_turns=3 --set env.max_episode_tokens=20
 
 "$PY" - "$WORK" <<'PY'
-import collections, json, sys
+import collections, json, os, sys
 work = sys.argv[1]
 ok = True
 for name, reason in (("turns", 1), ("tokens", 2)):
     steps = [json.loads(l) for l in open(f"{work}/{name}/metrics.jsonl")]
-    given = [json.loads(l) for l in open(f"{work}/{name}.log.jsonl")]
+    log = f"{work}/{name}.log.jsonl"  # absent: the server gave nothing
+    given = [json.loads(l) for l in open(log)] if os.path.exists(log) else []
     by_seed = collections.defaultdict(list)
     for g in given:
         by_seed[g["seed"]].append(g)
