@@ -2,10 +2,12 @@
 # Multi-turn RL through the Python environment server (env.name: remote)
 # against the in-process calculator: configs/agent-calc.yaml shortened
 # (a short SFT on demonstrated episodes, then 2 GRPO steps), the same seed,
-# the same episodes: every step's metrics agree. Then a server that exits
-# during a Step and one that never answers a Step: the job still finishes,
-# with the failed episodes counted (env_failed_episodes) and no wait past
-# the call deadline.
+# the same episodes: every step's metrics agree. Then a server that never
+# answers a Step: the job still finishes, with the failed episodes counted
+# (env_failed_episodes) and no wait past the call deadline; and one that
+# exits during a Step and stays away: the job fails past
+# env.unavailable_seconds, naming the server (tests/env_unavailable_test.sh
+# has the server that comes back).
 #
 #   tests/env_remote_job_test.sh FUSIONRL WORKDIR CONFIG
 set -euo pipefail
@@ -58,7 +60,17 @@ run() {  # run NAME extra --set args...
 run local
 run remote --set env.name=remote --set env.address=127.0.0.1:$SAME_PORT
 start=$(date +%s)
-run exits --set env.name=remote --set env.address=127.0.0.1:$EXIT_PORT
+exits_rc=0
+"$FUSIONRL" run "$CONFIG" --output-dir "$WORK/exits" \
+  --init-checkpoint "$WORK/sft/checkpoints/final" "${SETS[@]}" \
+  --set env.name=remote --set env.address=127.0.0.1:$EXIT_PORT \
+  --set env.unavailable_seconds=1 >/dev/null 2>"$WORK/exits.log" || exits_rc=$?
+if [ "$exits_rc" = 0 ] || ! grep -q "127.0.0.1:$EXIT_PORT" "$WORK/exits.log" \
+   || ! grep -q unreachable "$WORK/exits.log"; then
+  echo "FAIL: exits: the job did not fail naming the unreachable server"
+  tail -5 "$WORK/exits.log"; exit 1
+fi
+echo "ok   exits: the job failed: $(grep -o 'env: the environment is unreachable[^;]*' "$WORK/exits.log" | head -1)"
 run hangs --set env.name=remote --set env.address=127.0.0.1:$HANG_PORT \
   --set env.call_deadline_seconds=2
 seconds=$(( $(date +%s) - start ))
@@ -83,7 +95,7 @@ if len(local) != 2 or len(remote) != 2:
 calls = sum(r["env_tool_calls_mean"] for r in local)
 if calls <= 0:
     print("FAIL: no tool was called (the comparison would be vacuous)"); ok = False
-for name in ("exits", "hangs"):
+for name in ("hangs",):
     failed = sum(r["env_failed_episodes"] for r in records(name))
     if failed < 1:
         print(f"FAIL: {name}: no episode failed"); ok = False

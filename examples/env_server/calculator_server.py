@@ -327,7 +327,14 @@ def make_servicer(pb, pb_grpc, args):
         def Close(self, request, context):
             with self.lock:
                 self.episodes.pop(request.episode_id, None)
-            return pb.CloseEpisodeResponse()
+            if not request.truncated:
+                return pb.CloseEpisodeResponse()  # the answer is ignored
+            # A limit cut the episode (request.reason; request.cut_turn is
+            # the turn cut inside, if any): this is our verdict on it. The
+            # calculator's, as the in-process one: no final answer was
+            # given, so the reward of a wrong one. Leave reward unset for
+            # the task's reward of the last turn's content.
+            return pb.CloseEpisodeResponse(reward=0.0, correct=False)
 
     return EnvironmentService()
 

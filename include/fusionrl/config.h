@@ -627,9 +627,15 @@ struct EnvConfig {
   double call_deadline_seconds = 10;  // each Open / Step call
   double episode_env_seconds = 60;    // all environment calls of an episode
   int max_concurrency = 16;           // environment calls in flight at once
-  // An episode whose environment failed (error, deadline, unreachable):
-  // zero = trained with reward 0; drop = its group kept out of the loss.
+  // An episode whose environment failed (an error, a deadline): zero =
+  // trained with reward 0; drop = its group kept out of the loss.
   std::string on_failure = "zero";
+  // An unreachable environment (UNAVAILABLE: connection refused, a server
+  // down or restarting) fails no episode: the step runs those episodes
+  // again with backoff for up to this long from the end of the attempt
+  // that first met it, then fails the job naming the server. 0 = fail at
+  // once.
+  double unavailable_seconds = 120;
   // A turn's answer joins the decode batch this many decode steps after
   // the turn ended (the rollout waits for it then, never earlier): the
   // schedule, so the samples, do not depend on how fast the environment

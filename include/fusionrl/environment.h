@@ -83,8 +83,8 @@ struct Observation {
   // Appended to the conversation: role "tool" (in call order) or "user".
   std::vector<ChatMessage> messages;
   bool done = false;
-  // The episode's reward, read when done. Absent: the task's reward of the
-  // last assistant turn's content.
+  // The episode's reward, read when done (and from Episode::Truncate).
+  // Absent: the task's reward of the last assistant turn's content.
   std::optional<double> reward;
   std::optional<bool> correct;  // absent: reward > 0
   // Summed over the episode; the step's record has their mean per episode
@@ -100,12 +100,42 @@ struct EpisodeStart {
   std::vector<ToolSpec> tools;
 };
 
+// Why the rollout cut an episode the environment had not ended.
+enum class CutReason {
+  // env.max_turns: the last turn was answered (Step) without `done`.
+  kMaxTurns,
+  // env.max_episode_tokens (or, when 0, the model's max_seq_len): a turn
+  // was cut inside (Cut::turn holds it) or an answer did not fit.
+  kMaxEpisodeTokens,
+};
+
+// The end of an episode that a limit cut before the environment said done.
+struct Cut {
+  CutReason reason = CutReason::kMaxTurns;
+  // The turn the limit cut inside (truncated: never sent as a Step);
+  // absent when the cut came between turns (every turn was stepped).
+  std::optional<AssistantTurn> turn;
+};
+
 class Episode {
  public:
   virtual ~Episode() = default;  // closes the episode
   // The environment's answer to `turn`, by `deadline`.
   virtual absl::StatusOr<Observation> Step(const AssistantTurn& turn,
                                            absl::Time deadline) = 0;
+  // The environment's last word on an episode a limit cut: called once,
+  // after the last Step's answer (never concurrently with a Step), and no
+  // Step follows. Its `reward`, `correct` and `metrics` are read as a done
+  // observation's (messages and done are ignored). An unset reward takes
+  // the default of every episode: the task's reward of the last turn's
+  // content (the cut turn's, if any). An error fails the episode as a
+  // failed Step does. Default: no verdict (the task's reward).
+  virtual absl::StatusOr<Observation> Truncate(const Cut& cut,
+                                               absl::Time deadline) {
+    (void)cut;
+    (void)deadline;
+    return Observation{};
+  }
 };
 
 class Environment {

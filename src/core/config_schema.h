@@ -313,6 +313,7 @@ void VisitEnv(EnvConfig& e, V& v) {
   v.Double("episode_env_seconds", &e.episode_env_seconds, OpenClosed(0, 86400));
   v.Int("max_concurrency", &e.max_concurrency, Closed(1, 4096));
   v.String("on_failure", &e.on_failure, OneOf(kEnvFailurePolicies));
+  v.Double("unavailable_seconds", &e.unavailable_seconds, Closed(0, 86400));
   v.Int("admit_after_steps", &e.admit_after_steps, Closed(1, 1 << 20));
 }
 

@@ -7,10 +7,14 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "core/seed.h"
 #include "core/status_macros.h"
 #include "spdlog/spdlog.h"
@@ -152,10 +156,13 @@ struct EpisodeState {
   bool stopped = true;
   bool opens_thinking = false;  // the text before the turn opened <think>
   double env_seconds_left = 0;
+  bool cut = false;  // a limit ended it: its Truncate is pending
   // The outcome.
   bool failed = false;
   std::string failure;
+  bool unreachable = false;  // failed as UNAVAILABLE (retried by Run)
   bool done = false;
+  bool scored = false;  // reward and correct are set (done or cut)
   double reward = 0;
   bool correct = false;
   EpisodeStats stats;
@@ -217,14 +224,7 @@ class Driver final : public TurnDriver {
     }
     for (const auto& [k, v] : obs->metrics) ep.stats.metrics[k] += v;
     if (obs->done) {
-      if (obs->reward.has_value()) {
-        ep.reward = *obs->reward;
-        ep.correct = obs->correct.value_or(ep.reward > 0);
-      } else {
-        const Verdict v = ctx_.reward->Score(*ep.problem, ep.content);
-        ep.reward = v.reward;
-        ep.correct = obs->correct.value_or(v.correct);
-      }
+      Score(ctx_, ep, *obs);
       ep.done = true;
       return done;
     }
@@ -245,10 +245,84 @@ class Driver final : public TurnDriver {
     return next;
   }
 
+  // A limit cut the episode: its Truncate goes to the pool (as a Step;
+  // FinishCuts waits for it).
+  void EpisodeCut(int64_t i, const std::vector<int>& turn,
+                  bool max_turns) override {
+    EpisodeState& ep = episodes_[index_[i]];
+    Cut cut;
+    cut.reason = max_turns ? CutReason::kMaxTurns : CutReason::kMaxEpisodeTokens;
+    if (!turn.empty()) {
+      cut.turn = MakeTurn(ctx_, DecodeResponse(ctx_, turn), ep.tools,
+                          ep.stats.turns++, /*stopped=*/false,
+                          ep.opens_thinking);
+      ep.content = cut.turn->content;  // the last turn's, for the default
+    }
+    ep.cut = true;
+    ep.pending = std::make_shared<Pending<Observation>>();
+    const double left =
+        std::min(ctx_.env.call_deadline_seconds, ep.env_seconds_left);
+    ep.deadline = absl::Now() + absl::Seconds(std::max(0.0, left));
+    if (left <= 0) {
+      ep.pending->Set(absl::DeadlineExceededError(absl::StrCat(
+                          "the episode's environment time (env."
+                          "episode_env_seconds: ",
+                          ctx_.env.episode_env_seconds,
+                          ") is spent before its truncation")),
+                      0);
+      return;
+    }
+    pool_.Submit([pending = ep.pending, episode = ep.episode,
+                  cut = std::move(cut), deadline = ep.deadline] {
+      const auto t0 = Clock::now();
+      absl::StatusOr<Observation> r = episode->Truncate(cut, deadline);
+      pending->Set(std::move(r), SecondsSince(t0));
+    });
+  }
+
+  // Every cut episode's verdict, waited for (each by its deadline).
+  void FinishCuts() {
+    for (size_t i : index_) {
+      EpisodeState& ep = episodes_[i];
+      if (!ep.cut || ep.failed || ep.pending == nullptr) continue;
+      if (!ep.pending->Wait(ep.deadline)) {
+        Fail(ep, absl::DeadlineExceededError(
+                     "the environment did not answer the episode's "
+                     "truncation by the call's deadline"));
+        continue;
+      }
+      ep.stats.env_seconds += ep.pending->seconds;
+      absl::StatusOr<Observation> obs = std::move(ep.pending->result);
+      ep.pending.reset();
+      if (!obs.ok()) {
+        Fail(ep, obs.status());
+        continue;
+      }
+      for (const auto& [k, v] : obs->metrics) ep.stats.metrics[k] += v;
+      Score(ctx_, ep, *obs);
+    }
+  }
+
+  // The episode's reward: the environment's, else the task's reward of the
+  // last turn's content.
+  static void Score(const JobContext& ctx, EpisodeState& ep,
+                    const Observation& obs) {
+    if (obs.reward.has_value()) {
+      ep.reward = *obs.reward;
+      ep.correct = obs.correct.value_or(ep.reward > 0);
+    } else {
+      const Verdict v = ctx.reward->Score(*ep.problem, ep.content);
+      ep.reward = v.reward;
+      ep.correct = obs.correct.value_or(v.correct);
+    }
+    ep.scored = true;
+  }
+
   static void Fail(EpisodeState& ep, const absl::Status& status) {
     ep.failed = true;
     ep.stats.env_failed = true;
     ep.failure = status.ToString();
+    ep.unreachable = status.code() == absl::StatusCode::kUnavailable;
   }
 
  private:
@@ -330,14 +404,11 @@ void OpenEpisodes(const JobContext& ctx, CallPool& pool,
 
 }  // namespace
 
-absl::StatusOr<EpisodeBatch> AgentLoop::Run(
+absl::StatusOr<EpisodeBatch> AgentLoop::RunOnce(
     PolicyModel& model, const std::vector<Problem>& problems,
     const std::vector<SequenceKey>& keys, const SamplingParams& params,
-    int64_t slots, int row_blocks, bool fused,
-    GradientSync* expert_lockstep) const {
-  if (ctx_.environment == nullptr) {
-    return absl::FailedPreconditionError("AgentLoop: the job has no env");
-  }
+    int64_t slots, int row_blocks, bool fused, GradientSync* expert_lockstep,
+    std::vector<std::string>* unreachable) const {
   std::vector<EpisodeState> episodes(problems.size());
   for (size_t i = 0; i < problems.size(); ++i) {
     episodes[i].problem = &problems[i];
@@ -383,6 +454,7 @@ absl::StatusOr<EpisodeBatch> AgentLoop::Run(
     absl::StatusOr<std::vector<EpisodeTokens>> run =
         decoder.Run(prompts, run_keys, params, limits, driver);
     if (!run.ok()) return run.status();
+    driver.FinishCuts();
     batch.decode = decoder.last_stats();
     batch.samples.resize(problems.size());
     for (size_t k = 0; k < index.size(); ++k) {
@@ -423,9 +495,12 @@ absl::StatusOr<EpisodeBatch> AgentLoop::Run(
     if (ep.failed) {
       if (failed++ == 0) first_failure = ep.failure;
       s.finished = false;
-    } else if (ep.done) {
+    } else if (ep.scored) {
       s.reward = ep.reward;
       s.correct = ep.correct;
+    }
+    if (ep.unreachable && unreachable != nullptr) {
+      (*unreachable)[i] = ep.failure;
     }
   }
   if (failed > 0) {

@@ -13,10 +13,21 @@
 // its rendering without them; format none writes each message as
 // "(content)".
 //
-// A failed environment (an error, a deadline, an unreachable server) ends
-// its episode with env_failed set: with env.on_failure zero the episode is
-// trained with reward 0, with drop its whole group is excluded. The job
-// goes on; the counts are in the step's metrics.
+// An episode a limit cuts (env.max_turns, env.max_episode_tokens or the
+// context) before the environment said done gets the environment's last
+// word (Episode::Truncate: its reward, or by default the task's reward of
+// the last turn's content); `finished` stays false.
+//
+// A failed environment (an error, a deadline) ends its episode with
+// env_failed set: with env.on_failure zero the episode is trained with
+// reward 0, with drop its whole group is excluded. The job goes on; the
+// counts are in the step's metrics. An unreachable one (UNAVAILABLE: a
+// refused connection, a server down) is different: Run waits and runs
+// those episodes again, with backoff (0.5 s doubling to 8 s), for up to
+// env.unavailable_seconds from the end of the attempt that first met it;
+// past it, Run fails (Unavailable, naming the server and the error), and
+// so the job: a job never trains on the empty steps of an environment that
+// is away.
 //
 // Thread safety: Run() is not reentrant; the environment calls run on the
 // pool's threads.
@@ -60,6 +71,16 @@ class AgentLoop {
       GradientSync* expert_lockstep = nullptr) const;
 
  private:
+  // One try of every episode; `unreachable` (one entry per problem) gets
+  // the failure of each episode whose environment was unreachable
+  // (UNAVAILABLE), "" for the others.
+  absl::StatusOr<EpisodeBatch> RunOnce(
+      PolicyModel& model, const std::vector<Problem>& problems,
+      const std::vector<SequenceKey>& keys, const SamplingParams& params,
+      int64_t slots, int row_blocks, bool fused,
+      GradientSync* expert_lockstep,
+      std::vector<std::string>* unreachable) const;
+
   const JobContext& ctx_;
 };
 

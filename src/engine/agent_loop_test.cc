@@ -9,9 +9,13 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "engine/job_common.h"
 
 namespace fusionrl {
@@ -227,8 +231,8 @@ TEST(AgentLoopTest, MalformedAndUnknownToolCallsBecomeErrorsTheModelReads) {
   EXPECT_EQ(s->reward, 0.5);
 }
 
-// An environment that fails: Step returns an error, or never answers in
-// time.
+// An environment that fails (not as unreachable: those are retried): Step
+// returns an error, or never answers in time, or Open refuses.
 class FailingEnvironment final : public Environment {
  public:
   enum class Mode { kError, kHang, kOpenError };
@@ -241,7 +245,7 @@ class FailingEnvironment final : public Environment {
       if (mode_ == Mode::kHang) {
         std::this_thread::sleep_for(std::chrono::milliseconds(3500));
       }
-      return absl::UnavailableError("environment server gone");
+      return absl::InternalError("environment server bug");
     }
     Mode mode_;
   };
@@ -249,7 +253,7 @@ class FailingEnvironment final : public Environment {
                                                 absl::Time,
                                                 EpisodeStart*) override {
     if (mode_ == Mode::kOpenError) {
-      return absl::UnavailableError("connection refused");
+      return absl::InvalidArgumentError("problem refused");
     }
     return std::unique_ptr<Episode>(new Ep(mode_));
   }
@@ -368,6 +372,229 @@ TEST(AgentLoopTest, CalculatorEpisodesAreReproducibleAndMaskedRight) {
     }
     EXPECT_GE(x.episode.turns, 1);
     EXPECT_LE(x.episode.turns, c.env.max_turns);
+  }
+}
+
+// An environment with rewards of its own, below zero for a wrong answer
+// (as format penalties are): a turn's trimmed content equal to the answer
+// is done with 1.0; a first wrong answer gets the user's "no" (not done),
+// a second is done with -0.25. An episode a limit cuts gets -0.75 (turns)
+// or -0.5 (tokens). It records, per problem prompt, the reward it gave as
+// its last word: the test's reference for what the sample must carry.
+class NegativeRewardEnvironment final : public Environment {
+ public:
+  struct Record {
+    double reward = 0;
+    std::string how;   // "done", "cut turns", "cut tokens"
+    bool cut_turn = false;  // the cut came inside a turn (Cut::turn)
+    int verdicts = 0;  // how many last words it gave (1 expected)
+  };
+  class Ep final : public Episode {
+   public:
+    Ep(NegativeRewardEnvironment* env, Problem p) : env_(env), p_(p) {}
+    absl::StatusOr<Observation> Step(const AssistantTurn& turn,
+                                     absl::Time) override {
+      Observation obs;
+      const bool right =
+          absl::StripAsciiWhitespace(turn.content) == p_.answer;
+      if (!right && !told_) {
+        told_ = true;
+        obs.messages.push_back({"user", "no"});
+        return obs;
+      }
+      obs.done = true;
+      obs.reward = right ? 1.0 : -0.25;
+      env_->Give(p_.prompt, *obs.reward, "done", false);
+      return obs;
+    }
+    absl::StatusOr<Observation> Truncate(const Cut& cut,
+                                         absl::Time) override {
+      Observation obs;
+      const bool turns = cut.reason == CutReason::kMaxTurns;
+      obs.reward = turns ? -0.75 : -0.5;
+      obs.metrics["cut"] = 1;
+      env_->Give(p_.prompt, *obs.reward, turns ? "cut turns" : "cut tokens",
+                 cut.turn.has_value());
+      return obs;
+    }
+
+   private:
+    NegativeRewardEnvironment* env_;
+    Problem p_;
+    bool told_ = false;
+  };
+  absl::StatusOr<std::unique_ptr<Episode>> Open(const Problem& p, uint64_t,
+                                                absl::Time,
+                                                EpisodeStart*) override {
+    return std::unique_ptr<Episode>(new Ep(this, p));
+  }
+  void Give(const std::string& prompt, double reward, const std::string& how,
+            bool cut_turn) {
+    absl::MutexLock lock(&mu_);
+    Record& r = records_[prompt];
+    r.reward = reward;
+    r.how = how;
+    r.cut_turn = cut_turn;
+    ++r.verdicts;
+  }
+  std::map<std::string, Record> records() {
+    absl::MutexLock lock(&mu_);
+    return records_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, Record> records_;
+};
+
+// Defect 6 of issue 52: an episode cut by env.max_turns, or by the token
+// budget inside a turn, took reward 0 and never reached its environment.
+// Each sample must carry the reward its environment gave as its last word.
+TEST(AgentLoopTest, AnEpisodeALimitCutsGetsItsEnvironmentsReward) {
+  struct Case {
+    int max_turns;
+    int max_episode_tokens;
+    const char* cut;  // the cut every case must produce at least once
+  };
+  for (const Case& k : {Case{1, 0, "cut turns"}, Case{4, 3, "cut tokens"}}) {
+    SCOPED_TRACE(k.cut);
+    JobConfig c = CalculatorJob();
+    c.env.max_turns = k.max_turns;
+    c.env.max_episode_tokens = k.max_episode_tokens;
+    JobContext ctx = Prepare(c);
+    auto env = std::make_shared<NegativeRewardEnvironment>();
+    ctx.environment = env;
+    std::vector<Problem> problems;
+    std::vector<SequenceKey> keys;
+    for (int64_t i = 0; i < 8; ++i) {
+      problems.push_back(Problem{absl::StrCat(i + 2, "*1="),
+                                 std::to_string(i + 2)});
+      keys.push_back({5, i, 0, 0});
+    }
+    SamplingParams params;
+    params.max_new_tokens = 6;
+    absl::StatusOr<EpisodeBatch> out =
+        AgentLoop(ctx).Run(*ctx.policy, problems, keys, params);
+    ASSERT_TRUE(out.ok()) << out.status();
+    const std::map<std::string, NegativeRewardEnvironment::Record> given =
+        env->records();
+    int cuts = 0;
+    for (size_t i = 0; i < problems.size(); ++i) {
+      const Sample& s = out->samples[i];
+      auto it = given.find(problems[i].prompt);
+      ASSERT_NE(it, given.end())
+          << "episode " << i << " ('" << Layout(ctx, s)
+          << "') ended without its environment's last word; its reward: "
+          << s.reward;
+      EXPECT_EQ(it->second.verdicts, 1) << i;
+      EXPECT_EQ(s.reward, it->second.reward) << i << " " << it->second.how;
+      EXPECT_EQ(s.correct, it->second.reward > 0) << i;
+      EXPECT_FALSE(s.episode.env_failed) << i;
+      if (it->second.how != "done") {
+        EXPECT_FALSE(s.finished) << i;
+        EXPECT_EQ(s.episode.metrics.at("cut"), 1.0) << i;
+        // A cut by turns comes after an answered turn, never inside one.
+        if (it->second.how == "cut turns") {
+          EXPECT_FALSE(it->second.cut_turn) << i;
+        }
+      }
+      // Case 1: cut by max_turns; case 2: inside the first turn.
+      cuts += it->second.how == k.cut &&
+              it->second.cut_turn == (k.max_episode_tokens > 0);
+    }
+    EXPECT_GE(cuts, 1) << "no episode was cut as the case means to";
+  }
+}
+
+// Unreachable (UNAVAILABLE) until `down_for` has passed since the first
+// call, or forever; then every episode is one "7" turn, done with 1.0.
+class DownEnvironment final : public Environment {
+ public:
+  explicit DownEnvironment(absl::Duration down_for) : down_for_(down_for) {}
+  class Ep final : public Episode {
+   public:
+    absl::StatusOr<Observation> Step(const AssistantTurn&,
+                                     absl::Time) override {
+      Observation obs;
+      obs.done = true;
+      obs.reward = 1.0;
+      return obs;
+    }
+  };
+  absl::StatusOr<std::unique_ptr<Episode>> Open(const Problem&, uint64_t,
+                                                absl::Time,
+                                                EpisodeStart*) override {
+    absl::MutexLock lock(&mu_);
+    if (first_ == absl::InfinitePast()) first_ = absl::Now();
+    ++opens_;
+    if (absl::Now() - first_ < down_for_) {
+      return absl::UnavailableError(
+          "environment server 127.0.0.1:9: Open: UNAVAILABLE: connection "
+          "refused");
+    }
+    ++served_;
+    return std::unique_ptr<Episode>(new Ep());
+  }
+  int served() {
+    absl::MutexLock lock(&mu_);
+    return served_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  const absl::Duration down_for_;
+  absl::Time first_ = absl::InfinitePast();
+  int opens_ = 0;
+  int served_ = 0;
+};
+
+// Defect 7 of issue 52: an unreachable environment failed every episode
+// and the run went on with nothing to train. Now Run waits for it (within
+// env.unavailable_seconds) and runs the episodes again once it is back,
+// or fails naming why once the budget is spent.
+TEST(AgentLoopTest, AnUnreachableEnvironmentIsWaitedForOrFailsTheRun) {
+  struct Case {
+    absl::Duration down_for;
+    double budget;
+    bool recovers;
+  };
+  for (const Case& k : {Case{absl::Seconds(1.5), 10, true},
+                        Case{absl::InfiniteDuration(), 2, false},
+                        Case{absl::InfiniteDuration(), 0, false}}) {
+    SCOPED_TRACE(k.budget);
+    JobConfig c = CalculatorJob();
+    c.env.unavailable_seconds = k.budget;
+    JobContext ctx = Prepare(c);
+    auto env = std::make_shared<DownEnvironment>(k.down_for);
+    ctx.environment = env;
+    std::vector<Problem> problems(4, Problem{"7*1=", "7"});
+    std::vector<SequenceKey> keys;
+    for (int64_t i = 0; i < 4; ++i) keys.push_back({1, i, 0, 0});
+    SamplingParams params;
+    params.max_new_tokens = 4;
+    const absl::Time t0 = absl::Now();
+    absl::StatusOr<EpisodeBatch> out =
+        AgentLoop(ctx).Run(*ctx.policy, problems, keys, params);
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+    if (k.recovers) {
+      ASSERT_TRUE(out.ok()) << out.status();
+      for (const Sample& s : out->samples) {
+        EXPECT_FALSE(s.episode.env_failed);
+        EXPECT_EQ(s.reward, 1.0);
+        EXPECT_TRUE(s.finished);
+      }
+      EXPECT_EQ(env->served(), 4);
+      EXPECT_GE(seconds, 1.5);
+    } else {
+      ASSERT_FALSE(out.ok()) << "the run succeeded with the environment away";
+      EXPECT_EQ(out.status().code(), absl::StatusCode::kUnavailable);
+      EXPECT_TRUE(absl::StrContains(out.status().message(), "127.0.0.1:9"))
+          << out.status();
+      EXPECT_TRUE(absl::StrContains(out.status().message(), "unreachable"))
+          << out.status();
+      EXPECT_GE(seconds, k.budget);
+      EXPECT_LT(seconds, k.budget + 2);
+    }
   }
 }
 

@@ -351,6 +351,7 @@ absl::StatusOr<std::vector<EpisodeTokens>> EpisodeDecoder::RunOnce(
     }
     if (static_cast<int64_t>(ep.tokens.size()) >= budget) {
       ++ep.turns;  // cut inside a turn: the episode ends, not done
+      driver.EpisodeCut(e, turn[e], /*max_turns=*/false);
       return true;
     }
     return false;
@@ -388,6 +389,9 @@ absl::StatusOr<std::vector<EpisodeTokens>> EpisodeDecoder::RunOnce(
                                              answer.tokens.size()) < budget;
       if (answer.done || !fits || ep.turns >= limits.max_turns) {
         ep.done = answer.done;
+        if (!answer.done) {
+          driver.EpisodeCut(e, {}, ep.turns >= limits.max_turns);
+        }
         backend->Drop(e);
         continue;
       }

@@ -57,7 +57,7 @@ class TurnDriver {
   // Episode `i`'s model turn ended: `turn` holds its tokens (the stop id
   // last when `stopped`; else the per-turn budget ended it). Start the
   // environment's work and return without waiting for it. Not called for
-  // a turn that hit the episode's token limit.
+  // a turn that hit the episode's token limit (EpisodeCut is).
   virtual void TurnEnded(int64_t i, const std::vector<int>& turn,
                          bool stopped) = 0;
   // The answer to episode `i`'s last turn, waited for (within the driver's
@@ -68,6 +68,19 @@ class TurnDriver {
     std::vector<int> tokens;
   };
   virtual Answer Await(int64_t i) = 0;
+  // Episode `i` ends by a limit before the driver said done: `turn` holds
+  // the tokens of the turn a token limit cut inside (never passed to
+  // TurnEnded), empty when the cut came after an answered turn
+  // (`max_turns`: env.max_turns was reached, else the answer did not fit
+  // the token budget). Called once, after the episode's last Await. Start
+  // the environment's last word on it and return without waiting (the
+  // driver waits after Run). Default: nothing.
+  virtual void EpisodeCut(int64_t i, const std::vector<int>& turn,
+                          bool max_turns) {
+    (void)i;
+    (void)turn;
+    (void)max_turns;
+  }
 };
 
 struct EpisodeLimits {

@@ -95,14 +95,24 @@ void SetDeadline(grpc::ClientContext& context, absl::Time deadline) {
 }
 
 // "environment server <address>: <rpc>: <CODE>: <message>", with gRPC's
-// code kept.
+// code kept, except that a deadline passed while the channel was not
+// connected (a server that does not accept connections: a host that drops
+// them, a server still starting) is UNAVAILABLE, as a refused connection
+// is: the rollout retries those (env.unavailable_seconds), not the others.
 absl::Status CallError(const Server& server, absl::string_view rpc,
                        const grpc::Status& status) {
-  const auto code = static_cast<absl::StatusCode>(status.error_code());
+  auto code = static_cast<absl::StatusCode>(status.error_code());
+  std::string message = status.error_message();
+  if (code == absl::StatusCode::kDeadlineExceeded &&
+      server.channel->GetState(/*try_to_connect=*/false) !=
+          GRPC_CHANNEL_READY) {
+    code = absl::StatusCode::kUnavailable;
+    message = absl::StrCat("deadline exceeded while not connected (", message,
+                           ")");
+  }
   return absl::Status(
       code, absl::StrCat("environment server ", server.address, ": ", rpc, ": ",
-                         absl::StatusCodeToString(code), ": ",
-                         status.error_message()));
+                         absl::StatusCodeToString(code), ": ", message));
 }
 
 // An answer that breaks the protocol; Internal, since retrying the same
@@ -130,12 +140,50 @@ std::string ConvertMessages(
   return "";
 }
 
+void FillTurn(const AssistantTurn& turn, pb::EnvAssistantTurn* t) {
+  t->set_index(turn.index);
+  t->set_text(turn.text);
+  t->set_content(turn.content);
+  for (const ToolCall& call : turn.tool_calls) {
+    pb::EnvToolCall* c = t->add_tool_calls();
+    c->set_name(call.name);
+    c->set_arguments_json(call.arguments_json);
+  }
+  for (const std::string& error : turn.call_errors) {
+    t->add_call_errors(error);
+  }
+  t->set_truncated(turn.truncated);
+}
+
+// The verdict fields of an EnvObservation or a CloseEpisodeResponse (the
+// same names) into `out`; "" when valid, else why not.
+template <class Message>
+std::string ReadVerdict(const Message& m, Observation* out) {
+  if (m.has_reward()) {
+    // A NaN or infinite reward would poison the advantages of the group.
+    if (!std::isfinite(m.reward())) {
+      return absl::StrCat("reward ", m.reward(), " is not a finite number");
+    }
+    out->reward = m.reward();
+  }
+  if (m.has_correct()) out->correct = m.correct();
+  for (const auto& [name, value] : m.metrics()) {
+    if (name.empty() || !std::isfinite(value)) {
+      return absl::StrCat("metric '", name, "' = ", value,
+                          ": names must be non-empty and values finite");
+    }
+    out->metrics[name] = value;
+  }
+  return "";
+}
+
 class RemoteEpisode : public Episode {
  public:
   RemoteEpisode(std::shared_ptr<const Server> server, std::string episode_id)
       : server_(std::move(server)), episode_id_(std::move(episode_id)) {}
 
   ~RemoteEpisode() override {
+    if (closed_) return;  // Truncate sent the Close
     // Best effort: a server that is down or slow has lost (or will drop)
     // the episode anyway, and an episode's end must not wait on it.
     grpc::ClientContext context;
@@ -150,19 +198,7 @@ class RemoteEpisode : public Episode {
                                    absl::Time deadline) override {
     pb::StepEpisodeRequest request;
     request.set_episode_id(episode_id_);
-    pb::EnvAssistantTurn* t = request.mutable_turn();
-    t->set_index(turn.index);
-    t->set_text(turn.text);
-    t->set_content(turn.content);
-    for (const ToolCall& call : turn.tool_calls) {
-      pb::EnvToolCall* c = t->add_tool_calls();
-      c->set_name(call.name);
-      c->set_arguments_json(call.arguments_json);
-    }
-    for (const std::string& error : turn.call_errors) {
-      t->add_call_errors(error);
-    }
-    t->set_truncated(turn.truncated);
+    FillTurn(turn, request.mutable_turn());
 
     grpc::ClientContext context;
     SetDeadline(context, deadline);
@@ -184,31 +220,41 @@ class RemoteEpisode : public Episode {
       return BadResponse(*server_, rpc, why);
     }
     observation.done = o.done();
-    if (o.has_reward()) {
-      // A NaN or infinite reward would poison the advantages of the group.
-      if (!std::isfinite(o.reward())) {
-        return BadResponse(
-            *server_, rpc,
-            absl::StrCat("reward ", o.reward(), " is not a finite number"));
-      }
-      observation.reward = o.reward();
-    }
-    if (o.has_correct()) observation.correct = o.correct();
-    for (const auto& [name, value] : o.metrics()) {
-      if (name.empty() || !std::isfinite(value)) {
-        return BadResponse(*server_, rpc,
-                           absl::StrCat("metric '", name, "' = ", value,
-                                        ": names must be non-empty and values "
-                                        "finite"));
-      }
-      observation.metrics[name] = value;
+    if (std::string why = ReadVerdict(o, &observation); !why.empty()) {
+      return BadResponse(*server_, rpc, why);
     }
     return observation;
+  }
+
+  // Close(truncated) with the call's deadline; its answer is the verdict.
+  absl::StatusOr<Observation> Truncate(const Cut& cut,
+                                       absl::Time deadline) override {
+    closed_ = true;
+    pb::CloseEpisodeRequest request;
+    request.set_episode_id(episode_id_);
+    request.set_truncated(true);
+    request.set_reason(cut.reason == CutReason::kMaxTurns
+                           ? pb::ENV_CUT_MAX_TURNS
+                           : pb::ENV_CUT_MAX_EPISODE_TOKENS);
+    if (cut.turn.has_value()) FillTurn(*cut.turn, request.mutable_cut_turn());
+    grpc::ClientContext context;
+    SetDeadline(context, deadline);
+    pb::CloseEpisodeResponse response;
+    grpc::Status status = server_->stub->Close(&context, request, &response);
+    const std::string rpc =
+        absl::StrCat("Close (episode ", episode_id_, ", truncated)");
+    if (!status.ok()) return CallError(*server_, rpc, status);
+    Observation verdict;
+    if (std::string why = ReadVerdict(response, &verdict); !why.empty()) {
+      return BadResponse(*server_, rpc, why);
+    }
+    return verdict;
   }
 
  private:
   const std::shared_ptr<const Server> server_;
   const std::string episode_id_;
+  bool closed_ = false;
 };
 
 class RemoteEnvironment : public Environment {

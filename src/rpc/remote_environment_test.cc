@@ -114,11 +114,17 @@ class FakeService final : public pb::EnvironmentService::Service {
     return grpc::Status::OK;
   }
 
+  // A truncated Close answers this verdict (a cut episode's reward).
   grpc::Status Close(grpc::ServerContext*,
                      const pb::CloseEpisodeRequest* request,
-                     pb::CloseEpisodeResponse*) override {
+                     pb::CloseEpisodeResponse* response) override {
     absl::MutexLock lock(&mu_);
     closed_.push_back(request->episode_id());
+    close_requests_.push_back(*request);
+    if (request->truncated()) {
+      response->set_reward(-0.75);
+      (*response->mutable_metrics())["cut"] = 1;
+    }
     if (open_.erase(request->episode_id()) == 0) {
       return grpc::Status(grpc::StatusCode::NOT_FOUND,
                           "no episode " + request->episode_id());
@@ -138,6 +144,10 @@ class FakeService final : public pb::EnvironmentService::Service {
     absl::MutexLock lock(&mu_);
     return closed_;
   }
+  std::vector<pb::CloseEpisodeRequest> close_requests() {
+    absl::MutexLock lock(&mu_);
+    return close_requests_;
+  }
 
  private:
   absl::Mutex mu_;
@@ -146,6 +156,7 @@ class FakeService final : public pb::EnvironmentService::Service {
   std::vector<pb::OpenEpisodeRequest> opens_ ABSL_GUARDED_BY(mu_);
   std::vector<pb::StepEpisodeRequest> steps_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> closed_ ABSL_GUARDED_BY(mu_);
+  std::vector<pb::CloseEpisodeRequest> close_requests_ ABSL_GUARDED_BY(mu_);
 };
 
 // A FakeService served on 127.0.0.1:`port` (0 = a free port).
@@ -291,6 +302,53 @@ TEST(RemoteEnvironmentTest, EpisodeRoundTrip) {
   episode->reset();
   wrong->reset();
   EXPECT_THAT(server.service().closed(), ElementsAre("ep-0", "ep-1"));
+}
+
+// A cut episode's Truncate is one Close flagged truncated, with the reason
+// and the turn cut inside; its answer is the verdict, and the episode's
+// end sends no second Close.
+TEST(RemoteEnvironmentTest, TruncateIsAClosedFlaggedTruncatedWithItsVerdict) {
+  FakeServer server;
+  std::unique_ptr<Environment> env = MakeEnv(server.address());
+  ASSERT_NE(env, nullptr);
+  absl::StatusOr<std::unique_ptr<Episode>> episode =
+      env->Open(TestProblem(), 7, Deadline(), nullptr);
+  ASSERT_TRUE(episode.ok()) << episode.status();
+  Cut cut;
+  cut.reason = CutReason::kMaxEpisodeTokens;
+  cut.turn = AnswerTurn("100");
+  cut.turn->truncated = true;
+  absl::StatusOr<Observation> verdict = (*episode)->Truncate(cut, Deadline());
+  ASSERT_TRUE(verdict.ok()) << verdict.status();
+  EXPECT_THAT(verdict->reward, Optional(-0.75));
+  EXPECT_EQ(verdict->correct, std::nullopt);
+  EXPECT_THAT(verdict->metrics, ElementsAre(Pair("cut", 1.0)));
+  episode->reset();
+  const std::vector<pb::CloseEpisodeRequest> sent =
+      server.service().close_requests();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_TRUE(sent[0].truncated());
+  EXPECT_EQ(sent[0].reason(), pb::ENV_CUT_MAX_EPISODE_TOKENS);
+  ASSERT_TRUE(sent[0].has_cut_turn());
+  EXPECT_EQ(sent[0].cut_turn().text(), "100");
+  EXPECT_TRUE(sent[0].cut_turn().truncated());
+
+  // Cut by max_turns (no cut turn); an ordinary end stays untruncated.
+  absl::StatusOr<std::unique_ptr<Episode>> turns =
+      env->Open(TestProblem(), 8, Deadline(), nullptr);
+  ASSERT_TRUE(turns.ok()) << turns.status();
+  ASSERT_TRUE((*turns)->Truncate(Cut{}, Deadline()).ok());
+  absl::StatusOr<std::unique_ptr<Episode>> plain =
+      env->Open(TestProblem(), 9, Deadline(), nullptr);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  turns->reset();
+  plain->reset();
+  const std::vector<pb::CloseEpisodeRequest> all =
+      server.service().close_requests();
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_EQ(all[1].reason(), pb::ENV_CUT_MAX_TURNS);
+  EXPECT_FALSE(all[1].has_cut_turn());
+  EXPECT_FALSE(all[2].truncated());
 }
 
 TEST(RemoteEnvironmentTest, EpisodesSpreadBySeedModuloServers) {

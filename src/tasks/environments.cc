@@ -56,6 +56,17 @@ Observation GradeFinalAnswer(const Problem& problem,
   return obs;
 }
 
+// Both built-ins' verdict on an episode a limit cut: no final answer was
+// given, so reward 0 and not correct (their reward for a wrong answer);
+// the cut turn is not graded (an answer cut before its end of turn is
+// not one the policy gave).
+Observation CutVerdict() {
+  Observation obs;
+  obs.reward = 0.0;
+  obs.correct = false;
+  return obs;
+}
+
 // A turn that called tools (or tried to) is answered; one without calls is
 // the final answer. Call errors are answered by the rollout itself.
 bool IsToolTurn(const AssistantTurn& turn) {
@@ -83,6 +94,11 @@ std::string AnswerCalc(const ToolCall& call) {
 class CalculatorEpisode final : public Episode {
  public:
   explicit CalculatorEpisode(Problem problem) : problem_(std::move(problem)) {}
+
+  absl::StatusOr<Observation> Truncate(const Cut& cut,
+                                       absl::Time deadline) override {
+    return CutVerdict();
+  }
 
   absl::StatusOr<Observation> Step(const AssistantTurn& turn,
                                    absl::Time deadline) override {
@@ -139,6 +155,11 @@ class CalculatorEnvironment final : public Environment {
 class NoToolsEpisode final : public Episode {
  public:
   explicit NoToolsEpisode(Problem problem) : problem_(std::move(problem)) {}
+
+  absl::StatusOr<Observation> Truncate(const Cut& cut,
+                                       absl::Time deadline) override {
+    return CutVerdict();
+  }
 
   absl::StatusOr<Observation> Step(const AssistantTurn& turn,
                                    absl::Time deadline) override {
