@@ -421,6 +421,19 @@ TEST(LoraTest, MergedExportIsBasePlusScaledBA) {
   const Batch batch = MakeBatch();
   EXPECT_TRUE(torch::allclose(Logits(*lora, batch), Logits(*loaded, batch),
                               1e-4, 1e-5));
+  // An unmerged model (the trainer's policy, a bfloat16 view) is written
+  // merged too, never as its bare base.
+  const std::string unmerged_dir = TempDir("unmerged");
+  ASSERT_TRUE(ExportHfModel(*lora, unmerged_dir, HfExportOptions()).ok());
+  auto reloaded = Make(Plain(lora->config()), 78);
+  ASSERT_TRUE(LoadHfWeights(unmerged_dir, *reloaded).ok());
+  std::map<std::string, at::Tensor> w2;
+  for (auto& [n, t] : reloaded->named_parameters()) w2[n] = t;
+  for (const char* proj : {"block0.attn.wq", "block1.mlp.w2"}) {
+    EXPECT_TRUE(torch::allclose(w2.at(std::string(proj) + ".weight"),
+                                ByHand(*lora, proj), 1e-6, 1e-6))
+        << proj;
+  }
 }
 
 TEST(LoraTest, BadAdaptersAreRefusedByName) {
