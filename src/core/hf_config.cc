@@ -512,6 +512,21 @@ absl::StatusOr<PeftAdapterInfo> ReadPeftAdapterConfig(const std::string& dir) {
       return bad(key, "not supported (plain LoRA only)");
     }
   }
+  // Per-module overrides of lora_alpha / r (PEFT scales a module matching a
+  // pattern by its own alpha / r): every adapter here has one rank and one
+  // scale, so a non-empty map would be applied wrongly.
+  for (const char* key : {"alpha_pattern", "rank_pattern"}) {
+    if (!j.contains(key) || j[key].is_null()) continue;
+    if (!j[key].is_object()) return bad(key, "expected a map");
+    if (!j[key].empty()) {
+      return bad(key, absl::StrCat(
+                          "per-module ", key[0] == 'a' ? "lora_alpha" : "r",
+                          " overrides (", j[key].dump(),
+                          ") are not supported: every adapter takes r and "
+                          "lora_alpha (merge the adapter, or retrain it "
+                          "without them)"));
+    }
+  }
   if (j.contains("modules_to_save") && !j["modules_to_save"].is_null() &&
       !(j["modules_to_save"].is_array() && j["modules_to_save"].empty())) {
     return bad("modules_to_save", "not supported (adapters only)");

@@ -61,8 +61,8 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& model,
 // lora_alpha, lora_dropout, target_modules (a list, a string or
 // "all-linear"), base_model_name_or_path. NotFound when the file is missing;
 // InvalidArgument naming the file and the key otherwise (another peft_type,
-// a target that is not a projection FusionRL adapts, bias != "none",
-// use_dora / use_rslora / modules_to_save).
+// a target FusionRL does not adapt, bias != "none", use_dora, use_rslora,
+// modules_to_save, a non-empty alpha_pattern or rank_pattern).
 struct PeftAdapterInfo {
   LoraConfig lora;  // targets comma-joined in kLoraTargetNames order
   std::string base_model;

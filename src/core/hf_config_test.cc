@@ -8,6 +8,7 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -328,6 +329,68 @@ TEST(HfConfigTest, ExportRefusesWhatTheArchitectureCannotExpress) {
   m.moe_gates = MoeGates::kAuto;
   m.moe_d_ff = 48;
   EXPECT_THAT(refused(m), HasSubstr("experts narrower than model.d_ff"));
+}
+
+}  // namespace
+}  // namespace fusionrl
+
+namespace fusionrl {
+namespace {
+
+// adapter_config.json as PEFT 0.13 writes it for a LoRA adapter of
+// q_proj and v_proj, r 8, alpha 16, with `extra` merged in.
+absl::StatusOr<PeftAdapterInfo> ReadAdapter(const nlohmann::json& extra,
+                                            const std::string& name) {
+  nlohmann::json j = {{"peft_type", "LORA"},
+                      {"task_type", "CAUSAL_LM"},
+                      {"r", 8},
+                      {"lora_alpha", 16},
+                      {"lora_dropout", 0.0},
+                      {"target_modules", {"q_proj", "v_proj"}},
+                      {"bias", "none"},
+                      {"fan_in_fan_out", false},
+                      {"use_rslora", false},
+                      {"use_dora", false},
+                      {"modules_to_save", nullptr},
+                      {"layers_to_transform", nullptr},
+                      {"layers_pattern", nullptr},
+                      {"rank_pattern", nlohmann::json::object()},
+                      {"alpha_pattern", nlohmann::json::object()},
+                      {"base_model_name_or_path", "Qwen/Qwen2.5-0.5B"}};
+  j.merge_patch(extra);
+  const std::string dir = ::testing::TempDir() + "/peft-" + name;
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/adapter_config.json") << j.dump(2);
+  return ReadPeftAdapterConfig(dir);
+}
+
+// PEFT scales a module matching an alpha_pattern key by that alpha / r
+// (and a rank_pattern key gives it another r): FusionRL applies one r and
+// one lora_alpha to every adapter, so it refuses such an adapter by the
+// key's name rather than train or generate with the wrong scale.
+TEST(HfConfigTest, PeftPerModulePatternsAreRefusedByName) {
+  auto plain = ReadAdapter(nlohmann::json::object(), "plain");
+  ASSERT_TRUE(plain.ok()) << plain.status();  // empty maps: PEFT's default
+  EXPECT_EQ(plain->lora.rank, 8);
+  EXPECT_EQ(plain->lora.alpha, 16);
+  for (const char* key : {"alpha_pattern", "rank_pattern"}) {
+    const nlohmann::json value =
+        key[0] == 'a' ? nlohmann::json({{"q_proj", 32}})
+                      : nlohmann::json({{"model.layers.0.self_attn.v_proj", 4}});
+    auto read = ReadAdapter({{key, value}}, key);
+    ASSERT_FALSE(read.ok()) << key << " was accepted and ignored";
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(read.status().message()),
+                HasSubstr(absl::StrCat("adapter_config.json: '", key, "'")));
+    EXPECT_THAT(std::string(read.status().message()),
+                HasSubstr("not supported"));
+  }
+  // Absent (older PEFT versions; merge_patch drops a null): the default.
+  EXPECT_TRUE(
+      ReadAdapter({{"alpha_pattern", nullptr}, {"rank_pattern", nullptr}},
+                  "absent")
+          .ok());
+  EXPECT_FALSE(ReadAdapter({{"alpha_pattern", "q_proj"}}, "string").ok());
 }
 
 }  // namespace

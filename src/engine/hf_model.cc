@@ -250,13 +250,29 @@ absl::Status ExportHfModel(const PolicyModel& model, const std::string& out_dir,
   std::vector<StTensorView> views;
   {
     torch::NoGradGuard no_grad;
+    // An unmerged LoRA model (a bfloat16 view, or a trainer's policy): its
+    // weights are the base, so each targeted one is written merged,
+    // W + (alpha / r) B A in float32, rounded once to the stored dtype.
+    std::map<std::string, at::Tensor> adapters;
+    if (model.lora() && !model.lora_merged()) {
+      for (const auto& [name, t] : model.named_trainable_parameters()) {
+        adapters[name] = t.detach().to(torch::kCPU).to(torch::kFloat);
+      }
+    }
+    const double scale = model.config().lora.alpha / model.config().lora.rank;
     for (const auto& [name, param] : model.named_parameters()) {
       FUSIONRL_ASSIGN_OR_RETURN(
           std::string hf, HfParameterName(name, model.config().architecture));
-      at::Tensor t = param.detach()
-                         .to(torch::kCPU)
-                         .to(bf16 ? torch::kBFloat16 : torch::kFloat)
-                         .contiguous();
+      at::Tensor t = param.detach().to(torch::kCPU);
+      const std::string slot =
+          absl::EndsWith(name, ".weight")
+              ? name.substr(0, name.size() - std::string(".weight").size())
+              : name;
+      if (auto a = adapters.find(slot + ".lora_A"); a != adapters.end()) {
+        t = t.to(torch::kFloat) +
+            adapters.at(slot + ".lora_B").mm(a->second) * scale;
+      }
+      t = t.to(bf16 ? torch::kBFloat16 : torch::kFloat).contiguous();
       StTensorView v;
       v.name = hf;
       v.dtype = bf16 ? StDtype::kBF16 : StDtype::kF32;

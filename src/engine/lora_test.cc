@@ -5,6 +5,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/types.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -15,6 +16,7 @@
 #include "engine/activation_memory.h"
 #include "engine/hf_model.h"
 #include "engine/memory_accounting.h"
+#include "engine/lora.h"
 #include "engine/model.h"
 #include "engine/test_util.h"
 #include "engine/trainer.h"
@@ -262,6 +264,101 @@ TEST(LoraTest, AStepChangesOnlyTheAdapters) {
   EXPECT_EQ(GradientBytes(*policy), adapter_bytes);
 }
 
+// A hand batch of two groups of four (rewards 0/1).
+std::vector<Sample> HandBatch() {
+  std::vector<Sample> batch;
+  for (int i = 0; i < 8; ++i) {
+    Sample s;
+    s.group_id = i / 4;
+    s.prompt_ids = {1, 10 + i / 4};
+    s.response_ids = {20 + i, 30 + i % 3, 2};
+    s.behaviour_logp.assign(3, -1.0f);
+    s.reward = i % 2;
+    batch.push_back(s);
+  }
+  return batch;
+}
+
+// bfloat16 LoRA: one small step moves the adapters by less than bfloat16's
+// spacing of almost every weight, so W + s B A rounded back to bfloat16 (the
+// old merged view) is W nearly everywhere, while the trainer's unmerged
+// forward has moved. The view the rollout samples from (CloneFrozen) must
+// compute the trainer's forward: equal logits.
+TEST(LoraTest, Bf16RolloutSamplesFromTheTrainersPolicy) {
+  JobConfig job;
+  job.model = LoraConfigOf(4, "all-linear");
+  job.model.dtype = "bfloat16";
+  job.model.init_std = 0.02;  // a language model's scale (|logits| ~ 1)
+  job.rollout.group_size = 4;
+  job.optim.lr = 2e-6;
+  auto policy = Make(job.model);
+  auto trainer = Trainer::Create(*policy, nullptr, job, 0).value();
+  ASSERT_TRUE(trainer->Step(HandBatch()).ok());
+
+  // The step's update is below bfloat16's spacing of almost every targeted
+  // weight: merging it in bfloat16 gives the base back nearly everywhere.
+  std::map<std::string, at::Tensor> base, adapters;
+  for (auto& [n, t] : policy->named_parameters()) base[n] = t.detach();
+  for (auto& [n, t] : policy->named_trainable_parameters()) {
+    adapters[n] = t.detach();
+  }
+  int64_t slots = 0, elements = 0, moved = 0;
+  for (auto& [name, b] : adapters) {
+    if (name.size() < 6 || name.substr(name.size() - 6) != "lora_B") continue;
+    const std::string proj = name.substr(0, name.size() - 7);
+    LoraAdapter adapter;
+    adapter.a = adapters.at(proj + ".lora_A");
+    adapter.b = b;
+    adapter.scale = job.model.lora.alpha / job.model.lora.rank;
+    ASSERT_GT(b.abs().max().item<double>(), 0) << proj;
+    const at::Tensor w = base.at(proj + ".weight");
+    ASSERT_EQ(w.scalar_type(), torch::kBFloat16);
+    moved += MergedWeight(w, adapter).ne(w).sum().item<int64_t>();
+    elements += w.numel();
+    ++slots;
+  }
+  ASSERT_EQ(slots, 14);
+  EXPECT_LT(moved, elements / 20) << moved << " of " << elements;
+
+  auto view = policy->CloneFrozen();
+  EXPECT_FALSE(view->lora_merged());
+  // What the rollout sampled from before: the bfloat16 merge.
+  auto old_merge = Make(Plain(job.model));
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& [n, t] : old_merge->named_parameters()) {
+      const std::string proj = n.substr(0, n.size() - 7);
+      auto a = adapters.find(proj + ".lora_A");
+      if (a == adapters.end()) {
+        t.copy_(base.at(n));
+        continue;
+      }
+      LoraAdapter adapter;
+      adapter.a = a->second;
+      adapter.b = adapters.at(proj + ".lora_B");
+      adapter.scale = job.model.lora.alpha / job.model.lora.rank;
+      t.copy_(MergedWeight(base.at(n), adapter));
+    }
+  }
+  // The view's forward is the trainer's, bit for bit (the same bfloat16
+  // projections with the adapters added unmerged); the bfloat16 merge's is
+  // the base model's nearly everywhere, so its logits differ.
+  const Batch b = MakeBatch();
+  const at::Tensor trainer_logits = Logits(*policy, b).to(torch::kFloat);
+  const double now =
+      (Logits(*view, b).to(torch::kFloat) - trainer_logits).abs().max()
+          .item<double>();
+  const double before =
+      (Logits(*old_merge, b).to(torch::kFloat) - trainer_logits).abs().max()
+          .item<double>();
+  std::printf("bf16 LoRA: the merge moves %lld of %lld weights; view-trainer "
+              "logit gap %g (the bfloat16 merge's: %g)\n",
+              static_cast<long long>(moved), static_cast<long long>(elements),
+              now, before);
+  EXPECT_EQ(now, 0.0) << "the rollout's view is not the trainer's policy";
+  EXPECT_GT(before, 0.0) << "the case does not tell the merge apart";
+}
+
 std::string TempDir(const std::string& name) {
   const std::string dir = ::testing::TempDir() + "/lora-" + name;
   std::filesystem::remove_all(dir);
@@ -324,6 +421,19 @@ TEST(LoraTest, MergedExportIsBasePlusScaledBA) {
   const Batch batch = MakeBatch();
   EXPECT_TRUE(torch::allclose(Logits(*lora, batch), Logits(*loaded, batch),
                               1e-4, 1e-5));
+  // An unmerged model (the trainer's policy, a bfloat16 view) is written
+  // merged too, never as its bare base.
+  const std::string unmerged_dir = TempDir("unmerged");
+  ASSERT_TRUE(ExportHfModel(*lora, unmerged_dir, HfExportOptions()).ok());
+  auto reloaded = Make(Plain(lora->config()), 78);
+  ASSERT_TRUE(LoadHfWeights(unmerged_dir, *reloaded).ok());
+  std::map<std::string, at::Tensor> w2;
+  for (auto& [n, t] : reloaded->named_parameters()) w2[n] = t;
+  for (const char* proj : {"block0.attn.wq", "block1.mlp.w2"}) {
+    EXPECT_TRUE(torch::allclose(w2.at(std::string(proj) + ".weight"),
+                                ByHand(*lora, proj), 1e-6, 1e-6))
+        << proj;
+  }
 }
 
 TEST(LoraTest, BadAdaptersAreRefusedByName) {

@@ -223,12 +223,12 @@ class PolicyModel {
   // model.lora.rank > 0 holds the frozen base weights and, for each targeted
   // projection of each layer, float32 adapters A [r, in] (uniform in
   // +-1/sqrt(in), deterministic in the seed) and B [out, r] (zero); its
-  // forwards add (alpha / r) * B A x (engine/lora.h). CloneFrozen() of such
-  // a model is a merged view: its targeted weights hold W + (alpha / r) B A
-  // and forwards cost what the base model's do; on the same device it
-  // shares the untargeted tensors and the base weights with this model
-  // (which must then outlive it; base weights are never written after the
-  // job's set-up).
+  // forwards add (alpha / r) * B A x (engine/lora.h). CloneFrozen() is a
+  // view computing the policy's forwards: float32, merged (W + s B A in the
+  // targeted weights, at the base model's cost); bfloat16, unmerged (copied
+  // adapters added as training adds them: a bfloat16 merge loses updates
+  // below W's spacing). On the same device it shares the untargeted tensors
+  // and base weights (fixed after set-up) with this model (must outlive it).
   bool lora() const;
   bool lora_merged() const;
   // What training updates and a weight sync moves: with LoRA the adapters

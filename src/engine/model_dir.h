@@ -27,7 +27,7 @@ struct ModelDirOptions {
   // A PEFT LoRA adapter directory applied to the model (generate --lora).
   std::string lora;
   // Keep a LoRA model unmerged (export writes its adapters); by default it
-  // is returned as a merged view, which generates at the base model's cost.
+  // is its CloneFrozen() view (merged in float32, unmerged in bfloat16).
   bool keep_lora_unmerged = false;
 };
 

@@ -165,7 +165,8 @@ TORCH_MODULE(Decoder);
 struct LoraSlot {
   std::string name;   // "block0.attn.wq"
   at::Tensor weight;  // the projection's weight (a merged view: merged)
-  at::Tensor base;    // a merged view: the base weight it merges from
+  at::Tensor base;    // a merged view: the base weight it merges from;
+                      // undefined otherwise (the weight is the base)
   LoraAdapter adapter;
 };
 
@@ -237,6 +238,9 @@ struct PolicyModel::Impl {
   // point at the adapters).
   std::vector<std::unique_ptr<LoraSlot>> lora;
   bool lora_merged = false;
+  // A frozen view (CloneFrozen, CloneMerged): its base weights are another
+  // model's, so it takes adapters only.
+  bool lora_view = false;
   uint64_t lora_dropout_seed = 0;
   // Expert parallelism: the experts this model holds, and the group of the
   // ranks holding the others (borrowed).

@@ -1,12 +1,12 @@
 // PolicyModel (engine/model.h): its weights in and out: copies, frozen
-// clones (and LoRA's merged views), expert shards and whole models, save
+// clones (and LoRA's views), expert shards and whole models, save
 // and load (engine/checkpoint.h writes the directories).
 #include <torch/serialize.h>
 
 #include <functional>
 #include <map>
 #include <string>
-#include <unordered_set>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -37,6 +37,10 @@ std::unique_ptr<PolicyModel> PolicyModel::CloneFrozen() const {
 
 std::unique_ptr<PolicyModel> PolicyModel::CloneFrozen(
     c10::Device device) const {
+  // LoRA: float32 merges (the merge rounds at float32's spacing, and the
+  // fused decoder reads plain weights); bfloat16 does not, since W + s B A
+  // rounded back to bfloat16 loses every update below W's spacing.
+  const bool merge = impl_->config.dtype == "float32";
   auto impl =
       std::make_unique<Impl>(impl_->config, impl_->vocab_size, device, nullptr);
   impl->decoder = Decoder(impl_->config, impl_->vocab_size, impl_->shard);
@@ -47,12 +51,15 @@ std::unique_ptr<PolicyModel> PolicyModel::CloneFrozen(
   if (!lora()) {
     clone->CopyWeightsFrom(*this);
   } else {
-    // A merged view: untargeted tensors shared on the same device, the
-    // targeted weights merged from the base (shared too).
+    // A view: untargeted tensors shared on the same device; the targeted
+    // weights merged from the base (shared too), or, unmerged, the base
+    // itself shared with the adapters copied.
     torch::NoGradGuard no_grad;
-    std::unordered_set<const void*> targeted;
+    // Each targeted weight's base (a merged source's own base).
+    std::unordered_map<const void*, at::Tensor> base_of;
     for (const auto& slot : impl_->lora) {
-      targeted.insert(slot->weight.unsafeGetTensorImpl());
+      base_of[slot->weight.unsafeGetTensorImpl()] =
+          slot->base.defined() ? slot->base : slot->weight;
     }
     const bool same_device = device == impl_->device;
     auto dst = clone->impl_->decoder->named_parameters();
@@ -61,8 +68,16 @@ std::unique_ptr<PolicyModel> PolicyModel::CloneFrozen(
     for (size_t i = 0; i < dst.size(); ++i) {
       at::Tensor d = dst[i].value();
       const at::Tensor& from = src[i].value();
-      const bool is_target = targeted.count(from.unsafeGetTensorImpl()) > 0;
-      if (same_device && !is_target) {
+      const auto target = base_of.find(from.unsafeGetTensorImpl());
+      const bool is_target = target != base_of.end();
+      if (is_target && !merge) {
+        const at::Tensor& base = target->second;
+        if (same_device) {
+          d.set_data(base.detach());
+        } else {
+          d.copy_(base);
+        }
+      } else if (same_device && !is_target) {
         d.set_data(from.detach());
       } else if (!is_target) {
         d.copy_(from);
@@ -70,21 +85,32 @@ std::unique_ptr<PolicyModel> PolicyModel::CloneFrozen(
       by_name[dst[i].key()] = d;
     }
     Impl& ci = *clone->impl_;
-    for (const auto& slot : impl_->lora) {
+    // The clone's modules, by slot name, to point at its adapters.
+    std::map<std::string, const LoraAdapter**> hooks;
+    for (const auto& target :
+         ci.LoraTargets(ParseLoraTargets(ci.config.lora.targets).value())) {
+      hooks[target.name] = target.hook;
+    }
+    for (const auto& source : impl_->lora) {
+      const LoraSlot& slot = *source;
       auto copy = std::make_unique<LoraSlot>();
-      copy->name = slot->name;
-      copy->weight = by_name.at(slot->name + ".weight");
-      const at::Tensor& base = slot->base.defined() ? slot->base : slot->weight;
-      copy->base = same_device ? base.detach() : base.detach().to(device);
-      copy->adapter = slot->adapter;
-      copy->adapter.a = slot->adapter.a.detach().to(
+      copy->name = slot.name;
+      copy->weight = by_name.at(slot.name + ".weight");
+      if (merge) {
+        const at::Tensor& base = slot.base.defined() ? slot.base : slot.weight;
+        copy->base = same_device ? base.detach() : base.detach().to(device);
+      }
+      copy->adapter = slot.adapter;
+      copy->adapter.a = slot.adapter.a.detach().to(
           device, /*non_blocking=*/false, /*copy=*/true);
-      copy->adapter.b = slot->adapter.b.detach().to(device, false, true);
+      copy->adapter.b = slot.adapter.b.detach().to(device, false, true);
       copy->adapter.dropout_seed = nullptr;
+      if (!merge) *hooks.at(slot.name) = &copy->adapter;
       ci.lora.push_back(std::move(copy));
     }
-    ci.lora_merged = true;
-    ci.Remerge();
+    ci.lora_merged = merge;
+    ci.lora_view = true;
+    if (merge) ci.Remerge();
   }
   for (auto& p : clone->impl_->decoder->parameters())
     p.set_requires_grad(false);
@@ -195,9 +221,9 @@ absl::Status PolicyModel::Load(const std::vector<std::string>& paths) {
         "export --merge)"));
   }
   const bool adapters = lora() && has_adapters;
-  if (impl_->lora_merged && !adapters) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("'", path, "': a merged LoRA view takes adapters only"));
+  if (impl_->lora_view && !adapters) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "'", path, "': a LoRA view (its base shared) takes adapters only"));
   }
   std::vector<std::pair<std::string, at::Tensor>> wanted;
   if (adapters) {

@@ -1,6 +1,5 @@
 // The `math` reward: final-answer extraction from a model's response and
 // numeric comparison with the reference answer (rules in rewards.h).
-#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -22,7 +21,6 @@ using int128 = __int128;
 constexpr Verdict kCorrect{1.0, true};
 constexpr Verdict kWrong{0.0, false};
 constexpr int kMaxExponent = 30;
-constexpr long double kRelativeTolerance = 1e-6L;
 
 absl::string_view AsAbsl(std::string_view s) { return {s.data(), s.size()}; }
 
@@ -354,17 +352,11 @@ std::optional<Rational> AnswerValue(std::string_view normalized) {
   return tokens[0].value;
 }
 
-long double ToLongDouble(const Rational& r) {
-  return static_cast<long double>(r.num) / static_cast<long double>(r.den);
-}
-
+// Exact: GSM8K's graders compare the final number exactly (verl's gsm8k
+// reward compares the extracted string), so a value near the reference is
+// wrong (72.00001 != 72); lowest terms make 72.0 = 72 and 0.75 = 3/4.
 bool ValuesEqual(const Rational& a, const Rational& b) {
-  if (a.num == b.num && a.den == b.den) return true;  // lowest terms
-  if (a.den == 1 && b.den == 1) return false;         // integers: exact only
-  const long double x = ToLongDouble(a), y = ToLongDouble(b);
-  const long double diff = x > y ? x - y : y - x;
-  const long double scale = std::max(x < 0 ? -x : x, y < 0 ? -y : y);
-  return diff <= kRelativeTolerance * scale;
+  return a.num == b.num && a.den == b.den;
 }
 
 std::string WithoutSpaces(std::string_view s) {

@@ -139,6 +139,41 @@ TEST(MathRewardTest, ComparesIntegersExactly) {
                        "123456789012345678901234567890"));
 }
 
+// GSM8K's graders, as verl's gsm8k reward writes them: the final number of
+// the response (the last "-?[0-9.,]+", or the one after "####"), commas
+// and "$" stripped, compared with the reference's exactly; FusionRL
+// compares the numbers rather than their strings, so only the spelling of
+// one value may differ (trailing zeros: 72.0 = 72). A value merely near the
+// reference is wrong, whatever its size.
+TEST(MathRewardTest, GradesAsGsm8kGradersDo) {
+  struct Case {
+    const char* response;
+    const char* reference;
+    bool correct;
+  };
+  const Case table[] = {
+      {"48 + 24 = 72\n#### 72", "72", true},
+      {"#### 72.00001", "72", false},
+      {"#### 72.0", "72", true},
+      {"#### 18.000", "18", true},
+      {"#### 1,000", "1000", true},
+      {"The total is $1,000", "1000", true},
+      {"#### 2,500.00", "2500", true},
+      {"#### 999999.9999999", "1000000", false},
+      {"#### 1000000.000001", "1,000,000", false},
+      {"#### 7.1", "7.10000001", false},
+      {"#### 0.50", "0.5", true},
+      {"#### 12.5", "12.50", true},
+      {"#### 0.3333333", "1/3", false},
+      {"#### -3", "-3", true},
+      {"#### 3", "-3", false},
+  };
+  for (const Case& c : table) {
+    EXPECT_EQ(Correct(c.response, c.reference), c.correct)
+        << "'" << c.response << "' against '" << c.reference << "'";
+  }
+}
+
 TEST(MathRewardTest, ComparesDecimalsAndFractions) {
   EXPECT_TRUE(Correct("0.75", "3/4"));
   EXPECT_TRUE(Correct("\\boxed{\\frac{3}{4}}", "0.75"));
@@ -148,7 +183,7 @@ TEST(MathRewardTest, ComparesDecimalsAndFractions) {
   EXPECT_TRUE(Correct("\\boxed{\\frac{-1}{2}}", "-1/2"));
   EXPECT_TRUE(Correct("\\boxed{\\frac{1}{-2}}", "-.5"));
   EXPECT_TRUE(Correct("3.50", "3.5"));
-  EXPECT_TRUE(Correct("0.3333333", "1/3"));  // within 1e-6 relative
+  EXPECT_FALSE(Correct("0.3333333", "1/3"));  // exact: close is not equal
   EXPECT_FALSE(Correct("0.33", "1/3"));
   EXPECT_FALSE(Correct("0.7501", "0.75"));
   EXPECT_TRUE(Correct("2.5e-3", "0.0025"));

@@ -93,10 +93,10 @@ std::optional<std::string> ExtractMathAnswer(std::string_view response);
 // and \tfrac become \frac; outer braces and trailing periods are stripped.
 // A normalised answer has a value when it is one number token, or holds a
 // single number token among plain words ("18 dollars", "x = 5"; not
-// "\sqrt{2}" or "2x+1"). Values are exact rationals: integers must be
-// equal exactly; otherwise equal as rationals ("0.75" == "3/4" ==
-// "\frac{3}{4}") or within 1e-6 relative (|a - b| <= 1e-6 * max(|a|, |b|),
-// so "0.3333333" == "1/3"). Answers without a value (symbolic ones) match
+// "\sqrt{2}" or "2x+1"). Values are exact rationals and must be equal
+// exactly, as GSM8K's graders compare the final number: "72.0" == "72" ==
+// "72.00", "0.75" == "3/4" == "\frac{3}{4}", but "72.00001" != "72" and
+// "0.3333333" != "1/3". Answers without a value (symbolic ones) match
 // only as equal strings, whitespace ignored; a value never matches a
 // non-value. Exponents above 30 and numbers beyond 128-bit rationals have no
 // value.

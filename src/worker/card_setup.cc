@@ -69,8 +69,9 @@ absl::Status CardRunner::Setup() {
   FUSIONRL_ASSIGN_OR_RETURN(
       trainer_, Trainer::Create(policy, reference_.get(), cfg,
                                 ctx_.tokenizer->pad_id(), sync_.get()));
-  // LoRA: rollout on merged weights, so decoding costs what the base
-  // model's does.
+  // LoRA: rollout on a view of the policy (PolicyModel::CloneFrozen:
+  // merged in float32, at the base model's decoding cost; unmerged in
+  // bfloat16, where a merge would round the update away).
   if (policy.lora()) merged_ = policy.CloneFrozen();
   rollout_ =
       std::make_unique<RolloutEngine>(merged_ ? *merged_ : RolloutSource(),

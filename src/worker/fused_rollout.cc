@@ -284,8 +284,8 @@ std::optional<FusedRollout::Round> FusedRollout::NextRound(bool wait) {
         changed_.SignalAll();
         return std::nullopt;
       }
-      // The trainable tensors (with LoRA the adapters, merged here into
-      // the snapshot's weights).
+      // The trainable tensors (with LoRA the adapters, which a float32
+      // snapshot merges here into its weights).
       snapshot_->LoadTrainable(weights->second);
       snapshot_version_ = want;
       snapshot_updates_.fetch_add(1);
