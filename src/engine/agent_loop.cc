@@ -185,6 +185,17 @@ class Driver final : public TurnDriver {
     ep.content = t.content;
     ep.stopped = stopped;
     ep.conversation.push_back({"assistant", t.text});
+    StartCall(ep, "", [episode = ep.episode, turn = std::move(t)](
+                          absl::Time deadline) {
+      return episode->Step(turn, deadline);
+    });
+  }
+
+  // Starts one environment call of `ep` on the pool, with the episode's
+  // call deadline; when its environment time is spent, the call's answer is
+  // a DeadlineExceeded at once (`when` ends that message).
+  template <typename Call>
+  void StartCall(EpisodeState& ep, absl::string_view when, Call call) {
     ep.pending = std::make_shared<Pending<Observation>>();
     const double left =
         std::min(ctx_.env.call_deadline_seconds, ep.env_seconds_left);
@@ -193,14 +204,14 @@ class Driver final : public TurnDriver {
       ep.pending->Set(absl::DeadlineExceededError(absl::StrCat(
                           "the episode's environment time (env."
                           "episode_env_seconds: ",
-                          ctx_.env.episode_env_seconds, ") is spent")),
+                          ctx_.env.episode_env_seconds, ") is spent", when)),
                       0);
       return;
     }
-    pool_.Submit([pending = ep.pending, episode = ep.episode,
-                  turn = std::move(t), deadline = ep.deadline] {
+    pool_.Submit([pending = ep.pending, deadline = ep.deadline,
+                  call = std::move(call)] {
       const auto t0 = Clock::now();
-      absl::StatusOr<Observation> r = episode->Step(turn, deadline);
+      absl::StatusOr<Observation> r = call(deadline);
       pending->Set(std::move(r), SecondsSince(t0));
     });
   }
@@ -259,25 +270,11 @@ class Driver final : public TurnDriver {
       ep.content = cut.turn->content;  // the last turn's, for the default
     }
     ep.cut = true;
-    ep.pending = std::make_shared<Pending<Observation>>();
-    const double left =
-        std::min(ctx_.env.call_deadline_seconds, ep.env_seconds_left);
-    ep.deadline = absl::Now() + absl::Seconds(std::max(0.0, left));
-    if (left <= 0) {
-      ep.pending->Set(absl::DeadlineExceededError(absl::StrCat(
-                          "the episode's environment time (env."
-                          "episode_env_seconds: ",
-                          ctx_.env.episode_env_seconds,
-                          ") is spent before its truncation")),
-                      0);
-      return;
-    }
-    pool_.Submit([pending = ep.pending, episode = ep.episode,
-                  cut = std::move(cut), deadline = ep.deadline] {
-      const auto t0 = Clock::now();
-      absl::StatusOr<Observation> r = episode->Truncate(cut, deadline);
-      pending->Set(std::move(r), SecondsSince(t0));
-    });
+    StartCall(ep, " before its truncation",
+              [episode = ep.episode, cut = std::move(cut)](
+                  absl::Time deadline) {
+                return episode->Truncate(cut, deadline);
+              });
   }
 
   // Every cut episode's verdict, waited for (each by its deadline).
