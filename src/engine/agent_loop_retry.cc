@@ -86,10 +86,9 @@ absl::StatusOr<EpisodeBatch> AgentLoop::Run(
       again_keys.push_back(keys[i]);
     }
     std::vector<std::string> again_down(down.size());
-    FUSIONRL_ASSIGN_OR_RETURN(
-        EpisodeBatch retry,
-        RunOnce(model, again, again_keys, params, slots, row_blocks, fused,
-                nullptr, &again_down));
+    FUSIONRL_ASSIGN_OR_RETURN(EpisodeBatch retry,
+                              RunOnce(model, again, again_keys, params, slots,
+                                      row_blocks, fused, nullptr, &again_down));
     for (size_t k = 0; k < down.size(); ++k) {
       batch.samples[down[k]] = std::move(retry.samples[k]);
       unreachable[down[k]] = std::move(again_down[k]);

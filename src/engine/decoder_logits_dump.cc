@@ -72,8 +72,8 @@ class Dump {
   std::vector<std::pair<std::string, at::Tensor>> tensors_;
 };
 
-absl::StatusOr<std::unique_ptr<PolicyModel>> LoadModel(
-    const Job& job, AttentionKernel kernel) {
+absl::StatusOr<std::unique_ptr<PolicyModel>> LoadModel(const Job& job,
+                                                       AttentionKernel kernel) {
   absl::StatusOr<HfModelInfo> info = ReadHfModelConfig(job.dir);
   if (!info.ok()) return info.status();
   ModelConfig m = info->model;
@@ -88,8 +88,9 @@ absl::StatusOr<std::unique_ptr<PolicyModel>> LoadModel(
 }
 
 at::Tensor Row(const std::vector<int64_t>& ids, int64_t begin, int64_t end) {
-  return at::tensor(std::vector<int64_t>(ids.begin() + begin, ids.begin() + end),
-                    at::TensorOptions().dtype(at::kLong))
+  return at::tensor(
+             std::vector<int64_t>(ids.begin() + begin, ids.begin() + end),
+             at::TensorOptions().dtype(at::kLong))
       .unsqueeze(0);
 }
 
@@ -126,15 +127,15 @@ void KvCacheDecode(PolicyModel& model, const Job& job, Dump& dump) {
     KvCache cache = model.NewCache(1, t);
     std::vector<at::Tensor> rows;
     at::Tensor valid = at::ones({1, p}, at::kBool);
-    rows.push_back(model.ForwardCached(Row(ids, 0, p),
-                                       PositionsFromValid(valid), valid, cache)
+    rows.push_back(model
+                       .ForwardCached(Row(ids, 0, p), PositionsFromValid(valid),
+                                      valid, cache)
                        .to(at::kFloat)[0]);
     for (int64_t i = p; i < t; ++i) {
       valid = at::ones({1, i + 1}, at::kBool);
       const at::Tensor pos = at::full({1, 1}, i, at::kLong);
-      rows.push_back(
-          model.ForwardCached(Row(ids, i, i + 1), pos, valid, cache)
-              .to(at::kFloat)[0]);
+      rows.push_back(model.ForwardCached(Row(ids, i, i + 1), pos, valid, cache)
+                         .to(at::kFloat)[0]);
     }
     dump.Add(absl::StrCat("kv_cache/", b), at::cat(rows, 0));
   }
@@ -284,8 +285,8 @@ absl::StatusOr<std::vector<Job>> ReadRequest(const std::string& path) {
       job.dtype = j.at("dtype").get<std::string>();
       job.out = j.at("out").get<std::string>();
       job.ids = j.at("sequences").at("ids").get<decltype(job.ids)>();
-      job.prompt_len = j.at("sequences").at("prompt_len").get<decltype(
-          job.prompt_len)>();
+      job.prompt_len =
+          j.at("sequences").at("prompt_len").get<decltype(job.prompt_len)>();
       job.greedy_new_tokens = j.at("greedy_new_tokens").get<int>();
       if (job.ids.empty() || job.ids.size() != job.prompt_len.size()) {
         return absl::InvalidArgumentError(

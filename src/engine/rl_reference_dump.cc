@@ -52,8 +52,8 @@ json ToJson(const at::Tensor& t) {
 json RunCase(const json& c) {
   std::vector<std::string> overrides =
       c.at("overrides").get<std::vector<std::string>>();
-  auto config = ParseJobConfig("{}", c.at("name").get<std::string>(),
-                               overrides);
+  auto config =
+      ParseJobConfig("{}", c.at("name").get<std::string>(), overrides);
   if (!config.ok()) {
     return json{{"name", c.at("name")},
                 {"error", std::string(config.status().message())}};
@@ -89,15 +89,14 @@ json RunCase(const json& c) {
     weight = algo::BehaviourWeights(prox, behaviour, step.loss_mask,
                                     algo::BehaviourWeightRuleOf(a));
   }
-  const at::Tensor advantages = algo::StepAdvantages(
-      a, config->rollout.group_size, step,
-      use_kl && a.kl_mode == KlMode::kReward
-          ? algo::KlPenalty(old, ref, a.kl_estimator)
-          : at::Tensor());
+  const at::Tensor advantages =
+      algo::StepAdvantages(a, config->rollout.group_size, step,
+                           use_kl && a.kl_mode == KlMode::kReward
+                               ? algo::KlPenalty(old, ref, a.kl_estimator)
+                               : at::Tensor());
   const algo::AggNorm norm =
       algo::LocalAggNorm(step.loss_mask, config->rollout.max_new_tokens);
-  const int64_t micro =
-      std::max<int64_t>(1, c.value("micro_batch_size", b_n));
+  const int64_t micro = std::max<int64_t>(1, c.value("micro_batch_size", b_n));
   at::Tensor loss = at::zeros({}, f64);
   std::vector<at::Tensor> per_token;
   for (int64_t u0 = 0; u0 < b_n; u0 += micro) {
@@ -106,9 +105,8 @@ json RunCase(const json& c) {
       return t.defined() ? t.narrow(0, u0, n) : t;
     };
     const algo::MicroBatchLoss parts = algo::MicroBatchLossOf(
-        a, rows(logp), rows(old), rows(advantages), rows(step.loss_mask),
-        norm, rows(weight), use_kl ? rows(ref) : at::Tensor(),
-        rows(entropy));
+        a, rows(logp), rows(old), rows(advantages), rows(step.loss_mask), norm,
+        rows(weight), use_kl ? rows(ref) : at::Tensor(), rows(entropy));
     loss = loss + parts.loss;
     per_token.push_back(parts.pg.per_token);
   }

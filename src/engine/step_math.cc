@@ -92,19 +92,16 @@ AggNorm LocalAggNorm(const at::Tensor& loss_mask, int max_new_tokens) {
   AggNorm norm;
   norm.num_tokens = loss_mask.sum().item<double>();
   norm.num_seqs = (loss_mask.sum(1) > 0).sum().item<double>();
-  norm.max_len = static_cast<double>(
-      std::max<int64_t>(loss_mask.size(1), max_new_tokens));
+  norm.max_len =
+      static_cast<double>(std::max<int64_t>(loss_mask.size(1), max_new_tokens));
   return norm;
 }
 
-MicroBatchLoss MicroBatchLossOf(const AlgorithmConfig& algorithm,
-                                const at::Tensor& logp,
-                                const at::Tensor& old_logp,
-                                const at::Tensor& advantages,
-                                const at::Tensor& loss_mask,
-                                const AggNorm& norm, const at::Tensor& weight,
-                                const at::Tensor& ref_logp,
-                                const at::Tensor& entropy) {
+MicroBatchLoss MicroBatchLossOf(
+    const AlgorithmConfig& algorithm, const at::Tensor& logp,
+    const at::Tensor& old_logp, const at::Tensor& advantages,
+    const at::Tensor& loss_mask, const AggNorm& norm, const at::Tensor& weight,
+    const at::Tensor& ref_logp, const at::Tensor& entropy) {
   MicroBatchLoss out;
   out.pg = PpoClipLoss(logp, old_logp, advantages, loss_mask,
                        algorithm.clip_ratio_low, algorithm.clip_ratio_high,
@@ -114,15 +111,15 @@ MicroBatchLoss MicroBatchLossOf(const AlgorithmConfig& algorithm,
   if (ref_logp.defined()) {
     out.kl_tokens = KlPenalty(logp, ref_logp, algorithm.kl_estimator);
     if (algorithm.kl_mode == KlMode::kLoss) {
-      out.loss = out.loss + algorithm.kl_coef *
-                                AggLoss(out.kl_tokens, loss_mask,
-                                        algorithm.loss_agg_mode, norm);
+      out.loss =
+          out.loss + algorithm.kl_coef * AggLoss(out.kl_tokens, loss_mask,
+                                                 algorithm.loss_agg_mode, norm);
     }
   }
   if (algorithm.entropy_coef > 0 && entropy.defined()) {
-    out.loss = out.loss - algorithm.entropy_coef *
-                              AggLoss(entropy, loss_mask,
-                                      algorithm.loss_agg_mode, norm);
+    out.loss = out.loss -
+               algorithm.entropy_coef *
+                   AggLoss(entropy, loss_mask, algorithm.loss_agg_mode, norm);
   }
   return out;
 }

@@ -84,14 +84,11 @@ struct MicroBatchLoss {
   PolicyLossResult pg;
   at::Tensor kl_tokens;  // undefined without a reference
 };
-MicroBatchLoss MicroBatchLossOf(const AlgorithmConfig& algorithm,
-                                const at::Tensor& logp,
-                                const at::Tensor& old_logp,
-                                const at::Tensor& advantages,
-                                const at::Tensor& loss_mask,
-                                const AggNorm& norm, const at::Tensor& weight,
-                                const at::Tensor& ref_logp,
-                                const at::Tensor& entropy);
+MicroBatchLoss MicroBatchLossOf(
+    const AlgorithmConfig& algorithm, const at::Tensor& logp,
+    const at::Tensor& old_logp, const at::Tensor& advantages,
+    const at::Tensor& loss_mask, const AggNorm& norm, const at::Tensor& weight,
+    const at::Tensor& ref_logp, const at::Tensor& entropy);
 
 }  // namespace fusionrl::algo
 
