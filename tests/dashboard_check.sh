@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The controller's web page (src/controller/dashboard.html) in headless
+# The controller's web page (src/controller/outputs/dashboard.html) in headless
 # Chromium against fixed api/status answers: the example in
 # docs/dashboard/api-status-example.json, a cluster with no jobs, one with no
 # workers, a job with 2000 history points, and an api/status that answers 404.
@@ -11,7 +11,7 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
-PAGE=${DASHBOARD:-$ROOT/src/controller/dashboard.html}
+PAGE=${DASHBOARD:-$ROOT/src/controller/outputs/dashboard.html}
 EXAMPLE=$ROOT/docs/dashboard/api-status-example.json
 OUT=${1:-$(mktemp -d /tmp/dashboard_check.XXXXXX)}
 PY=/usr/bin/python3

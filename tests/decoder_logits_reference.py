@@ -5,7 +5,7 @@ Writes small Hugging Face directories (Llama / Qwen2 / Qwen3 with real head
 sizes, 64 and 128, grouped-query heads, Qwen3's q/k norm, Qwen2's q/k/v
 biases, tied and untied heads, default / linear / llama3 rotary scaling)
 with random bf16-valued weights, asks the engine (the decoder_logits_dump
-tool, src/engine/decoder_logits_dump.cc) for the logits of sequences of
+tool, tests/decoder_logits/decoder_logits_dump.cc) for the logits of sequences of
 hundreds of tokens through each of its decoder paths, and compares them with
 a float64 forward of the same weights written from the Hugging Face modeling
 formulas (scripts/make_hf_fixtures.py's `forward`, never from FusionRL's

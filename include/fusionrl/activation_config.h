@@ -14,7 +14,7 @@
 namespace fusionrl {
 
 // What a transformer block's sub-blocks do with the activations they save
-// for backward (model.activations; engine/activation_memory.h measures it).
+// for backward (model.activations; engine/train/activation_memory.h measures it).
 //   keep:      autograd holds them until backward (the default).
 //   recompute: activation checkpointing: the sub-block's forward runs under
 //              no-grad and keeps only its inputs; backward runs it again.
@@ -37,7 +37,7 @@ namespace fusionrl {
 // model.activations.policy: keep | recompute | swap, the action of every
 // sub-block not set on its own; auto: at the first training step a planner
 // measures each sub-block and picks actions so the activations fit
-// budget_mib at the least extra time (engine/activation_planner.h).
+// budget_mib at the least extra time (engine/train/activation_planner.h).
 enum class ActivationPolicy { kKeep, kRecompute, kSwap, kAuto };
 absl::StatusOr<ActivationPolicy> ParseActivationPolicy(absl::string_view name);
 const char* ActivationPolicyName(ActivationPolicy policy);

@@ -130,7 +130,7 @@ struct ModelConfig {
   bool tie_embeddings = false;     // [arch] lm_head shares the embedding
   double init_std = 0.02;          // std of the normal init of linear weights
   // Mixture of experts: with moe_experts > 0 every block's feed-forward is a
-  // routed MoE block (engine/moe.h) instead of one dense SwiGLU.
+  // routed MoE block (engine/model/moe.h) instead of one dense SwiGLU.
   int moe_experts = 0;  // N experts per block: 0 (dense) or 2..128
   int moe_top_k = 2;    // experts per token: 1..8, <= moe_experts
   // MoGE (Mixture of Grouped Experts, Pangu Pro MoE): the N experts are
@@ -214,7 +214,7 @@ struct RolloutConfig {
   double temperature = 1.0;   // 0 = greedy
   int top_k = 0;              // 0 = off
   double top_p = 1.0;         // 1 = off
-  // Decode path (engine/rollout.h): fused = the CPU decoder with fused
+  // Decode path (engine/rollout/rollout.h): fused = the CPU decoder with fused
   // kernels, prefix sharing and continuous batching where it supports the
   // policy (a float32 dense model on a CPU), else composite; composite = the
   // module graph with prefix sharing and row compaction (what MoE policies
@@ -457,7 +457,7 @@ const char* PlacementModeName(PlacementMode mode);
 
 // fused, with a lag and every thread shared: whether a card's trainer and
 // rollout compute at the same time or take turns on all its threads
-// (worker/card_turns.h). probe measures both and keeps the faster; auto
+// (worker/step/card_turns.h). probe measures both and keeps the faster; auto
 // probes on an accelerator and takes turns (interleaved) on a CPU card,
 // where both roles are bound by the same cores (docs/BENCHMARKS.md).
 enum class FusedTurns { kAuto, kConcurrent, kInterleaved, kProbe };

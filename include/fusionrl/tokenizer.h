@@ -8,7 +8,7 @@
 //     characters ' '..'~' (vocab_size() == 98);
 //   - byte-level BPE loaded from a Hugging Face `tokenizer.json` (+
 //     `tokenizer_config.json`), as Qwen2/Qwen3 and Llama-3 ship it
-//     (src/tasks/bpe_tokenizer.h), with ids equal to the reference
+//     (src/tokenizer/bpe_tokenizer.h), with ids equal to the reference
 //     implementation's.
 //
 // Thread safety: implementations are immutable after construction and safe to

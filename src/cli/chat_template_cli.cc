@@ -11,10 +11,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "cli/exit_codes.h"
+#include "cli/common/exit_codes.h"
 #include "nlohmann/json.hpp"
-#include "tasks/chat_template.h"
-#include "tasks/jinja.h"
+#include "template/chat_template.h"
+#include "template/jinja.h"
 
 namespace fusionrl::cli {
 namespace {

@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "cli/exit_codes.h"
+#include "cli/common/exit_codes.h"
 #include "controller/controller.h"
 #include "core/config_override.h"
 #include "core/memory_manager.h"

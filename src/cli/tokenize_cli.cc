@@ -13,7 +13,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "cli/exit_codes.h"
+#include "cli/common/exit_codes.h"
 #include "fusionrl/tokenizer.h"
 #include "nlohmann/json.hpp"
 

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "controller/controller_state.h"
-#include "controller/http_server.h"
+#include "controller/outputs/http_server.h"
 #include "controller/job_manager_proto.h"
 #include "controller/services.h"
 #include "core/clock.h"

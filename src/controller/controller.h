@@ -24,7 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "controller/job_manager.h"
-#include "controller/rpc_stats.h"
+#include "controller/outputs/rpc_stats.h"
 #include "core/clock.h"
 #include "fusionrl/v1/job.pb.h"
 
@@ -67,7 +67,7 @@ struct ControllerOptions {
   absl::Duration stall_timeout = absl::ZeroDuration();
   bool stall_fails = false;
   // "host:port" of the dashboard, /api/status and /metrics
-  // (controller/http_server.h; port 0 picks a free one, see http_port());
+  // (controller/outputs/http_server.h; port 0 picks a free one, see http_port());
   // "" = no HTTP server. The same auth_token protects it.
   std::string http_address;
   // The time source of the controller's registry, jobs, weight store and

@@ -85,7 +85,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "controller/job_outputs.h"
+#include "controller/outputs/job_outputs.h"
 #include "controller/job_view.h"
 #include "controller/rendezvous_store.h"
 #include "core/clock.h"

@@ -23,7 +23,7 @@
 #include "core/metrics.h"
 #include "core/node_registry.h"
 #include "core/status_macros.h"
-#include "core/wait_watch.h"
+#include "tests/support/wait_watch.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -179,7 +179,7 @@ StepPlan JobManager::TrainPlanLocked(const Job& job, const Attempt& a, int k,
                       a.step == run.total_steps;
   }
   // Every card: the lead writes the checkpoint, each fused or disaggregated
-  // card what it sampled ahead (worker/rollout_prefetch.h).
+  // card what it sampled ahead (worker/step/rollout_prefetch.h).
   if (checkpoint) plan.checkpoint_name = absl::StrCat("step_", a.step);
   if (job.skewed) {
     // Checkpoints and the last step are taken from one set of weights.
@@ -261,7 +261,7 @@ absl::StatusOr<StepPlan> JobManager::GetStepPlan(const std::string& job_id,
                        job->end_message);
       if (job->ending && job->end_phase != JobPhase::kFailed) {
         // It ended with its end checkpoint after this step: the cards keep
-        // what they sampled ahead of it (worker/rollout_prefetch.h).
+        // what they sampled ahead of it (worker/step/rollout_prefetch.h).
         plan.step = job->last_committed + 1;
         plan.checkpoint_name = job->end_checkpoint;
       }

@@ -1,7 +1,7 @@
 // Checkpoint metadata (meta.json) and the lookup of the newest checkpoint:
 // the torch-free part of checkpoints, so the controller can plan a resumed
 // job without loading any tensor. Writing and loading the tensors is
-// engine/checkpoint.h.
+// engine/train/checkpoint.h.
 #ifndef FUSIONRL_CORE_CHECKPOINT_META_H_
 #define FUSIONRL_CORE_CHECKPOINT_META_H_
 
@@ -30,7 +30,7 @@ struct CheckpointMeta {
   // (written by cards sampling from their shards, placement.expert_sampling
   // shard, so that no card gathers the whole model), model.pt holds the
   // dense parameters and shard 0's experts and model.expert-shard-<r>.pt
-  // shard r's experts (engine/checkpoint.h).
+  // shard r's experts (engine/train/checkpoint.h).
   bool expert_weights_split = false;
 };
 
@@ -71,7 +71,7 @@ absl::StatusOr<std::string> FindLatestCheckpoint(
     const std::string& checkpoints_dir, bool committed_only = false,
     std::vector<std::string>* skipped = nullptr);
 
-// <dir>/meta.json, parsed (the one reader of the file: engine/checkpoint.cc
+// <dir>/meta.json, parsed (the one reader of the file: engine/train/checkpoint.cc
 // checks its model section, this file its fields). NotFound when there is
 // no meta.json, DataLoss when it does not parse.
 absl::StatusOr<nlohmann::json> ReadCheckpointMetaJson(const std::string& dir);

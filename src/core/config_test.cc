@@ -963,7 +963,7 @@ TEST(ConfigTest, RefusesPolicyLagWithoutDecoupledLoss) {
 
 // Partial rollout is refused, naming the key, wherever it cannot act.
 // placement.fused_turns pins the card's choice only where there is one
-// (worker/card_turns.h); elsewhere it would be ignored silently.
+// (worker/step/card_turns.h); elsewhere it would be ignored silently.
 TEST(ConfigTest, FusedTurnsNeedAFusedRunWithALagAndSharedThreads) {
   JobConfig c;
   c.placement.mode = PlacementMode::kFused;

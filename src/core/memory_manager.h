@@ -13,7 +13,7 @@
 // The first six are device memory; their sum is "in use" and is held to the
 // budget (0 = unlimited: the books are kept, nothing is ever refused).
 //
-// Figures are measured by the caller (engine/memory_accounting.h) and set
+// Figures are measured by the caller (engine/train/memory_accounting.h) and set
 // with Set(). The two growing consumers ask first: RequestKvCache() before a
 // sampling round allocates its cache, RequestActivations() before a train
 // step. A request that fits is granted and recorded. One that does not fit

@@ -10,7 +10,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/fake_clock.h"
-#include "core/wait_watch.h"
+#include "tests/support/wait_watch.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

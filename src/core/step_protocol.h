@@ -6,8 +6,8 @@
 //
 // The data path of one step:
 //   StepPlan (controller -> card: which prompt groups, which attempt)
-//   -> RolloutBatch (worker/group_sampler.h: completions and rewards)
-//   -> TrainStats (engine/trainer.h) -> StepReport (card -> controller).
+//   -> RolloutBatch (worker/step/group_sampler.h: completions and rewards)
+//   -> TrainStats (engine/train/trainer.h) -> StepReport (card -> controller).
 #ifndef FUSIONRL_CORE_STEP_PROTOCOL_H_
 #define FUSIONRL_CORE_STEP_PROTOCOL_H_
 

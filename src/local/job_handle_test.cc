@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "engine/test_util.h"
+#include "engine/model/test_util.h"
 #include "fusionrl/cluster.h"
 #include "fusionrl/job.h"
 #include "fusionrl/observer.h"

@@ -12,15 +12,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/crc32c.h"
-#include "engine/checkpoint.h"
-#include "engine/test_util.h"
+#include "engine/train/checkpoint.h"
+#include "engine/model/test_util.h"
 #include "fusionrl/environment.h"
 #include "fusionrl/job.h"
 #include "fusionrl/task.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "worker/rollout_prefetch.h"
+#include "worker/step/rollout_prefetch.h"
 
 namespace fusionrl {
 namespace {
@@ -939,13 +939,13 @@ TEST(RlJobTest, FusedPartialRolloutResumesExactlyAndStaysWithinTheLag) {
 // RL Fusion moves between the trainer and the rollout as each goes idle,
 // and a model large enough that its products and sums are split across
 // threads. Thread sharing follows timing, so without thread-count-invariant
-// training and row blocks fixed by the card (engine/invariant_ops.h,
+// training and row blocks fixed by the card (engine/kernels/invariant_ops.h,
 // CpuDecoder::set_row_blocks) the uninterrupted run and the resumed one
 // would drift apart.
 //
 // With placement.fused_turns probe (auto takes turns on a CPU card) the card
 // also switches between computing both roles at once and taking turns
-// (worker/card_turns.h: after the first step a probe runs 6 steps at once,
+// (worker/step/card_turns.h: after the first step a probe runs 6 steps at once,
 // then 6 in turns, at s = 2), so the uninterrupted run and the resumed one
 // (whose probe starts again after step 7) run steps 8-12 in different
 // modes: the numbers must not notice.

@@ -15,7 +15,7 @@
 #include "fusionrl/task.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tasks/chat_format.h"
+#include "template/chat_format.h"
 #include "tasks/jsonl_task.h"
 #include "tasks/rewards.h"
 

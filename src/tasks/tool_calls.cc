@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
-#include "tasks/chat_format.h"
+#include "template/chat_format.h"
 
 namespace fusionrl {
 namespace {

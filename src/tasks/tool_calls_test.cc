@@ -13,8 +13,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tasks/chat_format.h"
-#include "tasks/chat_template.h"
+#include "template/chat_format.h"
+#include "template/chat_template.h"
 
 namespace fusionrl {
 namespace {

@@ -6,14 +6,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
-#include "engine/checkpoint.h"
-#include "engine/grad_sync.h"
-#include "engine/model.h"
-#include "engine/trainer.h"
+#include "engine/train/checkpoint.h"
+#include "engine/collectives/grad_sync.h"
+#include "engine/model/model.h"
+#include "engine/train/trainer.h"
 #include "spdlog/spdlog.h"
 #include "worker/card_runner_impl.h"
 #include "worker/fused_rollout.h"
-#include "worker/rollout_prefetch.h"
+#include "worker/step/rollout_prefetch.h"
 
 namespace fusionrl {
 

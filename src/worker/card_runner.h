@@ -5,7 +5,7 @@
 //      (colocated), or taken from its FusedRollout thread (fused,
 //      disaggregated);
 //   2. checks the samples' staleness (StalenessFilter);
-//   3. trains one step (engine/trainer.h), its gradients summed over the
+//   3. trains one step (engine/train/trainer.h), its gradients summed over the
 //      node's cards and the attempt's nodes (HierarchicalSync) or, in a
 //      StaleSync job with clock skew, exchanged with the other super nodes;
 //   4. sums the step's totals over the cards, syncs weights when the plan

@@ -27,10 +27,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "core/role_overlap.h"
-#include "engine/job_common.h"
+#include "worker/step/role_overlap.h"
+#include "engine/jobs/evaluate.h"
 #include "worker/card_runner.h"
-#include "worker/step_snapshot.h"
+#include "worker/step/step_snapshot.h"
 
 namespace fusionrl {
 
@@ -77,7 +77,7 @@ class CardRunner {
   std::unique_ptr<HierarchicalSync> MakeSync();
   // Fused or disaggregated: the card's rollout thread, its snapshot and
   // engine, how it shares the card's threads with the trainer, and
-  // whether the two take turns (worker/card_turns.h).
+  // whether the two take turns (worker/step/card_turns.h).
   absl::Status SetUpRolloutThread();
 
   // --- one step (card_train_step.cc) ---
@@ -116,7 +116,7 @@ class CardRunner {
   // --- checkpoints (card_checkpoint.cc) ---
   // Fused or disaggregated with rollout_version lagged: writes what this
   // card's rollout sampled ahead of the checkpoint of `step`
-  // (worker/rollout_prefetch.h).
+  // (worker/step/rollout_prefetch.h).
   absl::Status SavePrefetch(int64_t step);
   // The same for the job's end checkpoint after `step` (once; a failure is
   // logged: the checkpoint stands, a resume samples afresh).
@@ -127,7 +127,7 @@ class CardRunner {
   void RestorePrefetch(const StepPlan& plan);
   // Expert parallelism: the card of rank `rank` in the lead's group (the
   // lead is 0), for a checkpoint named `checkpoint` (none: "") of `step`:
-  // shards 1..E-1 write their optimizer state for it (engine/checkpoint.h),
+  // shards 1..E-1 write their optimizer state for it (engine/train/checkpoint.h),
   // which the lead waits for and moves in.
   absl::Status SaveExpertShard(const std::string& checkpoint, int rank,
                                int64_t step);
@@ -165,7 +165,7 @@ class CardRunner {
   // expert_sampling shard: the card samples and evaluates from its shard,
   // in lockstep with its group (the rollout thread's over
   // job_.rollout_experts), and no card holds the whole model: each shard
-  // writes its experts into a checkpoint (engine/checkpoint.h).
+  // writes its experts into a checkpoint (engine/train/checkpoint.h).
   bool samples_shard_ = false;
   // What the card samples from and publishes to its rollout thread:
   // gathered_ where it exists, else the policy (with LoRA its adapters;

@@ -11,21 +11,21 @@
 #include "absl/strings/str_cat.h"
 #include "core/memory_manager.h"
 #include "core/status_macros.h"
-#include "engine/activation_planner.h"
-#include "engine/checkpoint.h"
-#include "engine/expert_parallel.h"
-#include "engine/intra_op_threads.h"
-#include "engine/memory_accounting.h"
-#include "engine/model.h"
-#include "engine/rollout.h"
-#include "engine/trainer.h"
+#include "engine/train/activation_planner.h"
+#include "engine/train/checkpoint.h"
+#include "engine/model/expert_parallel.h"
+#include "engine/kernels/intra_op_threads.h"
+#include "engine/train/memory_accounting.h"
+#include "engine/model/model.h"
+#include "engine/rollout/rollout.h"
+#include "engine/train/trainer.h"
 #include "rpc/remote_environment.h"
 #include "spdlog/spdlog.h"
 #include "worker/card_runner_impl.h"
-#include "worker/card_turns.h"
+#include "worker/step/card_turns.h"
 #include "worker/controller_store.h"
 #include "worker/fused_rollout.h"
-#include "worker/group_sampler.h"
+#include "worker/step/group_sampler.h"
 #include "worker/hier_sync.h"
 
 namespace fusionrl {
@@ -238,14 +238,14 @@ absl::Status CardRunner::SetUpRolloutThread() {
   engine->set_row_blocks(card_threads);
   const bool share = fused && cfg.placement.fused_share_idle_threads;
   // The trainer's step does not depend on its thread count either
-  // (engine/invariant_ops.h), except through the composite attention
+  // (engine/kernels/invariant_ops.h), except through the composite attention
   // kernel's batched products: with it the trainer keeps its share.
   const bool trainer_shares =
       share && (cfg.model.attention_kernel == AttentionKernel::kFused ||
                 !policy.device().is_cpu());
   if (trainer_shares && engine->fused() && fo.max_policy_lag > 0) {
     // Both roles share every thread: the card measures whether they
-    // compute faster at once or in turns (worker/card_turns.h).
+    // compute faster at once or in turns (worker/step/card_turns.h).
     // auto on a CPU card takes turns without probing: both roles are bound
     // by the same cores there, concurrent never won on either benchmark,
     // and the probe's early blocks (answers still shortening) picked it on

@@ -19,7 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "engine/grad_sync.h"
+#include "engine/collectives/grad_sync.h"
 #include "worker/work_client.h"
 
 namespace fusionrl {

@@ -12,10 +12,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/stalesync.h"
-#include "engine/intra_op_threads.h"
-#include "engine/job_common.h"
-#include "engine/model.h"
-#include "engine/rollout.h"
+#include "engine/kernels/intra_op_threads.h"
+#include "engine/rollout/job_context.h"
+#include "engine/model/model.h"
+#include "engine/rollout/rollout.h"
 
 namespace fusionrl {
 namespace {

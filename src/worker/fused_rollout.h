@@ -63,7 +63,7 @@
 //
 // Checkpoints (lagged): Pending() hands out the batches sampled from
 // versions older than the checkpoint's, with the frame; Restore() continues
-// from them after a resume (worker/rollout_prefetch.h).
+// from them after a resume (worker/step/rollout_prefetch.h).
 //
 // Thread safety: Publish/Take/Reset/Stop are called by the card's main
 // thread; the rollout thread is internal. Every shared field is guarded by
@@ -87,8 +87,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/clock.h"
-#include "worker/group_sampler.h"
-#include "worker/rollout_prefetch.h"
+#include "worker/step/group_sampler.h"
+#include "worker/step/rollout_prefetch.h"
 #include "worker/work_client.h"
 
 namespace fusionrl {

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/grad_sync.h"
+#include "engine/collectives/grad_sync.h"
 #include "worker/work_client.h"
 
 namespace fusionrl {

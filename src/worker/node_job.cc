@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "engine/grad_sync.h"
+#include "engine/collectives/grad_sync.h"
 #include "fusionrl/config.h"
 #include "spdlog/spdlog.h"
 #include "worker/card_runner.h"

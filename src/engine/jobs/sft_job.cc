@@ -1,0 +1,175 @@
+// Supervised warm start (`fusionrl sft`) and checkpoint evaluation
+// (`fusionrl eval`).
+//
+// SFT trains the policy to produce each training problem's reference
+// solution followed by eos: token-mean cross-entropy on the response tokens
+// only (the prompt is context, not a target). RL then starts from a policy
+// that knows the task's format and sometimes succeeds, as real post-training
+// starts from an SFT model.
+#include <ATen/ATen.h>
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "core/metrics.h"
+#include "core/status_macros.h"
+#include "engine/train/activation_planner.h"
+#include "engine/rollout/agent_loop.h"
+#include "engine/train/checkpoint.h"
+#include "engine/kernels/invariant_ops.h"
+#include "engine/jobs/evaluate.h"
+#include "engine/jobs/job_setup.h"
+#include "engine/train/master_weights.h"
+#include "engine/train/trainer.h"
+#include "fusionrl/job.h"
+#include "spdlog/spdlog.h"
+
+namespace fusionrl {
+using Clock = std::chrono::steady_clock;
+
+absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config) {
+  const auto job_start = Clock::now();
+  FUSIONRL_RETURN_IF_ERROR(ValidateJobConfig(config));
+  const std::string& out = config.output_dir;
+  FUSIONRL_ASSIGN_OR_RETURN(JobContext ctx, PrepareJob(config, out));
+  PolicyModel& policy = *ctx.policy;
+  // model.activations.policy auto: plan for a full batch.
+  FUSIONRL_RETURN_IF_ERROR(
+      PlanActivationsForJob(policy, config.sft.batch_size).status());
+  FUSIONRL_ASSIGN_OR_RETURN(auto metrics,
+                            MetricsLog::Open(out + "/metrics.jsonl", true));
+  const auto& sc = config.sft;
+  const auto& o = config.optim;
+  // Float32 master weights for a bf16 policy (engine/train/master_weights.h).
+  // With LoRA the adapters only.
+  MasterWeightAdamW adamw(policy.trainable_parameters(),
+                          AdamWSettingsOf(o, sc.lr));
+  OptimConfig schedule = o;
+  schedule.lr = sc.lr;
+  schedule.warmup_steps = sc.warmup_steps;
+  const int max_new = config.rollout.max_new_tokens;
+
+  FUSIONRL_ASSIGN_OR_RETURN(EvalResult initial,
+                            EvaluateGreedy(policy, ctx, max_new));
+  spdlog::info("[{}] sft: {} parameters, initial eval accuracy {:.3f}",
+               config.name, policy.num_parameters(), initial.accuracy);
+  JobSummary summary;
+  summary.kind = "sft";
+  summary.initial_eval_accuracy = initial.accuracy;
+  summary.summary_path = out + "/summary.json";
+  double last_eval = initial.accuracy;
+  uint64_t cursor = 0;
+  double train_seconds = 0;
+  int64_t tokens = 0;
+  for (int step = 1; step <= sc.steps; ++step) {
+    const auto t0 = Clock::now();
+    std::vector<Sample> batch;
+    for (int i = 0; i < sc.batch_size; ++i) {
+      const Problem p = ctx.task->TrainProblem(cursor++);
+      if (ctx.environment != nullptr) {
+        // Multi-turn: a demonstrated episode (its environment tokens masked
+        // out of the loss), where the environment has demonstrations.
+        absl::StatusOr<Sample> demo = DemonstrationSample(ctx, p, cursor);
+        if (demo.ok()) {
+          tokens += static_cast<int64_t>(demo->response_ids.size());
+          batch.push_back(*std::move(demo));
+          continue;
+        }
+        if (!absl::IsNotFound(demo.status())) return demo.status();
+      }
+      FUSIONRL_ASSIGN_OR_RETURN(Sample s, SolutionSample(ctx, p));
+      if (static_cast<int>(s.response_ids.size()) > max_new) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rollout.max_new_tokens: the reference solution of '",
+                         p.prompt, "' needs ", s.response_ids.size(),
+                         " tokens (eos included), more "
+                         "than ",
+                         max_new));
+      }
+      tokens += static_cast<int64_t>(s.response_ids.size());
+      batch.push_back(std::move(s));
+    }
+    const CollatedBatch cb =
+        Collate(batch, ctx.tokenizer->pad_id(), ctx.device);
+    policy.set_training(true);
+    adamw.ZeroGrad();
+    auto logp = ResponseTokenLogProbs(policy, cb, 1.0,
+                                      config.optim.logits_chunk_tokens, false)
+                    .logp;
+    auto loss = -(logp * cb.response_mask).sum() / cb.response_mask.sum();
+    // MoE: the router's load-balancing and z losses join the objective, as
+    // in RL training (the logged "loss" stays the likelihood term).
+    const at::Tensor aux = policy.AuxLoss();
+    (aux.defined() ? loss + aux : loss).backward();
+    adamw.GradientsToMasters();
+    const double grad_norm =
+        o.grad_clip > 0 ? InvariantClipGradNorm(adamw.stepped(), o.grad_clip)
+                        : 0.0;
+    const double lr = LearningRateAt(schedule, step - 1);
+    adamw.SetLearningRate(lr);
+    adamw.Step();
+    train_seconds += SecondsSince(t0);
+    const double loss_v = loss.item<double>();
+    if (!std::isfinite(loss_v)) {
+      return absl::InternalError(absl::StrCat(
+          "sft: loss became non-finite at step ", step, "; lower sft.lr"));
+    }
+    MetricRecord rec = {
+        {"step", step}, {"loss", loss_v}, {"grad_norm", grad_norm}, {"lr", lr}};
+    if (aux.defined()) {
+      const MoeStats ms = policy.moe_stats();
+      rec.push_back({"moe_aux_loss", ms.aux_loss});
+      rec.push_back({"moe_z_loss", ms.z_loss});
+      rec.push_back({"moe_dropped_frac", ms.dropped_frac});
+      for (size_t i = 0; i < ms.expert_load.size(); ++i) {
+        rec.push_back({absl::StrCat("moe_load_", i), ms.expert_load[i]});
+      }
+      for (size_t g = 0; ms.group_load.size() > 1 && g < ms.group_load.size();
+           ++g) {
+        rec.push_back({absl::StrCat("moe_group_load_", g), ms.group_load[g]});
+      }
+    }
+    const bool eval_now =
+        (sc.eval_every > 0 && step % sc.eval_every == 0) || step == sc.steps;
+    if (eval_now) {
+      FUSIONRL_ASSIGN_OR_RETURN(EvalResult ev,
+                                EvaluateGreedy(policy, ctx, max_new));
+      last_eval = ev.accuracy;
+      rec.push_back({"eval_accuracy", ev.accuracy});
+      spdlog::info("[{}] sft step {}/{} | loss {:.4f} | eval {:.3f} | ETA {}",
+                   config.name, step, sc.steps, loss_v, ev.accuracy,
+                   FormatDuration(train_seconds / step * (sc.steps - step)));
+    }
+    FUSIONRL_RETURN_IF_ERROR(metrics->Append(rec));
+  }
+  summary.checkpoint_dir = out + "/checkpoints/final";
+  FUSIONRL_RETURN_IF_ERROR(
+      WriteCheckpoint(summary.checkpoint_dir, policy, nullptr,
+                      CheckpointMeta{"sft", config.name, sc.steps, 0, cursor,
+                                     LoraBaseModel(config)}));
+  if (config.run.export_final) {
+    FUSIONRL_RETURN_IF_ERROR(ExportJobPolicy(config, ctx, policy, out + "/hf"));
+  }
+  summary.final_eval_accuracy = last_eval;
+  summary.steps = sc.steps;
+  summary.tokens_per_second = train_seconds > 0 ? tokens / train_seconds : 0;
+  summary.wall_seconds = SecondsSince(job_start);
+  FUSIONRL_RETURN_IF_ERROR(WriteSummary(summary));
+  spdlog::info(
+      "[{}] sft done: eval accuracy {:.3f} -> {:.3f} in {}; "
+      "checkpoint {}",
+      config.name, summary.initial_eval_accuracy, summary.final_eval_accuracy,
+      FormatDuration(summary.wall_seconds), summary.checkpoint_dir);
+  return summary;
+}
+
+absl::StatusOr<double> EvaluateJob(const JobConfig& config) {
+  FUSIONRL_RETURN_IF_ERROR(ValidateJobConfig(config));
+  FUSIONRL_ASSIGN_OR_RETURN(JobContext ctx, PrepareJob(config, ""));
+  FUSIONRL_ASSIGN_OR_RETURN(
+      EvalResult ev,
+      EvaluateGreedy(*ctx.policy, ctx, config.rollout.max_new_tokens));
+  return ev.accuracy;
+}
+
+}  // namespace fusionrl

@@ -1,0 +1,465 @@
+#include "engine/rollout/episode_decoder.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "engine/rollout/cpu_decoder.h"
+#include "engine/model/expert_parallel.h"
+
+namespace fusionrl {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Where the live episodes' KV caches are and how a step computes them.
+// Slots [0, n) of a step are the live episodes; a parked episode keeps its
+// cache entries outside the slots.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // Prefills each distinct prompt; the logits [U, V] of its last token.
+  virtual at::Tensor Prefill(
+      const std::vector<const std::vector<int>*>& unique) = 0;
+  // Slot `slot` takes episode `e`, whose prompt is unique prompt `u`.
+  virtual void Start(int64_t u, int64_t slot, int64_t e) = 0;
+  virtual void Park(int64_t slot, int64_t e) = 0;
+  virtual void Resume(int64_t e, int64_t slot) = 0;
+  virtual void Move(int64_t from, int64_t to) = 0;
+  virtual void Drop(int64_t e) = 0;  // a parked or finished episode
+  // Feeds tokens[s] to slot s < n; the logits [n, V].
+  virtual at::Tensor Step(const int64_t* tokens, int64_t n) = 0;
+  // MoE policies: the experts every token fed for episode `e` was routed
+  // to (EpisodeTokens::routes); empty where the backend does not record.
+  virtual std::vector<int8_t> TakeRoutes(int64_t e) { return {}; }
+};
+
+// A forward's recorded routes ([1, t, n_layers, top_k]) appended to `out`
+// as bytes.
+void AppendRoutes(const at::Tensor& routes, std::vector<int8_t>& out) {
+  const at::Tensor host = routes.to(at::kCPU).to(at::kChar).contiguous();
+  const int8_t* p = host.data_ptr<int8_t>();
+  out.insert(out.end(), p, p + host.numel());
+}
+
+// The fused CpuDecoder: one batched step; parked caches copied out.
+class FusedBackend final : public Backend {
+ public:
+  FusedBackend(PolicyModel& model, int pad_id, int64_t slots, int64_t capacity,
+               int row_blocks)
+      : model_(model), pad_id_(pad_id), decoder_(model, slots, capacity) {
+    if (row_blocks > 0) decoder_.set_row_blocks(row_blocks);
+  }
+  at::Tensor Prefill(
+      const std::vector<const std::vector<int>*>& unique) override {
+    prompt_len_ = 0;
+    for (const auto* p : unique) {
+      prompt_len_ = std::max<int64_t>(prompt_len_, p->size());
+      lengths_.push_back(static_cast<int64_t>(p->size()));
+    }
+    const int64_t n = static_cast<int64_t>(unique.size());
+    const auto long_opts = at::TensorOptions().dtype(at::kLong);
+    auto tokens = at::full({n, prompt_len_}, pad_id_, long_opts);
+    auto valid = at::zeros({n, prompt_len_}, long_opts.dtype(at::kBool));
+    auto tok = tokens.accessor<int64_t, 2>();
+    auto val = valid.accessor<bool, 2>();
+    for (int64_t b = 0; b < n; ++b) {
+      const int64_t off = prompt_len_ - lengths_[b];
+      for (int64_t j = 0; j < lengths_[b]; ++j) {
+        tok[b][off + j] = (*unique[b])[j];
+        val[b][off + j] = true;
+      }
+    }
+    prefill_ = model_.NewCache(n, prompt_len_);
+    return model_
+        .ForwardCached(tokens, PositionsFromValid(valid), valid, prefill_,
+                       /*last_only=*/true)
+        .select(1, 0);
+  }
+  void Start(int64_t u, int64_t slot, int64_t) override {
+    decoder_.LoadPrefill(prefill_, u, prompt_len_ - lengths_[u], lengths_[u],
+                         slot);
+  }
+  void Park(int64_t slot, int64_t e) override {
+    decoder_.ParkSlot(slot, &parked_[e]);
+  }
+  void Resume(int64_t e, int64_t slot) override {
+    decoder_.RestoreSlot(parked_.at(e), slot);
+    parked_.erase(e);
+  }
+  void Move(int64_t from, int64_t to) override { decoder_.MoveSlot(from, to); }
+  void Drop(int64_t e) override { parked_.erase(e); }
+  at::Tensor Step(const int64_t* tokens, int64_t n) override {
+    return decoder_.Step(tokens, n);
+  }
+
+ private:
+  PolicyModel& model_;
+  int pad_id_;
+  CpuDecoder decoder_;
+  KvCache prefill_;
+  int64_t prompt_len_ = 0;
+  std::vector<int64_t> lengths_;
+  std::map<int64_t, CpuDecoder::ParkedSlot> parked_;
+};
+
+// The model's ForwardCached, one cache per episode (every device and
+// model); each step runs the live episodes one by one.
+class CompositeBackend final : public Backend {
+ public:
+  // `lockstep`: null, or the call's expert lockstep (announced before every
+  // forward).
+  CompositeBackend(PolicyModel& model, int64_t slots, int64_t capacity,
+                   ExpertLockstep* lockstep)
+      : model_(model),
+        lockstep_(lockstep),
+        capacity_(capacity),
+        slot_episode_(slots, -1),
+        record_(model.config().moe_experts > 0) {
+    if (record_) model_.set_record_routes(true);
+  }
+  at::Tensor Prefill(
+      const std::vector<const std::vector<int>*>& unique) override {
+    std::vector<at::Tensor> logits;
+    const auto long_opts =
+        at::TensorOptions().dtype(at::kLong).device(model_.device());
+    for (const auto* p : unique) {
+      const int64_t len = static_cast<int64_t>(p->size());
+      KvCache cache = model_.NewCache(1, capacity_);
+      std::vector<int64_t> ids(p->begin(), p->end());
+      auto tokens = at::tensor(ids, long_opts).view({1, len});
+      auto positions = at::arange(len, long_opts).view({1, len});
+      auto valid = at::ones({1, len}, long_opts.dtype(at::kBool));
+      Announce();
+      logits.push_back(
+          model_.ForwardCached(tokens, positions, valid, cache, true)
+              .select(1, 0));
+      prompts_.push_back(std::move(cache));
+      prompt_routes_.emplace_back();
+      if (record_) AppendRoutes(model_.last_routes(), prompt_routes_.back());
+    }
+    return at::cat(logits, 0);
+  }
+  void Start(int64_t u, int64_t slot, int64_t e) override {
+    const KvCache& p = prompts_[u];
+    KvCache c;
+    for (const auto& k : p.keys) c.keys.push_back(k.clone());
+    for (const auto& v : p.values) c.values.push_back(v.clone());
+    c.length = p.length;
+    c.capacity = p.capacity;
+    caches_[e] = std::move(c);
+    slot_episode_[slot] = e;
+    routes_[e] = prompt_routes_[u];
+  }
+  void Park(int64_t slot, int64_t) override { slot_episode_[slot] = -1; }
+  void Resume(int64_t e, int64_t slot) override { slot_episode_[slot] = e; }
+  void Move(int64_t from, int64_t to) override {
+    slot_episode_[to] = slot_episode_[from];
+  }
+  void Drop(int64_t e) override { caches_.erase(e); }
+  at::Tensor Step(const int64_t* tokens, int64_t n) override {
+    const auto long_opts =
+        at::TensorOptions().dtype(at::kLong).device(model_.device());
+    std::vector<at::Tensor> rows;
+    for (int64_t s = 0; s < n; ++s) {
+      KvCache& cache = caches_.at(slot_episode_[s]);
+      const int64_t pos = cache.length;
+      auto tok = at::full({1, 1}, tokens[s], long_opts);
+      auto positions = at::full({1, 1}, pos, long_opts);
+      auto valid = at::ones({1, pos + 1}, long_opts.dtype(at::kBool));
+      Announce();
+      rows.push_back(
+          model_.ForwardCached(tok, positions, valid, cache).select(1, 0));
+      if (record_)
+        AppendRoutes(model_.last_routes(), routes_[slot_episode_[s]]);
+    }
+    return at::cat(rows, 0);
+  }
+  std::vector<int8_t> TakeRoutes(int64_t e) override {
+    auto it = routes_.find(e);
+    if (it == routes_.end()) return {};
+    std::vector<int8_t> out = std::move(it->second);
+    routes_.erase(it);
+    return out;
+  }
+
+ private:
+  void Announce() {
+    if (lockstep_ == nullptr) return;
+    const absl::Status status = lockstep_->Announce();
+    TORCH_CHECK(status.ok(), std::string(status.message()));
+  }
+
+  PolicyModel& model_;
+  ExpertLockstep* lockstep_;
+  int64_t capacity_;
+  std::vector<KvCache> prompts_;
+  std::map<int64_t, KvCache> caches_;
+  std::vector<int64_t> slot_episode_;
+  bool record_;
+  std::vector<std::vector<int8_t>> prompt_routes_;  // by distinct prompt
+  std::map<int64_t, std::vector<int8_t>> routes_;   // by episode
+};
+
+}  // namespace
+
+EpisodeDecoder::EpisodeDecoder(PolicyModel& model, int pad_id,
+                               std::vector<int> stop_ids)
+    : model_(model), pad_id_(pad_id), stop_ids_(std::move(stop_ids)) {}
+
+bool EpisodeDecoder::fused() const {
+  return fused_ && CpuDecoder::Supports(model_);
+}
+
+absl::StatusOr<std::vector<EpisodeTokens>> EpisodeDecoder::Run(
+    const std::vector<std::vector<int>>& prompts,
+    const std::vector<SequenceKey>& keys, const SamplingParams& params,
+    const EpisodeLimits& limits, TurnDriver& driver) {
+  if (lockstep_group_ == nullptr) {
+    return RunOnce(prompts, keys, params, limits, driver);
+  }
+  FUSIONRL_RETURN_IF_ERROR(
+      ExpertLockstep::Applies(model_, fused(), "episodes"));
+  ExpertLockstep lockstep(lockstep_group_);
+  lockstep_ = &lockstep;
+  absl::Cleanup unset = [this] { lockstep_ = nullptr; };
+  absl::StatusOr<std::vector<EpisodeTokens>> out;
+  try {
+    out = RunOnce(prompts, keys, params, limits, driver);
+  } catch (const c10::Error& e) {
+    // A failed announcement (the backend's steps return tensors): the
+    // group is broken, joining would only wait out its deadline again.
+    return absl::UnavailableError(e.what_without_backtrace());
+  }
+  // Whatever this call did, the group's other calls need this rank until
+  // their last forward.
+  out = lockstep.Finish(model_, std::move(out));
+  stats_.expert_joins = lockstep.joins();
+  return out;
+}
+
+absl::StatusOr<std::vector<EpisodeTokens>> EpisodeDecoder::RunOnce(
+    const std::vector<std::vector<int>>& prompts,
+    const std::vector<SequenceKey>& keys, const SamplingParams& params,
+    const EpisodeLimits& limits, TurnDriver& driver) {
+  const auto t_start = Clock::now();
+  stats_ = EpisodeDecodeStats{};
+  const int64_t n = static_cast<int64_t>(prompts.size());
+  std::vector<EpisodeTokens> out(n);
+  if (n == 0) return out;
+  // Distinct prompts are prefilled once (a GRPO group shares its prompt).
+  std::map<std::vector<int>, int64_t> index;
+  std::vector<const std::vector<int>*> unique;
+  std::vector<int64_t> prompt_of(n);
+  int64_t longest = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (prompts[i].empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("episode ", i, ": empty prompt"));
+    }
+    auto [it, added] =
+        index.emplace(prompts[i], static_cast<int64_t>(unique.size()));
+    if (added) unique.push_back(&prompts[i]);
+    prompt_of[i] = it->second;
+    longest = std::max<int64_t>(longest, prompts[i].size());
+  }
+  const int64_t max_seq = model_.config().max_seq_len;
+  const int64_t budget = limits.max_episode_tokens > 0
+                             ? limits.max_episode_tokens
+                             : max_seq - longest;
+  if (budget < 1 || longest + budget > max_seq) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a prompt of ", longest, " tokens plus an episode of ", budget,
+        " tokens does not fit model.max_seq_len (", max_seq,
+        "); lower env.max_episode_tokens or shorten the prompts"));
+  }
+  const int64_t slots = limits.slots > 0 ? std::min(limits.slots, n) : n;
+  const int64_t capacity = longest + budget;
+  std::unique_ptr<Backend> backend;
+  if (fused()) {
+    backend = std::make_unique<FusedBackend>(model_, pad_id_, slots, capacity,
+                                             row_blocks_);
+  } else {
+    backend =
+        std::make_unique<CompositeBackend>(model_, slots, capacity, lockstep_);
+  }
+  const int64_t turn_budget = params.max_new_tokens;
+  auto is_stop = [&](int id) {
+    return std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end();
+  };
+
+  // Every episode's first token, from its prompt's prefill logits.
+  const at::Tensor prefill_logits = backend->Prefill(unique);
+  std::vector<int64_t> first(n);
+  std::vector<float> first_logp(n);
+  {
+    auto u = at::empty({n}, at::TensorOptions().dtype(at::kFloat));
+    for (int64_t i = 0; i < n; ++i) {
+      u.data_ptr<float>()[i] = RowUniform(keys[i].seed, keys[i].index, 0);
+    }
+    auto rows = at::tensor(prompt_of, at::TensorOptions().dtype(at::kLong))
+                    .to(prefill_logits.device());
+    auto [tok, lp] =
+        SampleTokens(prefill_logits.index_select(0, rows), u, params);
+    tok = tok.to(at::kCPU).contiguous();
+    lp = lp.to(at::kCPU).to(at::kFloat).contiguous();
+    for (int64_t i = 0; i < n; ++i) {
+      first[i] = tok.data_ptr<int64_t>()[i];
+      first_logp[i] = lp.data_ptr<float>()[i];
+    }
+  }
+
+  std::vector<std::deque<int64_t>> feed(n);      // tokens to feed, in order
+  std::vector<std::vector<int>> turn(n);         // the current turn's tokens
+  std::vector<int64_t> sampled(n, 0);            // model tokens so far
+  std::set<std::pair<int64_t, int64_t>> parked;  // (admit step, episode)
+  std::deque<int64_t> ready;                     // answered, waiting for a slot
+  std::vector<int64_t> slot_episode(slots, -1);
+  int64_t live = 0, next_new = 0, step = 0;
+
+  // Records a sampled token. Returns true when the episode left its slot
+  // (its turn ended, or the token limit cut it).
+  auto record = [&](int64_t e, int64_t token, float logp) {
+    EpisodeTokens& ep = out[e];
+    ep.tokens.push_back(static_cast<int>(token));
+    ep.logp.push_back(logp);
+    ep.model.push_back(1);
+    turn[e].push_back(static_cast<int>(token));
+    ++sampled[e];
+    feed[e].assign(1, token);
+    const bool stopped = is_stop(static_cast<int>(token));
+    if (stopped || static_cast<int64_t>(turn[e].size()) >= turn_budget) {
+      ++ep.turns;
+      driver.TurnEnded(e, turn[e], stopped);
+      turn[e].clear();
+      parked.emplace(step + limits.admit_after_steps, e);
+      return true;
+    }
+    if (static_cast<int64_t>(ep.tokens.size()) >= budget) {
+      ++ep.turns;  // cut inside a turn: the episode ends, not done
+      driver.EpisodeCut(e, turn[e], /*max_turns=*/false);
+      return true;
+    }
+    return false;
+  };
+  // Slot `s` leaves the batch (its episode parked or finished): the last
+  // live slot moves into it.
+  auto vacate = [&](int64_t s, bool park) {
+    const int64_t e = slot_episode[s];
+    if (park) {
+      backend->Park(s, e);
+    } else {
+      backend->Drop(e);
+    }
+    const int64_t last = live - 1;
+    if (s != last) {
+      backend->Move(last, s);
+      slot_episode[s] = slot_episode[last];
+    }
+    slot_episode[last] = -1;
+    --live;
+  };
+
+  std::vector<int64_t> step_tokens(slots);
+  auto u = at::empty({slots}, at::TensorOptions().dtype(at::kFloat));
+  while (true) {
+    // Answers due at this step, in (step, episode) order.
+    while (!parked.empty() && parked.begin()->first <= step) {
+      const int64_t e = parked.begin()->second;
+      parked.erase(parked.begin());
+      const auto t_wait = Clock::now();
+      TurnDriver::Answer answer = driver.Await(e);
+      stats_.wait_seconds += Since(t_wait);
+      EpisodeTokens& ep = out[e];
+      const bool fits = static_cast<int64_t>(ep.tokens.size() +
+                                             answer.tokens.size()) < budget;
+      if (answer.done || !fits || ep.turns >= limits.max_turns) {
+        ep.done = answer.done;
+        if (!answer.done) {
+          driver.EpisodeCut(e, {}, ep.turns >= limits.max_turns);
+        }
+        backend->Drop(e);
+        continue;
+      }
+      for (const int id : answer.tokens) {
+        ep.tokens.push_back(id);
+        ep.logp.push_back(0.0f);
+        ep.model.push_back(0);
+        feed[e].push_back(id);
+      }
+      stats_.env_tokens_fed += static_cast<int64_t>(answer.tokens.size());
+      ready.push_back(e);
+    }
+    // Free slots: continued episodes first, then new ones.
+    while (live < slots && (!ready.empty() || next_new < n)) {
+      const int64_t s = live;
+      if (!ready.empty()) {
+        const int64_t e = ready.front();
+        ready.pop_front();
+        backend->Resume(e, s);
+        slot_episode[s] = e;
+        ++live;
+        continue;
+      }
+      const int64_t e = next_new++;
+      backend->Start(prompt_of[e], s, e);
+      slot_episode[s] = e;
+      ++live;
+      const size_t parked_before = parked.size();
+      if (record(e, first[e], first_logp[e])) {
+        vacate(s, /*park=*/parked.size() > parked_before);
+      }
+    }
+    if (live == 0) {
+      if (parked.empty()) break;
+      // Everyone waits on the environment: on to the next admission.
+      step = std::max(step, parked.begin()->first);
+      continue;
+    }
+    for (int64_t s = 0; s < live; ++s) {
+      std::deque<int64_t>& f = feed[slot_episode[s]];
+      step_tokens[s] = f.front();
+      f.pop_front();
+    }
+    const at::Tensor logits = backend->Step(step_tokens.data(), live);
+    ++step;
+    ++stats_.decode_steps;
+    stats_.rows_computed += live;
+    float* ud = u.data_ptr<float>();
+    for (int64_t s = 0; s < live; ++s) {
+      const int64_t e = slot_episode[s];
+      ud[s] = RowUniform(keys[e].seed, keys[e].index, sampled[e]);
+    }
+    auto [tok, lp] = SampleTokens(logits, u.narrow(0, 0, live), params);
+    tok = tok.to(at::kCPU).contiguous();
+    lp = lp.to(at::kCPU).to(at::kFloat).contiguous();
+    const int64_t* td = tok.data_ptr<int64_t>();
+    const float* ld = lp.data_ptr<float>();
+    // From the last slot down: a vacated slot takes one already handled.
+    for (int64_t s = live - 1; s >= 0; --s) {
+      const int64_t e = slot_episode[s];
+      if (!feed[e].empty()) continue;  // still feeding the answer
+      const size_t parked_before = parked.size();
+      if (record(e, td[s], ld[s])) vacate(s, parked.size() > parked_before);
+    }
+  }
+  for (int64_t e = 0; e < n; ++e) out[e].routes = backend->TakeRoutes(e);
+  stats_.total_seconds = Since(t_start);
+  return out;
+}
+
+}  // namespace fusionrl
