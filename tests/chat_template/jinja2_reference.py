@@ -1,6 +1,6 @@
 """Python jinja2 set up exactly as transformers' apply_chat_template sets it up.
 
-The reference of FusionRL's chat-template interpreter (src/tasks/jinja*.cc).
+The reference of FusionRL's chat-template interpreter (src/template/jinja*.cc).
 Written from transformers' `utils/chat_template_utils.py`
 (`_compile_jinja_template`, `render_jinja_template`) and
 `PreTrainedTokenizerBase.apply_chat_template` / `special_tokens_map`; never
