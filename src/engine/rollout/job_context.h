@@ -107,4 +107,6 @@ inline double SecondsSince(std::chrono::steady_clock::time_point start) {
       .count();
 }
 
+}  // namespace fusionrl
+
 #endif  // FUSIONRL_ENGINE_ROLLOUT_JOB_CONTEXT_H_
