@@ -179,10 +179,10 @@ void JobManager::NodesLost(const std::vector<std::string>& node_ids,
     const int index = job->PartIndex(node_id);
     if (index < 0 || job->parts[index].lost) continue;
     job->parts[index].lost = true;
-    if (job->skewed && !job->ending) {
+    if (job->skew != nullptr && !job->ending) {
       // Its updates of the steps after the last weight sync never reach
       // the others: every live node goes back to that sync.
-      job->skew_gate->Remove(node_id);
+      job->skew->gate.Remove(node_id);
       if (!job->parts[index].super_node.empty()) {
         bool other_live = false;
         for (const Job::Part& p : job->parts) {
@@ -190,7 +190,9 @@ void JobManager::NodesLost(const std::vector<std::string>& node_ids,
               other_live ||
               (!p.lost && p.super_node == job->parts[index].super_node);
         }
-        if (!other_live) job->weights_crc.erase(job->parts[index].super_node);
+        if (!other_live) {
+          job->skew->weights_crc.erase(job->parts[index].super_node);
+        }
       }
       RollBackSkewedLocked(*job, absl::StrCat(node_id, " lost (", why, ")"));
       continue;
@@ -258,7 +260,7 @@ void JobManager::CheckStalls(absl::Duration stall_timeout, StallAction action) {
     job.progress_at = now;
     // A single node's step keeps no state to restart from (only steps
     // shared with other nodes do): it cannot be replanned.
-    const bool single = !job.skewed && job.current != nullptr &&
+    const bool single = job.skew == nullptr && job.current != nullptr &&
                         job.current->members.size() == 1;
     if (action == StallAction::kFail || single) {
       FailLocked(job,
@@ -272,7 +274,7 @@ void JobManager::CheckStalls(absl::Duration stall_timeout, StallAction action) {
     }
     EventLocked(job, absl::StrCat(text, "; replanning"));
     if (job.ending) continue;  // the end plan is handed out again as it is
-    if (job.skewed) {
+    if (job.skew != nullptr) {
       RollBackSkewedLocked(job, "stalled");
     } else if (job.current != nullptr && !job.current->committed) {
       if (++job.data_plane_aborts > kMaxDataPlaneAborts) {

@@ -95,6 +95,7 @@
 namespace fusionrl {
 namespace v1 {
 class JobState;  // proto/fusionrl/v1/state.proto: the journal's record
+class AttemptState;
 }  // namespace v1
 
 // A job as the manager takes it. `config` is resolved and valid
@@ -269,6 +270,7 @@ class JobManager {
   struct Job;
   struct Attempt;
   struct ReportedStep;
+  struct SkewedProtocol;
   class FlushOnExit;
 
   // --- job_manager.cc ---
@@ -374,10 +376,39 @@ class JobManager {
   void RollBackSkewedLocked(Job& job, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // --- update_exchange.cc ---
+  // ExchangeUpdates' steps: part `me` hands in `u` (its payload moved;
+  // InvalidArgument unless its key grows and its size matches the others',
+  // which fails the job), then waits until every other live part handed
+  // in (due_step, round) (Aborted if the job ends or rolls back past
+  // `epoch`, DeadlineExceeded naming the missing parts).
+  absl::Status HandInUpdateLocked(Job& job, int me, UpdateCall& u, uint32_t crc)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status AwaitUpdatesLocked(const Job& job, int me, const UpdateCall& u,
+                                  int epoch, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // --- job_state_io.cc ---
   v1::JobState SaveJobLocked(const Job& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RestoreJobLocked(const v1::JobState& state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The skewed protocol's fields of a job's state.
+  static void SaveSkewed(const SkewedProtocol& skew, v1::JobState& s);
+  // RestoreJobLocked's steps: the job as `s` says (its config, phase,
+  // parts, ledger and totals), then, for a running job, its outputs
+  // reopened and its protocol continued (a skewed job rolls back to its
+  // last weight sync; a synchronous one continues or replans its attempt).
+  absl::StatusOr<std::unique_ptr<Job>> JobFromState(
+      const v1::JobState& s) const;
+  static absl::Status RestoreLedger(const v1::JobState& s, Job& j);
+  static void RestoreTotals(const v1::JobState& s, Job& j);
+  void ReopenLocked(Job& j) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RestoreSkewedLocked(Job& j, const v1::JobState& s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static absl::StatusOr<std::unique_ptr<Attempt>> AttemptFromState(
+      const v1::AttemptState& c, const Job& j);
+  absl::Status RestoreAttemptLocked(Job& j, const v1::JobState& s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Hands the jobs changed since the last call to the sink (FlushOutputs).
   void JournalChanges() ABSL_LOCKS_EXCLUDED(mu_, journal_mu_);

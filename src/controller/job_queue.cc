@@ -205,23 +205,17 @@ absl::Status JobManager::StartLocked(Job& job) {
   job.has_outputs = true;
   const int64_t k = job.config.stalesync.max_clock_skew;
   if (k > 0 && job.parts.size() > 1) {
-    job.skewed = true;
     std::vector<std::string> names;
     for (Job::Part& part : job.parts) {
       names.push_back(part.node_id);
       part.clock = job.first_step - 1;
     }
     FUSIONRL_ASSIGN_OR_RETURN(
-        job.skew_gate, ClockSkewGate::Create(k, names, job.first_step - 1));
-    const size_t n = job.parts.size();
-    const Job::Key none{job.first_step - 1, -1};
-    job.outbox.assign(n, {});
-    job.handed_in.assign(n, none);
-    job.delivered.assign(n, std::vector<Job::Key>(n, none));
+        job.skew, SkewedProtocol::Create(k, names, job.first_step - 1));
     // Every super node starts from the same weights: the first sync point.
-    job.last_sync = job.first_step - 1;
-    job.tokens_at_sync = job.summary.rollout_tokens;
-    job.last_eval_at_sync = job.last_eval;
+    job.skew->tokens_at_sync = job.summary.rollout_tokens;
+    job.skew->last_eval_at_sync = job.last_eval;
+    const size_t n = job.parts.size();
     EventLocked(job, absl::StrCat("StaleSync across ", n,
                                   " super nodes: max_clock_skew ", k));
   }
@@ -304,8 +298,7 @@ void JobManager::FinishJobLocked(Job& job, JobPhase phase,
     auto it = node_job_.find(part.node_id);
     if (it != node_job_.end() && it->second == job.id) node_job_.erase(it);
   }
-  job.ahead.clear();
-  job.outbox.clear();
+  if (job.skew != nullptr) job.skew->End();
   if (job.has_outputs) {
     std::optional<JobSummary> summary;
     if (phase == JobPhase::kSucceeded || phase == JobPhase::kCancelled) {
@@ -319,9 +312,9 @@ void JobManager::FinishJobLocked(Job& job, JobPhase phase,
       s.tokens_per_second =
           job.loop_seconds > 0 ? s.rollout_tokens / job.loop_seconds : 0;
       s.wall_seconds = absl::ToDoubleSeconds(clock_.Now() - job.started);
-      if (job.skewed) {
-        s.max_clock_skew_seen = job.skew_gate->MaxSkewSeen();
-        s.final_weights_crc32c = job.weights_crc;
+      if (job.skew != nullptr) {
+        s.max_clock_skew_seen = job.skew->gate.MaxSkewSeen();
+        s.final_weights_crc32c = job.skew->weights_crc;
       }
       summary = s;
     }

@@ -102,7 +102,7 @@ struct JobManager::Job {
     std::vector<int> cards;  // card indices on that node
     bool lost = false;
     bool assigned = false;  // GetAssignment delivered
-    int64_t clock = 0;      // skewed jobs: the last step it finished
+    int64_t clock = 0;      // skewed protocol: the last step it finished
     int rollout_cards = 0;  // disaggregated: the first cards only sample
     int train_cards() const {
       return static_cast<int>(cards.size()) - rollout_cards;
@@ -161,41 +161,95 @@ struct JobManager::Job {
   int64_t history_seq = 0;  // seq of the newest record
   int error_code = 0;       // FAILED: absl/gRPC canonical code
 
-  // StaleSync across super nodes (stalesync.max_clock_skew > 0 and several
-  // nodes): each node runs ahead of the slowest by at most k steps (the
-  // gate), steps are planned as nodes reach them (`ahead`: planned steps
-  // after `current`, which stays the oldest uncommitted one), and gradient
-  // updates travel through ExchangeUpdates.
-  bool skewed = false;
-  std::unique_ptr<ClockSkewGate> skew_gate;
-  std::map<int64_t, std::unique_ptr<Attempt>> ahead;
+  // The step protocol: null for the synchronous one (every node runs the
+  // same step), or the skewed protocol's state (StaleSync across super
+  // nodes), chosen once when the job starts (StartLocked) or is restored.
+  std::unique_ptr<SkewedProtocol> skew;
+  // The `update` whose state the journal holds (JournalChanges).
+  uint64_t journaled_update = 0;
+  // The watchdog's clock: the last commit, start or action on a stall.
+  absl::Time progress_at = absl::InfinitePast();
+};
+
+// The skewed (StaleSync) step protocol's state of one job
+// (stalesync.max_clock_skew k > 0 and several nodes): each node runs ahead
+// of the slowest by at most k steps (the gate), steps are planned as nodes
+// reach them (`ahead`: planned steps after the job's `current`, which stays
+// the oldest uncommitted one), and gradient updates travel through the
+// exchange (ExchangeUpdates). A roll-back to the last weight sync starts a
+// new epoch; a skewed attempt's number is epoch + 1.
+//
+// Thread safety: none of its own; guarded by JobManager::mu_ like the Job
+// that holds it (every method REQUIRES it).
+struct JobManager::SkewedProtocol {
   using Key = std::pair<int64_t, int64_t>;  // (step, round)
   struct Update {
     Key key;
     std::string payload;
     uint32_t crc32c = 0;
   };
+
+  // The protocol of a job whose nodes `node_ids` (its parts, in order) all
+  // start at clock (last finished step) `clock`, which is also the first
+  // weight sync. InvalidArgument from ClockSkewGate::Create.
+  static absl::StatusOr<std::unique_ptr<SkewedProtocol>> Create(
+      int64_t max_clock_skew, const std::vector<std::string>& node_ids,
+      int64_t clock);
+  explicit SkewedProtocol(ClockSkewGate g) : gate(std::move(g)) {}
+
+  // The attempt number of the current epoch's steps.
+  int attempt() const { return epoch + 1; }
+
+  // A committed step `a`: what a roll-back to the last weight sync would
+  // undo. At a weight sync (`sync`), the totals then (`tokens`,
+  // `last_eval`) are what a roll-back restores.
+  void RecordCommit(const Attempt& a, bool sync, int64_t tokens,
+                    double last_eval);
+  // Starts the next epoch at weight sync `r`, `undone` committed steps run
+  // again: the steps ahead are dropped, the live clocks go back to r and
+  // the exchange starts over from r.
+  void RollBack(int64_t r, int64_t undone);
+  // Removes and returns the attempt planned ahead for `step`, or null.
+  std::unique_ptr<Attempt> TakeAhead(int64_t step);
+  // Ends the protocol with its job: drops the steps ahead and the updates.
+  void End();
+  // Empties every part's outbox and sets every mark to (clock, -1).
+  void ResetExchange(int64_t clock);
+
+  // --- the update exchange (update_exchange.cc) ---
+  // The size of an update in the exchange that is not `size` bytes (the
+  // nodes run different models), or 0.
+  size_t OtherUpdateSize(size_t size) const;
+  // Part `me` hands in its update of `key`.
+  void HandIn(int me, Key key, std::string payload, uint32_t crc32c);
+  // The live parts other than `me` that have not handed in `due` yet,
+  // described for an error ("node (at step s round r)").
+  std::vector<std::string> Missing(int me, Key due,
+                                   const std::vector<Job::Part>& parts) const;
+  // What part `me` has not received, up to `key` (adding the bytes to
+  // `bytes`); drops updates every other live part has received.
+  std::vector<ReceivedUpdate> Deliver(int me, Key key,
+                                      const std::vector<Job::Part>& parts,
+                                      int64_t& bytes);
+
+  ClockSkewGate gate;
+  std::map<int64_t, std::unique_ptr<Attempt>> ahead;
   std::vector<std::deque<Update>> outbox;       // per part, increasing keys
   std::vector<Key> handed_in;                   // per part: its last key
   std::vector<std::vector<Key>> delivered;      // [receiver][sender]: last key
   std::map<std::string, uint32_t> weights_crc;  // super node -> last sync
-  // Roll-backs (RollBackSkewedLocked): the skew epoch counts them (a skewed
-  // attempt's number is skew_epoch + 1), `rollback_step` is the sync step
-  // the current epoch started after (-1: none yet); `last_sync` is the last
-  // committed weight sync, with the prompt groups of the steps committed
-  // since and the totals at it; `steps_rolled_back` counts committed steps
-  // run again.
-  int skew_epoch = 0;
+  // Roll-backs (RollBackSkewedLocked): the epoch counts them,
+  // `rollback_step` is the sync step the current epoch started after (-1:
+  // none yet); `last_sync` is the last committed weight sync, with the
+  // prompt groups of the steps committed since and the totals at it;
+  // `steps_rolled_back` counts committed steps run again.
+  int epoch = 0;
   int64_t rollback_step = -1;
   int64_t last_sync = 0;
   std::vector<uint64_t> groups_since_sync;
   int64_t tokens_at_sync = 0;
   double last_eval_at_sync = 0;
   int64_t steps_rolled_back = 0;
-  // The `update` whose state the journal holds (JournalChanges).
-  uint64_t journaled_update = 0;
-  // The watchdog's clock: the last commit, start or action on a stall.
-  absl::Time progress_at = absl::InfinitePast();
 };
 
 // Flushes the manager's output queue when it goes out of scope. Declare it

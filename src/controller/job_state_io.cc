@@ -134,23 +134,23 @@ v1::JobState JobManager::SaveJobLocked(const Job& job) const {
   s.set_last_metrics_json(job.last_metrics_json);
   s.set_summary_json(job.summary_json);
   s.set_error_code(job.error_code);
-  s.set_skewed(job.skewed);
-  if (job.skewed) {
-    s.set_skew_epoch(job.skew_epoch);
-    s.set_last_sync(job.last_sync);
-    s.mutable_groups_since_sync()->Add(job.groups_since_sync.begin(),
-                                       job.groups_since_sync.end());
-    s.set_tokens_at_sync(job.tokens_at_sync);
-    s.set_last_eval_at_sync(job.last_eval_at_sync);
-    s.set_steps_rolled_back(job.steps_rolled_back);
-    if (job.skew_gate != nullptr) {
-      s.set_max_clock_skew_seen(job.skew_gate->MaxSkewSeen());
-    }
-    for (const auto& [sn, crc] : job.weights_crc) {
-      (*s.mutable_weights_crc())[sn] = crc;
-    }
-  }
+  s.set_skewed(job.skew != nullptr);
+  if (job.skew != nullptr) SaveSkewed(*job.skew, s);
   return s;
+}
+
+void JobManager::SaveSkewed(const SkewedProtocol& skew, v1::JobState& s) {
+  s.set_skew_epoch(skew.epoch);
+  s.set_last_sync(skew.last_sync);
+  s.mutable_groups_since_sync()->Add(skew.groups_since_sync.begin(),
+                                     skew.groups_since_sync.end());
+  s.set_tokens_at_sync(skew.tokens_at_sync);
+  s.set_last_eval_at_sync(skew.last_eval_at_sync);
+  s.set_steps_rolled_back(skew.steps_rolled_back);
+  s.set_max_clock_skew_seen(skew.gate.MaxSkewSeen());
+  for (const auto& [sn, crc] : skew.weights_crc) {
+    (*s.mutable_weights_crc())[sn] = crc;
+  }
 }
 
 absl::Status JobManager::Restore(const std::vector<v1::JobState>& jobs,
@@ -177,6 +177,32 @@ absl::Status JobManager::RestoreJobLocked(const v1::JobState& s) {
       jobs_.count(n) > 0) {
     return absl::InvalidArgumentError("a bad or repeated job id");
   }
+  FUSIONRL_ASSIGN_OR_RETURN(std::unique_ptr<Job> job, JobFromState(s));
+  Job& j = *job;
+  const bool running = j.phase == JobPhase::kRunning && !j.over;
+  if (j.over) {
+    // Ended: its outputs were written or are lost with the old process;
+    // status shows how it ended.
+    j.phase = j.end_phase;
+    j.message = j.end_message;
+  } else if (!running) {
+    // Queued: placed again by Schedule().
+    j.phase = JobPhase::kPending;
+    j.parts.clear();
+  }
+  if (running) ReopenLocked(j);
+  jobs_[n] = std::move(job);
+  next_job_ = std::max(next_job_, n + 1);
+  if (!running || j.ending) {
+    if (running) EventLocked(j, "controller restarted: ending the job");
+    return absl::OkStatus();
+  }
+  if (s.skewed()) return RestoreSkewedLocked(j, s);
+  return RestoreAttemptLocked(j, s);
+}
+
+absl::StatusOr<std::unique_ptr<JobManager::Job>> JobManager::JobFromState(
+    const v1::JobState& s) const {
   FUSIONRL_ASSIGN_OR_RETURN(
       JobConfig config,
       ParseJobConfig(s.config_yaml(), absl::StrCat(s.id(), " (restored)"), {}));
@@ -211,6 +237,12 @@ absl::Status JobManager::RestoreJobLocked(const v1::JobState& s) {
   j.first_step = s.first_step();
   j.base_cursor = s.base_cursor();
   j.resume_dir = s.resume_dir();
+  FUSIONRL_RETURN_IF_ERROR(RestoreLedger(s, j));
+  RestoreTotals(s, j);
+  return job;
+}
+
+absl::Status JobManager::RestoreLedger(const v1::JobState& s, Job& j) {
   GroupLedger::Saved ledger;
   ledger.total = s.ledger_total();
   ledger.next_new = s.next_new();
@@ -227,6 +259,10 @@ absl::Status JobManager::RestoreJobLocked(const v1::JobState& s) {
     ledger.assigned.emplace_back(a.group(), a.node_id());
   }
   FUSIONRL_ASSIGN_OR_RETURN(j.ledger, GroupLedger::Load(ledger));
+  return absl::OkStatus();
+}
+
+void JobManager::RestoreTotals(const v1::JobState& s, Job& j) {
   j.last_committed = s.last_committed();
   j.last_committed_attempt = s.last_committed_attempt();
   j.rendezvous_generation = s.rendezvous_generation();
@@ -249,117 +285,98 @@ absl::Status JobManager::RestoreJobLocked(const v1::JobState& s) {
   j.last_metrics_json = s.last_metrics_json();
   j.summary_json = s.summary_json();
   j.error_code = s.error_code();
+}
 
-  const bool running = j.phase == JobPhase::kRunning && !j.over;
-  if (j.over) {
-    // Ended: its outputs were written or are lost with the old process;
-    // status shows how it ended.
-    j.phase = j.end_phase;
-    j.message = j.end_message;
-  } else if (!running) {
-    // Queued: placed again by Schedule().
-    j.phase = JobPhase::kPending;
-    j.parts.clear();
+void JobManager::ReopenLocked(Job& j) {
+  for (const Job::Part& part : j.parts) {
+    if (!part.lost) node_job_[part.node_id] = j.id;
   }
-  if (running) {
-    for (const Job::Part& part : j.parts) {
-      if (!part.lost) node_job_[part.node_id] = j.id;
-    }
-    // metrics.jsonl keeps the committed steps' records, then grows again.
-    JobOutputs::OpenSpec outputs;
-    outputs.output_dir = j.config.output_dir;
-    outputs.config_yaml = j.config_yaml;
-    outputs.resume_after_step = j.last_committed;
-    outputs.tensorboard = j.config.run.tensorboard;
-    outputs_.Open(j.id, std::move(outputs));
-    j.has_outputs = true;
-  }
-  jobs_[n] = std::move(job);
-  next_job_ = std::max(next_job_, n + 1);
-  if (!running || j.ending) {
-    if (running) EventLocked(j, "controller restarted: ending the job");
-    return absl::OkStatus();
-  }
+  // metrics.jsonl keeps the committed steps' records, then grows again.
+  JobOutputs::OpenSpec outputs;
+  outputs.output_dir = j.config.output_dir;
+  outputs.config_yaml = j.config_yaml;
+  outputs.resume_after_step = j.last_committed;
+  outputs.tensorboard = j.config.run.tensorboard;
+  outputs_.Open(j.id, std::move(outputs));
+  j.has_outputs = true;
+}
 
-  if (s.skewed()) {
-    j.skewed = true;
-    std::vector<std::string> names;
-    for (const Job::Part& part : j.parts) names.push_back(part.node_id);
-    FUSIONRL_ASSIGN_OR_RETURN(
-        j.skew_gate,
-        ClockSkewGate::Create(j.config.stalesync.max_clock_skew, names,
-                              std::max<int64_t>(0, s.last_committed())));
-    for (const Job::Part& part : j.parts) {
-      if (part.lost) j.skew_gate->Remove(part.node_id);
-    }
-    const size_t parts = j.parts.size();
-    const Job::Key none{s.last_committed(), -1};
-    j.outbox.assign(parts, {});
-    j.handed_in.assign(parts, none);
-    j.delivered.assign(parts, std::vector<Job::Key>(parts, none));
-    j.skew_epoch = s.skew_epoch();
-    j.last_sync = s.last_sync();
-    j.groups_since_sync.assign(s.groups_since_sync().begin(),
-                               s.groups_since_sync().end());
-    j.tokens_at_sync = s.tokens_at_sync();
-    j.last_eval_at_sync = s.last_eval_at_sync();
-    j.steps_rolled_back = s.steps_rolled_back();
-    for (const auto& [sn, crc] : s.weights_crc()) j.weights_crc[sn] = crc;
-    // The steps in flight: their groups go back (after the committed ones
-    // RollBackSkewedLocked reclaims, which come first).
-    std::vector<uint64_t> in_flight;
-    for (const v1::JobState::Assigned& a : s.assigned()) {
-      in_flight.push_back(a.group());
-    }
-    std::sort(in_flight.begin(), in_flight.end());
-    FUSIONRL_RETURN_IF_ERROR(j.ledger->Reclaim(in_flight));
-    RollBackSkewedLocked(j, "controller restarted");
-    return absl::OkStatus();
+absl::Status JobManager::RestoreSkewedLocked(Job& j, const v1::JobState& s) {
+  std::vector<std::string> names;
+  for (const Job::Part& part : j.parts) names.push_back(part.node_id);
+  FUSIONRL_ASSIGN_OR_RETURN(
+      j.skew, SkewedProtocol::Create(j.config.stalesync.max_clock_skew, names,
+                                     std::max<int64_t>(0, s.last_committed())));
+  SkewedProtocol& skew = *j.skew;
+  for (const Job::Part& part : j.parts) {
+    if (part.lost) skew.gate.Remove(part.node_id);
   }
+  skew.ResetExchange(s.last_committed());
+  skew.epoch = s.skew_epoch();
+  skew.last_sync = s.last_sync();
+  skew.groups_since_sync.assign(s.groups_since_sync().begin(),
+                                s.groups_since_sync().end());
+  skew.tokens_at_sync = s.tokens_at_sync();
+  skew.last_eval_at_sync = s.last_eval_at_sync();
+  skew.steps_rolled_back = s.steps_rolled_back();
+  for (const auto& [sn, crc] : s.weights_crc()) skew.weights_crc[sn] = crc;
+  // The steps in flight: their groups go back (after the committed ones
+  // RollBackSkewedLocked reclaims, which come first).
+  std::vector<uint64_t> in_flight;
+  for (const v1::JobState::Assigned& a : s.assigned()) {
+    in_flight.push_back(a.group());
+  }
+  std::sort(in_flight.begin(), in_flight.end());
+  FUSIONRL_RETURN_IF_ERROR(j.ledger->Reclaim(in_flight));
+  RollBackSkewedLocked(j, "controller restarted");
+  return absl::OkStatus();
+}
 
-  if (s.has_current()) {
-    const v1::AttemptState& c = s.current();
-    auto a = std::make_unique<Attempt>();
-    a->step = c.step();
-    a->attempt = c.attempt();
-    a->generation = c.generation();
-    a->members.assign(c.members().begin(), c.members().end());
-    a->first_rank.assign(c.first_rank().begin(), c.first_rank().end());
-    for (const auto& g : c.groups()) {
-      a->groups.emplace_back(g.ids().begin(), g.ids().end());
+absl::StatusOr<std::unique_ptr<JobManager::Attempt>>
+JobManager::AttemptFromState(const v1::AttemptState& c, const Job& j) {
+  auto a = std::make_unique<Attempt>();
+  a->step = c.step();
+  a->attempt = c.attempt();
+  a->generation = c.generation();
+  a->members.assign(c.members().begin(), c.members().end());
+  a->first_rank.assign(c.first_rank().begin(), c.first_rank().end());
+  for (const auto& g : c.groups()) {
+    a->groups.emplace_back(g.ids().begin(), g.ids().end());
+  }
+  a->world = c.world();
+  if (a->members.size() != a->groups.size() ||
+      a->members.size() != a->first_rank.size()) {
+    return absl::InvalidArgumentError("an attempt's members and groups differ");
+  }
+  for (int m : a->members) {
+    if (m < 0 || m >= static_cast<int>(j.parts.size())) {
+      return absl::InvalidArgumentError("an attempt names an unknown part");
     }
-    a->world = c.world();
-    if (a->members.size() != a->groups.size() ||
-        a->members.size() != a->first_rank.size()) {
-      return absl::InvalidArgumentError(
-          "an attempt's members and groups differ");
-    }
-    for (int m : a->members) {
-      if (m < 0 || m >= static_cast<int>(j.parts.size())) {
-        return absl::InvalidArgumentError("an attempt names an unknown part");
-      }
-    }
-    a->finished.assign(a->members.size(), false);
-    a->reports.resize(a->members.size());
-    const bool several = a->members.size() > 1;
-    j.current = std::move(a);
-    if (several) {
-      // Its rounds and barrier lived in the old process: the nodes restore
-      // the step's start and run the next attempt.
-      j.current->aborted = true;
-      EventLocked(j,
-                  absl::StrCat("controller restarted: step ", j.current->step,
-                               " attempt ", j.current->attempt, " replanned"));
-      PlanStepLocked(j, j.current->step);
-    } else {
-      EventLocked(j,
-                  absl::StrCat("controller restarted: step ", j.current->step,
-                               " attempt ", j.current->attempt, " continues"));
-    }
-  } else {
+  }
+  a->finished.assign(a->members.size(), false);
+  a->reports.resize(a->members.size());
+  return a;
+}
+
+absl::Status JobManager::RestoreAttemptLocked(Job& j, const v1::JobState& s) {
+  if (!s.has_current()) {
     EventLocked(j, "controller restarted");
     PlanStepLocked(j, j.last_committed + 1);
+    return absl::OkStatus();
   }
+  FUSIONRL_ASSIGN_OR_RETURN(j.current, AttemptFromState(s.current(), j));
+  const Attempt& a = *j.current;
+  if (a.members.size() <= 1) {
+    EventLocked(j, absl::StrCat("controller restarted: step ", a.step,
+                                " attempt ", a.attempt, " continues"));
+    return absl::OkStatus();
+  }
+  // Its rounds and barrier lived in the old process: the nodes restore the
+  // step's start and run the next attempt.
+  j.current->aborted = true;
+  EventLocked(j, absl::StrCat("controller restarted: step ", a.step,
+                              " attempt ", a.attempt, " replanned"));
+  PlanStepLocked(j, a.step);
   return absl::OkStatus();
 }
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "controller/job_manager.h"
 #include "controller/job_state.h"
+#include "core/status_macros.h"
 
 namespace fusionrl {
 
@@ -18,7 +19,7 @@ absl::StatusOr<const JobManager::Attempt*> JobManager::SkewedAttemptLocked(
     Job& job, int index, int64_t want) {
   const Job::Part& part = job.parts[index];
   if (want != part.clock + 1) {
-    if (job.skew_epoch == 0) {
+    if (job.skew->epoch == 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "step: ", part.node_id, " finished step ", part.clock,
           " and may ask only for step ", part.clock + 1, ", got ", want));
@@ -30,17 +31,18 @@ absl::StatusOr<const JobManager::Attempt*> JobManager::SkewedAttemptLocked(
     want = part.clock + 1;
   }
   if (job.current && job.current->step == want) return job.current.get();
-  if (auto it = job.ahead.find(want); it != job.ahead.end()) {
+  SkewedProtocol& skew = *job.skew;
+  if (auto it = skew.ahead.find(want); it != skew.ahead.end()) {
     return it->second.get();
   }
   // A new step: only within the run, not after a stop, and only while the
   // node is at most k steps ahead of the slowest.
   if (want > job.config.run.total_steps || job.stop_requested ||
-      !job.skew_gate->MayStart(part.node_id)) {
+      !skew.gate.MayStart(part.node_id)) {
     return nullptr;
   }
   const int64_t planned =
-      job.ahead.empty() ? job.current->step : job.ahead.rbegin()->first;
+      skew.ahead.empty() ? job.current->step : skew.ahead.rbegin()->first;
   if (want != planned + 1) {
     return absl::InternalError(absl::StrCat("step ", want, " of ", job.id,
                                             " asked for before step ",
@@ -52,7 +54,7 @@ absl::StatusOr<const JobManager::Attempt*> JobManager::SkewedAttemptLocked(
   // generation (planned with its first step) serves all its steps.
   a->generation = job.rendezvous_generation;
   const Attempt* out = a.get();
-  job.ahead[want] = std::move(a);
+  skew.ahead[want] = std::move(a);
   ++job.update;
   changed_.SignalAll();
   return out;
@@ -63,13 +65,14 @@ absl::StatusOr<bool> JobManager::FinishSkewedStepLocked(Job& job,
   const std::string& node_id = r.report.node_id;
   const int64_t step = r.report.step;
   const int index = job.PartIndex(node_id);
+  SkewedProtocol& skew = *job.skew;
   Attempt* a = nullptr;
   if (job.current && job.current->step == step) {
     a = job.current.get();
-  } else if (auto it = job.ahead.find(step); it != job.ahead.end()) {
+  } else if (auto it = skew.ahead.find(step); it != skew.ahead.end()) {
     a = it->second.get();
   }
-  if (r.report.attempt != job.skew_epoch + 1) {
+  if (r.report.attempt != skew.attempt()) {
     // A step of an attempt the job rolled back: not counted; the node asks
     // for its next plan, which restores the last weight sync.
     return false;
@@ -81,7 +84,7 @@ absl::StatusOr<bool> JobManager::FinishSkewedStepLocked(Job& job,
                      " is not a step planned for ", node_id));
   }
   if (a->finished[k]) return true;  // a retried call
-  absl::Status advanced = job.skew_gate->Advance(node_id, step);
+  absl::Status advanced = skew.gate.Advance(node_id, step);
   if (!advanced.ok()) {
     // The plans are handed out through the gate: a bug, not bad input.
     FailLocked(job, absl::StrCat("internal: ", advanced.message()),
@@ -91,7 +94,7 @@ absl::StatusOr<bool> JobManager::FinishSkewedStepLocked(Job& job,
   a->finished[k] = true;
   job.parts[index].clock = step;
   if (r.report.has_weights_crc32c) {
-    job.weights_crc[job.parts[index].super_node] = r.report.weights_crc32c;
+    skew.weights_crc[job.parts[index].super_node] = r.report.weights_crc32c;
   }
   if (k == 0) {
     a->lead_report = r;
@@ -107,6 +110,67 @@ absl::StatusOr<bool> JobManager::FinishSkewedStepLocked(Job& job,
   ++job.update;
   changed_.SignalAll();
   return true;
+}
+
+absl::StatusOr<std::unique_ptr<JobManager::SkewedProtocol>>
+JobManager::SkewedProtocol::Create(int64_t max_clock_skew,
+                                   const std::vector<std::string>& node_ids,
+                                   int64_t clock) {
+  FUSIONRL_ASSIGN_OR_RETURN(
+      ClockSkewGate gate,
+      ClockSkewGate::Create(max_clock_skew, node_ids, clock));
+  auto skew = std::make_unique<SkewedProtocol>(std::move(gate));
+  skew->outbox.resize(node_ids.size());
+  skew->ResetExchange(clock);
+  skew->last_sync = clock;
+  return skew;
+}
+
+void JobManager::SkewedProtocol::ResetExchange(int64_t clock) {
+  const size_t n = outbox.size();
+  const Key none{clock, -1};
+  for (std::deque<Update>& box : outbox) box.clear();
+  handed_in.assign(n, none);
+  delivered.assign(n, std::vector<Key>(n, none));
+}
+
+void JobManager::SkewedProtocol::RecordCommit(const Attempt& a, bool sync,
+                                              int64_t tokens,
+                                              double last_eval) {
+  if (sync) {
+    last_sync = a.step;
+    groups_since_sync.clear();
+    tokens_at_sync = tokens;
+    last_eval_at_sync = last_eval;
+    return;
+  }
+  for (const std::vector<uint64_t>& g : a.groups) {
+    groups_since_sync.insert(groups_since_sync.end(), g.begin(), g.end());
+  }
+}
+
+std::unique_ptr<JobManager::Attempt> JobManager::SkewedProtocol::TakeAhead(
+    int64_t step) {
+  auto it = ahead.find(step);
+  if (it == ahead.end()) return nullptr;
+  std::unique_ptr<Attempt> a = std::move(it->second);
+  ahead.erase(it);
+  return a;
+}
+
+void JobManager::SkewedProtocol::End() {
+  ahead.clear();
+  outbox.clear();
+}
+
+void JobManager::SkewedProtocol::RollBack(int64_t r, int64_t undone) {
+  steps_rolled_back += undone;
+  groups_since_sync.clear();
+  ahead.clear();
+  gate.RollBack(r);
+  ResetExchange(r);
+  ++epoch;
+  rollback_step = r;
 }
 
 bool JobManager::IsSyncStep(const Job& job, int64_t step) {
@@ -126,11 +190,12 @@ void JobManager::RollBackSkewedLocked(Job& job, const std::string& why) {
                static_cast<int>(absl::StatusCode::kUnavailable));
     return;
   }
-  const int64_t r = job.last_sync;
+  SkewedProtocol& skew = *job.skew;
+  const int64_t r = skew.last_sync;
   // Every prompt group of the steps after R goes back to the front of the
   // queue, in ledger order: the committed ones, those of the steps in
   // flight (the lost node's included).
-  std::vector<uint64_t> groups = job.groups_since_sync;
+  std::vector<uint64_t> groups = skew.groups_since_sync;
   auto add = [&groups](const Attempt* a) {
     if (a == nullptr || a->committed) return;
     for (const std::vector<uint64_t>& g : a->groups) {
@@ -138,7 +203,7 @@ void JobManager::RollBackSkewedLocked(Job& job, const std::string& why) {
     }
   };
   add(job.current.get());
-  for (const auto& [step, a] : job.ahead) add(a.get());
+  for (const auto& [step, a] : skew.ahead) add(a.get());
   std::sort(groups.begin(), groups.end());
   if (absl::Status s = job.ledger->Reclaim(groups); !s.ok()) {
     FailLocked(job, absl::StrCat("internal: rolling back: ", s.message()),
@@ -146,13 +211,10 @@ void JobManager::RollBackSkewedLocked(Job& job, const std::string& why) {
     return;
   }
   const int64_t undone = job.last_committed - r;
-  job.steps_rolled_back += undone;
-  job.groups_since_sync.clear();
   job.current.reset();
-  job.ahead.clear();
   job.last_committed = r;
-  job.summary.rollout_tokens = job.tokens_at_sync;
-  job.last_eval = job.last_eval_at_sync;
+  job.summary.rollout_tokens = skew.tokens_at_sync;
+  job.last_eval = skew.last_eval_at_sync;
   if (undone > 0) outputs_.RollBack(job.id, r);
   while (!job.history.empty() && job.history.back().step > r) {
     job.history.pop_back();  // seq stays: observers see the steps again
@@ -162,17 +224,9 @@ void JobManager::RollBackSkewedLocked(Job& job, const std::string& why) {
   for (Job::Part& part : job.parts) {
     if (!part.lost) part.clock = r;
   }
-  job.skew_gate->RollBack(r);
-  const Job::Key none{r, -1};
-  for (size_t i = 0; i < job.parts.size(); ++i) {
-    job.outbox[i].clear();
-    job.handed_in[i] = none;
-    std::fill(job.delivered[i].begin(), job.delivered[i].end(), none);
-  }
-  ++job.skew_epoch;
-  job.rollback_step = r;
+  skew.RollBack(r, undone);
   EventLocked(
-      job, absl::StrCat("StaleSync roll-back ", job.skew_epoch, " (", why,
+      job, absl::StrCat("StaleSync roll-back ", skew.epoch, " (", why,
                         "): back to the weight sync of step ", r, "; ", undone,
                         " committed step(s) and ", groups.size(),
                         " prompt group(s) to run again"));

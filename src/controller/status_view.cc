@@ -57,7 +57,7 @@ ClusterView JobManager::Cluster() const {
       const Job* j = FindLocked(job->second);
       if (j != nullptr && !Terminal(*j)) {
         n.job_id = j->id;
-        if (j->skewed) {
+        if (j->skew != nullptr) {
           for (const Job::Part& part : j->parts) {
             if (part.node_id == view.id) n.clock = part.clock;
           }
@@ -131,7 +131,7 @@ JobStatus JobManager::StatusLocked(const Job& job) const {
       n.heartbeat_age = view->heartbeat_age;
     }
     n.state = part.lost ? "lost" : (view ? "alive" : "gone");
-    if (job.skewed) n.clock = part.clock;
+    if (job.skew != nullptr) n.clock = part.clock;
     auto it = card_states_.find(part.node_id);
     for (int index : part.cards) {
       CardReport state;
@@ -151,9 +151,9 @@ JobStatus JobManager::StatusLocked(const Job& job) const {
   s.last_metrics_json = job.last_metrics_json;
   s.controller_tensor_bytes = ControllerBytesLocked(job);
   s.placement = std::string(PlacementModeName(job.config.placement.mode));
-  if (job.skewed) {
+  if (job.skew != nullptr) {
     s.max_clock_skew = job.config.stalesync.max_clock_skew;
-    s.max_clock_skew_seen = job.skew_gate->MaxSkewSeen();
+    s.max_clock_skew_seen = job.skew->gate.MaxSkewSeen();
   }
   if (job.phase == JobPhase::kSucceeded || job.phase == JobPhase::kCancelled) {
     s.summary_json = job.summary_json;

@@ -51,11 +51,11 @@ void JobManager::AbortAttemptLocked(Job& job, int64_t step, int attempt,
                                     const std::string& node_id,
                                     const std::string& why) {
   Attempt* a = job.current.get();
-  if (job.skewed) {
+  if (job.skew != nullptr) {
     // A failed collective of a skewed job loses the sums in flight: every
     // node goes back to the last weight sync (unless that already happened
     // for this attempt).
-    if (!job.ending && attempt == job.skew_epoch + 1) {
+    if (!job.ending && attempt == job.skew->attempt()) {
       RollBackSkewedLocked(
           job, absl::StrCat("step ", step, " on ", node_id, ": ", why));
     }
@@ -88,8 +88,8 @@ std::unique_ptr<JobManager::Attempt> JobManager::MakeAttemptLocked(
   const int prompts = job.config.rollout.prompts_per_step;
   auto a = std::make_unique<Attempt>();
   a->step = step;
-  if (job.skewed) {
-    a->attempt = job.skew_epoch + 1;  // one attempt per step and epoch
+  if (job.skew != nullptr) {
+    a->attempt = job.skew->attempt();  // one attempt per step and epoch
   } else {
     a->attempt = (job.current && job.current->step == step)
                      ? job.current->attempt + 1
@@ -181,11 +181,11 @@ StepPlan JobManager::TrainPlanLocked(const Job& job, const Attempt& a, int k,
   // Every card: the lead writes the checkpoint, each fused or disaggregated
   // card what it sampled ahead (worker/step/rollout_prefetch.h).
   if (checkpoint) plan.checkpoint_name = absl::StrCat("step_", a.step);
-  if (job.skewed) {
+  if (job.skew != nullptr) {
     // Checkpoints and the last step are taken from one set of weights.
     const bool sync = IsSyncStep(job, a.step);
     plan.exchange_updates = true;
-    plan.rollback_to_step = job.rollback_step;
+    plan.rollback_to_step = job.skew->rollback_step;
     plan.sync_weights = sync;
     plan.updates_due_step =
         sync ? a.step : a.step - job.config.stalesync.max_clock_skew;
@@ -279,7 +279,7 @@ absl::StatusOr<StepPlan> JobManager::GetStepPlan(const std::string& job_id,
     }
     const int64_t want = step == 0 ? job->first_step : step;
     std::optional<StepPlan> plan;
-    if (job->skewed && job->phase == JobPhase::kRunning) {
+    if (job->skew != nullptr && job->phase == JobPhase::kRunning) {
       FUSIONRL_ASSIGN_OR_RETURN(const Attempt* a,
                                 SkewedAttemptLocked(*job, index, want));
       if (a != nullptr) {
@@ -356,7 +356,7 @@ absl::StatusOr<bool> JobManager::FinishStepImpl(ReportedStep r,
         job->stop_requested ? job->stop_reason : "");
     return true;
   }
-  if (job->skewed) return FinishSkewedStepLocked(*job, r);
+  if (job->skew != nullptr) return FinishSkewedStepLocked(*job, r);
   if (step == job->last_committed && attempt == job->last_committed_attempt) {
     return true;  // a retried call (the answer was lost, or the controller
                   // restarted after committing)
@@ -417,20 +417,11 @@ void JobManager::CommitLocked(Job& job) {
   job.last_committed_attempt = a.attempt;
   job.progress_at = clock_.Now();
   if (a.have_lead_report) RecordStepLocked(job, a);
-  if (job.skewed) {
+  if (job.skew != nullptr) {
     // What a roll-back to the last weight sync would undo.
     job.data_plane_aborts = 0;
-    if (IsSyncStep(job, a.step)) {
-      job.last_sync = a.step;
-      job.groups_since_sync.clear();
-      job.tokens_at_sync = job.summary.rollout_tokens;
-      job.last_eval_at_sync = job.last_eval;
-    } else {
-      for (const std::vector<uint64_t>& g : a.groups) {
-        job.groups_since_sync.insert(job.groups_since_sync.end(), g.begin(),
-                                     g.end());
-      }
-    }
+    job.skew->RecordCommit(a, IsSyncStep(job, a.step),
+                           job.summary.rollout_tokens, job.last_eval);
   }
   ++job.update;
   job.updated = clock_.Now();
@@ -441,12 +432,13 @@ void JobManager::CommitLocked(Job& job) {
   }
   // A skewed job stops after the steps its nodes already started.
   const bool stop_now =
-      job.stop_requested && (!job.skewed || job.ahead.empty());
+      job.stop_requested && (job.skew == nullptr || job.skew->ahead.empty());
+  std::unique_ptr<Attempt> next;
   if (a.step >= job.config.run.total_steps || stop_now) {
     BeginEndLocked(job);
-  } else if (auto next = job.ahead.find(a.step + 1); next != job.ahead.end()) {
-    job.current = std::move(next->second);
-    job.ahead.erase(next);
+  } else if (job.skew != nullptr &&
+             (next = job.skew->TakeAhead(a.step + 1)) != nullptr) {
+    job.current = std::move(next);
     ++job.update;
   } else {
     PlanStepLocked(job, a.step + 1);
@@ -478,7 +470,7 @@ void JobManager::RecordStepLocked(Job& job, const Attempt& a) {
     job.last_eval = r.initial_eval_accuracy;
   }
   if (r.eval_accuracy >= 0) job.last_eval = r.eval_accuracy;
-  if (job.skewed) {
+  if (job.skew != nullptr) {
     // Each super node reports its own tokens (no cross-node sums).
     for (const ReportedStep& m : a.reports) {
       job.summary.rollout_tokens += m.report.rollout_tokens;
@@ -511,7 +503,7 @@ void JobManager::RecordStepLocked(Job& job, const Attempt& a) {
     job_fields.emplace_back("controller_tensor_bytes",
                             static_cast<double>(ControllerBytesLocked(job)));
   }
-  if (job.skewed) {
+  if (job.skew != nullptr) {
     int64_t lo = INT64_MAX, hi = INT64_MIN;
     for (const Job::Part& part : job.parts) {
       if (part.lost) continue;
@@ -520,7 +512,7 @@ void JobManager::RecordStepLocked(Job& job, const Attempt& a) {
     }
     job_fields.emplace_back("clock_skew", static_cast<double>(hi - lo));
     job_fields.emplace_back("max_clock_skew_seen",
-                            static_cast<double>(job.skew_gate->MaxSkewSeen()));
+                            static_cast<double>(job.skew->gate.MaxSkewSeen()));
     // Each super node commits on its own: the groups the step trained are
     // every super node's (the lead's metrics count its own only).
     double groups[3] = {0, 0, 0};

@@ -17,8 +17,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+<<<<<<< HEAD
 #include "core/fake_clock.h"
 #include "tests/support/wait_watch.h"
+=======
+>>>>>>> i53-stalesync
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -28,69 +31,88 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-// Generous deadline for waits that must succeed; short one for waits that
-// must time out.
+// Generous deadline for waits that must succeed.
 constexpr absl::Duration kLong = absl::Seconds(30);
-constexpr absl::Duration kShort = absl::Milliseconds(30);
 
-// Runs one blocking gate call on a thread of its own, so that the test can
-// wait until it is blocked (CondVarWaitWatch) before releasing it. The
-// destructor joins: every call given here has a deadline, so a test that
-// stops early still ends.
-class Waiter {
- public:
-  explicit Waiter(std::function<absl::Status()> call)
-      : thread_([this, call = std::move(call)] {
-          status_ = call();
-          returned_.store(true);
-        }) {}
-  ~Waiter() {
-    if (thread_.joinable()) thread_.join();
+// How many steps of `rule`'s frame version `version` admits (steps
+// 0 .. n - 1), counted with the production rule (capped, so that a broken
+// rule fails instead of looping).
+int64_t StepsAdmitted(const PolicyLagRule& rule, int64_t version) {
+  int64_t n = 0;
+  while (n < (int64_t{1} << 20) && rule.Admits(rule.base_step + n, version)) {
+    ++n;
   }
+  return n;
+}
 
-  bool returned() const { return returned_.load(); }
-  absl::Status Join() {
-    thread_.join();
-    return status_;
+PolicyLagRule Rule(int64_t max_policy_lag, int64_t frame_version = 0,
+                   int64_t base_step = 1) {
+  PolicyLagRule rule;
+  rule.max_policy_lag = max_policy_lag;
+  rule.frame_version = frame_version;
+  rule.base_step = base_step;
+  return rule;
+}
+
+// A rollout that starts prompt groups in step order, G per step, as the
+// rule admits their step at the current version (FusedRollout samples
+// steps in order; a step's G groups start together). A group given back
+// (over-stale, RecordDropped) is started again in its slot, as the
+// trainer's StalenessFilter regenerates it.
+class GroupAdmission {
+ public:
+  GroupAdmission(PolicyLagRule rule, int groups_per_step)
+      : rule_(rule), g_(groups_per_step), version_(rule.frame_version) {}
+
+  // Groups that may start now: those of the admitted steps not yet
+  // counted.
+  int64_t Admissible() const {
+    return std::max<int64_t>(
+        0, StepsAdmitted(rule_, version_) * g_ - (started_ - dropped_));
+  }
+  // Starts one group if the rule admits its step; its behaviour version
+  // is the version current now.
+  bool TryAdmit(int64_t* behaviour_version = nullptr) {
+    if (Admissible() <= 0) return false;
+    ++started_;
+    if (behaviour_version != nullptr) *behaviour_version = version_;
+    return true;
+  }
+  // Versions only move forward (the highest announcement is the truth).
+  void OnVersion(int64_t version) { version_ = std::max(version_, version); }
+  void RecordDropped() {
+    if (dropped_ < started_) ++dropped_;
+  }
+  int64_t version() const { return version_; }
+  int64_t started() const { return started_; }
+  int64_t dropped() const { return dropped_; }
+  std::string DebugString() const {
+    return absl::StrCat("s=", rule_.max_policy_lag, " G=", g_, ": version ",
+                        version_, ", ", started_, " started, ", dropped_,
+                        " dropped, ", Admissible(), " admissible");
   }
 
  private:
-  absl::Status status_;
-  std::atomic<bool> returned_{false};
-  std::thread thread_;
+  const PolicyLagRule rule_;
+  const int g_;
+  int64_t version_;
+  int64_t started_ = 0;
+  int64_t dropped_ = 0;
 };
 
-// Admits until the gate refuses; returns how many were admitted.
-int AdmitAll(PolicyLagGate& gate) {
+// Admits until the rule refuses; returns how many were admitted.
+int AdmitAll(GroupAdmission& gate) {
   int n = 0;
   while (gate.TryAdmit()) ++n;
   return n;
 }
 
 // ---------------------------------------------------------------------------
-// PolicyLagGate
+// PolicyLagRule
 
-TEST(StaleSyncPolicyLagTest, CreateValidates) {
-  EXPECT_TRUE(PolicyLagGate::Create(0, 1).ok());
-  absl::StatusOr<std::unique_ptr<PolicyLagGate>> gate =
-      PolicyLagGate::Create(-1, 4);
-  ASSERT_FALSE(gate.ok());
-  EXPECT_EQ(gate.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(gate.status().message()),
-              HasSubstr("max_policy_lag: must be >= 0, got -1"));
-  gate = PolicyLagGate::Create(1, 0);
-  ASSERT_FALSE(gate.ok());
-  EXPECT_THAT(std::string(gate.status().message()),
-              HasSubstr("groups_per_step: must be >= 1, got 0"));
-  gate = PolicyLagGate::Create(1, 2, -3);
-  ASSERT_FALSE(gate.ok());
-  EXPECT_THAT(std::string(gate.status().message()),
-              HasSubstr("initial_version: must be >= 0, got -3"));
-}
-
-TEST(StaleSyncPolicyLagTest, ZeroLagAdmitsExactlyGPerVersion) {
+TEST(StaleSyncPolicyLagTest, ZeroLagAdmitsExactlyOneStepPerVersion) {
   constexpr int kG = 4;
-  PolicyLagGate gate(/*max_policy_lag=*/0, kG);
+  GroupAdmission gate(Rule(/*max_policy_lag=*/0), kG);
   for (int64_t v = 0; v < 5; ++v) {
     SCOPED_TRACE(v);
     gate.OnVersion(v);
@@ -108,43 +130,51 @@ TEST(StaleSyncPolicyLagTest, ZeroLagAdmitsExactlyGPerVersion) {
 
 TEST(StaleSyncPolicyLagTest, LagTwoAdmitsThreeStepsBeforeFirstVersion) {
   constexpr int kG = 8;
-  PolicyLagGate gate(/*max_policy_lag=*/2, kG);
+  EXPECT_EQ(StepsAdmitted(Rule(2), 0), 3);
+  GroupAdmission gate(Rule(/*max_policy_lag=*/2), kG);
   EXPECT_EQ(gate.Admissible(), 3 * kG);
   EXPECT_EQ(AdmitAll(gate), 3 * kG);
   EXPECT_EQ(gate.started(), 3 * kG);
   EXPECT_EQ(gate.version(), 0);
 }
 
-TEST(StaleSyncPolicyLagTest, OnVersionReleasesExactlyGMore) {
+TEST(StaleSyncPolicyLagTest, EachVersionAdmitsExactlyOneStepMore) {
   constexpr int kG = 5;
-  PolicyLagGate gate(/*max_policy_lag=*/2, kG);
+  GroupAdmission gate(Rule(/*max_policy_lag=*/2), kG);
   EXPECT_EQ(AdmitAll(gate), 3 * kG);
   for (int64_t v = 1; v <= 4; ++v) {
     gate.OnVersion(v);
     EXPECT_EQ(gate.Admissible(), kG);
     EXPECT_EQ(AdmitAll(gate), kG);
   }
-  // A jump by two versions releases 2G.
+  // A jump by two versions admits two steps.
   gate.OnVersion(6);
   EXPECT_EQ(AdmitAll(gate), 2 * kG);
 }
 
-TEST(StaleSyncPolicyLagTest, OlderOrRepeatedVersionsAreIgnored) {
-  constexpr int kG = 2;
-  PolicyLagGate gate(/*max_policy_lag=*/1, kG);
-  gate.OnVersion(3);
-  EXPECT_EQ(gate.version(), 3);
-  EXPECT_EQ(gate.Admissible(), 5 * kG);
-  gate.OnVersion(2);  // late announcement: ignored
-  gate.OnVersion(3);  // repeated: no-op
-  gate.OnVersion(-1);
-  EXPECT_EQ(gate.version(), 3);
-  EXPECT_EQ(gate.Admissible(), 5 * kG);
+// A step admitted at a version stays admitted at every later one, and an
+// older version never admits more.
+TEST(StaleSyncPolicyLagTest, AdmissionIsMonotoneInTheVersion) {
+  for (int64_t s = 0; s <= 3; ++s) {
+    const PolicyLagRule rule = Rule(s, /*frame_version=*/3, /*base_step=*/4);
+    for (int64_t step = 4; step < 14; ++step) {
+      for (int64_t v = 0; v < 16; ++v) {
+        if (rule.Admits(step, v)) {
+          EXPECT_TRUE(rule.Admits(step, v + 1)) << s << " " << step << " " << v;
+        }
+      }
+    }
+    for (int64_t v = 0; v < 16; ++v) {
+      EXPECT_LE(StepsAdmitted(rule, v), StepsAdmitted(rule, v + 1));
+    }
+  }
 }
 
-TEST(StaleSyncPolicyLagTest, InitialVersionCountsFromTheResumePoint) {
+TEST(StaleSyncPolicyLagTest, FrameVersionCountsFromTheResumePoint) {
   constexpr int kG = 3;
-  PolicyLagGate gate(/*max_policy_lag=*/1, kG, /*initial_version=*/100);
+  const PolicyLagRule rule =
+      Rule(/*max_policy_lag=*/1, /*frame_version=*/100, /*base_step=*/101);
+  GroupAdmission gate(rule, kG);
   EXPECT_EQ(gate.version(), 100);
   int64_t behaviour = -1;
   ASSERT_TRUE(gate.TryAdmit(&behaviour));
@@ -152,124 +182,22 @@ TEST(StaleSyncPolicyLagTest, InitialVersionCountsFromTheResumePoint) {
   EXPECT_EQ(AdmitAll(gate), 2 * kG - 1);
   gate.OnVersion(101);
   EXPECT_EQ(AdmitAll(gate), kG);
+  // Lagged, the frame's first s + 1 steps sample from v0.
+  EXPECT_EQ(rule.LaggedSampleVersion(101), 100);
+  EXPECT_EQ(rule.LaggedSampleVersion(102), 100);
+  EXPECT_EQ(rule.LaggedSampleVersion(103), 101);
 }
 
-TEST(StaleSyncPolicyLagTest, TrainableIsZeroToSStaleness) {
-  PolicyLagGate gate(/*max_policy_lag=*/2, 4);
-  EXPECT_TRUE(gate.Trainable(5, 5));
-  EXPECT_TRUE(gate.Trainable(3, 5));
-  EXPECT_FALSE(gate.Trainable(2, 5));
-  EXPECT_FALSE(gate.Trainable(6, 5));  // newer than the trainer
-  PolicyLagGate sync(/*max_policy_lag=*/0, 4);
-  EXPECT_TRUE(sync.Trainable(7, 7));
-  EXPECT_FALSE(sync.Trainable(6, 7));
-}
-
-TEST(StaleSyncPolicyLagTest, RecordDroppedFreesASlot) {
-  constexpr int kG = 4;
-  PolicyLagGate gate(/*max_policy_lag=*/0, kG);
-  EXPECT_EQ(AdmitAll(gate), kG);
-  gate.RecordDropped();
-  gate.RecordDropped();
-  EXPECT_EQ(gate.over_stale_dropped(), 2);
-  EXPECT_EQ(gate.Admissible(), 2);
-  EXPECT_EQ(AdmitAll(gate), 2);
-  EXPECT_EQ(gate.started(), kG + 2);
-  // More drops than started groups are ignored.
-  PolicyLagGate empty(/*max_policy_lag=*/0, kG);
-  empty.RecordDropped();
-  EXPECT_EQ(empty.over_stale_dropped(), 0);
-  EXPECT_EQ(empty.Admissible(), kG);
-}
-
-TEST(StaleSyncPolicyLagTest, WaitAdmitTimesOutNamingWhatItWaitsFor) {
-  constexpr int kG = 8;
-  PolicyLagGate gate(/*max_policy_lag=*/2, kG);
-  gate.OnVersion(3);
-  EXPECT_EQ(AdmitAll(gate), 6 * kG);
-  const absl::Time start = absl::Now();
-  absl::Status status = gate.WaitAdmit(RealClock(), absl::Now() + kShort);
-  EXPECT_GE(absl::Now() - start, kShort - absl::Milliseconds(1));
-  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_EQ(status.message(),
-            "policy lag s=2: 48 groups started, version 3 allows 48; "
-            "waiting for version 4");
-  EXPECT_EQ(gate.started(), 6 * kG);  // nothing counted
-  // A deadline already past returns at once.
-  EXPECT_EQ(gate.WaitAdmit(RealClock(), absl::InfinitePast()).code(),
-            absl::StatusCode::kDeadlineExceeded);
-}
-
-// A deadline is a time on the clock the caller passes: WaitAdmit on a
-// FakeClock ignores real time (its deadline, in 1970, is long past in real
-// time) and ends when the test moves the fake clock past the deadline.
-TEST(StaleSyncPolicyLagTest, WaitAdmitDeadlineIsATimeOnTheGivenClock) {
-  PolicyLagGate gate(/*max_policy_lag=*/0, /*groups_per_step=*/2);
-  EXPECT_EQ(AdmitAll(gate), 2);
-  FakeClock clock;
-  CondVarWaitWatch watch(gate);
-  Waiter rollout(
-      [&] { return gate.WaitAdmit(clock, clock.Now() + absl::Hours(1)); });
-  // Three waits: it read the fake clock again after a real-time poll.
-  ASSERT_TRUE(watch.AwaitWaits(3, kLong)) << "WaitAdmit never blocked";
-  EXPECT_FALSE(rollout.returned());
-  clock.Advance(absl::Hours(1));
-  EXPECT_EQ(rollout.Join().code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_EQ(gate.started(), 2);
-}
-
-// The rollout is blocked in WaitAdmit (the gate is full at version 0) when
-// the trainer publishes version 1; the publication wakes it and admits it
-// at version 1.
-TEST(StaleSyncPolicyLagTest, WaitAdmitReturnsWhenAnotherThreadPublishes) {
-  constexpr int kG = 2;
-  PolicyLagGate gate(/*max_policy_lag=*/0, kG);
-  EXPECT_EQ(AdmitAll(gate), kG);
-  CondVarWaitWatch watch(gate);
-  int64_t behaviour = -1;
-  Waiter rollout([&] {
-    return gate.WaitAdmit(RealClock(), absl::Now() + kLong, &behaviour);
-  });
-  ASSERT_TRUE(watch.AwaitWaits(1, kLong)) << "WaitAdmit never blocked";
-  EXPECT_FALSE(rollout.returned());
-  EXPECT_EQ(gate.started(), kG);
-  gate.OnVersion(1);
-  EXPECT_TRUE(rollout.Join().ok());
-  EXPECT_EQ(behaviour, 1);
-  EXPECT_EQ(gate.started(), kG + 1);
-}
-
-// The rollout is blocked in WaitAdmit (s = 1, two groups started) when the
-// trainer gives one back; the freed slot admits it.
-TEST(StaleSyncPolicyLagTest, WaitAdmitReturnsWhenAnotherThreadDrops) {
-  PolicyLagGate gate(/*max_policy_lag=*/1, 1);
-  EXPECT_EQ(AdmitAll(gate), 2);
-  CondVarWaitWatch watch(gate);
-  Waiter rollout(
-      [&] { return gate.WaitAdmit(RealClock(), absl::Now() + kLong); });
-  ASSERT_TRUE(watch.AwaitWaits(1, kLong)) << "WaitAdmit never blocked";
-  EXPECT_FALSE(rollout.returned());
-  gate.RecordDropped();
-  EXPECT_TRUE(rollout.Join().ok());
-  EXPECT_EQ(gate.started(), 3);
-}
-
-// Close() cancels a rollout that is blocked in WaitAdmit.
-TEST(StaleSyncPolicyLagTest, CloseCancelsWaiters) {
-  PolicyLagGate gate(/*max_policy_lag=*/0, 1);
-  EXPECT_EQ(AdmitAll(gate), 1);
-  CondVarWaitWatch watch(gate);
-  Waiter rollout(
-      [&] { return gate.WaitAdmit(RealClock(), absl::Now() + kLong); });
-  ASSERT_TRUE(watch.AwaitWaits(1, kLong)) << "WaitAdmit never blocked";
-  EXPECT_FALSE(rollout.returned());
-  gate.Close();
-  absl::Status status = rollout.Join();
-  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled);
-  EXPECT_TRUE(gate.closed());
-  gate.OnVersion(5);
-  EXPECT_FALSE(gate.TryAdmit());
-  EXPECT_EQ(gate.Admissible(), 0);
+// Just-in-time admission with a smaller lag d <= s starts a step later,
+// never earlier.
+TEST(StaleSyncPolicyLagTest, ASmallerLagAdmitsLater) {
+  const PolicyLagRule rule = Rule(/*max_policy_lag=*/3);
+  for (int64_t step = 1; step < 10; ++step) {
+    for (int64_t d = 1; d <= 3; ++d) {
+      EXPECT_EQ(rule.AdmitVersion(step, d), step - 1 - d);
+      EXPECT_GE(rule.AdmitVersion(step, d), rule.AdmitVersion(step));
+    }
+  }
 }
 
 // Random interleavings of one rollout (admit, later finish, in admission
@@ -285,7 +213,7 @@ TEST(StaleSyncPolicyLagTest, FifoTrainingNeverExceedsLagAndNeverDeadlocks) {
     const int64_t s = std::uniform_int_distribution<int>(0, 4)(rng);
     const int g = std::uniform_int_distribution<int>(1, 6)(rng);
     SCOPED_TRACE(absl::StrCat("run ", run, " s=", s, " G=", g));
-    PolicyLagGate gate(s, g);
+    GroupAdmission gate(Rule(s), g);
     std::deque<int64_t> in_flight;  // admitted, rollout running (FIFO)
     std::deque<int64_t> finished;   // rollout done, waiting for the trainer
     int64_t version = 0;
@@ -320,7 +248,6 @@ TEST(StaleSyncPolicyLagTest, FifoTrainingNeverExceedsLagAndNeverDeadlocks) {
               finished.pop_front();
               ASSERT_GE(staleness, 0);
               ASSERT_LE(staleness, s);
-              ASSERT_TRUE(gate.Trainable(version - staleness, version));
               max_staleness_seen = std::max(max_staleness_seen, staleness);
               ++trained_groups;
             }
@@ -330,7 +257,7 @@ TEST(StaleSyncPolicyLagTest, FifoTrainingNeverExceedsLagAndNeverDeadlocks) {
       }
     }
     EXPECT_EQ(trained_groups, kSteps * g);
-    EXPECT_EQ(gate.over_stale_dropped(), 0);
+    EXPECT_EQ(gate.dropped(), 0);
     // Never more than (s + 1) * G groups admitted and not yet trained.
     EXPECT_LE(gate.started() - trained_groups, (s + 1) * g);
   }
@@ -338,9 +265,9 @@ TEST(StaleSyncPolicyLagTest, FifoTrainingNeverExceedsLagAndNeverDeadlocks) {
   EXPECT_GE(max_staleness_seen, 2);
 }
 
-// Rollouts finish in random order (long tails), so the trainer checks
-// Trainable() and drops over-stale groups. The run still always completes
-// and every trained group is within the bound.
+// Rollouts finish in random order (long tails), so the trainer checks the
+// staleness and gives over-stale groups back (to be sampled again). The run
+// still always completes and every trained group is within the bound.
 TEST(StaleSyncPolicyLagTest, OutOfOrderCompletionWithDropsNeverDeadlocks) {
   constexpr int kRuns = 200;
   constexpr int64_t kSteps = 30;
@@ -350,7 +277,10 @@ TEST(StaleSyncPolicyLagTest, OutOfOrderCompletionWithDropsNeverDeadlocks) {
     const int64_t s = std::uniform_int_distribution<int>(0, 3)(rng);
     const int g = std::uniform_int_distribution<int>(1, 5)(rng);
     SCOPED_TRACE(absl::StrCat("run ", run, " s=", s, " G=", g));
-    PolicyLagGate gate(s, g);
+    GroupAdmission gate(Rule(s), g);
+    auto trainable = [s](int64_t behaviour, int64_t train) {
+      return train >= behaviour && train - behaviour <= s;
+    };
     std::vector<int64_t> in_flight;
     std::deque<int64_t> finished;  // in completion order
     int64_t version = 0;
@@ -359,7 +289,7 @@ TEST(StaleSyncPolicyLagTest, OutOfOrderCompletionWithDropsNeverDeadlocks) {
     while (version < kSteps) {
       // The trainer drops what became over-stale while waiting.
       for (auto it = finished.begin(); it != finished.end();) {
-        if (gate.Trainable(*it, version)) {
+        if (trainable(*it, version)) {
           ++it;
         } else {
           it = finished.erase(it);
@@ -385,7 +315,7 @@ TEST(StaleSyncPolicyLagTest, OutOfOrderCompletionWithDropsNeverDeadlocks) {
         in_flight.erase(in_flight.begin() + i);
       } else if (can_train) {
         for (int i = 0; i < g; ++i) {
-          ASSERT_TRUE(gate.Trainable(finished.front(), version));
+          ASSERT_TRUE(trainable(finished.front(), version));
           finished.pop_front();
           ++trained_groups;
         }
@@ -393,69 +323,77 @@ TEST(StaleSyncPolicyLagTest, OutOfOrderCompletionWithDropsNeverDeadlocks) {
       }
     }
     EXPECT_EQ(trained_groups, kSteps * g);
-    EXPECT_EQ(gate.over_stale_dropped(), dropped);
+    EXPECT_EQ(gate.dropped(), dropped);
     total_dropped += dropped;
   }
   // Out-of-order completion does produce over-stale groups.
   EXPECT_GT(total_dropped, 0);
 }
 
-// Real threads: one rollout thread blocks in WaitAdmit, one trainer thread
-// takes G groups FIFO and publishes versions; Close() releases the rollout
-// at the end.
+// Real threads, the rule kept as FusedRollout keeps it (guarded by the
+// holder's mutex, waited on with its condition variable): one rollout
+// thread starts steps in order as the rule admits them, one trainer thread
+// takes them FIFO and publishes versions.
 TEST(StaleSyncPolicyLagTest, ThreadedProducerConsumerRespectsLag) {
   constexpr int64_t kS = 1;
-  constexpr int kG = 3;
   constexpr int64_t kSteps = 50;
-  PolicyLagGate gate(kS, kG);
   absl::Mutex mu;
-  std::deque<int64_t> queue;  // behaviour versions, in admission order
+  absl::CondVar changed;
+  const PolicyLagRule rule = Rule(kS);
+  int64_t published = 0;      // guarded by mu
+  int64_t next_step = 1;      // guarded by mu
+  bool done = false;          // guarded by mu
+  std::deque<int64_t> queue;  // behaviour versions, by step; mu
   std::atomic<int64_t> max_staleness{0};
   std::atomic<bool> bad{false};
 
   std::thread rollout([&] {
-    while (true) {
-      int64_t behaviour = -1;
-      absl::Status status =
-          gate.WaitAdmit(RealClock(), absl::Now() + kLong, &behaviour);
-      if (!status.ok()) {
-        if (status.code() != absl::StatusCode::kCancelled) bad = true;
-        return;
+    absl::MutexLock lock(&mu);
+    while (!done) {
+      if (!rule.Admits(next_step, published)) {
+        changed.Wait(&mu);
+        continue;
       }
-      absl::MutexLock lock(&mu);
-      queue.push_back(behaviour);
+      queue.push_back(published);
+      ++next_step;
+      changed.SignalAll();
     }
   });
   std::thread trainer([&] {
     for (int64_t version = 0; version < kSteps; ++version) {
-      std::vector<int64_t> batch;
+      int64_t behaviour = -1;
       {
         absl::MutexLock lock(&mu);
-        auto full = [&queue] { return static_cast<int>(queue.size()) >= kG; };
-        if (!mu.AwaitWithTimeout(absl::Condition(&full), kLong)) {
+        const absl::Time deadline = absl::Now() + kLong;
+        while (queue.empty() && !changed.WaitWithDeadline(&mu, deadline)) {
+        }
+        if (queue.empty()) {
           bad = true;
           return;
         }
-        for (int i = 0; i < kG; ++i) {
-          batch.push_back(queue.front());
-          queue.pop_front();
-        }
+        behaviour = queue.front();
+        queue.pop_front();
       }
-      for (int64_t behaviour : batch) {
-        const int64_t staleness = version - behaviour;
-        if (staleness < 0 || staleness > kS) bad = true;
-        if (staleness > max_staleness) max_staleness = staleness;
-      }
-      gate.OnVersion(version + 1);
+      const int64_t staleness = version - behaviour;
+      if (staleness < 0 || staleness > kS) bad = true;
+      if (staleness > max_staleness) max_staleness = staleness;
+      absl::MutexLock lock(&mu);
+      published = version + 1;
+      changed.SignalAll();
     }
   });
   trainer.join();
-  gate.Close();
+  {
+    absl::MutexLock lock(&mu);
+    done = true;
+    changed.SignalAll();
+  }
   rollout.join();
   EXPECT_FALSE(bad);
   EXPECT_LE(max_staleness.load(), kS);
-  EXPECT_LE(gate.started(), (kS + kSteps + 1) * kG);
-  EXPECT_GE(gate.started(), kSteps * kG);
+  absl::MutexLock lock(&mu);
+  EXPECT_LE(next_step - 1, kS + kSteps + 1);
+  EXPECT_GE(next_step - 1, kSteps);
 }
 
 // ---------------------------------------------------------------------------
@@ -478,7 +416,7 @@ TEST(StaleSyncClockSkewTest, CreateValidates) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.message);
-    absl::StatusOr<std::unique_ptr<ClockSkewGate>> gate =
+    absl::StatusOr<ClockSkewGate> gate =
         ClockSkewGate::Create(c.k, c.names, c.initial);
     ASSERT_FALSE(gate.ok());
     EXPECT_EQ(gate.status().code(), absl::StatusCode::kInvalidArgument);
@@ -583,7 +521,8 @@ TEST(StaleSyncClockSkewTest, RollBackSetsLiveClocksAndKeepsTheSkewSeen) {
   EXPECT_EQ(gate.Advance("a", 3).code(), absl::StatusCode::kFailedPrecondition);
 }
 
-TEST(StaleSyncClockSkewTest, WaitMayStartTimesOutNamingTheSlowNode) {
+// A refused Advance names the slowest node and what the node may not do.
+TEST(StaleSyncClockSkewTest, ARefusedAdvanceNamesTheSlowNode) {
   ClockSkewGate gate(/*max_clock_skew=*/1, {"sn-a", "sn-b", "sn-c"});
   for (const char* name : {"sn-a", "sn-b", "sn-c"}) {
     ASSERT_TRUE(gate.Advance(name, 1).ok());
@@ -592,83 +531,16 @@ TEST(StaleSyncClockSkewTest, WaitMayStartTimesOutNamingTheSlowNode) {
   ASSERT_TRUE(gate.Advance("sn-b", 2).ok());
   ASSERT_TRUE(gate.Advance("sn-a", 3).ok());  // 2 - 1 <= 1
   // a=3 b=2 c=1: a leads c by 2.
-  absl::Status status =
-      gate.WaitMayStart("sn-a", RealClock(), absl::Now() + kShort);
-  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_FALSE(gate.MayStart("sn-a"));
+  absl::Status status = gate.Advance("sn-a", 4);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(status.message(),
             "super node sn-a at clock 3 may not start step 4: slowest super "
-            "node sn-c is at clock 1 (max_clock_skew k=1)");
-  EXPECT_EQ(gate.WaitMayStart("sn-x", RealClock(), absl::Now() + kShort).code(),
-            absl::StatusCode::kNotFound);
-  EXPECT_TRUE(
-      gate.WaitMayStart("sn-c", RealClock(), absl::InfinitePast()).ok());
-}
-
-TEST(StaleSyncClockSkewTest, WaitMayStartDeadlineIsATimeOnTheGivenClock) {
-  ClockSkewGate gate(/*max_clock_skew=*/0, {"sn-a", "sn-b"});
-  ASSERT_TRUE(gate.Advance("sn-a", 1).ok());  // a waits for b
-  FakeClock clock;
-  CondVarWaitWatch watch(gate);
-  Waiter a([&] {
-    return gate.WaitMayStart("sn-a", clock, clock.Now() + absl::Minutes(5));
-  });
-  ASSERT_TRUE(watch.AwaitWaits(3, kLong)) << "WaitMayStart never blocked";
-  EXPECT_FALSE(a.returned());
-  clock.Advance(absl::Minutes(5));
-  absl::Status status = a.Join();
-  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
-}
-
-// k = 0. a, at clock 1, is blocked in WaitMayStart by b and c (at 0): b's
-// Advance wakes it, and it waits again for c; c's Remove releases it. Then
-// a, at clock 2, is blocked by b alone, and b's Advance releases it.
-TEST(StaleSyncClockSkewTest, WaitMayStartWakesOnAdvanceAndOnRemove) {
-  ClockSkewGate gate(/*max_clock_skew=*/0, {"sn-a", "sn-b", "sn-c"});
-  ASSERT_TRUE(gate.Advance("sn-a", 1).ok());
-  {
-    CondVarWaitWatch watch(gate);
-    Waiter a([&] {
-      return gate.WaitMayStart("sn-a", RealClock(), absl::Now() + kLong);
-    });
-    ASSERT_TRUE(watch.AwaitWaits(1, kLong)) << "WaitMayStart never blocked";
-    EXPECT_FALSE(a.returned());
-    ASSERT_TRUE(gate.Advance("sn-b", 1).ok());
-    // Woken by the Advance, a looks again and waits for c.
-    ASSERT_TRUE(watch.AwaitWaits(2, kLong)) << "b's Advance did not wake a";
-    EXPECT_FALSE(a.returned());
-    EXPECT_FALSE(gate.MayStart("sn-a"));
-    gate.Remove("sn-c");
-    EXPECT_TRUE(a.Join().ok());
-  }
-  ASSERT_TRUE(gate.Advance("sn-a", 2).ok());
-  {
-    CondVarWaitWatch watch(gate);
-    Waiter a([&] {
-      return gate.WaitMayStart("sn-a", RealClock(), absl::Now() + kLong);
-    });
-    ASSERT_TRUE(watch.AwaitWaits(1, kLong)) << "WaitMayStart never blocked";
-    EXPECT_FALSE(a.returned());
-    ASSERT_TRUE(gate.Advance("sn-b", 2).ok());
-    EXPECT_TRUE(a.Join().ok());
-  }
-  EXPECT_EQ(gate.Clock("sn-c"), 0);
-}
-
-// a is blocked in WaitMayStart by b when a itself is removed (lost): the
-// wait fails, naming it.
-TEST(StaleSyncClockSkewTest, WaitMayStartFailsWhenTheWaiterIsRemoved) {
-  ClockSkewGate gate(/*max_clock_skew=*/0, {"sn-a", "sn-b"});
-  ASSERT_TRUE(gate.Advance("sn-a", 1).ok());
-  CondVarWaitWatch watch(gate);
-  Waiter a([&] {
-    return gate.WaitMayStart("sn-a", RealClock(), absl::Now() + kLong);
-  });
-  ASSERT_TRUE(watch.AwaitWaits(1, kLong)) << "WaitMayStart never blocked";
-  EXPECT_FALSE(a.returned());
-  gate.Remove("sn-a");
-  absl::Status status = a.Join();
-  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(status.message()), HasSubstr("sn-a was removed"));
+            "node sn-c is at clock 1 (max_clock_skew k=1); it finished a step "
+            "it was not allowed to start");
+  EXPECT_TRUE(gate.MayStart("sn-c"));
+  EXPECT_EQ(gate.DebugString(),
+            "clock skew k=1: sn-a=3 sn-b=2 sn-c=1; max skew seen 2");
 }
 
 // Deterministic simulation of random interleavings: at each step a random
@@ -730,8 +602,9 @@ TEST(StaleSyncClockSkewTest, RandomInterleavingsKeepSkewWithinKPlusOne) {
   EXPECT_GT(runs_at_bound, kRuns / 4);
 }
 
-// Real threads, one per super node, each looping WaitMayStart / Advance
-// with random tiny pauses.
+// Real threads, one per super node, each waiting for its turn and
+// advancing with random tiny pauses; the gate kept as JobManager keeps it
+// (guarded by the holder's mutex, waited on with its condition variable).
 TEST(StaleSyncClockSkewTest, ThreadedNodesReachTargetWithinSkew) {
   for (int64_t k : {0, 1, 3}) {
     SCOPED_TRACE(k);
@@ -739,26 +612,36 @@ TEST(StaleSyncClockSkewTest, ThreadedNodesReachTargetWithinSkew) {
     constexpr int64_t kTarget = 40;
     std::vector<std::string> names;
     for (int i = 0; i < kNodes; ++i) names.push_back(absl::StrCat("sn-", i));
-    ClockSkewGate gate(k, names);
+    absl::Mutex mu;
+    absl::CondVar changed;
+    ClockSkewGate gate(k, names);  // guarded by mu
     std::atomic<bool> bad{false};
     std::vector<std::thread> threads;
     for (int i = 0; i < kNodes; ++i) {
       threads.emplace_back([&, i] {
         std::mt19937 rng(i * 7 + k);
         for (int64_t c = 1; c <= kTarget; ++c) {
-          if (!gate.WaitMayStart(names[i], RealClock(), absl::Now() + kLong)
-                   .ok()) {
-            bad = true;
-            return;
+          {
+            absl::MutexLock lock(&mu);
+            const absl::Time deadline = absl::Now() + kLong;
+            while (!gate.MayStart(names[i]) &&
+                   !changed.WaitWithDeadline(&mu, deadline)) {
+            }
+            if (!gate.MayStart(names[i])) {
+              bad = true;
+              return;
+            }
           }
           if (std::uniform_int_distribution<int>(0, 3)(rng) == 0) {
             absl::SleepFor(absl::Microseconds(
                 std::uniform_int_distribution<int>(0, 300)(rng)));
           }
+          absl::MutexLock lock(&mu);
           if (!gate.Advance(names[i], c).ok()) {
             bad = true;
             return;
           }
+          changed.SignalAll();
         }
       });
     }
@@ -785,10 +668,12 @@ TEST(StaleSyncRuleTest, LaggedSampleVersionSharesAVersionPerBlock) {
     for (int64_t s = 0; s <= 4; ++s) {
       for (int64_t m = 1; m <= s + 1; ++m) {
         SCOPED_TRACE(absl::StrCat("v0=", v0, " s=", s, " m=", m));
+        PolicyLagRule rule = Rule(s, v0, /*base_step=*/3);
+        rule.steps_per_version = m;
         for (int64_t i = 0; i < 40; ++i) {
-          const int64_t v = LaggedSampleVersion(v0, i, s, m);
+          const int64_t v = rule.LaggedSampleVersion(3 + i);
           const int64_t staleness = v0 + i - v;
-          EXPECT_GE(v, std::max(v0, AdmitVersion(v0, i, s))) << i;
+          EXPECT_GE(v, std::max(v0, rule.AdmitVersion(3 + i))) << i;
           EXPECT_LE(staleness, s) << i;
           if (m == 1) {
             EXPECT_EQ(v, std::max(v0, v0 + i - s)) << i;
@@ -799,28 +684,52 @@ TEST(StaleSyncRuleTest, LaggedSampleVersionSharesAVersionPerBlock) {
             EXPECT_EQ(staleness, s - m + 1 + i % m) << i;
           }
           if (i % m != 0) {
-            EXPECT_EQ(v, LaggedSampleVersion(v0, i - 1, s, m)) << i;
+            EXPECT_EQ(v, rule.LaggedSampleVersion(3 + i - 1)) << i;
           }
         }
       }
     }
   }
   // Steps before the frame (negative index) belong to the block below.
-  EXPECT_EQ(LaggedSampleVersion(10, -1, 2, 2), 10);
+  PolicyLagRule rule = Rule(2, 10, /*base_step=*/5);
+  rule.steps_per_version = 2;
+  EXPECT_EQ(rule.LaggedSampleVersion(4), 10);
 }
 
-// The policy-lag rule, defined once (AdmitVersion / StepsAdmitted) for the
-// gate and the fused rollout. Written against the literal rule, so that
-// loosening it by one version in the shared definition fails here.
+// Partial rollout: token k of a response of step t is sampled by the
+// version that samples step t + min(k / N, s - 1), never below v0.
+TEST(StaleSyncRuleTest, TokenVersionFollowsTheSegments) {
+  const PolicyLagRule rule = Rule(/*max_policy_lag=*/3, /*frame_version=*/5,
+                                  /*base_step=*/1);
+  constexpr int64_t kN = 4;
+  for (int64_t step = 1; step < 8; ++step) {
+    for (int64_t tokens = 0; tokens < 20; ++tokens) {
+      const int64_t j = std::min<int64_t>(tokens / kN, 2);
+      EXPECT_EQ(rule.TokenVersion(step, tokens, kN),
+                std::max<int64_t>(5, 5 + (step + j - 1) - 3))
+          << step << " " << tokens;
+    }
+    EXPECT_EQ(rule.TokenVersion(step, 100, 0),
+              std::max<int64_t>(5, rule.AdmitVersion(step)));
+  }
+}
+
+// The policy-lag rule, defined once (PolicyLagRule) for the fused rollout.
+// Written against the literal rule, so that loosening it by one version
+// fails here.
 TEST(AdmissionRuleTest, StepIStartsAtVersionV0PlusIMinusSAndNotBefore) {
   for (int64_t s = 0; s <= 3; ++s) {
     for (int64_t v0 : {0, 7}) {
+      const PolicyLagRule rule = Rule(s, v0, /*base_step=*/1);
       for (int64_t i = 0; i <= 6; ++i) {
-        EXPECT_EQ(AdmitVersion(v0, i, s), v0 + i - s);
+        EXPECT_EQ(rule.AdmitVersion(1 + i), v0 + i - s);
         const int64_t at = std::max(v0, v0 + i - s);
-        EXPECT_GT(StepsAdmitted(v0, at, s), i) << "s=" << s << " i=" << i;
+        EXPECT_TRUE(rule.Admits(1 + i, at)) << "s=" << s << " i=" << i;
+        EXPECT_GT(StepsAdmitted(rule, at), i) << "s=" << s << " i=" << i;
         if (v0 + i - s - 1 >= v0) {
-          EXPECT_LE(StepsAdmitted(v0, v0 + i - s - 1, s), i)
+          EXPECT_FALSE(rule.Admits(1 + i, v0 + i - s - 1))
+              << "step " << i << " admitted one version early, s=" << s;
+          EXPECT_LE(StepsAdmitted(rule, v0 + i - s - 1), i)
               << "step " << i << " admitted one version early, s=" << s;
         }
       }
@@ -828,10 +737,10 @@ TEST(AdmissionRuleTest, StepIStartsAtVersionV0PlusIMinusSAndNotBefore) {
   }
 }
 
-TEST(AdmissionRuleTest, GateAdmitsExactlyTheGroupsOfTheAdmittedSteps) {
+TEST(AdmissionRuleTest, AdmitsExactlyTheGroupsOfTheAdmittedSteps) {
   constexpr int kGroups = 3;
   for (int64_t s = 0; s <= 2; ++s) {
-    PolicyLagGate gate(s, kGroups, /*initial_version=*/2);
+    GroupAdmission gate(Rule(s, /*frame_version=*/2), kGroups);
     int64_t admitted = 0;
     for (int64_t v = 2; v <= 5; ++v) {
       gate.OnVersion(v);

@@ -316,7 +316,7 @@ INSTANTIATE_TEST_SUITE_P(
                                                               : "Regenerate");
     });
 
-// --- FusedRollout alone: admission by PolicyLagGate ------------------------
+// --- FusedRollout alone: admission by PolicyLagRule ------------------------
 
 class RecordingSampler {
  public:

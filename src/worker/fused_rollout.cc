@@ -46,6 +46,8 @@ FusedRollout::FusedRollout(std::unique_ptr<PolicyModel> snapshot,
       engine_(std::move(engine)) {
   absl::MutexLock lock(&mu_);
   snapshot_version_ = options_.snapshot_version;
+  rule_.max_policy_lag = options_.max_policy_lag;
+  rule_.steps_per_version = options_.steps_per_version;
 }
 
 FusedRollout::~FusedRollout() { Stop(); }
@@ -104,25 +106,13 @@ int64_t FusedRollout::AdmitLagLocked() const {
   return std::clamp<int64_t>(static_cast<int64_t>(steps), 1, s);
 }
 
-int64_t FusedRollout::AdmitVersionLocked(int64_t step) const {
-  return AdmitVersion(frame_version_, step - base_step_, AdmitLagLocked());
+bool FusedRollout::AdmittedLocked(int64_t step) const {
+  return rule_.Admits(step, published_version_, AdmitLagLocked());
 }
 
 int64_t FusedRollout::SampleVersionLocked(int64_t step) const {
   if (!options_.lagged) return published_version_;
-  return LaggedSampleVersion(frame_version_, step - base_step_,
-                             options_.max_policy_lag,
-                             options_.steps_per_version);
-}
-
-int64_t FusedRollout::TokenVersion(int64_t frame_version, int64_t base_step,
-                                   int64_t step, int64_t tokens) const {
-  const int64_t s = options_.max_policy_lag;
-  const int64_t n = options_.partial_rollout_tokens;
-  const int64_t j =
-      n > 0 ? std::min<int64_t>(tokens / n, std::max<int64_t>(0, s - 1)) : 0;
-  return std::max(frame_version,
-                  AdmitVersion(frame_version, step + j - base_step, s));
+  return rule_.LaggedSampleVersion(step);
 }
 
 int64_t FusedRollout::SegmentEnd(const Round& round, int64_t step,
@@ -132,8 +122,7 @@ int64_t FusedRollout::SegmentEnd(const Round& round, int64_t step,
   // Segments start at multiples of n; from (s - 1) n on, the last one.
   const int64_t last = std::max<int64_t>(0, options_.max_policy_lag - 1) * n;
   for (int64_t end = (tokens / n + 1) * n; end <= last; end += n) {
-    if (TokenVersion(round.frame_version, round.base_step, step, end) !=
-        round.version) {
+    if (round.rule.TokenVersion(step, end, n) != round.version) {
       return end;
     }
   }
@@ -144,7 +133,7 @@ int64_t FusedRollout::CarriedVersionLocked(int64_t step,
                                            const RolloutBatch& batch) const {
   const int64_t tokens = static_cast<int64_t>(
       batch.samples[batch.unfinished.front()].response_ids.size());
-  return TokenVersion(frame_version_, base_step_, step, tokens);
+  return rule_.TokenVersion(step, tokens, options_.partial_rollout_tokens);
 }
 
 void FusedRollout::PruneLocked() {
@@ -170,7 +159,7 @@ void FusedRollout::ResetLocked(int64_t base_step) {
   ++generation_;
   // The i-th step from here may start once the published version is
   // >= v0 + i - s, v0 the trainer's current version.
-  frame_version_ = std::max<int64_t>(0, published_version_);
+  rule_.frame_version = std::max<int64_t>(0, published_version_);
   PruneLocked();
   changed_.SignalAll();
 }
@@ -188,8 +177,8 @@ void FusedRollout::Reset() {
 void FusedRollout::Restore(RolloutPrefetch saved) {
   absl::MutexLock lock(&mu_);
   base_groups_ = std::move(saved.base_groups);
-  base_step_ = saved.base_step;
-  frame_version_ = saved.frame_version;
+  rule_.base_step = saved.base_step;
+  rule_.frame_version = saved.frame_version;
   rank_ = saved.rank;
   ready_.clear();
   carried_.clear();
@@ -212,9 +201,9 @@ absl::StatusOr<std::optional<RolloutPrefetch>> FusedRollout::Pending(
   out.max_policy_lag = options_.max_policy_lag;
   out.prompts_per_step = options_.prompts_per_step;
   out.rank = rank_;
-  out.base_step = base_step_;
+  out.base_step = rule_.base_step;
   out.base_groups = base_groups_;
-  out.frame_version = frame_version_;
+  out.frame_version = rule_.frame_version;
   const uint64_t generation = generation_;
   const absl::Time deadline = clock_.Now() + options_.timeout;
   // A batch whose responses continue from versions >= `version` is taken
@@ -261,8 +250,7 @@ absl::StatusOr<std::optional<RolloutPrefetch>> FusedRollout::Pending(
 std::optional<FusedRollout::Round> FusedRollout::NextRound(bool wait) {
   absl::MutexLock lock(&mu_);
   while (!stop_) {
-    if (base_groups_.empty() ||
-        published_version_ < AdmitVersionLocked(next_step_) ||
+    if (base_groups_.empty() || !AdmittedLocked(next_step_) ||
         published_version_ < SampleVersionLocked(next_step_)) {
       if (!wait) return std::nullopt;
       const auto w0 = std::chrono::steady_clock::now();
@@ -294,8 +282,7 @@ std::optional<FusedRollout::Round> FusedRollout::NextRound(bool wait) {
     round.generation = generation_;
     round.rank = rank_;
     round.version = snapshot_version_;
-    round.frame_version = frame_version_;
-    round.base_step = base_step_;
+    round.rule = rule_;
     round.lag = AdmitLagLocked();
     // Carried responses that continue from this version come first: they
     // take the engine's slots before the new steps' responses.
@@ -327,14 +314,14 @@ std::optional<FusedRollout::Round> FusedRollout::NextRound(bool wait) {
          std::max(1, options_.max_steps_per_round);
          ++step) {
       if (step > next_step_ &&
-          (published_version_ < AdmitVersionLocked(step) ||
+          (!AdmittedLocked(step) ||
            SampleVersionLocked(step) != snapshot_version_ ||
            ready_.count(step) > 0)) {
         break;
       }
       StepGroups s{step, base_groups_, std::nullopt};
       for (uint64_t& g : s.groups) {
-        g += static_cast<uint64_t>(step - base_step_) *
+        g += static_cast<uint64_t>(step - rule_.base_step) *
              options_.prompts_per_step;
       }
       round.steps.push_back(std::move(s));
@@ -437,17 +424,18 @@ absl::StatusOr<RolloutBatch> FusedRollout::Take(const StepPlan& plan) {
   const uint64_t per_step = options_.prompts_per_step;
   absl::MutexLock lock(&mu_);
   bool predicted = !base_groups_.empty() && rank_ == plan.rank &&
-                   plan.step >= base_step_ &&
+                   plan.step >= rule_.base_step &&
                    plan.groups.size() == base_groups_.size();
   for (size_t i = 0; predicted && i < plan.groups.size(); ++i) {
-    predicted = plan.groups[i] ==
-                base_groups_[i] +
-                    static_cast<uint64_t>(plan.step - base_step_) * per_step;
+    predicted =
+        plan.groups[i] ==
+        base_groups_[i] +
+            static_cast<uint64_t>(plan.step - rule_.base_step) * per_step;
   }
   if (!predicted) {
     // First step, or the controller replanned: sample what the plan says.
     base_groups_ = plan.groups;
-    base_step_ = plan.step;
+    rule_.base_step = plan.step;
     rank_ = plan.rank;
     ResetLocked(plan.step);
   }

@@ -7,16 +7,17 @@
 // (one copy); the thread takes them into its snapshot before its next
 // sampling round (one more copy), only when they are newer.
 //
-// Admission is StaleSync's policy-lag rule (PolicyLagGate, core/stalesync.h,
-// at the granularity of a step's prompt groups): the i-th step after a
-// reset starts only once the published version is at least v0 + i - s (v0:
-// the trainer's version at the reset), so every sample is trained with
-// staleness <= s. The trainer checks it again (StalenessFilter).
+// Admission is StaleSync's policy-lag rule (PolicyLagRule, core/stalesync.h,
+// per step): the i-th step after a reset starts only once the published
+// version is at least v0 + i - s (v0: the trainer's version at the reset),
+// so every sample is trained with staleness <= s. The trainer checks it
+// again (StalenessFilter).
 //
 // Which version samples the step (stalesync.rollout_version): lagged =
 // exactly max(v0, v0 + i - s), or with steps_per_version m > 1 the version
-// of the last step of the i-th step's block of m (LaggedSampleVersion), so
-// the versions follow from the config and not from timing (the thread
+// of the last step of the i-th step's block of m
+// (PolicyLagRule::LaggedSampleVersion), so the versions follow from the
+// config and not from timing (the thread
 // keeps the published versions it will still need: one copy when it is
 // ahead of the trainer, at most s + 1 when the trainer waits for it);
 // newest = the newest published one.
@@ -87,6 +88,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/clock.h"
+#include "core/stalesync.h"
 #include "worker/step/group_sampler.h"
 #include "worker/step/rollout_prefetch.h"
 #include "worker/work_client.h"
@@ -112,7 +114,7 @@ class FusedRollout {
     bool lagged = true;          // stalesync.rollout_version
     bool just_in_time = false;   // jit (with lagged false; see above)
     // Lagged: consecutive steps that sample from one version
-    // (stalesync.steps_per_version, LaggedSampleVersion).
+    // (stalesync.steps_per_version, PolicyLagRule::LaggedSampleVersion).
     int steps_per_version = 1;
     int prompts_per_step = 1;  // the job's, to advance predicted groups
     int rollout_threads = 1;   // intra-op threads of the rollout thread
@@ -218,8 +220,7 @@ class FusedRollout {
     int rank = 0;
     int64_t version = 0;
     // The frame the round's segment ends follow.
-    int64_t frame_version = 0;
-    int64_t base_step = 0;
+    PolicyLagRule rule;
     int64_t lag = 0;  // the admission lag its steps were admitted with
   };
 
@@ -243,22 +244,20 @@ class FusedRollout {
   bool EndRound(const Round& round, absl::Status status, size_t delivered)
       ABSL_LOCKS_EXCLUDED(mu_);
   void ResetLocked(int64_t base_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The version step `step` of the frame may start at (v0 + i - s) and the
-  // one it samples from (lagged: that, at least v0; newest: the newest).
-  int64_t AdmitVersionLocked(int64_t step) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether step `step` of the frame may start now (the rule at the
+  // published version, with AdmitLagLocked()), and the version it samples
+  // from (lagged: the rule's, at least v0; newest: the newest).
+  bool AdmittedLocked(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The lag admission uses now: s, or just in time the predicted d.
   int64_t AdmitLagLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t SampleVersionLocked(int64_t step) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops published versions no coming round samples from.
   void PruneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Partial rollout: the version that samples token `tokens` of a response
-  // of `step` in the frame (frame_version, base_step), and where a round of
-  // `version` stops a response that holds `tokens` tokens (INT64_MAX: it
-  // runs to its end).
-  int64_t TokenVersion(int64_t frame_version, int64_t base_step, int64_t step,
-                       int64_t tokens) const;
+  // Partial rollout: where a round stops a response of `step` that holds
+  // `tokens` tokens, the first segment start whose version
+  // (PolicyLagRule::TokenVersion in the round's frame) is not the round's
+  // (INT64_MAX: it runs to its end).
   int64_t SegmentEnd(const Round& round, int64_t step, int64_t tokens) const;
   // The version a carried batch continues with.
   int64_t CarriedVersionLocked(int64_t step, const RolloutBatch& batch) const
@@ -281,11 +280,11 @@ class FusedRollout {
   // Published weights by version (newest: the newest only).
   std::map<int64_t, std::vector<at::Tensor>> published_ ABSL_GUARDED_BY(mu_);
   int64_t published_version_ ABSL_GUARDED_BY(mu_) = -1;
-  // The frame: base_groups_ at base_step_, each group index advancing by
-  // prompts_per_step per step; versions counted from frame_version_ (v0).
+  // The frame: base_groups_ at rule_.base_step, each group index advancing
+  // by prompts_per_step per step; versions counted from rule_.frame_version
+  // (v0), steps admitted and sampled by rule_ (the one policy-lag rule).
   std::vector<uint64_t> base_groups_ ABSL_GUARDED_BY(mu_);
-  int64_t base_step_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t frame_version_ ABSL_GUARDED_BY(mu_) = 0;
+  PolicyLagRule rule_ ABSL_GUARDED_BY(mu_);
   int rank_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // bumped on every reset
   int64_t next_step_ ABSL_GUARDED_BY(mu_) = 0;
