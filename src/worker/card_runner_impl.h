@@ -43,6 +43,7 @@ class PolicyModel;
 class RolloutEngine;
 class Trainer;
 struct RolloutBatch;
+struct StepRecordParts;
 
 class CardRunner {
  public:
@@ -79,10 +80,45 @@ class CardRunner {
   // engine, how it shares the card's threads with the trainer, and
   // whether the two take turns (worker/card_turns.h).
   absl::Status SetUpRolloutThread();
+  // Its steps, over the parts of the thread being built: the thread shares
+  // of the trainer and the rollout and the snapshot (fused or
+  // disaggregated), the rollout's engine, the turns of the two roles, the
+  // rollout borrowing the trainer's idle threads, and the thread itself.
+  struct RolloutThreadParts;
+  absl::Status SplitRolloutThreads(RolloutThreadParts& parts);
+  void MakeRolloutThreadEngine(RolloutThreadParts& parts);
+  void SetUpTurns(const RolloutThreadParts& parts);
+  void ShareIdleTrainerThreads(RolloutThreadParts& parts);
+  void StartRolloutThread(RolloutThreadParts& parts);
 
   // --- one step (card_train_step.cc) ---
-  // One attempt of one step. Fills `report` (lead: metrics).
+  // One attempt of one step. Fills `report` (lead: metrics). Its steps in
+  // order, over the attempt's StepRun: the evaluation before step 1, the
+  // batch, the training step, the sums over the job's cards, the exchange
+  // across super nodes, the card's own accounting, and the lead's report.
   absl::Status TrainStep(const StepPlan& plan, StepReport& report);
+  struct StepRun;
+  absl::Status EvaluateBefore(const StepPlan& plan, StepReport& report);
+  absl::Status TakeBatch(const StepPlan& plan, StepRun& run);
+  absl::Status TrainOnBatch(const StepPlan& plan, StepRun& run);
+  // What this card trained, summed over the job's cards (run.totals).
+  absl::Status SumTotals(const StepPlan& plan, StepRun& run);
+  // The card's files of the step's checkpoint: its rollout's prefetch and
+  // (expert parallelism) its shard's optimizer state.
+  absl::Status SaveCardCheckpointFiles(const StepPlan& plan);
+  // StaleSync across super nodes: the weight sync after the step, the
+  // card's checkpoint files from the synced state, and what card 0 reports
+  // of its super node.
+  absl::Status SyncAcrossSuperNodes(const StepPlan& plan, StepRun& run,
+                                    StepReport& report);
+  // The step's time on the card: its turns, busy time and role split.
+  void EndOnCard(StepRun& run);
+  // The lead card: the step's record, the evaluation after it and its
+  // checkpoint into `report`.
+  absl::Status ReportAsLead(const StepPlan& plan, StepRun& run,
+                            StepReport& report);
+  // The record's parts; takes the exchange counters since the last record.
+  StepRecordParts RecordParts(const StepPlan& plan, StepRun& run);
   // The step's batch: taken from the rollout thread or sampled here, then
   // over-stale groups regenerated or dropped. `wait_seconds`: the trainer
   // waiting for the thread; `thread_samples`: samples the thread sampled;
