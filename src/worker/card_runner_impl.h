@@ -63,6 +63,32 @@ class CardRunner {
   // next.
   absl::Status OnEnd(StepPlan plan);
   absl::StatusOr<int64_t> OnTrain(const StepPlan& plan);
+  // OnTrain's steps. An expert group spanning nodes needs the cards it
+  // formed with (FailedPrecondition otherwise).
+  absl::Status CheckExpertWorld(const StepPlan& plan);
+  // Starts the step's exchange: synchronous, or StaleSync's across super
+  // nodes (plan.exchange_updates).
+  absl::Status BeginStep(const StepPlan& plan);
+  // Card 0 tells the controller the attempt was aborted.
+  void ReportAbort(const StepPlan& plan, const absl::Status& step);
+  // The node's outcome of a trained step (`step`: this card's): card 0
+  // reports it and learns whether it was committed; with several cards,
+  // every card learns both, and one card's abort aborts them all.
+  struct StepOutcome {
+    absl::Status status;
+    bool committed = false;
+  };
+  absl::StatusOr<StepOutcome> NodeOutcome(const StepPlan& plan,
+                                          const StepReport& report,
+                                          absl::Status step);
+  // After a StaleSync step that went through: keeps its weight sync, and
+  // publishes the committed step to the rollout. Returns the next step.
+  absl::StatusOr<int64_t> AfterSkewedStep(const StepPlan& plan, bool committed);
+  // An aborted or uncommitted synchronous step: restores the state the
+  // cards had at its start. Returns the step, to be replanned.
+  absl::StatusOr<int64_t> RollBack(const StepPlan& plan,
+                                   std::optional<StepSnapshot>& snapshot,
+                                   const absl::Status& step);
   absl::StatusOr<bool> Finish(const StepReport& report);
   void ReportFailure(const absl::Status& status, int64_t step, int attempt);
   StepReport NewReport(int64_t step, int attempt) const;
@@ -73,6 +99,14 @@ class CardRunner {
 
   // --- set-up (card_setup.cc) ---
   absl::Status Setup();
+  // Setup's steps: expert parallelism's shard of the policy, the trainer
+  // and the card's own rollout engine, the set-up logs (card 0), and the
+  // card's memory books.
+  absl::Status CutExpertShard();
+  absl::Status MakeTrainerAndRollout();
+  void LogPolicy() const;
+  void LogExpertParallel() const;
+  absl::Status BookMemory();
   // The card's exchange: gradients over the node's cards and the
   // attempt's nodes, or StaleSync's update exchange across super nodes.
   std::unique_ptr<HierarchicalSync> MakeSync();

@@ -39,25 +39,53 @@ absl::Status CardRunner::Setup() {
   per_card_threads_ = std::max(1, job_.threads / job_.assigned_cards);
   SetIntraOpThreads(per_card_threads_);
   if (job_.experts != nullptr) {
-    // Expert parallelism: the model PrepareJob made (every expert, as a job
-    // without shards starts) is cut into this card's shard, which trains;
-    // a frozen copy of the whole stays for sampling (expert_sampling
-    // gathered), or the shard samples too (shard).
-    // model.activations.policy auto is planned here, on the whole model
-    // (whose passes exchange nothing), and the group then takes its rank
-    // 0's plan (Trainer::Create).
-    FUSIONRL_RETURN_IF_ERROR(
-        PlanActivationsForJob(*ctx_.policy,
-                              std::max<int64_t>(1, cfg.optim.micro_batch_size))
-            .status());
-    const ExpertShard shard{job_.experts->rank(), job_.experts->world_size()};
-    FUSIONRL_ASSIGN_OR_RETURN(std::unique_ptr<PolicyModel> mine,
-                              ctx_.policy->ExpertShardOf(shard));
-    mine->set_expert_group(job_.experts);
-    samples_shard_ = cfg.placement.expert_sampling == ExpertSampling::kShard;
-    if (!samples_shard_) gathered_ = ctx_.policy->CloneFrozen();
-    ctx_.policy = std::move(mine);
+    FUSIONRL_RETURN_IF_ERROR(CutExpertShard());
   }
+  FUSIONRL_RETURN_IF_ERROR(MakeTrainerAndRollout());
+  LogPolicy();
+  if (!job_.resume_checkpoint.empty()) {
+    FUSIONRL_ASSIGN_OR_RETURN(
+        CheckpointMeta meta,
+        ReadCheckpoint(job_.resume_checkpoint, *ctx_.policy, trainer_.get()));
+    trainer_->set_version(meta.policy_version);
+    resumed_step_ = meta.step;
+    resumed_crc32c_ = WeightsCrc32c(*ctx_.policy);
+    FUSIONRL_RETURN_IF_ERROR(GatherExperts());
+  }
+  LogExpertParallel();
+  FUSIONRL_RETURN_IF_ERROR(BookMemory());
+  const bool fused = cfg.placement.mode == PlacementMode::kFused;
+  if (!fused && cfg.placement.mode != PlacementMode::kDisaggregated) {
+    return absl::OkStatus();
+  }
+  return SetUpRolloutThread();
+}
+
+absl::Status CardRunner::CutExpertShard() {
+  const JobConfig& cfg = config();
+  // Expert parallelism: the model PrepareJob made (every expert, as a job
+  // without shards starts) is cut into this card's shard, which trains;
+  // a frozen copy of the whole stays for sampling (expert_sampling
+  // gathered), or the shard samples too (shard).
+  // model.activations.policy auto is planned here, on the whole model
+  // (whose passes exchange nothing), and the group then takes its rank
+  // 0's plan (Trainer::Create).
+  FUSIONRL_RETURN_IF_ERROR(
+      PlanActivationsForJob(*ctx_.policy,
+                            std::max<int64_t>(1, cfg.optim.micro_batch_size))
+          .status());
+  const ExpertShard shard{job_.experts->rank(), job_.experts->world_size()};
+  FUSIONRL_ASSIGN_OR_RETURN(std::unique_ptr<PolicyModel> mine,
+                            ctx_.policy->ExpertShardOf(shard));
+  mine->set_expert_group(job_.experts);
+  samples_shard_ = cfg.placement.expert_sampling == ExpertSampling::kShard;
+  if (!samples_shard_) gathered_ = ctx_.policy->CloneFrozen();
+  ctx_.policy = std::move(mine);
+  return absl::OkStatus();
+}
+
+absl::Status CardRunner::MakeTrainerAndRollout() {
+  const JobConfig& cfg = config();
   PolicyModel& policy = *ctx_.policy;
   if (cfg.algorithm.kl_coef > 0) reference_ = policy.CloneFrozen();
   sync_ = MakeSync();
@@ -79,40 +107,42 @@ absl::Status CardRunner::Setup() {
   rollout_->Configure(cfg.rollout);
   rollout_->set_row_blocks(per_card_threads_);
   if (samples_shard_) rollout_->set_expert_lockstep(job_.experts);
-  if (job_.local_rank == 0) {
-    spdlog::info(
-        "[{}] {}: policy {} parameters on {} x {} card(s), task {} "
-        "({} eval problems)",
-        cfg.name, job_.node_id, policy.num_parameters(), job_.local_cards,
-        ctx_.device.str(), ctx_.task->name(), ctx_.task->eval_set().size());
-  }
-  if (job_.local_rank == 0 && policy.lora()) {
-    const LoraConfig& l = cfg.model.lora;
-    spdlog::info(
-        "[{}] LoRA rank {} (alpha {}) on {}: {} trainable parameters, "
-        "{:.1f} MiB a weight publish; base frozen",
-        cfg.name, l.rank, l.alpha, l.targets, policy.num_trainable_parameters(),
-        4.0 * policy.num_trainable_parameters() / 1048576.0);
-  }
-  if (!job_.resume_checkpoint.empty()) {
-    FUSIONRL_ASSIGN_OR_RETURN(
-        CheckpointMeta meta,
-        ReadCheckpoint(job_.resume_checkpoint, policy, trainer_.get()));
-    trainer_->set_version(meta.policy_version);
-    resumed_step_ = meta.step;
-    resumed_crc32c_ = WeightsCrc32c(policy);
-    FUSIONRL_RETURN_IF_ERROR(GatherExperts());
-  }
-  if (job_.local_rank == 0 && job_.experts != nullptr) {
-    spdlog::info(
-        "[{}] expert parallel {}: each card trains {} parameters ({} experts "
-        "of {} per block) and samples from {}",
-        cfg.name, job_.experts->world_size(), policy.num_parameters(),
-        cfg.model.moe_experts / job_.experts->world_size(),
-        cfg.model.moe_experts,
-        samples_shard_ ? "its shard, in lockstep with its expert group"
-                       : "all of them, gathered after every step");
-  }
+  return absl::OkStatus();
+}
+
+void CardRunner::LogPolicy() const {
+  if (job_.local_rank != 0) return;
+  const JobConfig& cfg = config();
+  const PolicyModel& policy = *ctx_.policy;
+  spdlog::info(
+      "[{}] {}: policy {} parameters on {} x {} card(s), task {} "
+      "({} eval problems)",
+      cfg.name, job_.node_id, policy.num_parameters(), job_.local_cards,
+      ctx_.device.str(), ctx_.task->name(), ctx_.task->eval_set().size());
+  if (!policy.lora()) return;
+  const LoraConfig& l = cfg.model.lora;
+  spdlog::info(
+      "[{}] LoRA rank {} (alpha {}) on {}: {} trainable parameters, "
+      "{:.1f} MiB a weight publish; base frozen",
+      cfg.name, l.rank, l.alpha, l.targets, policy.num_trainable_parameters(),
+      4.0 * policy.num_trainable_parameters() / 1048576.0);
+}
+
+void CardRunner::LogExpertParallel() const {
+  if (job_.local_rank != 0 || job_.experts == nullptr) return;
+  const JobConfig& cfg = config();
+  spdlog::info(
+      "[{}] expert parallel {}: each card trains {} parameters ({} experts "
+      "of {} per block) and samples from {}",
+      cfg.name, job_.experts->world_size(), ctx_.policy->num_parameters(),
+      cfg.model.moe_experts / job_.experts->world_size(), cfg.model.moe_experts,
+      samples_shard_ ? "its shard, in lockstep with its expert group"
+                     : "all of them, gathered after every step");
+}
+
+absl::Status CardRunner::BookMemory() {
+  const JobConfig& cfg = config();
+  const PolicyModel& policy = *ctx_.policy;
   FUSIONRL_ASSIGN_OR_RETURN(
       memory_, CardMemoryManager::Create(job_.local_rank, cfg.memory));
   memory_->Set(MemoryCategory::kWeights,
@@ -129,11 +159,7 @@ absl::Status CardRunner::Setup() {
         CardMemoryManager::Create(job_.local_rank, cfg.memory));
     job_.rollout_counters->SetMemory(rollout_memory_);
   }
-  const bool fused = cfg.placement.mode == PlacementMode::kFused;
-  if (!fused && cfg.placement.mode != PlacementMode::kDisaggregated) {
-    return absl::OkStatus();
-  }
-  return SetUpRolloutThread();
+  return absl::OkStatus();
 }
 
 std::unique_ptr<HierarchicalSync> CardRunner::MakeSync() {
