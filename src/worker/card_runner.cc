@@ -126,23 +126,65 @@ absl::Status CardRunner::OnEnd(StepPlan plan) {
 }
 
 absl::StatusOr<int64_t> CardRunner::OnTrain(const StepPlan& plan) {
-  PolicyModel& policy = *ctx_.policy;
   plan_step_ = plan.step;
   plan_attempt_ = plan.attempt;
-  if (job_.experts_span_nodes) {
-    if (expert_world_ == 0) expert_world_ = plan.world_size;
-    if (plan.rank != job_.job_rank || plan.world_size != expert_world_) {
-      // A node left the job: an expert group spanning nodes has lost
-      // experts no other card holds (or its members moved).
-      const absl::Status lost = absl::FailedPreconditionError(absl::StrCat(
-          "placement.expert_parallel: the job's cards changed (card ",
-          plan.rank, " of ", plan.world_size, " now, card ", job_.job_rank,
-          " of ", expert_world_,
-          " when the expert group formed): a node was lost"));
-      ReportFailure(lost, plan.step, plan.attempt);
-      return lost;
-    }
+  if (absl::Status same = CheckExpertWorld(plan); !same.ok()) {
+    ReportFailure(same, plan.step, plan.attempt);
+    return same;
   }
+  FUSIONRL_RETURN_IF_ERROR(BeginStep(plan));
+  // Only a synchronous step shared with other nodes can be aborted by a
+  // node loss (a StaleSync job fails instead).
+  std::optional<StepSnapshot> snapshot;
+  if (plan.nodes > 1 && !plan.exchange_updates) {
+    FUSIONRL_ASSIGN_OR_RETURN(snapshot,
+                              StepSnapshot::Take(*ctx_.policy, *trainer_));
+  }
+  StepReport report = NewReport(plan.step, plan.attempt);
+  absl::Status step = TrainStep(plan, report);
+  if (step.ok() && job_.debug_step_delay > absl::ZeroDuration()) {
+    SleepOnClock(clock_, job_.debug_step_delay);  // fault injection
+  }
+  if (plan.exchange_updates && absl::IsAborted(step)) {
+    // A collective of the data plane failed, or the job rolled back or
+    // ended under us: the controller rolls the job back to its last weight
+    // sync (a no-op if it already did), and the next plan says where to go
+    // on from.
+    ReportAbort(plan, step);
+    return plan.step + 1;
+  }
+  FUSIONRL_ASSIGN_OR_RETURN(const StepOutcome outcome,
+                            NodeOutcome(plan, report, std::move(step)));
+  if (plan.exchange_updates && outcome.status.ok()) {
+    return AfterSkewedStep(plan, outcome.committed);
+  }
+  if (absl::IsAborted(outcome.status) ||
+      (outcome.status.ok() && !outcome.committed)) {
+    return RollBack(plan, snapshot, outcome.status);
+  }
+  if (!outcome.status.ok()) {
+    ReportFailure(outcome.status, plan.step, plan.attempt);
+    return outcome.status;
+  }
+  if (fused_ != nullptr) PublishToRollout();
+  return plan.step + 1;
+}
+
+absl::Status CardRunner::CheckExpertWorld(const StepPlan& plan) {
+  if (!job_.experts_span_nodes) return absl::OkStatus();
+  if (expert_world_ == 0) expert_world_ = plan.world_size;
+  if (plan.rank == job_.job_rank && plan.world_size == expert_world_) {
+    return absl::OkStatus();
+  }
+  // A node left the job: an expert group spanning nodes has lost
+  // experts no other card holds (or its members moved).
+  return absl::FailedPreconditionError(absl::StrCat(
+      "placement.expert_parallel: the job's cards changed (card ", plan.rank,
+      " of ", plan.world_size, " now, card ", job_.job_rank, " of ",
+      expert_world_, " when the expert group formed): a node was lost"));
+}
+
+absl::Status CardRunner::BeginStep(const StepPlan& plan) {
   std::optional<HierarchicalSync::DataPlane> data_plane;
   if (plan.c10d_data_plane && plan.nodes > 1) {
     data_plane =
@@ -155,95 +197,84 @@ absl::StatusOr<int64_t> CardRunner::OnTrain(const StepPlan& plan) {
   } else {
     sync_->BeginAttempt(plan.rank, plan.world_size, plan.nodes, data_plane);
   }
-  // Only a synchronous step shared with other nodes can be aborted by a
-  // node loss (a StaleSync job fails instead).
-  std::optional<StepSnapshot> snapshot;
-  if (plan.nodes > 1 && !plan.exchange_updates) {
-    FUSIONRL_ASSIGN_OR_RETURN(snapshot, StepSnapshot::Take(policy, *trainer_));
-  }
-  StepReport report = NewReport(plan.step, plan.attempt);
-  absl::Status step = TrainStep(plan, report);
-  if (step.ok() && job_.debug_step_delay > absl::ZeroDuration()) {
-    SleepOnClock(clock_, job_.debug_step_delay);  // fault injection
-  }
-  if (plan.exchange_updates && absl::IsAborted(step)) {
-    // A collective of the data plane failed, or the job rolled back or
-    // ended under us: the controller rolls the job back to its last weight
-    // sync (a no-op if it already did), and the next plan says where to go
-    // on from.
-    if (job_.local_rank == 0) {
-      StepReport abort = NewReport(plan.step, plan.attempt);
-      abort.abort_reason = std::string(step.message());
-      Finish(abort).IgnoreError();
-    }
-    return plan.step + 1;
-  }
-  bool committed = false;
+  return absl::OkStatus();
+}
+
+void CardRunner::ReportAbort(const StepPlan& plan, const absl::Status& step) {
+  if (job_.local_rank != 0) return;
+  StepReport abort = NewReport(plan.step, plan.attempt);
+  abort.abort_reason = std::string(step.message());
+  Finish(abort).IgnoreError();
+}
+
+absl::StatusOr<CardRunner::StepOutcome> CardRunner::NodeOutcome(
+    const StepPlan& plan, const StepReport& report, absl::Status step) {
+  StepOutcome outcome;
   if (step.ok() && job_.local_rank == 0) {
     Doing(absl::StrCat("end of step ", plan.step,
                        ": waiting for the other nodes"));
     absl::StatusOr<bool> done = Finish(report);
     if (done.ok()) {
-      committed = *done;
+      outcome.committed = *done;
     } else {
       step = done.status();
     }
   }
   if (job_.local_cards > 1 && (step.ok() || absl::IsAborted(step))) {
     // Every card learns the node's outcome of the step.
-    std::vector<double> flags = {committed ? 1.0 : 0.0, step.ok() ? 0.0 : 1.0};
+    std::vector<double> flags = {outcome.committed ? 1.0 : 0.0,
+                                 step.ok() ? 0.0 : 1.0};
     FUSIONRL_RETURN_IF_ERROR(sync_->LocalSum(flags));
-    committed = flags[0] > 0;
+    outcome.committed = flags[0] > 0;
     if (flags[1] > 0 && step.ok()) {
       step = absl::AbortedError("another card of this node was aborted");
     }
   }
-  if (absl::IsAborted(step) && plan.c10d_data_plane && job_.local_rank == 0) {
+  if (absl::IsAborted(step) && plan.c10d_data_plane) {
     // The data plane's failure is known on the nodes only: the controller
     // aborts and replans the attempt (a no-op if it already did).
-    StepReport abort = NewReport(plan.step, plan.attempt);
-    abort.abort_reason = std::string(step.message());
-    Finish(abort).IgnoreError();
+    ReportAbort(plan, step);
   }
-  if (plan.exchange_updates && step.ok()) {
-    // Keep the sync whatever the answer: the controller commits it once
-    // every node reported it and then may roll back to it, while this
-    // answer can say "not committed" although it committed (a controller
-    // killed before its answer left rolls back on restart, and answers the
-    // retried report as one of an attempt it rolled back). A sync that
-    // never committed is dropped by the roll-back to an older one.
-    if (plan.sync_weights) {
-      FUSIONRL_RETURN_IF_ERROR(KeepSyncPoint(plan.step));
-    }
-    // Not accepted: the job rolled back meanwhile, and the next plan
-    // restores the last weight sync.
-    if (fused_ != nullptr && committed) PublishToRollout();
-    return plan.step + 1;
+  outcome.status = std::move(step);
+  return outcome;
+}
+
+absl::StatusOr<int64_t> CardRunner::AfterSkewedStep(const StepPlan& plan,
+                                                    bool committed) {
+  // Keep the sync whatever the answer: the controller commits it once
+  // every node reported it and then may roll back to it, while this
+  // answer can say "not committed" although it committed (a controller
+  // killed before its answer left rolls back on restart, and answers the
+  // retried report as one of an attempt it rolled back). A sync that
+  // never committed is dropped by the roll-back to an older one.
+  if (plan.sync_weights) {
+    FUSIONRL_RETURN_IF_ERROR(KeepSyncPoint(plan.step));
   }
-  if (absl::IsAborted(step) || (step.ok() && !committed)) {
-    if (!snapshot) {
-      return absl::InternalError(
-          "a single-node step was aborted; nothing to roll back to");
-    }
-    spdlog::warn(
-        "{} card {}: step {} attempt {} aborted ({}); rolling back",
-        job_.node_id, job_.local_rank, plan.step, plan.attempt,
-        step.ok() ? std::string("not committed") : std::string(step.message()));
-    FUSIONRL_RETURN_IF_ERROR(snapshot->Restore(policy, *trainer_));
-    FUSIONRL_RETURN_IF_ERROR(GatherExperts());
-    if (fused_ != nullptr) {
-      // Sample the replanned step afresh from the restored weights.
-      PublishToRollout();
-      fused_->Reset();
-    }
-    return plan.step;
-  }
-  if (!step.ok()) {
-    ReportFailure(step, plan.step, plan.attempt);
-    return step;
-  }
-  if (fused_ != nullptr) PublishToRollout();
+  // Not accepted: the job rolled back meanwhile, and the next plan
+  // restores the last weight sync.
+  if (fused_ != nullptr && committed) PublishToRollout();
   return plan.step + 1;
+}
+
+absl::StatusOr<int64_t> CardRunner::RollBack(
+    const StepPlan& plan, std::optional<StepSnapshot>& snapshot,
+    const absl::Status& step) {
+  if (!snapshot) {
+    return absl::InternalError(
+        "a single-node step was aborted; nothing to roll back to");
+  }
+  spdlog::warn(
+      "{} card {}: step {} attempt {} aborted ({}); rolling back", job_.node_id,
+      job_.local_rank, plan.step, plan.attempt,
+      step.ok() ? std::string("not committed") : std::string(step.message()));
+  FUSIONRL_RETURN_IF_ERROR(snapshot->Restore(*ctx_.policy, *trainer_));
+  FUSIONRL_RETURN_IF_ERROR(GatherExperts());
+  if (fused_ != nullptr) {
+    // Sample the replanned step afresh from the restored weights.
+    PublishToRollout();
+    fused_->Reset();
+  }
+  return plan.step;
 }
 
 absl::Status WithExpertGroupNote(const CardJob& job, absl::Status status) {

@@ -43,6 +43,7 @@ class PolicyModel;
 class RolloutEngine;
 class Trainer;
 struct RolloutBatch;
+struct StepRecordParts;
 
 class CardRunner {
  public:
@@ -62,6 +63,32 @@ class CardRunner {
   // next.
   absl::Status OnEnd(StepPlan plan);
   absl::StatusOr<int64_t> OnTrain(const StepPlan& plan);
+  // OnTrain's steps. An expert group spanning nodes needs the cards it
+  // formed with (FailedPrecondition otherwise).
+  absl::Status CheckExpertWorld(const StepPlan& plan);
+  // Starts the step's exchange: synchronous, or StaleSync's across super
+  // nodes (plan.exchange_updates).
+  absl::Status BeginStep(const StepPlan& plan);
+  // Card 0 tells the controller the attempt was aborted.
+  void ReportAbort(const StepPlan& plan, const absl::Status& step);
+  // The node's outcome of a trained step (`step`: this card's): card 0
+  // reports it and learns whether it was committed; with several cards,
+  // every card learns both, and one card's abort aborts them all.
+  struct StepOutcome {
+    absl::Status status;
+    bool committed = false;
+  };
+  absl::StatusOr<StepOutcome> NodeOutcome(const StepPlan& plan,
+                                          const StepReport& report,
+                                          absl::Status step);
+  // After a StaleSync step that went through: keeps its weight sync, and
+  // publishes the committed step to the rollout. Returns the next step.
+  absl::StatusOr<int64_t> AfterSkewedStep(const StepPlan& plan, bool committed);
+  // An aborted or uncommitted synchronous step: restores the state the
+  // cards had at its start. Returns the step, to be replanned.
+  absl::StatusOr<int64_t> RollBack(const StepPlan& plan,
+                                   std::optional<StepSnapshot>& snapshot,
+                                   const absl::Status& step);
   absl::StatusOr<bool> Finish(const StepReport& report);
   void ReportFailure(const absl::Status& status, int64_t step, int attempt);
   StepReport NewReport(int64_t step, int attempt) const;
@@ -72,6 +99,14 @@ class CardRunner {
 
   // --- set-up (card_setup.cc) ---
   absl::Status Setup();
+  // Setup's steps: expert parallelism's shard of the policy, the trainer
+  // and the card's own rollout engine, the set-up logs (card 0), and the
+  // card's memory books.
+  absl::Status CutExpertShard();
+  absl::Status MakeTrainerAndRollout();
+  void LogPolicy() const;
+  void LogExpertParallel() const;
+  absl::Status BookMemory();
   // The card's exchange: gradients over the node's cards and the
   // attempt's nodes, or StaleSync's update exchange across super nodes.
   std::unique_ptr<HierarchicalSync> MakeSync();
@@ -79,10 +114,45 @@ class CardRunner {
   // engine, how it shares the card's threads with the trainer, and
   // whether the two take turns (worker/step/card_turns.h).
   absl::Status SetUpRolloutThread();
+  // Its steps, over the parts of the thread being built: the thread shares
+  // of the trainer and the rollout and the snapshot (fused or
+  // disaggregated), the rollout's engine, the turns of the two roles, the
+  // rollout borrowing the trainer's idle threads, and the thread itself.
+  struct RolloutThreadParts;
+  absl::Status SplitRolloutThreads(RolloutThreadParts& parts);
+  void MakeRolloutThreadEngine(RolloutThreadParts& parts);
+  void SetUpTurns(const RolloutThreadParts& parts);
+  void ShareIdleTrainerThreads(RolloutThreadParts& parts);
+  void StartRolloutThread(RolloutThreadParts& parts);
 
   // --- one step (card_train_step.cc) ---
-  // One attempt of one step. Fills `report` (lead: metrics).
+  // One attempt of one step. Fills `report` (lead: metrics). Its steps in
+  // order, over the attempt's StepRun: the evaluation before step 1, the
+  // batch, the training step, the sums over the job's cards, the exchange
+  // across super nodes, the card's own accounting, and the lead's report.
   absl::Status TrainStep(const StepPlan& plan, StepReport& report);
+  struct StepRun;
+  absl::Status EvaluateBefore(const StepPlan& plan, StepReport& report);
+  absl::Status TakeBatch(const StepPlan& plan, StepRun& run);
+  absl::Status TrainOnBatch(const StepPlan& plan, StepRun& run);
+  // What this card trained, summed over the job's cards (run.totals).
+  absl::Status SumTotals(const StepPlan& plan, StepRun& run);
+  // The card's files of the step's checkpoint: its rollout's prefetch and
+  // (expert parallelism) its shard's optimizer state.
+  absl::Status SaveCardCheckpointFiles(const StepPlan& plan);
+  // StaleSync across super nodes: the weight sync after the step, the
+  // card's checkpoint files from the synced state, and what card 0 reports
+  // of its super node.
+  absl::Status SyncAcrossSuperNodes(const StepPlan& plan, StepRun& run,
+                                    StepReport& report);
+  // The step's time on the card: its turns, busy time and role split.
+  void EndOnCard(StepRun& run);
+  // The lead card: the step's record, the evaluation after it and its
+  // checkpoint into `report`.
+  absl::Status ReportAsLead(const StepPlan& plan, StepRun& run,
+                            StepReport& report);
+  // The record's parts; takes the exchange counters since the last record.
+  StepRecordParts RecordParts(const StepPlan& plan, StepRun& run);
   // The step's batch: taken from the rollout thread or sampled here, then
   // over-stale groups regenerated or dropped. `wait_seconds`: the trainer
   // waiting for the thread; `thread_samples`: samples the thread sampled;
