@@ -108,9 +108,9 @@ class Validator {
   std::optional<FieldError> error_;
 };
 
-// Checks that involve more than one field. Runs after the per-field rules,
-// so single fields are already in range (e.g. n_heads >= 1).
-std::optional<FieldError> CheckCrossField(const JobConfig& c) {
+// model: the head size (even, for rotary embeddings), the grouped-query
+// heads and the llama3 rope scaling.
+std::optional<FieldError> CheckModelHeads(const JobConfig& c) {
   const ModelConfig& m = c.model;
   if (m.head_dim == 0) {
     if (m.d_model % m.n_heads != 0) {
@@ -142,25 +142,35 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
     return Invalid("model.rope_scaling.high_freq_factor",
                    "must be > model.rope_scaling.low_freq_factor");
   }
-  {
-    const bool qwen2 = m.architecture == "Qwen2ForCausalLM";
-    const bool qwen3 = HasQkNorm(m.architecture);
-    if (!m.architecture.empty() && m.qkv_bias != qwen2) {
-      return Invalid("model.qkv_bias",
-                     absl::StrCat("must be ", qwen2 ? "true" : "false",
-                                  " for model.architecture ", m.architecture));
-    }
-    if (!m.architecture.empty() && m.qk_norm != qwen3) {
-      return Invalid("model.qk_norm",
-                     absl::StrCat("must be ", qwen3 ? "true" : "false",
-                                  " for model.architecture ", m.architecture));
-    }
+  return std::nullopt;
+}
+
+// model: the flags an HF architecture fixes (qkv_bias, qk_norm, experts).
+std::optional<FieldError> CheckModelArchitecture(const JobConfig& c) {
+  const ModelConfig& m = c.model;
+  const bool qwen2 = m.architecture == "Qwen2ForCausalLM";
+  const bool qwen3 = HasQkNorm(m.architecture);
+  if (!m.architecture.empty() && m.qkv_bias != qwen2) {
+    return Invalid("model.qkv_bias",
+                   absl::StrCat("must be ", qwen2 ? "true" : "false",
+                                " for model.architecture ", m.architecture));
+  }
+  if (!m.architecture.empty() && m.qk_norm != qwen3) {
+    return Invalid("model.qk_norm",
+                   absl::StrCat("must be ", qwen3 ? "true" : "false",
+                                " for model.architecture ", m.architecture));
   }
   if (IsMoeArchitecture(m.architecture) && m.moe_experts == 0) {
     return Invalid("model.moe_experts",
                    absl::StrCat("must be > 0 for model.architecture ",
                                 m.architecture, " (a mixture of experts)"));
   }
+  return std::nullopt;
+}
+
+// model: top-k, gates and groups of a mixture of experts.
+std::optional<FieldError> CheckMoeLayout(const JobConfig& c) {
+  const ModelConfig& m = c.model;
   if (m.moe_experts > 0 && m.moe_top_k > m.moe_experts) {
     return Invalid("model.moe_top_k",
                    absl::StrCat("must be <= model.moe_experts (", m.moe_experts,
@@ -194,6 +204,12 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                        m.moe_groups));
     }
   }
+  return std::nullopt;
+}
+
+// model.lora: a rank when other keys are set, and targets this model has.
+std::optional<FieldError> CheckLora(const JobConfig& c) {
+  const ModelConfig& m = c.model;
   if (m.lora.rank == 0 &&
       (m.lora.targets != LoraConfig().targets ||
        m.lora.alpha != LoraConfig().alpha || m.lora.dropout != 0)) {
@@ -222,10 +238,22 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
       }
     }
   }
+  return std::nullopt;
+}
+
+// model.moe_experts: one expert is neither dense nor a mixture.
+std::optional<FieldError> CheckExpertCount(const JobConfig& c) {
+  const ModelConfig& m = c.model;
   if (m.moe_experts == 1) {
     return Invalid("model.moe_experts",
                    "must be 0 (dense) or in [2, 128], got 1");
   }
+  return std::nullopt;
+}
+
+// model.activations: the planner's budget, or a hand-written plan.
+std::optional<FieldError> CheckActivations(const JobConfig& c) {
+  const ModelConfig& m = c.model;
   const ActivationConfig& act = m.activations;
   const bool planned = act.policy == ActivationPolicy::kAuto;
   if (planned && act.budget_mib <= 0) {
@@ -257,6 +285,11 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                      std::string(plan.status().message()));
     }
   }
+  return std::nullopt;
+}
+
+// task: digit range, data path and chat template.
+std::optional<FieldError> CheckTask(const JobConfig& c) {
   if (c.task.max_digits < c.task.min_digits) {
     return Invalid(
         "task.max_digits",
@@ -268,16 +301,20 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
     return Invalid("task.train_path",
                    absl::StrCat("required when task.name is ", c.task.name));
   }
-  {
-    const std::string& t = c.task.chat_template;
-    if (!t.empty() && t != "chatml" && t != "llama3" && t != "none") {
-      return Invalid("task.chat_template",
-                     absl::StrCat("must be chatml, llama3 or none (empty = "
-                                  "auto, from the model's "
-                                  "tokenizer_config.json); got '",
-                                  t, "'"));
-    }
+  const std::string& t = c.task.chat_template;
+  if (!t.empty() && t != "chatml" && t != "llama3" && t != "none") {
+    return Invalid("task.chat_template",
+                   absl::StrCat("must be chatml, llama3 or none (empty = "
+                                "auto, from the model's "
+                                "tokenizer_config.json); got '",
+                                t, "'"));
   }
+  return std::nullopt;
+}
+
+// rollout: group size for RLOO, and responses that fit the context.
+std::optional<FieldError> CheckRolloutLength(const JobConfig& c) {
+  const ModelConfig& m = c.model;
   if (c.algorithm.adv_estimator == AdvEstimator::kRloo &&
       c.rollout.group_size < 2) {
     return Invalid("rollout.group_size",
@@ -290,6 +327,11 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                    absl::StrCat("must be < model.max_seq_len (", m.max_seq_len,
                                 "), got ", c.rollout.max_new_tokens));
   }
+  return std::nullopt;
+}
+
+// placement: the rollout cards of a disaggregated super node.
+std::optional<FieldError> CheckPlacementRoles(const JobConfig& c) {
   const PlacementConfig& p = c.placement;
   if (p.mode == PlacementMode::kDisaggregated) {
     if (p.cards_per_super_node < 2) {
@@ -313,6 +355,12 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                                 "disaggregated, got ",
                                 p.rollout_cards_per_super_node));
   }
+  return std::nullopt;
+}
+
+// run.export_final: the model must be exportable to HF.
+std::optional<FieldError> CheckExportFinal(const JobConfig& c) {
+  const ModelConfig& m = c.model;
   // Known before the job trains rather than after its last step (which
   // would then fail with the weights only in the final checkpoint).
   if (c.run.export_final) {
@@ -323,6 +371,13 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                                   "(model.pt)"));
     }
   }
+  return std::nullopt;
+}
+
+// placement.expert_parallel: shards that divide the experts and cards.
+std::optional<FieldError> CheckExpertParallel(const JobConfig& c) {
+  const ModelConfig& m = c.model;
+  const PlacementConfig& p = c.placement;
   if (p.expert_parallel > 1) {
     const int e = p.expert_parallel;
     std::string why;
@@ -352,6 +407,12 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                      absl::StrCat(why, ", got ", e));
     }
   }
+  return std::nullopt;
+}
+
+// placement.expert_sampling: shard sampling needs one version a step.
+std::optional<FieldError> CheckExpertSampling(const JobConfig& c) {
+  const PlacementConfig& p = c.placement;
   if (p.expert_sampling == ExpertSampling::kShard) {
     // The cards of a group run every decode step together, so each of
     // them must sample a step from the same policy version, in the same
@@ -382,6 +443,12 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
       return Invalid("placement.expert_sampling", absl::StrCat("shard ", why));
     }
   }
+  return std::nullopt;
+}
+
+// algorithm: router replay, and the one weight that corrects a lag.
+std::optional<FieldError> CheckAlgorithm(const JobConfig& c) {
+  const ModelConfig& m = c.model;
   const AlgorithmConfig& a = c.algorithm;
   if (a.router_replay && m.moe_experts == 0) {
     return Invalid("algorithm.router_replay",
@@ -413,6 +480,12 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                      "true (or algorithm.rollout_correction: tis | mis), or "
                      "stalesync.max_policy_lag: 0"));
   }
+  return std::nullopt;
+}
+
+// rollout: truncated sampling and the overlong buffer.
+std::optional<FieldError> CheckSampling(const JobConfig& c) {
+  const AlgorithmConfig& a = c.algorithm;
   // Top-k / top-p sampling draws from a truncated distribution, and the
   // behaviour log-probs are that distribution's; the trainer's are the full
   // distribution's. Taken as the PPO ratio's old log-probs they would make
@@ -435,6 +508,11 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
         absl::StrCat("must be <= rollout.max_new_tokens (", r.max_new_tokens,
                      "), got ", r.overlong_buffer));
   }
+  return std::nullopt;
+}
+
+// env: what an environment's episodes allow, and its server address.
+std::optional<FieldError> CheckEnv(const JobConfig& c) {
   if (!c.env.name.empty()) {
     if (c.stalesync.partial_rollout_tokens > 0) {
       return Invalid("stalesync.partial_rollout_tokens",
@@ -466,6 +544,12 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                    "is set but env.name is not: set env.name: remote to use "
                    "environment servers");
   }
+  return std::nullopt;
+}
+
+// stalesync.partial_rollout_tokens: carried tails need a lagged version.
+std::optional<FieldError> CheckPartialRollout(const JobConfig& c) {
+  const PlacementConfig& p = c.placement;
   if (const int n = c.stalesync.partial_rollout_tokens; n > 0) {
     const std::string key = "stalesync.partial_rollout_tokens";
     if (p.mode == PlacementMode::kColocatedSync) {
@@ -498,6 +582,12 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                                   "): no response could be carried"));
     }
   }
+  return std::nullopt;
+}
+
+// stalesync.steps_per_version: a block of steps on one version.
+std::optional<FieldError> CheckStepsPerVersion(const JobConfig& c) {
+  const PlacementConfig& p = c.placement;
   if (const int m = c.stalesync.steps_per_version; m > 1) {
     const std::string key = "stalesync.steps_per_version";
     if (p.mode == PlacementMode::kColocatedSync) {
@@ -532,6 +622,12 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                             "them off"));
     }
   }
+  return std::nullopt;
+}
+
+// placement.fused_turns: only where a card's roles share its threads.
+std::optional<FieldError> CheckFusedTurns(const JobConfig& c) {
+  const PlacementConfig& p = c.placement;
   if (p.fused_turns != FusedTurns::kAuto &&
       (p.mode != PlacementMode::kFused || !p.fused_share_idle_threads ||
        c.stalesync.max_policy_lag == 0)) {
@@ -543,6 +639,24 @@ std::optional<FieldError> CheckCrossField(const JobConfig& c) {
                      "placement.fused_share_idle_threads: true (elsewhere the "
                      "card's roles never share its threads, or never overlap); "
                      "set it to auto"));
+  }
+  return std::nullopt;
+}
+
+// Checks that involve more than one field. Runs after the per-field rules,
+// so single fields are already in range (e.g. n_heads >= 1). The checks run
+// in this order and the first error wins.
+std::optional<FieldError> CheckCrossField(const JobConfig& c) {
+  using Check = std::optional<FieldError> (*)(const JobConfig&);
+  static constexpr Check kChecks[] = {
+      CheckModelHeads,     CheckModelArchitecture, CheckMoeLayout,
+      CheckLora,           CheckExpertCount,       CheckActivations,
+      CheckTask,           CheckRolloutLength,     CheckPlacementRoles,
+      CheckExportFinal,    CheckExpertParallel,    CheckExpertSampling,
+      CheckAlgorithm,      CheckSampling,          CheckEnv,
+      CheckPartialRollout, CheckStepsPerVersion,   CheckFusedTurns};
+  for (Check check : kChecks) {
+    if (std::optional<FieldError> error = check(c)) return error;
   }
   return std::nullopt;
 }

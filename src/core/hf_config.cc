@@ -328,32 +328,31 @@ bool HasQkNorm(const std::string& architecture) {
          architecture == "Qwen3MoeForCausalLM";
 }
 
-absl::StatusOr<HfModelInfo> ReadHfModelConfig(const std::string& dir) {
-  namespace fs = std::filesystem;
-  const fs::path path = fs::path(dir) / "config.json";
-  auto json = ReadJsonFile(path);
-  if (!json.ok()) return json.status();
-  const Json& j = *json;
-  const Fields f(j, path.string());
-  HfModelInfo info;
-  ModelConfig& m = info.model;
+namespace {
 
+// config.json's one architecture, which must be one FusionRL builds.
+absl::Status ReadArchitecture(const Json& j, const Fields& f, ModelConfig* m) {
   if (!j.contains("architectures") || !j["architectures"].is_array() ||
       j["architectures"].size() != 1 || !j["architectures"][0].is_string()) {
     return f.Bad("architectures", "expected a list of one name",
                  j.value("architectures", Json()));
   }
-  m.architecture = j["architectures"][0].get<std::string>();
+  m->architecture = j["architectures"][0].get<std::string>();
   bool known = false;
-  for (const char* a : kArchitectures) known = known || m.architecture == a;
+  for (const char* a : kArchitectures) known = known || m->architecture == a;
   if (!known) {
     return f.Unsupported(
         "architectures",
-        absl::StrCat("'", m.architecture, "' is not supported (",
+        absl::StrCat("'", m->architecture, "' is not supported (",
                      absl::StrJoin(kArchitectures, ", "), " are)"));
   }
-  const std::string arch = m.architecture;
+  return absl::OkStatus();
+}
 
+// The activation and the sizes: vocabulary, layers, heads, head_dim (each
+// architecture's default where the key is missing), feed-forward.
+absl::Status ReadShape(const Fields& f, ModelConfig* m) {
+  const std::string& arch = m->architecture;
   std::string act;
   HF_ASSIGN(act, f.String("hidden_act", "silu"));
   if (act != "silu") {
@@ -361,14 +360,14 @@ absl::StatusOr<HfModelInfo> ReadHfModelConfig(const std::string& dir) {
         "hidden_act",
         absl::StrCat("activation '", act, "' is not supported (silu is)"));
   }
-  HF_ASSIGN(m.vocab_size, f.Int("vocab_size", std::nullopt));
-  HF_ASSIGN(m.d_model, f.Int("hidden_size", std::nullopt));
-  HF_ASSIGN(m.n_layers, f.Int("num_hidden_layers", std::nullopt));
-  HF_ASSIGN(m.n_heads, f.Int("num_attention_heads", std::nullopt));
-  HF_ASSIGN(m.n_kv_heads, f.Int("num_key_value_heads", m.n_heads));
-  HF_ASSIGN(m.d_ff, f.Int("intermediate_size", std::nullopt));
-  if (m.vocab_size < 1 || m.d_model < 1 || m.n_layers < 1 || m.n_heads < 1 ||
-      m.n_kv_heads < 1 || m.d_ff < 1) {
+  HF_ASSIGN(m->vocab_size, f.Int("vocab_size", std::nullopt));
+  HF_ASSIGN(m->d_model, f.Int("hidden_size", std::nullopt));
+  HF_ASSIGN(m->n_layers, f.Int("num_hidden_layers", std::nullopt));
+  HF_ASSIGN(m->n_heads, f.Int("num_attention_heads", std::nullopt));
+  HF_ASSIGN(m->n_kv_heads, f.Int("num_key_value_heads", m->n_heads));
+  HF_ASSIGN(m->d_ff, f.Int("intermediate_size", std::nullopt));
+  if (m->vocab_size < 1 || m->d_model < 1 || m->n_layers < 1 ||
+      m->n_heads < 1 || m->n_kv_heads < 1 || m->d_ff < 1) {
     return f.Unsupported("hidden_size",
                          "sizes (vocab_size, hidden_size, num_hidden_layers, "
                          "num_attention_heads, num_key_value_heads, "
@@ -378,35 +377,49 @@ absl::StatusOr<HfModelInfo> ReadHfModelConfig(const std::string& dir) {
   // Qwen3Config's is 128 (not hidden_size / heads); Llama's, Mistral's,
   // Mixtral's and Qwen3-MoE's fall back to hidden_size / heads.
   const int default_head_dim =
-      arch == "Qwen3ForCausalLM" ? 128 : m.d_model / m.n_heads;
+      arch == "Qwen3ForCausalLM" ? 128 : m->d_model / m->n_heads;
   // Qwen2's modeling code always uses hidden_size / num_attention_heads.
   if (arch == "Qwen2ForCausalLM") {
-    m.head_dim = default_head_dim;
+    m->head_dim = default_head_dim;
   } else {
-    HF_ASSIGN(m.head_dim, f.Int("head_dim", default_head_dim));
+    HF_ASSIGN(m->head_dim, f.Int("head_dim", default_head_dim));
   }
-  if (m.n_heads % m.n_kv_heads != 0) {
+  if (m->n_heads % m->n_kv_heads != 0) {
     return f.Unsupported(
         "num_key_value_heads",
-        absl::StrCat("num_attention_heads (", m.n_heads,
+        absl::StrCat("num_attention_heads (", m->n_heads,
                      ") must be a multiple of num_key_value_heads (",
-                     m.n_kv_heads, ")"));
+                     m->n_kv_heads, ")"));
   }
-  if (m.head_dim < 2 || m.head_dim % 2 != 0) {
+  if (m->head_dim < 2 || m->head_dim % 2 != 0) {
     return f.Unsupported(
         "head_dim",
-        absl::StrCat("must be even for rotary embeddings, got ", m.head_dim));
+        absl::StrCat("must be even for rotary embeddings, got ", m->head_dim));
   }
+  return absl::OkStatus();
+}
+
+// Rotary embeddings, the norm, tied embeddings and the scalars HfModelInfo
+// carries besides the model (context length, dtype, bos token).
+absl::Status ReadRopeAndScalars(const Json& j, const Fields& f,
+                                HfModelInfo* info) {
+  ModelConfig& m = info->model;
   // Without the key, the architecture's config class default (MixtralConfig
   // has 1e6, the others 10000).
-  const double default_theta = arch == "MixtralForCausalLM" ? 1e6 : 10000.0;
+  const double default_theta =
+      m.architecture == "MixtralForCausalLM" ? 1e6 : 10000.0;
   if (auto s = ReadRope(j, f, default_theta, &m); !s.ok()) return s;
   HF_ASSIGN(m.norm_eps, f.Number("rms_norm_eps", 1e-6));
   HF_ASSIGN(m.tie_embeddings, f.Bool("tie_word_embeddings", false));
-  HF_ASSIGN(info.max_position_embeddings, f.Int("max_position_embeddings", 0));
-  HF_ASSIGN(info.torch_dtype, f.String("torch_dtype", ""));
-  HF_ASSIGN(info.bos_token_id, f.Int("bos_token_id", -1));
+  HF_ASSIGN(info->max_position_embeddings, f.Int("max_position_embeddings", 0));
+  HF_ASSIGN(info->torch_dtype, f.String("torch_dtype", ""));
+  HF_ASSIGN(info->bos_token_id, f.Int("bos_token_id", -1));
+  return absl::OkStatus();
+}
 
+// What would change the function and FusionRL does not build: biases
+// beyond Qwen2's q/k/v, sliding-window attention.
+absl::Status RefuseUnsupportedLayers(const Fields& f, const std::string& arch) {
   bool attention_bias = false, mlp_bias = false, sliding = false;
   HF_ASSIGN(attention_bias, f.Bool("attention_bias", false));
   HF_ASSIGN(mlp_bias, f.Bool("mlp_bias", false));
@@ -423,31 +436,59 @@ absl::StatusOr<HfModelInfo> ReadHfModelConfig(const std::string& dir) {
     return f.Unsupported("use_sliding_window",
                          "sliding-window attention is not supported");
   }
-  const bool moe = IsMoeArchitecture(arch);
   if ((arch == "MistralForCausalLM" || arch == "MixtralForCausalLM") &&
       f.Has("sliding_window")) {
     return f.Unsupported("sliding_window",
                          "sliding-window attention is not supported (set it "
                          "to null if the model never needs it)");
   }
-  m.qkv_bias = arch == "Qwen2ForCausalLM";
-  m.qk_norm = HasQkNorm(arch);
-  if (moe) FUSIONRL_RETURN_IF_ERROR(ReadMoe(j, f, arch, &m));
+  return absl::OkStatus();
+}
 
-  // generation_config.json's eos list wins over config.json's.
-  HF_ASSIGN(info.eos_token_ids, EosIds(j, f, "eos_token_id"));
-  const fs::path gen_path = fs::path(dir) / "generation_config.json";
+// The eos ids of config.json, replaced by generation_config.json's list
+// (and its bos id) where that file has them.
+absl::Status ReadSpecialTokens(const Json& j, const Fields& f,
+                               const std::filesystem::path& dir,
+                               HfModelInfo* info) {
+  namespace fs = std::filesystem;
+  HF_ASSIGN(info->eos_token_ids, EosIds(j, f, "eos_token_id"));
+  const fs::path gen_path = dir / "generation_config.json";
   if (fs::exists(gen_path)) {
     auto gen = ReadJsonFile(gen_path);
     if (!gen.ok()) return gen.status();
     const Fields gf(*gen, gen_path.string());
     std::vector<int> ids;
     HF_ASSIGN(ids, EosIds(*gen, gf, "eos_token_id"));
-    if (!ids.empty()) info.eos_token_ids = ids;
+    if (!ids.empty()) info->eos_token_ids = ids;
     if (gf.Has("bos_token_id")) {
-      HF_ASSIGN(info.bos_token_id, gf.Int("bos_token_id", -1));
+      HF_ASSIGN(info->bos_token_id, gf.Int("bos_token_id", -1));
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<HfModelInfo> ReadHfModelConfig(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path path = fs::path(dir) / "config.json";
+  auto json = ReadJsonFile(path);
+  if (!json.ok()) return json.status();
+  const Json& j = *json;
+  const Fields f(j, path.string());
+  HfModelInfo info;
+  ModelConfig& m = info.model;
+  FUSIONRL_RETURN_IF_ERROR(ReadArchitecture(j, f, &m));
+  const std::string arch = m.architecture;
+  FUSIONRL_RETURN_IF_ERROR(ReadShape(f, &m));
+  FUSIONRL_RETURN_IF_ERROR(ReadRopeAndScalars(j, f, &info));
+  FUSIONRL_RETURN_IF_ERROR(RefuseUnsupportedLayers(f, arch));
+  m.qkv_bias = arch == "Qwen2ForCausalLM";
+  m.qk_norm = HasQkNorm(arch);
+  if (IsMoeArchitecture(arch)) {
+    FUSIONRL_RETURN_IF_ERROR(ReadMoe(j, f, arch, &m));
+  }
+  FUSIONRL_RETURN_IF_ERROR(ReadSpecialTokens(j, f, fs::path(dir), &info));
   return info;
 }
 

@@ -17,11 +17,6 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-<<<<<<< HEAD
-#include "core/fake_clock.h"
-#include "tests/support/wait_watch.h"
-=======
->>>>>>> i53-stalesync
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -1,6 +1,7 @@
-// The chat-template evaluator: walks the AST of one render with its own
-// scopes and output buffer, and Template's Parse/Render entry points, where
-// a JinjaError becomes an absl::Status naming the template line.
+// The chat-template evaluator: runs the statements of one render with its
+// own scopes and output buffer (expressions: jinja_eval_expr.cc), and
+// Template's Parse/Render entry points, where a JinjaError becomes an
+// absl::Status naming the template line.
 #include <cmath>
 #include <memory>
 #include <string>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "template/jinja.h"
 #include "template/jinja_internal.h"
+#include "template/jinja_interpreter.h"
 
 namespace fusionrl::jinja {
 namespace internal {
@@ -23,683 +25,226 @@ void Evaluator::CheckSize(size_t bytes) const {
   }
 }
 
-namespace {
-
-// A variable scope: the render's variables at the root, then one frame per
-// for-loop iteration and macro call. Frames are shared because a macro keeps
-// the frame it was defined in (Jinja's lexical scoping).
-struct Frame {
-  explicit Frame(std::shared_ptr<Frame> p) : parent(std::move(p)) {}
-  std::shared_ptr<Frame> parent;
-  std::unordered_map<std::string, Value> vars;
-
-  const Value* Lookup(const std::string& name) const {
-    for (const Frame* f = this; f != nullptr; f = f->parent.get()) {
-      auto it = f->vars.find(name);
-      if (it != f->vars.end()) return &it->second;
-    }
-    return nullptr;
+std::string Interpreter::Run(const Program& program, const Value& variables) {
+  auto root = std::make_shared<Frame>(nullptr);
+  for (const auto& [name, value] : variables.as_dict().entries) {
+    root->vars[name] = value;
   }
-};
-using FramePtr = std::shared_ptr<Frame>;
-
-enum class Flow { kNormal, kBreak, kContinue };
-
-int64_t IntOf(const Value& v) { return v.is_int() ? v.as_int() : v.as_bool(); }
-bool IsIntLike(const Value& v) { return v.is_int() || v.is_bool(); }
-bool IsNumeric(const Value& v) { return v.is_number() || v.is_bool(); }
-
-// Python's floor division and modulo.
-int64_t FloorDiv(int64_t a, int64_t b) {
-  if (b == -1 && a == INT64_MIN) Fail("integer overflow");
-  int64_t q = a / b;
-  if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
-  return q;
-}
-int64_t FloorMod(int64_t a, int64_t b) {
-  if (b == -1) return 0;
-  int64_t r = a % b;
-  if (r != 0 && ((r < 0) != (b < 0))) r += b;
-  return r;
-}
-
-// Python's slice of `n` items: the indices it visits, in order.
-std::vector<int64_t> SliceIndices(int64_t n, const Value& start_v,
-                                  const Value& stop_v, const Value& step_v) {
-  auto as_index = [](const Value& v, const char* what) -> const Value* {
-    if (v.is_undefined() || v.is_none()) return nullptr;
-    if (!IsIntLike(v)) {
-      Fail(absl::StrCat("slice ", what, " must be an integer or none, not ",
-                        v.TypeName()));
-    }
-    return &v;
-  };
-  const Value* start_p = as_index(start_v, "start");
-  const Value* stop_p = as_index(stop_v, "stop");
-  const Value* step_p = as_index(step_v, "step");
-  const int64_t step = step_p ? IntOf(*step_p) : 1;
-  if (step == 0) Fail("slice step cannot be zero");
-  auto clamp = [&](const Value* p, int64_t if_missing) {
-    if (p == nullptr) return if_missing;
-    int64_t i = IntOf(*p);
-    if (i < 0) i += n;
-    if (step > 0) return std::max<int64_t>(0, std::min(i, n));
-    return std::max<int64_t>(-1, std::min(i, n - 1));
-  };
-  const int64_t start = clamp(start_p, step > 0 ? 0 : n - 1);
-  const int64_t stop = clamp(stop_p, step > 0 ? n : -1);
-  std::vector<int64_t> out;
-  for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-    out.push_back(i);
-  }
+  std::string out;
+  Exec(program.body, root, &out);
   return out;
 }
 
-class Interpreter final : public Evaluator {
- public:
-  explicit Interpreter(const RenderOptions& options) : options_(options) {}
-
-  const RenderOptions& options() const override { return options_; }
-  int line() const { return line_; }
-
-  std::string Run(const Program& program, const Value& variables) {
-    auto root = std::make_shared<Frame>(nullptr);
-    for (const auto& [name, value] : variables.as_dict().entries) {
-      root->vars[name] = value;
-    }
-    std::string out;
-    Exec(program.body, root, &out);
-    return out;
+Value Interpreter::Call(const Value& callable, CallArgs& args) {
+  if (!callable.is_callable()) {
+    Fail(callable.is_undefined() ? "cannot call an undefined value"
+                                 : absl::StrCat("'", callable.TypeName(),
+                                                "' object is not callable"));
   }
+  return callable.as_callable().call(*this, args);
+}
 
-  Value Call(const Value& callable, CallArgs& args) override {
-    if (!callable.is_callable()) {
-      Fail(callable.is_undefined() ? "cannot call an undefined value"
-                                   : absl::StrCat("'", callable.TypeName(),
-                                                  "' object is not callable"));
-    }
-    return callable.as_callable().call(*this, args);
+Flow Interpreter::Exec(const Body& body, const FramePtr& frame,
+                       std::string* out) {
+  for (const StmtPtr& s : body) {
+    line_ = s->line;
+    const Flow flow = ExecOne(*s, frame, out);
+    if (flow != Flow::kNormal) return flow;
   }
+  return Flow::kNormal;
+}
 
- private:
-  void Append(std::string* out, std::string_view text) {
-    CheckSize(out->size() + text.size());
-    out->append(text);
-  }
-
-  // ------------------------------------------------------------ statements
-
-  Flow Exec(const Body& body, const FramePtr& frame, std::string* out) {
-    for (const StmtPtr& s : body) {
-      line_ = s->line;
-      const Flow flow = ExecOne(*s, frame, out);
-      if (flow != Flow::kNormal) return flow;
-    }
-    return Flow::kNormal;
-  }
-
-  Flow ExecOne(const Stmt& s, const FramePtr& frame, std::string* out) {
-    switch (s.kind) {
-      case Stmt::Kind::kText:
-        Append(out, s.text);
-        return Flow::kNormal;
-      case Stmt::Kind::kOutput:
-        Append(out, Eval(*s.expr, *frame).Str());
-        return Flow::kNormal;
-      case Stmt::Kind::kIf:
-        for (size_t i = 0; i < s.conditions.size(); ++i) {
-          if (Eval(*s.conditions[i], *frame).Truthy()) {
-            return Exec(s.bodies[i], frame, out);
-          }
-        }
-        return Exec(s.else_body, frame, out);
-      case Stmt::Kind::kFor:
-        ExecFor(s, frame, out);
-        return Flow::kNormal;
-      case Stmt::Kind::kSet:
-        ExecSet(s, *frame);
-        return Flow::kNormal;
-      case Stmt::Kind::kSetBlock: {
-        std::string text;
-        Exec(s.body, frame, &text);
-        frame->vars[s.targets[0]] =
-            s.expr ? ApplyFilterChain(*s.expr, Value(std::move(text)), *frame)
-                   : Value(std::move(text));
-        return Flow::kNormal;
-      }
-      case Stmt::Kind::kMacro:
-        frame->vars[s.text] = MakeMacro(s, frame, s.text);
-        return Flow::kNormal;
-      case Stmt::Kind::kCallBlock: {
-        const Expr& call = *s.expr;
-        Value callee = Eval(*call.operand, *frame);
-        CallArgs args = EvalArgs(call, *frame);
-        args.keyword.emplace_back("caller", MakeMacro(s, frame, "caller"));
-        line_ = s.line;
-        Append(out, Call(callee, args).Str());
-        return Flow::kNormal;
-      }
-      case Stmt::Kind::kFilterBlock: {
-        std::string text;
-        Exec(s.body, frame, &text);
-        Append(out,
-               ApplyFilterChain(*s.expr, Value(std::move(text)), *frame).Str());
-        return Flow::kNormal;
-      }
-      case Stmt::Kind::kBreak:
-        return Flow::kBreak;
-      case Stmt::Kind::kContinue:
-        return Flow::kContinue;
-    }
-    return Flow::kNormal;
-  }
-
-  void Bind(const std::vector<std::string>& targets, const Value& value,
-            Frame& frame) {
-    if (targets.size() == 1) {
-      frame.vars[targets[0]] = value;
-      return;
-    }
-    if (!value.is_list()) {
-      Fail(absl::StrCat("cannot unpack a ", value.TypeName(), " into ",
-                        targets.size(), " names"));
-    }
-    const auto& items = value.as_list().items;
-    if (items.size() != targets.size()) {
-      Fail(absl::StrCat(
-          items.size() < targets.size() ? "not enough" : "too many",
-          " values to unpack (expected ", targets.size(), ", got ",
-          items.size(), ")"));
-    }
-    for (size_t i = 0; i < items.size(); ++i) frame.vars[targets[i]] = items[i];
-  }
-
-  // jinja2's scoping: each iteration runs in a frame of its own below
-  // `frame`, so a `set` in the body (also inside an `if`) lasts until the
-  // end of that iteration, and neither the targets nor those names are
-  // visible after the loop (namespace() is the way out).
-  void ExecFor(const Stmt& s, const FramePtr& frame, std::string* out) {
-    const Value iterable = Eval(*s.expr, *frame);
-    if (iterable.is_none()) Fail("'NoneType' object is not iterable");
-    std::vector<Value> items = Iterate(iterable);
-    if (s.condition) {  // `for x in xs if cond`: filtered before `loop`
-      std::vector<Value> kept;
-      for (Value& item : items) {
-        auto test_frame = std::make_shared<Frame>(frame);
-        Bind(s.targets, item, *test_frame);
-        if (Eval(*s.condition, *test_frame).Truthy()) {
-          kept.push_back(std::move(item));
+Flow Interpreter::ExecOne(const Stmt& s, const FramePtr& frame,
+                          std::string* out) {
+  switch (s.kind) {
+    case Stmt::Kind::kText:
+      Append(out, s.text);
+      return Flow::kNormal;
+    case Stmt::Kind::kOutput:
+      Append(out, Eval(*s.expr, *frame).Str());
+      return Flow::kNormal;
+    case Stmt::Kind::kIf:
+      for (size_t i = 0; i < s.conditions.size(); ++i) {
+        if (Eval(*s.conditions[i], *frame).Truthy()) {
+          return Exec(s.bodies[i], frame, out);
         }
       }
-      items = std::move(kept);
+      return Exec(s.else_body, frame, out);
+    case Stmt::Kind::kFor:
+      ExecFor(s, frame, out);
+      return Flow::kNormal;
+    case Stmt::Kind::kSet:
+      ExecSet(s, *frame);
+      return Flow::kNormal;
+    case Stmt::Kind::kSetBlock: {
+      std::string text;
+      Exec(s.body, frame, &text);
+      frame->vars[s.targets[0]] =
+          s.expr ? ApplyFilterChain(*s.expr, Value(std::move(text)), *frame)
+                 : Value(std::move(text));
+      return Flow::kNormal;
     }
-    if (items.empty()) {
-      Exec(s.else_body, frame, out);
-      return;
+    case Stmt::Kind::kMacro:
+      frame->vars[s.text] = MakeMacro(s, frame, s.text);
+      return Flow::kNormal;
+    case Stmt::Kind::kCallBlock: {
+      const Expr& call = *s.expr;
+      Value callee = Eval(*call.operand, *frame);
+      CallArgs args = EvalArgs(call, *frame);
+      args.keyword.emplace_back("caller", MakeMacro(s, frame, "caller"));
+      line_ = s.line;
+      Append(out, Call(callee, args).Str());
+      return Flow::kNormal;
     }
-    const int64_t n = static_cast<int64_t>(items.size());
-    for (int64_t i = 0; i < n; ++i) {
-      if (++iterations_ > options_.max_loop_iterations) {
-        FailResource(absl::StrCat(
-            "more than ", options_.max_loop_iterations,
-            " loop iterations (RenderOptions::max_loop_iterations)"));
+    case Stmt::Kind::kFilterBlock: {
+      std::string text;
+      Exec(s.body, frame, &text);
+      Append(out,
+             ApplyFilterChain(*s.expr, Value(std::move(text)), *frame).Str());
+      return Flow::kNormal;
+    }
+    case Stmt::Kind::kBreak:
+      return Flow::kBreak;
+    case Stmt::Kind::kContinue:
+      return Flow::kContinue;
+  }
+  return Flow::kNormal;
+}
+
+void Interpreter::Bind(const std::vector<std::string>& targets,
+                       const Value& value, Frame& frame) {
+  if (targets.size() == 1) {
+    frame.vars[targets[0]] = value;
+    return;
+  }
+  if (!value.is_list()) {
+    Fail(absl::StrCat("cannot unpack a ", value.TypeName(), " into ",
+                      targets.size(), " names"));
+  }
+  const auto& items = value.as_list().items;
+  if (items.size() != targets.size()) {
+    Fail(absl::StrCat(items.size() < targets.size() ? "not enough" : "too many",
+                      " values to unpack (expected ", targets.size(), ", got ",
+                      items.size(), ")"));
+  }
+  for (size_t i = 0; i < items.size(); ++i) frame.vars[targets[i]] = items[i];
+}
+
+void Interpreter::ExecFor(const Stmt& s, const FramePtr& frame,
+                          std::string* out) {
+  const Value iterable = Eval(*s.expr, *frame);
+  if (iterable.is_none()) Fail("'NoneType' object is not iterable");
+  std::vector<Value> items = Iterate(iterable);
+  if (s.condition) {  // `for x in xs if cond`: filtered before `loop`
+    std::vector<Value> kept;
+    for (Value& item : items) {
+      auto test_frame = std::make_shared<Frame>(frame);
+      Bind(s.targets, item, *test_frame);
+      if (Eval(*s.condition, *test_frame).Truthy()) {
+        kept.push_back(std::move(item));
       }
-      auto info = std::make_shared<LoopInfo>();
-      info->index0 = i;
-      info->length = n;
-      if (i > 0) info->previtem = items[i - 1];
-      if (i + 1 < n) info->nextitem = items[i + 1];
-      auto iteration = std::make_shared<Frame>(frame);
-      Bind(s.targets, items[i], *iteration);
-      iteration->vars["loop"] = Value::MakeLoop(std::move(info));
-      if (Exec(s.body, iteration, out) == Flow::kBreak) break;
     }
+    items = std::move(kept);
   }
+  if (items.empty()) {
+    Exec(s.else_body, frame, out);
+    return;
+  }
+  const int64_t n = static_cast<int64_t>(items.size());
+  for (int64_t i = 0; i < n; ++i) {
+    if (++iterations_ > options_.max_loop_iterations) {
+      FailResource(absl::StrCat(
+          "more than ", options_.max_loop_iterations,
+          " loop iterations (RenderOptions::max_loop_iterations)"));
+    }
+    auto info = std::make_shared<LoopInfo>();
+    info->index0 = i;
+    info->length = n;
+    if (i > 0) info->previtem = items[i - 1];
+    if (i + 1 < n) info->nextitem = items[i + 1];
+    auto iteration = std::make_shared<Frame>(frame);
+    Bind(s.targets, items[i], *iteration);
+    iteration->vars["loop"] = Value::MakeLoop(std::move(info));
+    if (Exec(s.body, iteration, out) == Flow::kBreak) break;
+  }
+}
 
-  void ExecSet(const Stmt& s, Frame& frame) {
-    Value value = Eval(*s.expr, frame);
-    if (s.attr_owner) {
-      const Value owner = Eval(*s.attr_owner, frame);
-      if (!owner.is_namespace()) {
-        Fail(absl::StrCat("cannot set attribute '", s.text, "' of a ",
-                          owner.TypeName(), " (only of a namespace())"));
+void Interpreter::ExecSet(const Stmt& s, Frame& frame) {
+  Value value = Eval(*s.expr, frame);
+  if (s.attr_owner) {
+    const Value owner = Eval(*s.attr_owner, frame);
+    if (!owner.is_namespace()) {
+      Fail(absl::StrCat("cannot set attribute '", s.text, "' of a ",
+                        owner.TypeName(), " (only of a namespace())"));
+    }
+    owner.namespace_dict().Set(s.text, std::move(value));
+    return;
+  }
+  Bind(s.targets, value, frame);
+}
+
+Value Interpreter::MakeMacro(const Stmt& s, const FramePtr& defined_in,
+                             const std::string& name) {
+  const Stmt* stmt = &s;
+  // The macro lives in `defined_in` itself: hold that frame weakly, or the
+  // two would keep each other alive after the render.
+  std::weak_ptr<Frame> weak = defined_in;
+  return Value::MakeCallable(
+      absl::StrCat("macro '", name, "'"),
+      [this, stmt, weak, name](Evaluator&, CallArgs& args) -> Value {
+        FramePtr closure = weak.lock();
+        if (closure == nullptr) {
+          Fail(absl::StrCat("macro '", name, "' called after its scope"));
+        }
+        return CallMacro(*stmt, name, closure, args);
+      });
+}
+
+Value Interpreter::CallMacro(const Stmt& s, const std::string& name,
+                             const FramePtr& closure, CallArgs& args) {
+  if (++call_depth_ > options_.max_call_depth) {
+    FailResource(absl::StrCat("macro calls nested deeper than ",
+                              options_.max_call_depth,
+                              " (RenderOptions::max_call_depth)"));
+  }
+  auto frame = std::make_shared<Frame>(closure);
+  if (args.positional.size() > s.params.size()) {
+    Fail(absl::StrCat("macro '", name, "' takes ", s.params.size(),
+                      " arguments, got ", args.positional.size()));
+  }
+  std::vector<bool> bound(s.params.size(), false);
+  for (size_t i = 0; i < args.positional.size(); ++i) {
+    frame->vars[s.params[i].first] = args.positional[i];
+    bound[i] = true;
+  }
+  for (auto& [key, value] : args.keyword) {
+    size_t i = 0;
+    while (i < s.params.size() && s.params[i].first != key) ++i;
+    if (i < s.params.size()) {
+      if (bound[i]) {
+        Fail(absl::StrCat("macro '", name, "' got argument '", key, "' twice"));
       }
-      owner.namespace_dict().Set(s.text, std::move(value));
-      return;
-    }
-    Bind(s.targets, value, frame);
-  }
-
-  // A macro (or a call block's `caller`) as a callable that renders its
-  // body in a new frame below the frame it was defined in.
-  Value MakeMacro(const Stmt& s, const FramePtr& defined_in,
-                  const std::string& name) {
-    const Stmt* stmt = &s;
-    // The macro lives in `defined_in` itself: hold that frame weakly, or the
-    // two would keep each other alive after the render.
-    std::weak_ptr<Frame> weak = defined_in;
-    return Value::MakeCallable(
-        absl::StrCat("macro '", name, "'"),
-        [this, stmt, weak, name](Evaluator&, CallArgs& args) -> Value {
-          FramePtr closure = weak.lock();
-          if (closure == nullptr) {
-            Fail(absl::StrCat("macro '", name, "' called after its scope"));
-          }
-          return CallMacro(*stmt, name, closure, args);
-        });
-  }
-
-  Value CallMacro(const Stmt& s, const std::string& name,
-                  const FramePtr& closure, CallArgs& args) {
-    if (++call_depth_ > options_.max_call_depth) {
-      FailResource(absl::StrCat("macro calls nested deeper than ",
-                                options_.max_call_depth,
-                                " (RenderOptions::max_call_depth)"));
-    }
-    auto frame = std::make_shared<Frame>(closure);
-    if (args.positional.size() > s.params.size()) {
-      Fail(absl::StrCat("macro '", name, "' takes ", s.params.size(),
-                        " arguments, got ", args.positional.size()));
-    }
-    std::vector<bool> bound(s.params.size(), false);
-    for (size_t i = 0; i < args.positional.size(); ++i) {
-      frame->vars[s.params[i].first] = args.positional[i];
       bound[i] = true;
+    } else if (key != "caller") {
+      Fail(absl::StrCat("macro '", name, "' has no argument '", key, "'"));
     }
-    for (auto& [key, value] : args.keyword) {
-      size_t i = 0;
-      while (i < s.params.size() && s.params[i].first != key) ++i;
-      if (i < s.params.size()) {
-        if (bound[i]) {
-          Fail(absl::StrCat("macro '", name, "' got argument '", key,
-                            "' twice"));
-        }
-        bound[i] = true;
-      } else if (key != "caller") {
-        Fail(absl::StrCat("macro '", name, "' has no argument '", key, "'"));
-      }
-      frame->vars[key] = value;
-    }
-    for (size_t i = 0; i < s.params.size(); ++i) {
-      if (bound[i]) continue;
-      const ExprPtr& default_value = s.params[i].second;
-      frame->vars[s.params[i].first] =
-          default_value ? Eval(*default_value, *frame) : Value();
-    }
-    std::string out;
-    const int saved_line = line_;
-    Exec(s.body, frame, &out);
-    line_ = saved_line;
-    --call_depth_;
-    return Value(std::move(out));
+    frame->vars[key] = value;
   }
-
-  // ----------------------------------------------------------- expressions
-
-  CallArgs EvalArgs(const Expr& e, Frame& frame) {
-    CallArgs args;
-    args.positional.reserve(e.args.size());
-    for (const ExprPtr& a : e.args) args.positional.push_back(Eval(*a, frame));
-    for (const auto& [k, a] : e.kwargs) {
-      args.keyword.emplace_back(k, Eval(*a, frame));
-    }
-    return args;
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    if (bound[i]) continue;
+    const ExprPtr& default_value = s.params[i].second;
+    frame->vars[s.params[i].first] =
+        default_value ? Eval(*default_value, *frame) : Value();
   }
+  std::string out;
+  const int saved_line = line_;
+  Exec(s.body, frame, &out);
+  line_ = saved_line;
+  --call_depth_;
+  return Value(std::move(out));
+}
 
-  // `chain` is a kFilter chain whose innermost operand is null: `input`.
-  Value ApplyFilterChain(const Expr& chain, Value input, Frame& frame) {
-    if (chain.operand) input = ApplyFilterChain(*chain.operand, input, frame);
-    CallArgs args = EvalArgs(chain, frame);
-    line_ = chain.line;
-    return chain.filter(*this, input, args);
-  }
-
-  Value GetAttr(const Value& obj, const std::string& name) {
-    switch (obj.kind()) {
-      case Value::Kind::kDict: {
-        // jinja2 tries the Python attribute first: d.items is the method.
-        Value method = FindMethod(obj, name);
-        if (!method.is_undefined()) return method;
-        const Value* v = obj.as_dict().Find(name);
-        return v ? *v : Value();
-      }
-      case Value::Kind::kNamespace: {
-        const Value* v = obj.namespace_dict().Find(name);
-        return v ? *v : Value();
-      }
-      case Value::Kind::kLoop:
-        return LoopAttribute(obj.as_loop(), name);
-      case Value::Kind::kString:
-      case Value::Kind::kList:
-        return FindMethod(obj, name);
-      case Value::Kind::kUndefined:  // jinja2's Undefined raises
-        Fail(absl::StrCat("attribute '", name, "' of an undefined value"));
-      default:
-        return Value();  // undefined, as jinja2's getattr of None or 1
-    }
-  }
-
-  Value GetItem(const Value& obj, const Value& key) {
-    switch (obj.kind()) {
-      case Value::Kind::kDict:
-      case Value::Kind::kNamespace:
-      case Value::Kind::kLoop:
-        return key.is_string() ? GetAttrOrKey(obj, key.as_string()) : Value();
-      case Value::Kind::kList: {
-        if (!IsIntLike(key)) {
-          return key.is_string() ? GetAttr(obj, key.as_string()) : Value();
-        }
-        const auto& items = obj.as_list().items;
-        int64_t i = IntOf(key);
-        if (i < 0) i += static_cast<int64_t>(items.size());
-        if (i < 0 || i >= static_cast<int64_t>(items.size())) return Value();
-        return items[i];
-      }
-      case Value::Kind::kString: {
-        if (!IsIntLike(key)) {
-          return key.is_string() ? GetAttr(obj, key.as_string()) : Value();
-        }
-        const std::vector<uint32_t> cps = DecodeUtf8(obj.as_string());
-        int64_t i = IntOf(key);
-        if (i < 0) i += static_cast<int64_t>(cps.size());
-        if (i < 0 || i >= static_cast<int64_t>(cps.size())) return Value();
-        std::string one;
-        AppendUtf8(cps[i], &one);
-        return Value(std::move(one));
-      }
-      case Value::Kind::kUndefined:  // jinja2's Undefined raises
-        Fail(absl::StrCat("item ", key.Repr(), " of an undefined value"));
-      default:
-        return Value();
-    }
-  }
-
-  // obj['name']: the key first (jinja2's getitem), then the attribute.
-  Value GetAttrOrKey(const Value& obj, const std::string& name) {
-    if (obj.is_dict()) {
-      const Value* v = obj.as_dict().Find(name);
-      return v ? *v : FindMethod(obj, name);
-    }
-    return GetAttr(obj, name);
-  }
-
-  Value Eval(const Expr& e, Frame& frame) {
-    line_ = e.line;
-    switch (e.kind) {
-      case Expr::Kind::kLiteral:
-        return e.literal;
-      case Expr::Kind::kName: {
-        const Value* v = frame.Lookup(e.name);
-        return v ? *v : FindGlobal(e.name);
-      }
-      case Expr::Kind::kList:
-      case Expr::Kind::kTuple: {
-        std::vector<Value> items;
-        items.reserve(e.args.size());
-        for (const ExprPtr& a : e.args) items.push_back(Eval(*a, frame));
-        return Value::MakeList(std::move(items), e.kind == Expr::Kind::kTuple);
-      }
-      case Expr::Kind::kDict: {
-        Dict dict;
-        for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
-          Value key = Eval(*e.args[i], frame);
-          if (!key.is_string()) {
-            Fail(absl::StrCat("unsupported: a dict key of type ",
-                              key.TypeName(), " (keys must be strings)"));
-          }
-          dict.Set(key.as_string(), Eval(*e.args[i + 1], frame));
-        }
-        return Value::MakeDict(std::move(dict));
-      }
-      case Expr::Kind::kAttr:
-        return GetAttr(Eval(*e.operand, frame), e.name);
-      case Expr::Kind::kItem: {
-        Value obj = Eval(*e.operand, frame);
-        return GetItem(obj, Eval(*e.args[0], frame));
-      }
-      case Expr::Kind::kSlice:
-        return EvalSlice(e, frame);
-      case Expr::Kind::kCall:
-        return EvalCall(e, frame);
-      case Expr::Kind::kFilter: {
-        Value input = Eval(*e.operand, frame);
-        CallArgs args = EvalArgs(e, frame);
-        line_ = e.line;
-        return e.filter(*this, input, args);
-      }
-      case Expr::Kind::kTest: {
-        Value input = Eval(*e.operand, frame);
-        CallArgs args = EvalArgs(e, frame);
-        line_ = e.line;
-        return Value(e.test(*this, input, args) != e.negated);
-      }
-      case Expr::Kind::kNeg:
-      case Expr::Kind::kPos: {
-        Value v = Eval(*e.operand, frame);
-        if (!IsNumeric(v)) {
-          Fail(absl::StrCat("bad operand type for unary ",
-                            e.kind == Expr::Kind::kNeg ? "-" : "+", ": '",
-                            v.TypeName(), "'"));
-        }
-        if (e.kind == Expr::Kind::kPos)
-          return v.is_bool() ? Value(IntOf(v)) : v;
-        if (v.is_float()) return Value(-v.as_float());
-        if (IntOf(v) == INT64_MIN) Fail("integer overflow");
-        return Value(-IntOf(v));
-      }
-      case Expr::Kind::kNot:
-        return Value(!Eval(*e.operand, frame).Truthy());
-      case Expr::Kind::kAnd: {
-        Value left = Eval(*e.args[0], frame);
-        return left.Truthy() ? Eval(*e.args[1], frame) : left;
-      }
-      case Expr::Kind::kOr: {
-        Value left = Eval(*e.args[0], frame);
-        return left.Truthy() ? left : Eval(*e.args[1], frame);
-      }
-      case Expr::Kind::kBinary: {
-        Value left = Eval(*e.args[0], frame);
-        Value right = Eval(*e.args[1], frame);
-        line_ = e.line;
-        return Arithmetic(e.name, left, right);
-      }
-      case Expr::Kind::kCompare: {
-        Value left = Eval(*e.args[0], frame);
-        for (size_t i = 0; i < e.ops.size(); ++i) {
-          Value right = Eval(*e.args[i + 1], frame);
-          line_ = e.line;
-          if (!Compare(e.ops[i], left, right)) return Value(false);
-          left = std::move(right);
-        }
-        return Value(true);
-      }
-      case Expr::Kind::kCondition:
-        if (Eval(*e.args[1], frame).Truthy()) return Eval(*e.args[0], frame);
-        return e.args[2] ? Eval(*e.args[2], frame) : Value();
-    }
-    return Value();
-  }
-
-  Value EvalSlice(const Expr& e, Frame& frame) {
-    Value obj = Eval(*e.operand, frame);
-    Value parts[3];
-    for (int i = 0; i < 3; ++i) {
-      if (e.args[i]) parts[i] = Eval(*e.args[i], frame);
-    }
-    line_ = e.line;
-    if (obj.is_list()) {
-      const auto& items = obj.as_list().items;
-      std::vector<Value> out;
-      for (int64_t i : SliceIndices(static_cast<int64_t>(items.size()),
-                                    parts[0], parts[1], parts[2])) {
-        out.push_back(items[i]);
-      }
-      return Value::MakeList(std::move(out), obj.as_list().is_tuple);
-    }
-    if (obj.is_string()) {
-      const std::vector<uint32_t> cps = DecodeUtf8(obj.as_string());
-      std::string out;
-      for (int64_t i : SliceIndices(static_cast<int64_t>(cps.size()), parts[0],
-                                    parts[1], parts[2])) {
-        AppendUtf8(cps[i], &out);
-      }
-      return Value(std::move(out));
-    }
-    if (obj.is_undefined()) Fail("slice of an undefined value");
-    Fail(absl::StrCat("cannot slice a ", obj.TypeName()));
-  }
-
-  Value EvalCall(const Expr& e, Frame& frame) {
-    Value callee;
-    if (e.operand->kind == Expr::Kind::kAttr) {
-      // A method call: name the method if the type has no such method.
-      Value receiver = Eval(*e.operand->operand, frame);
-      callee = GetAttr(receiver, e.operand->name);
-      if (callee.is_undefined() &&
-          (receiver.is_string() || receiver.is_list() || receiver.is_dict())) {
-        line_ = e.line;
-        Fail(absl::StrCat("unsupported method '", e.operand->name, "' of ",
-                          receiver.TypeName()));
-      }
-      if (callee.is_undefined()) {
-        line_ = e.line;
-        Fail(absl::StrCat("'", e.operand->name, "' is undefined (called on a ",
-                          receiver.TypeName(), ")"));
-      }
-    } else {
-      callee = Eval(*e.operand, frame);
-      if (callee.is_undefined() && e.operand->kind == Expr::Kind::kName) {
-        line_ = e.line;
-        Fail(absl::StrCat("'", e.operand->name,
-                          "' is undefined (unsupported function?)"));
-      }
-    }
-    CallArgs args = EvalArgs(e, frame);
-    line_ = e.line;
-    return Call(callee, args);
-  }
-
-  bool Compare(const std::string& op, const Value& a, const Value& b) {
-    if (op == "==") return Equals(a, b);
-    if (op == "!=") return !Equals(a, b);
-    if (op == "<") return LessThan(a, b);
-    if (op == ">") return LessThan(b, a);
-    if (op == "<=") return !LessThan(b, a);
-    if (op == ">=") return !LessThan(a, b);
-    if (op == "in") return Contains(b, a);
-    return !Contains(b, a);  // notin
-  }
-
-  Value Arithmetic(const std::string& op, const Value& a, const Value& b) {
-    if (op == "~") {
-      std::string s = a.Str();
-      std::string t = b.Str();
-      CheckSize(s.size() + t.size());
-      return Value(s + t);
-    }
-    const bool numeric = IsNumeric(a) && IsNumeric(b);
-    const bool ints = numeric && !a.is_float() && !b.is_float();
-    if (op == "+") {
-      if (ints) {
-        int64_t r;
-        if (__builtin_add_overflow(IntOf(a), IntOf(b), &r)) {
-          Fail("integer overflow");
-        }
-        return Value(r);
-      }
-      if (numeric) return Value(a.AsDouble() + b.AsDouble());
-      if (a.is_string() && b.is_string()) {
-        CheckSize(a.as_string().size() + b.as_string().size());
-        return Value(a.as_string() + b.as_string());
-      }
-      if (a.is_list() && b.is_list() &&
-          a.as_list().is_tuple == b.as_list().is_tuple) {
-        std::vector<Value> items = a.as_list().items;
-        items.insert(items.end(), b.as_list().items.begin(),
-                     b.as_list().items.end());
-        return Value::MakeList(std::move(items), a.as_list().is_tuple);
-      }
-    } else if (op == "-") {
-      if (ints) {
-        int64_t r;
-        if (__builtin_sub_overflow(IntOf(a), IntOf(b), &r)) {
-          Fail("integer overflow");
-        }
-        return Value(r);
-      }
-      if (numeric) return Value(a.AsDouble() - b.AsDouble());
-    } else if (op == "*") {
-      if (ints) {
-        int64_t r;
-        if (__builtin_mul_overflow(IntOf(a), IntOf(b), &r)) {
-          Fail("integer overflow");
-        }
-        return Value(r);
-      }
-      if (numeric) return Value(a.AsDouble() * b.AsDouble());
-      const Value& seq = IsIntLike(a) ? b : a;
-      const Value& count = IsIntLike(a) ? a : b;
-      if (IsIntLike(count) && (seq.is_string() || seq.is_list())) {
-        const int64_t n = std::max<int64_t>(0, IntOf(count));
-        if (seq.is_string()) {
-          CheckSize(seq.as_string().size() * static_cast<size_t>(n));
-          std::string out;
-          for (int64_t i = 0; i < n; ++i) out += seq.as_string();
-          return Value(std::move(out));
-        }
-        CheckSize(seq.as_list().items.size() * static_cast<size_t>(n));
-        std::vector<Value> items;
-        for (int64_t i = 0; i < n; ++i) {
-          items.insert(items.end(), seq.as_list().items.begin(),
-                       seq.as_list().items.end());
-        }
-        return Value::MakeList(std::move(items), seq.as_list().is_tuple);
-      }
-    } else if (op == "/") {
-      if (numeric) {
-        if (b.AsDouble() == 0) Fail("division by zero");
-        return Value(a.AsDouble() / b.AsDouble());
-      }
-    } else if (op == "//" || op == "%") {
-      if (a.is_string() && op == "%") {
-        return Value(PercentFormat(*this, a.as_string(), b));
-      }
-      if (numeric) {
-        if (b.AsDouble() == 0) Fail("division by zero");
-        if (ints) {
-          return Value(op == "//" ? FloorDiv(IntOf(a), IntOf(b))
-                                  : FloorMod(IntOf(a), IntOf(b)));
-        }
-        const double x = a.AsDouble();
-        const double y = b.AsDouble();
-        if (op == "//") return Value(std::floor(x / y));
-        double r = std::fmod(x, y);
-        if (r != 0 && ((r < 0) != (y < 0))) r += y;
-        return Value(r);
-      }
-    } else if (op == "**") {
-      if (ints && IntOf(b) >= 0) {
-        int64_t result = 1;
-        int64_t base = IntOf(a);
-        for (int64_t e = IntOf(b); e > 0; --e) {
-          if (__builtin_mul_overflow(result, base, &result)) {
-            Fail("integer overflow");
-          }
-          if (result == 0 || result == 1) break;
-        }
-        return Value(result);
-      }
-      if (numeric) return Value(std::pow(a.AsDouble(), b.AsDouble()));
-    }
-    Fail(absl::StrCat("unsupported operand types for ", op, ": '", a.TypeName(),
-                      "' and '", b.TypeName(), "'"));
-  }
-
-  const RenderOptions& options_;
-  int line_ = 0;  // of the node being evaluated: errors name it
-  int call_depth_ = 0;
-  int64_t iterations_ = 0;
-};
+namespace {
 
 absl::Status ToStatus(const JinjaError& error, int line) {
   if (error.line > 0) line = error.line;

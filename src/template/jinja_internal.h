@@ -1,11 +1,13 @@
 // Internals of the chat-template interpreter (jinja.h), shared by its rooms
 // in data-path order: jinja_lexer.cc (text -> tokens, whitespace control),
-// jinja_parser.cc (tokens -> AST), jinja_eval.cc (AST -> output), with
-// jinja_filters.cc and jinja_filters_more.cc (filters, tests),
-// jinja_strings.cc (str operations and methods), jinja_format.cc (Python's
-// % and str.format), jinja_builtins.cc (dict / list methods, globals) and
-// jinja_value.cc (the value model: printing, equality, JSON in and out,
-// UTF-8 helpers).
+// jinja_parser.cc and jinja_parse_expr.cc (tokens -> AST: statements,
+// expressions; jinja_parser.h), jinja_eval.cc and jinja_eval_expr.cc (AST ->
+// output: statements, expressions; jinja_interpreter.h), with
+// jinja_filters.cc and jinja_filters_more.cc (filters), jinja_is_tests.cc
+// (tests), jinja_strings.cc (str operations and methods), jinja_format.cc
+// (Python's % and str.format), jinja_builtins.cc (dict / list methods,
+// globals), jinja_value.cc (the value model: printing, equality, UTF-8
+// helpers) and jinja_json.cc (JSON in and out).
 //
 // Errors unwind the recursive parser and evaluator as a JinjaError and are
 // turned into absl::Status by Template::Parse / Render; no exception leaves

@@ -44,9 +44,13 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "fusionrl/tokenizer.h"
+#include "nlohmann/json_fwd.hpp"
 #include "tokenizer/bpe_text.h"
 
 namespace fusionrl {
+namespace bpe {
+struct TokenizerJson;
+}  // namespace bpe
 
 class BpeTokenizer final : public Tokenizer {
  public:
@@ -97,6 +101,23 @@ class BpeTokenizer final : public Tokenizer {
 
   absl::Status ParseTokenizerJson(std::string_view text,
                                   const std::string& name);
+  // The sections of tokenizer.json, in the order ParseTokenizerJson reads
+  // them; `max_id` grows to the largest id seen. ReadModel moves the
+  // vocabulary out of `read`.
+  absl::Status ReadModel(bpe::TokenizerJson& read, const std::string& file,
+                         int* max_id);
+  absl::Status ReadAddedTokens(const bpe::TokenizerJson& read,
+                               const std::string& file, int* max_id);
+  absl::Status ReadNormalizer(const bpe::TokenizerJson& read,
+                              const std::string& file);
+  absl::Status ReadPreTokenizer(const bpe::TokenizerJson& read,
+                                const std::string& file);
+  absl::Status ReadSplitStep(const nlohmann::json& step,
+                             const std::string& field, const std::string& file);
+  absl::Status ReadByteLevelStep(const nlohmann::json& step,
+                                 const std::string& field,
+                                 const std::string& file);
+  void BuildIdTables(int max_id);
   absl::Status ParseConfigJson(std::string_view text, const std::string& name);
   void BuildAddedTokenIndex();
 

@@ -121,6 +121,18 @@ absl::StatusOr<std::optional<std::string>> ConfigToken(
                                 Show(*value)));
 }
 
+// decoder: ByteLevel only.
+absl::Status CheckDecoder(const json& doc, const std::string& file) {
+  const json* decoder = Get(doc, "decoder");
+  if (decoder == nullptr) return Refuse(file, "decoder", nullptr, "ByteLevel");
+  auto decoder_type = TypeOf(*decoder, file, "decoder");
+  if (!decoder_type.ok()) return decoder_type.status();
+  if (*decoder_type != "ByteLevel") {
+    return Refuse(file, "decoder.type", *decoder_type, "ByteLevel only");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Load(
@@ -157,8 +169,21 @@ absl::Status BpeTokenizer::ParseTokenizerJson(std::string_view text,
   if (!read.ok()) return read.status();
   const json& doc = read->doc;
   if (!doc.is_object()) return Malformed(file, "(top level)", "not an object");
+  int max_id = -1;  // the largest id of the vocabulary and added tokens
+  FUSIONRL_RETURN_IF_ERROR(ReadModel(*read, file, &max_id));
+  FUSIONRL_RETURN_IF_ERROR(ReadAddedTokens(*read, file, &max_id));
+  FUSIONRL_RETURN_IF_ERROR(ReadNormalizer(*read, file));
+  FUSIONRL_RETURN_IF_ERROR(ReadPreTokenizer(*read, file));
+  FUSIONRL_RETURN_IF_ERROR(CheckDecoder(doc, file));
+  BuildIdTables(max_id);
+  return absl::OkStatus();
+}
 
-  // --- model -------------------------------------------------------------
+// model: byte-level BPE without dropout or affixes; its vocabulary and
+// merges (each merge's tokens must be in the vocabulary).
+absl::Status BpeTokenizer::ReadModel(bpe::TokenizerJson& read,
+                                     const std::string& file, int* max_id) {
+  const json& doc = read.doc;
   const json* model = Get(doc, "model");
   if (model == nullptr) return Malformed(file, "model", "missing");
   auto model_type = TypeOf(*model, file, "model");
@@ -187,23 +212,22 @@ absl::Status BpeTokenizer::ParseTokenizerJson(std::string_view text,
   if (!ignore_merges.ok()) return ignore_merges.status();
   ignore_merges_ = *ignore_merges;
 
-  if (!read->has_vocab) {
+  if (!read.has_vocab) {
     return Malformed(file, "model.vocab", "missing or not an object");
   }
-  int max_id = -1;
-  vocab_.reserve(read->vocab.size());
-  for (auto& [token, id] : read->vocab) {
-    max_id = std::max(max_id, id);
+  vocab_.reserve(read.vocab.size());
+  for (auto& [token, id] : read.vocab) {
+    *max_id = std::max(*max_id, id);
     vocab_.insert_or_assign(std::move(token), id);
   }
 
-  if (!read->has_merges) {
+  if (!read.has_merges) {
     return Malformed(file, "model.merges", "missing or not an array");
   }
-  merges_.reserve(read->merges.size());
+  merges_.reserve(read.merges.size());
   std::string merged;
-  for (size_t rank = 0; rank < read->merges.size(); ++rank) {
-    const auto& [left, right] = read->merges[rank];
+  for (size_t rank = 0; rank < read.merges.size(); ++rank) {
+    const auto& [left, right] = read.merges[rank];
     merged.assign(left);
     merged.append(right);
     int ids[3];
@@ -220,8 +244,15 @@ absl::Status BpeTokenizer::ParseTokenizerJson(std::string_view text,
     merges_.insert_or_assign(PairKey(ids[0], ids[1]),
                              Merge{static_cast<int>(rank), ids[2]});
   }
+  return absl::OkStatus();
+}
 
-  // --- added tokens ------------------------------------------------------
+// added_tokens: each with an id and content; lstrip, rstrip and
+// single_word false.
+absl::Status BpeTokenizer::ReadAddedTokens(const bpe::TokenizerJson& read,
+                                           const std::string& file,
+                                           int* max_id) {
+  const json& doc = read.doc;
   if (const json* added = Get(doc, "added_tokens"); added != nullptr) {
     if (!added->is_array()) {
       return Malformed(file, "added_tokens", "not an array");
@@ -257,13 +288,18 @@ absl::Status BpeTokenizer::ParseTokenizerJson(std::string_view text,
           GetBool(entry, "normalized", !token.special, file, named);
       if (!normalized.ok()) return normalized.status();
       token.normalized = *normalized;
-      max_id = std::max(max_id, token.id);
+      *max_id = std::max(*max_id, token.id);
       added_ids_.insert_or_assign(token.content, token.id);
       added_.push_back(std::move(token));
     }
   }
+  return absl::OkStatus();
+}
 
-  // --- normalizer --------------------------------------------------------
+// normalizer: none, NFC, or a Sequence of NFC.
+absl::Status BpeTokenizer::ReadNormalizer(const bpe::TokenizerJson& read,
+                                          const std::string& file) {
+  const json& doc = read.doc;
   if (const json* normalizer = Get(doc, "normalizer"); normalizer != nullptr) {
     auto type = TypeOf(*normalizer, file, "normalizer");
     if (!type.ok()) return type.status();
@@ -289,8 +325,13 @@ absl::Status BpeTokenizer::ParseTokenizerJson(std::string_view text,
       return Refuse(file, "normalizer.type", *type, kSupported);
     }
   }
+  return absl::OkStatus();
+}
 
-  // --- pre-tokenizer -----------------------------------------------------
+// pre_tokenizer: Split steps (regex or literal, Isolated) ending in ByteLevel.
+absl::Status BpeTokenizer::ReadPreTokenizer(const bpe::TokenizerJson& read,
+                                            const std::string& file) {
+  const json& doc = read.doc;
   constexpr absl::string_view kPreSupported =
       "a Sequence of Split ending in ByteLevel, or ByteLevel";
   const json* pre = Get(doc, "pre_tokenizer");
@@ -321,47 +362,9 @@ absl::Status BpeTokenizer::ParseTokenizerJson(std::string_view text,
                     "ByteLevel must come last");
     }
     if (*type == "Split") {
-      const json* pattern = Get(*step, "pattern");
-      const json* regex =
-          pattern && pattern->is_object() ? Get(*pattern, "Regex") : nullptr;
-      const json* literal =
-          pattern && pattern->is_object() ? Get(*pattern, "String") : nullptr;
-      const json* source = regex != nullptr ? regex : literal;
-      if (source == nullptr || !source->is_string()) {
-        return Malformed(file, absl::StrCat(field, ".pattern"),
-                         "expected {\"Regex\": ...} or {\"String\": ...}");
-      }
-      const json* behavior = Get(*step, "behavior");
-      if (behavior == nullptr || *behavior != "Isolated") {
-        return Refuse(file, absl::StrCat(field, ".behavior"),
-                      behavior ? *behavior : json(nullptr), "Isolated only");
-      }
-      auto invert = GetBool(*step, "invert", false, file, field);
-      if (!invert.ok()) return invert.status();
-      if (*invert) {
-        return Refuse(file, absl::StrCat(field, ".invert"), true, "false only");
-      }
-      auto splitter = bpe::RegexSplitter::Create(
-          source->get_ref<const std::string&>(), regex == nullptr);
-      if (!splitter.ok()) {
-        return Malformed(file, absl::StrCat(field, ".pattern"),
-                         splitter.status().message());
-      }
-      splitters_.push_back(*std::move(splitter));
+      FUSIONRL_RETURN_IF_ERROR(ReadSplitStep(*step, field, file));
     } else if (*type == "ByteLevel") {
-      auto prefix = GetBool(*step, "add_prefix_space", false, file, field);
-      if (!prefix.ok()) return prefix.status();
-      if (*prefix) {
-        return Refuse(file, absl::StrCat(field, ".add_prefix_space"), true,
-                      "false only");
-      }
-      auto use_regex = GetBool(*step, "use_regex", true, file, field);
-      if (!use_regex.ok()) return use_regex.status();
-      if (*use_regex) {
-        auto splitter = bpe::RegexSplitter::Create(bpe::kGpt2Pattern, false);
-        if (!splitter.ok()) return splitter.status();
-        splitters_.push_back(*std::move(splitter));
-      }
+      FUSIONRL_RETURN_IF_ERROR(ReadByteLevelStep(*step, field, file));
       byte_level = true;
     } else {
       return Refuse(file, absl::StrCat(field, ".type"), *type, kPreSupported);
@@ -370,17 +373,69 @@ absl::Status BpeTokenizer::ParseTokenizerJson(std::string_view text,
   if (!byte_level) {
     return Refuse(file, "pre_tokenizer", *pre, kPreSupported);
   }
+  return absl::OkStatus();
+}
 
-  // --- decoder -----------------------------------------------------------
-  const json* decoder = Get(doc, "decoder");
-  if (decoder == nullptr) return Refuse(file, "decoder", nullptr, "ByteLevel");
-  auto decoder_type = TypeOf(*decoder, file, "decoder");
-  if (!decoder_type.ok()) return decoder_type.status();
-  if (*decoder_type != "ByteLevel") {
-    return Refuse(file, "decoder.type", *decoder_type, "ByteLevel only");
+// One Split step of the pre-tokenizer, at `field`.
+absl::Status BpeTokenizer::ReadSplitStep(const json& step_json,
+                                         const std::string& field,
+                                         const std::string& file) {
+  const json* step = &step_json;
+  const json* pattern = Get(*step, "pattern");
+  const json* regex =
+      pattern && pattern->is_object() ? Get(*pattern, "Regex") : nullptr;
+  const json* literal =
+      pattern && pattern->is_object() ? Get(*pattern, "String") : nullptr;
+  const json* source = regex != nullptr ? regex : literal;
+  if (source == nullptr || !source->is_string()) {
+    return Malformed(file, absl::StrCat(field, ".pattern"),
+                     "expected {\"Regex\": ...} or {\"String\": ...}");
   }
+  const json* behavior = Get(*step, "behavior");
+  if (behavior == nullptr || *behavior != "Isolated") {
+    return Refuse(file, absl::StrCat(field, ".behavior"),
+                  behavior ? *behavior : json(nullptr), "Isolated only");
+  }
+  auto invert = GetBool(*step, "invert", false, file, field);
+  if (!invert.ok()) return invert.status();
+  if (*invert) {
+    return Refuse(file, absl::StrCat(field, ".invert"), true, "false only");
+  }
+  auto splitter = bpe::RegexSplitter::Create(
+      source->get_ref<const std::string&>(), regex == nullptr);
+  if (!splitter.ok()) {
+    return Malformed(file, absl::StrCat(field, ".pattern"),
+                     splitter.status().message());
+  }
+  splitters_.push_back(*std::move(splitter));
+  return absl::OkStatus();
+}
 
-  // --- derived tables ----------------------------------------------------
+// The ByteLevel step of the pre-tokenizer, at `field`: no prefix space;
+// GPT-2's split unless use_regex is false.
+absl::Status BpeTokenizer::ReadByteLevelStep(const json& step_json,
+                                             const std::string& field,
+                                             const std::string& file) {
+  const json* step = &step_json;
+  auto prefix = GetBool(*step, "add_prefix_space", false, file, field);
+  if (!prefix.ok()) return prefix.status();
+  if (*prefix) {
+    return Refuse(file, absl::StrCat(field, ".add_prefix_space"), true,
+                  "false only");
+  }
+  auto use_regex = GetBool(*step, "use_regex", true, file, field);
+  if (!use_regex.ok()) return use_regex.status();
+  if (*use_regex) {
+    auto splitter = bpe::RegexSplitter::Create(bpe::kGpt2Pattern, false);
+    if (!splitter.ok()) return splitter.status();
+    splitters_.push_back(*std::move(splitter));
+  }
+  return absl::OkStatus();
+}
+
+// The tables by id (bytes, special, known) and by byte, and the added
+// tokens' index, from the vocabulary and added tokens read.
+void BpeTokenizer::BuildIdTables(int max_id) {
   vocab_size_ = max_id + 1;
   id_bytes_.assign(vocab_size_, std::string());
   id_special_.assign(vocab_size_, 0);
@@ -403,7 +458,6 @@ absl::Status BpeTokenizer::ParseTokenizerJson(std::string_view text,
     byte_ids_[b] = it == vocab_.end() ? -1 : it->second;
   }
   BuildAddedTokenIndex();
-  return absl::OkStatus();
 }
 
 void BpeTokenizer::BuildAddedTokenIndex() {
