@@ -30,6 +30,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -116,9 +117,42 @@ absl::StatusOr<fusionrl::JobConfig> LoadConfig(const JobArgs& args) {
   return fusionrl::LoadJobConfig(args.config_path, overrides);
 }
 
-}  // namespace
+// Every command's arguments: CLI11 writes into them while parsing, so they
+// live as long as the App.
+struct AllArgs {
+  JobArgs job;
+  fusionrl::cli::ClusterArgs cluster;
+  fusionrl::cli::PlotArgs plot;
+  fusionrl::cli::BenchArgs bench;
+  fusionrl::cli::BenchMemoryArgs bench_memory;
+  fusionrl::cli::BenchRolloutArgs bench_rollout;
+  fusionrl::cli::BenchLogitsArgs bench_logits;
+  fusionrl::cli::BenchWeightsArgs bench_weights;
+  fusionrl::cli::SimulateArgs simulate;
+  fusionrl::cli::TokenizeArgs tokenize;
+  fusionrl::cli::ChatTemplateArgs chat_template;
+  fusionrl::cli::GenerateArgs generate;
+  fusionrl::cli::ExportArgs export_;
+};
 
-int main(int argc, char** argv) {
+// A subcommand and what runs it once it is the one parsed; returns the exit
+// code.
+struct Command {
+  CLI::App* app;
+  std::function<int()> run;
+};
+
+// The job commands, which load a job config and run it in this process.
+struct JobCommands {
+  CLI::App* run = nullptr;
+  CLI::App* sft = nullptr;
+  CLI::App* eval = nullptr;
+  CLI::App* validate = nullptr;
+};
+
+// What every command shares: the remote environment, the allocator's
+// settings and the logger.
+void ConfigureProcess() {
   // env.name: remote (gRPC environment servers) for every command.
   fusionrl::rpc::RegisterRemoteEnvironment();
 #ifdef __GLIBC__
@@ -133,116 +167,89 @@ int main(int argc, char** argv) {
   // path, eval figures, the resolved config), so scripts can capture them.
   spdlog::set_default_logger(spdlog::stderr_color_mt("fusionrl"));
   spdlog::set_pattern("[%H:%M:%S] %v");
-  CLI::App app{
-      "FusionRL: reinforcement-learning post-training of language "
-      "models"};
-  app.require_subcommand(1);
-  app.set_version_flag("--version", FUSIONRL_VERSION);
-  JobArgs args;
-  CLI::App* run = app.add_subcommand("run",
-                                     "run an RL job (synchronous "
-                                     "on-policy loop)");
-  AddJobArgs(run, &args, true);
-  run->add_option("--http", args.http,
-                  "HOST:PORT: serve the dashboard, /api/status and /metrics "
-                  "of this run (docs/observability.md)");
-  run->add_flag("--resume", args.resume,
-                "continue from the newest checkpoint in the output directory");
-  CLI::App* sft = app.add_subcommand("sft",
-                                     "supervised warm start on the "
-                                     "task's reference solutions");
-  AddJobArgs(sft, &args, true);
-  CLI::App* eval = app.add_subcommand(
+}
+
+JobCommands AddJobCommands(CLI::App& app, JobArgs& args) {
+  JobCommands c;
+  c.run = app.add_subcommand("run",
+                             "run an RL job (synchronous "
+                             "on-policy loop)");
+  AddJobArgs(c.run, &args, true);
+  c.run->add_option("--http", args.http,
+                    "HOST:PORT: serve the dashboard, /api/status and "
+                    "/metrics of this run (docs/observability.md)");
+  c.run->add_flag("--resume", args.resume,
+                  "continue from the newest checkpoint in the output "
+                  "directory");
+  c.sft = app.add_subcommand("sft",
+                             "supervised warm start on the "
+                             "task's reference solutions");
+  AddJobArgs(c.sft, &args, true);
+  c.eval = app.add_subcommand(
       "eval", "greedy accuracy of a checkpoint on the held-out split");
-  AddJobArgs(eval, &args, false);
-  eval->add_option("--checkpoint,-c", args.checkpoint,
-                   "checkpoint to evaluate (same as --init-checkpoint)");
-  CLI::App* validate = app.add_subcommand(
+  AddJobArgs(c.eval, &args, false);
+  c.eval->add_option("--checkpoint,-c", args.checkpoint,
+                     "checkpoint to evaluate (same as --init-checkpoint)");
+  c.validate = app.add_subcommand(
       "validate", "check a job file and print the resolved config");
-  AddJobArgs(validate, &args, false);
+  AddJobArgs(c.validate, &args, false);
+  return c;
+}
 
-  fusionrl::cli::ClusterArgs cluster_args;
-  const fusionrl::cli::ClusterCommands cluster =
-      fusionrl::cli::AddClusterCommands(app, cluster_args);
-  fusionrl::cli::PlotArgs plot_args;
-  CLI::App* plot = fusionrl::cli::AddPlotCommand(app, plot_args);
-  fusionrl::cli::BenchArgs bench_args;
-  CLI::App* bench = fusionrl::cli::AddBenchCommand(app, bench_args);
-  fusionrl::cli::BenchMemoryArgs bench_memory_args;
-  CLI::App* bench_memory =
-      fusionrl::cli::AddBenchMemoryCommand(app, bench_memory_args);
-  fusionrl::cli::BenchRolloutArgs bench_rollout_args;
-  CLI::App* bench_rollout =
-      fusionrl::cli::AddBenchRolloutCommand(app, bench_rollout_args);
-  fusionrl::cli::BenchLogitsArgs bench_logits_args;
-  CLI::App* bench_logits =
-      fusionrl::cli::AddBenchLogitsCommand(app, bench_logits_args);
-  fusionrl::cli::BenchWeightsArgs bench_weights_args;
-  CLI::App* bench_weights =
-      fusionrl::cli::AddBenchWeightsCommand(app, bench_weights_args);
-  fusionrl::cli::SimulateArgs simulate_args;
-  CLI::App* simulate = fusionrl::cli::AddSimulateCommand(app, simulate_args);
-  fusionrl::cli::TokenizeArgs tokenize_args;
-  CLI::App* tokenize = fusionrl::cli::AddTokenizeCommand(app, tokenize_args);
-  fusionrl::cli::ChatTemplateArgs chat_template_args;
-  CLI::App* chat_template =
-      fusionrl::cli::AddChatTemplateCommand(app, chat_template_args);
-
-  fusionrl::cli::GenerateArgs generate_args;
-  fusionrl::cli::ExportArgs export_args;
-  const fusionrl::cli::ModelCommands model_commands =
-      fusionrl::cli::AddModelCommands(app, generate_args, export_args);
-
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : kExitBadInput;
-  }
-
-  if (model_commands.generate->parsed()) {
-    return fusionrl::cli::RunGenerate(generate_args);
-  }
-  if (model_commands.export_->parsed()) {
-    return fusionrl::cli::RunExport(export_args);
-  }
-  if (bench->parsed()) return fusionrl::cli::RunBench(bench_args);
-  if (plot->parsed()) return fusionrl::cli::RunPlot(plot_args);
-  if (simulate->parsed()) return fusionrl::cli::RunSimulate(simulate_args);
-  if (bench_weights->parsed()) {
-    return fusionrl::cli::RunBenchWeights(bench_weights_args);
-  }
-  if (bench_memory->parsed()) {
-    return fusionrl::cli::RunBenchMemory(bench_memory_args);
-  }
-  if (bench_rollout->parsed()) {
-    return fusionrl::cli::RunBenchRollout(bench_rollout_args);
-  }
-  if (bench_logits->parsed()) {
-    return fusionrl::cli::RunBenchLogits(bench_logits_args);
-  }
-  if (tokenize->parsed()) {
-    return fusionrl::cli::RunTokenize(tokenize_args, std::cin, std::cout);
-  }
-  if (chat_template->parsed()) {
-    return fusionrl::cli::RunChatTemplate(chat_template_args, std::cin,
-                                          std::cout);
-  }
-  if (cluster.controller->parsed() || cluster.worker->parsed() ||
-      cluster.submit->parsed() || cluster.status->parsed()) {
+// The other commands, each with its own Run function, in the order of
+// `--help`.
+std::vector<Command> AddToolCommands(CLI::App& app, AllArgs& a) {
+  namespace cli = fusionrl::cli;
+  std::vector<Command> commands;
+  const cli::ClusterCommands cluster = cli::AddClusterCommands(app, a.cluster);
+  auto run_cluster = [cluster, &a] {
     InstallStopHandlers();
-    return fusionrl::cli::RunClusterCommand(cluster, cluster_args,
-                                            g_stop_requested);
+    return cli::RunClusterCommand(cluster, a.cluster, g_stop_requested);
+  };
+  for (CLI::App* c :
+       {cluster.controller, cluster.worker, cluster.submit, cluster.status}) {
+    commands.push_back({c, run_cluster});
   }
+  commands.push_back({cli::AddPlotCommand(app, a.plot),
+                      [&a] { return cli::RunPlot(a.plot); }});
+  commands.push_back({cli::AddBenchCommand(app, a.bench),
+                      [&a] { return cli::RunBench(a.bench); }});
+  commands.push_back({cli::AddBenchMemoryCommand(app, a.bench_memory),
+                      [&a] { return cli::RunBenchMemory(a.bench_memory); }});
+  commands.push_back({cli::AddBenchRolloutCommand(app, a.bench_rollout),
+                      [&a] { return cli::RunBenchRollout(a.bench_rollout); }});
+  commands.push_back({cli::AddBenchLogitsCommand(app, a.bench_logits),
+                      [&a] { return cli::RunBenchLogits(a.bench_logits); }});
+  commands.push_back({cli::AddBenchWeightsCommand(app, a.bench_weights),
+                      [&a] { return cli::RunBenchWeights(a.bench_weights); }});
+  commands.push_back({cli::AddSimulateCommand(app, a.simulate),
+                      [&a] { return cli::RunSimulate(a.simulate); }});
+  commands.push_back(
+      {cli::AddTokenizeCommand(app, a.tokenize),
+       [&a] { return cli::RunTokenize(a.tokenize, std::cin, std::cout); }});
+  commands.push_back({cli::AddChatTemplateCommand(app, a.chat_template), [&a] {
+                        return cli::RunChatTemplate(a.chat_template, std::cin,
+                                                    std::cout);
+                      }});
+  const cli::ModelCommands model =
+      cli::AddModelCommands(app, a.generate, a.export_);
+  commands.push_back(
+      {model.generate, [&a] { return cli::RunGenerate(a.generate); }});
+  commands.push_back(
+      {model.export_, [&a] { return cli::RunExport(a.export_); }});
+  return commands;
+}
 
+// run, sft, eval or validate: loads the config, then runs the job here.
+int RunJobCommand(const JobCommands& c, const JobArgs& args) {
   auto config = LoadConfig(args);
   if (!config.ok()) return Fail(config.status());
 
-  if (validate->parsed()) {
+  if (c.validate->parsed()) {
     std::cout << fusionrl::JobConfigToYaml(*config);
     return 0;
   }
-  if (eval->parsed()) {
+  if (c.eval->parsed()) {
     auto accuracy = fusionrl::EvaluateJob(*config);
     if (!accuracy.ok()) return Fail(accuracy.status());
     std::cout << "eval_accuracy " << *accuracy << "\n";
@@ -253,10 +260,35 @@ int main(int argc, char** argv) {
   options.resume = args.resume;
   options.stop_requested = &g_stop_requested;
   options.http_address = args.http;
-  auto summary = sft->parsed() ? fusionrl::RunSftJob(*config)
-                               : fusionrl::RunRlJob(*config, options);
+  auto summary = c.sft->parsed() ? fusionrl::RunSftJob(*config)
+                                 : fusionrl::RunRlJob(*config, options);
   if (!summary.ok()) return Fail(summary.status());
   std::cout << summary->summary_path << "\n";
   return summary->interrupted ? fusionrl::cli::kExitCancelled
                               : fusionrl::cli::kExitOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ConfigureProcess();
+  CLI::App app{
+      "FusionRL: reinforcement-learning post-training of language "
+      "models"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", FUSIONRL_VERSION);
+  AllArgs args;
+  const JobCommands jobs = AddJobCommands(app, args.job);
+  const std::vector<Command> commands = AddToolCommands(app, args);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : kExitBadInput;
+  }
+  for (const Command& c : commands) {
+    if (c.app->parsed()) return c.run();
+  }
+  return RunJobCommand(jobs, args.job);
 }

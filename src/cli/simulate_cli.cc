@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "cli/bench/bench_common.h"
 #include "cli/common/exit_codes.h"
+#include "core/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "sim/calibration.h"
 #include "sim/cost_model.h"
@@ -127,79 +128,143 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateArgs& args) {
   return cmd;
 }
 
-int RunSimulate(const SimulateArgs& args) {
+namespace {
+
+absl::StatusOr<std::vector<sim::SimMode>> ParseSimModes(
+    const std::string& text) {
   std::vector<sim::SimMode> modes;
-  for (const absl::string_view part : absl::StrSplit(args.modes, ',')) {
+  for (const absl::string_view part : absl::StrSplit(text, ',')) {
     absl::StatusOr<sim::SimMode> m = sim::ParseSimMode(std::string(part));
-    if (!m.ok()) return Fail(m.status());
+    if (!m.ok()) return m.status();
     modes.push_back(*m);
   }
-  absl::StatusOr<std::vector<int>> counts = ParseSuperNodes(args.super_nodes);
-  if (!counts.ok()) return Fail(counts.status());
+  return modes;
+}
+
+// What every simulated run shares: the modes and super-node counts asked
+// for, the simulation config, the cost model (calibrated, then --cost) and
+// the directory the runs write to.
+struct SimulatePlan {
+  std::vector<sim::SimMode> modes;
+  std::vector<int> counts;
+  sim::SimConfig config;
+  sim::CostModel cost;
+  nlohmann::ordered_json calibration = nullptr;
+  std::string work;
+};
+
+// The config's cost model fitted to --calibrate-from (when given; the fit
+// goes to plan.calibration), then with --cost applied.
+absl::Status PlanCost(const SimulateArgs& args, SimulatePlan& plan) {
+  plan.cost = plan.config.cost;
+  if (!args.calibrate_from.empty()) {
+    FUSIONRL_ASSIGN_OR_RETURN(
+        sim::Calibration cal,
+        sim::CalibrateFromRun(args.calibrate_from, plan.cost));
+    plan.cost = cal.cost;
+    plan.calibration = {
+        {"run_dir", args.calibrate_from},
+        {"steps_used", cal.steps_used},
+        {"cards", cal.cards},
+        {"threads_per_card", cal.threads_per_card},
+        {"tokens_per_card", cal.tokens_per_card},
+        {"measured_mean_step_seconds", cal.mean_step_seconds},
+        {"measured_mean_rollout_seconds", cal.mean_rollout_seconds},
+        {"measured_mean_train_seconds", cal.mean_train_seconds},
+        {"rollout_fit", cal.rollout_fit},
+        {"train_fit", cal.train_fit}};
+  }
+  FUSIONRL_ASSIGN_OR_RETURN(
+      plan.cost, sim::ApplyCostOverrides(plan.cost, args.cost_overrides));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SimulatePlan> PlanSimulate(const SimulateArgs& args) {
+  SimulatePlan plan;
+  FUSIONRL_ASSIGN_OR_RETURN(plan.modes, ParseSimModes(args.modes));
+  FUSIONRL_ASSIGN_OR_RETURN(plan.counts, ParseSuperNodes(args.super_nodes));
   std::vector<std::string> overrides = args.overrides;
   if (args.steps > 0) {
     overrides.push_back(absl::StrCat("run.total_steps=", args.steps));
   }
-  absl::StatusOr<sim::SimConfig> config =
-      sim::LoadSimConfig(args.config_path, overrides);
-  if (!config.ok()) return Fail(config.status());
-  sim::CostModel cost = config->cost;
-  nlohmann::ordered_json calibration = nullptr;
-  if (!args.calibrate_from.empty()) {
-    absl::StatusOr<sim::Calibration> cal =
-        sim::CalibrateFromRun(args.calibrate_from, cost);
-    if (!cal.ok()) return Fail(cal.status());
-    cost = cal->cost;
-    calibration = {{"run_dir", args.calibrate_from},
-                   {"steps_used", cal->steps_used},
-                   {"cards", cal->cards},
-                   {"threads_per_card", cal->threads_per_card},
-                   {"tokens_per_card", cal->tokens_per_card},
-                   {"measured_mean_step_seconds", cal->mean_step_seconds},
-                   {"measured_mean_rollout_seconds", cal->mean_rollout_seconds},
-                   {"measured_mean_train_seconds", cal->mean_train_seconds},
-                   {"rollout_fit", cal->rollout_fit},
-                   {"train_fit", cal->train_fit}};
-  }
-  absl::StatusOr<sim::CostModel> final_cost =
-      sim::ApplyCostOverrides(cost, args.cost_overrides);
-  if (!final_cost.ok()) return Fail(final_cost.status());
-  cost = *final_cost;
-  const int per_node = config->job.rollout.prompts_per_step;
+  FUSIONRL_ASSIGN_OR_RETURN(plan.config,
+                            sim::LoadSimConfig(args.config_path, overrides));
+  FUSIONRL_RETURN_IF_ERROR(PlanCost(args, plan));
+  const int per_node = plan.config.job.rollout.prompts_per_step;
   if (per_node % args.cards_per_super_node != 0) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
+    return absl::InvalidArgumentError(absl::StrCat(
         args.config_path, ": job.rollout.prompts_per_step: ", per_node,
         " prompt groups per super node cannot be split evenly over ",
-        args.cards_per_super_node, " cards (--cards-per-super-node)")));
+        args.cards_per_super_node, " cards (--cards-per-super-node)"));
   }
-  absl::StatusOr<std::string> work =
-      FreshDir(args.work_dir.empty() ? "/tmp" : args.work_dir);
-  if (!work.ok()) return Fail(work.status());
+  FUSIONRL_ASSIGN_OR_RETURN(
+      plan.work, FreshDir(args.work_dir.empty() ? "/tmp" : args.work_dir));
+  return plan;
+}
 
-  // Each (mode, N) once; N = 1 also as the baseline of scaling_efficiency.
-  std::vector<int> run_counts = *counts;
+// The run of `mode` on `n` super nodes.
+sim::SimRunSpec RunSpec(const SimulateArgs& args, const SimulatePlan& plan,
+                        const sim::SimMode& mode, int n) {
+  sim::SimRunSpec spec;
+  spec.job_yaml = plan.config.job_yaml;
+  spec.job_overrides = plan.config.job_overrides;
+  spec.source_name = args.config_path;
+  spec.cost = plan.cost;
+  spec.mode = mode;
+  spec.super_nodes = n;
+  spec.cards_per_super_node = args.cards_per_super_node;
+  std::string dir_name = mode.name;
+  for (char& ch : dir_name) {
+    if (ch == ':' || ch == '+') ch = '_';
+  }
+  spec.output_dir = absl::StrCat(plan.work, "/", dir_name, "-", n);
+  return spec;
+}
+
+// One run's entry of the result; `base_tps` is the same mode's tokens/s on
+// one super node.
+nlohmann::ordered_json RunJson(const SimulateArgs& args,
+                               const sim::SimRunSpec& spec,
+                               const sim::SimRunResult& r, double base_tps,
+                               double wall) {
+  const int n = spec.super_nodes;
+  nlohmann::ordered_json j = {
+      {"mode", spec.mode.name},
+      {"super_nodes", n},
+      {"cards", r.cards},
+      {"tokens_per_second", r.tokens_per_second},
+      {"scaling_efficiency",
+       base_tps > 0 ? r.tokens_per_second / (n * base_tps) : 0.0},
+      {"card_busy_fraction", r.card_busy_fraction},
+      {"max_staleness", r.max_staleness},
+      {"max_clock_skew", r.max_clock_skew},
+      {"controller_messages_per_step", r.controller_messages_per_step},
+      {"controller_cpu_seconds_per_step", r.controller_cpu_seconds_per_step},
+      {"controller_tensor_bytes_per_step", r.controller_tensor_bytes_per_step},
+      {"cards_per_super_node", args.cards_per_super_node},
+      {"steps", r.steps},
+      {"mean_step_seconds", r.mean_step_seconds},
+      {"simulated_seconds", r.seconds},
+      {"groups_trained", r.groups_trained},
+      {"wall_seconds", wall}};
+  if (args.keep) j["output_dir"] = spec.output_dir;
+  return j;
+}
+
+// Each (mode, N) once, N = 1 also as the baseline of scaling_efficiency
+// (listed only when asked for). The first failing run ends them all.
+absl::StatusOr<nlohmann::ordered_json> RunSimulations(
+    const SimulateArgs& args, const SimulatePlan& plan) {
+  std::vector<int> run_counts = plan.counts;
   bool has_one = false;
   for (int n : run_counts) has_one = has_one || n == 1;
   if (!has_one) run_counts.insert(run_counts.begin(), 1);
   nlohmann::ordered_json runs = nlohmann::ordered_json::array();
   const spdlog::level::level_enum level = spdlog::get_level();
-  int exit_code = kExitOk;
-  for (const sim::SimMode& mode : modes) {
+  for (const sim::SimMode& mode : plan.modes) {
     double base_tps = 0;
     for (int n : run_counts) {
-      sim::SimRunSpec spec;
-      spec.job_yaml = config->job_yaml;
-      spec.job_overrides = config->job_overrides;
-      spec.source_name = args.config_path;
-      spec.cost = cost;
-      spec.mode = mode;
-      spec.super_nodes = n;
-      spec.cards_per_super_node = args.cards_per_super_node;
-      std::string dir_name = mode.name;
-      for (char& ch : dir_name) {
-        if (ch == ':' || ch == '+') ch = '_';
-      }
-      spec.output_dir = absl::StrCat(*work, "/", dir_name, "-", n);
+      const sim::SimRunSpec spec = RunSpec(args, plan, mode, n);
       const auto t0 = std::chrono::steady_clock::now();
       // The controller's per-step progress lines would drown the runs'.
       spdlog::set_level(spdlog::level::warn);
@@ -209,11 +274,9 @@ int RunSimulate(const SimulateArgs& args) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
               .count();
       if (!r.ok()) {
-        exit_code = Fail(
-            absl::Status(r.status().code(),
-                         absl::StrCat(mode.name, ", ", n,
-                                      " super nodes: ", r.status().message())));
-        break;
+        return absl::Status(r.status().code(),
+                            absl::StrCat(mode.name, ", ", n, " super nodes: ",
+                                         r.status().message()));
       }
       if (n == 1) base_tps = r->tokens_per_second;
       spdlog::info(
@@ -222,46 +285,33 @@ int RunSimulate(const SimulateArgs& args) {
           mode.name, n, args.cards_per_super_node, r->tokens_per_second,
           r->mean_step_seconds, r->card_busy_fraction, r->max_clock_skew, wall);
       bool listed = false;
-      for (int m : *counts) listed = listed || m == n;
-      if (!listed) continue;
-      nlohmann::ordered_json j = {
-          {"mode", mode.name},
-          {"super_nodes", n},
-          {"cards", r->cards},
-          {"tokens_per_second", r->tokens_per_second},
-          {"scaling_efficiency",
-           base_tps > 0 ? r->tokens_per_second / (n * base_tps) : 0.0},
-          {"card_busy_fraction", r->card_busy_fraction},
-          {"max_staleness", r->max_staleness},
-          {"max_clock_skew", r->max_clock_skew},
-          {"controller_messages_per_step", r->controller_messages_per_step},
-          {"controller_cpu_seconds_per_step",
-           r->controller_cpu_seconds_per_step},
-          {"controller_tensor_bytes_per_step",
-           r->controller_tensor_bytes_per_step},
-          {"cards_per_super_node", args.cards_per_super_node},
-          {"steps", r->steps},
-          {"mean_step_seconds", r->mean_step_seconds},
-          {"simulated_seconds", r->seconds},
-          {"groups_trained", r->groups_trained},
-          {"wall_seconds", wall}};
-      if (args.keep) j["output_dir"] = spec.output_dir;
-      runs.push_back(std::move(j));
+      for (int m : plan.counts) listed = listed || m == n;
+      if (listed) runs.push_back(RunJson(args, spec, *r, base_tps, wall));
     }
-    if (exit_code != kExitOk) break;
   }
+  return runs;
+}
+
+}  // namespace
+
+int RunSimulate(const SimulateArgs& args) {
+  absl::StatusOr<SimulatePlan> plan = PlanSimulate(args);
+  if (!plan.ok()) return Fail(plan.status());
+  absl::StatusOr<nlohmann::ordered_json> runs = RunSimulations(args, *plan);
+  // A failed run is reported before the outputs are cleaned up.
+  const int exit_code = runs.ok() ? kExitOk : Fail(runs.status());
   if (!args.keep) {
     std::error_code ec;
-    std::filesystem::remove_all(*work, ec);
+    std::filesystem::remove_all(plan->work, ec);
   } else {
-    spdlog::info("simulate: the simulated jobs' outputs are in {}", *work);
+    spdlog::info("simulate: the simulated jobs' outputs are in {}", plan->work);
   }
   if (exit_code != kExitOk) return exit_code;
   nlohmann::ordered_json result;
   result["config"] = args.config_path;
-  result["cost_model"] = CostModelJson(cost);
-  result["calibration"] = calibration;
-  result["runs"] = runs;
+  result["cost_model"] = CostModelJson(plan->cost);
+  result["calibration"] = plan->calibration;
+  result["runs"] = *runs;
   return WriteBenchResult(result, args.out);
 }
 

@@ -33,18 +33,20 @@ inline double ThreadCpuSeconds() {
 
 class Simulation {
  public:
+  // `job`: the config submitted to the controller, the run's mode and
+  // cluster set on it (SimulatedJob).
   Simulation(const SimRunSpec& spec, const JobConfig& job)
       : spec_(spec),
+        job_(job),
         cost_(spec.cost),
         n_(spec.super_nodes),
         c_(spec.cards_per_super_node),
-        s_(spec.mode.policy_lag),
-        k_(spec.mode.clock_skew),
-        fused_(spec.mode.placement == PlacementMode::kFused),
+        s_(job.stalesync.max_policy_lag),
+        k_(job.stalesync.max_clock_skew),
+        fused_(job.placement.mode == PlacementMode::kFused),
         total_steps_(job.run.total_steps),
-        prompts_per_node_(job.rollout.prompts_per_step),
-        rows_per_card_(job.rollout.prompts_per_step / c_ *
-                       job.rollout.group_size),
+        prompts_per_node_(job.rollout.prompts_per_step / n_),
+        rows_per_card_(prompts_per_node_ / c_ * job.rollout.group_size),
         registry_(clock_, absl::Hours(24 * 365)),
         jobs_(registry_, clock_) {}
 
@@ -186,6 +188,7 @@ class Simulation {
   std::string StallReport() const;
 
   const SimRunSpec& spec_;
+  const JobConfig job_;
   const CostModel cost_;
   const int n_, c_;
   const int s_;  // stalesync.max_policy_lag

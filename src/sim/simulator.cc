@@ -23,12 +23,9 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "controller/job_manager.h"
-#include "core/config_override.h"
 #include "core/fake_clock.h"
 #include "core/node_registry.h"
 #include "core/status_macros.h"
@@ -68,22 +65,8 @@ absl::StatusOr<SimRunResult> Simulation::Run() {
     nodes_.push_back(std::move(node));
   }
   jobs_.Schedule();
-  std::vector<std::string> overrides = spec_.job_overrides;
-  auto add = [&overrides](std::string o) { overrides.push_back(std::move(o)); };
-  add(absl::StrCat("placement.mode=", PlacementModeName(spec_.mode.placement)));
-  add(absl::StrCat("placement.super_nodes=", n_));
-  add(absl::StrCat("placement.cards_per_super_node=", c_));
-  // The prompts of N super nodes (weak scaling).
-  add(absl::StrCat("rollout.prompts_per_step=", prompts_per_node_ * n_));
-  add(absl::StrCat("stalesync.max_policy_lag=", s_));
-  add(absl::StrCat("stalesync.max_clock_skew=", k_));
-  if (s_ > 0) add("algorithm.decoupled_loss=true");
-  add("run.data_plane=c10d");
-  add(QuotedOverride("output_dir", spec_.output_dir));
   JobSubmission submission;
-  FUSIONRL_ASSIGN_OR_RETURN(
-      submission.config,
-      ParseJobConfig(spec_.job_yaml, spec_.source_name, overrides));
+  submission.config = job_;
   FUSIONRL_ASSIGN_OR_RETURN(job_id_, jobs_.Submit(std::move(submission)));
   FUSIONRL_ASSIGN_OR_RETURN(JobStatus st, jobs_.Status(job_id_));
   if (st.phase != JobPhase::kRunning) {
@@ -160,38 +143,27 @@ absl::StatusOr<SimRunResult> Simulation::Run() {
 using internal::Simulation;
 
 absl::StatusOr<SimMode> ParseSimMode(const std::string& text) {
-  SimMode m;
-  m.name = text;
-  if (text == "colocated-sync") return m;
-  if (text == "fused") {
-    m.placement = PlacementMode::kFused;
-    return m;
-  }
-  const std::string prefix = "fused+stalesync";
-  if (text.rfind(prefix, 0) == 0) {
-    m.placement = PlacementMode::kFused;
-    m.policy_lag = 2;
-    m.clock_skew = 2;
-    const std::string rest = text.substr(prefix.size());
-    if (rest.empty()) return m;
-    const std::vector<std::string> parts = absl::StrSplit(rest.substr(1), ':');
-    bool ok = rest[0] == ':' && parts.size() <= 2 &&
-              absl::SimpleAtoi(parts[0], &m.policy_lag);
-    m.clock_skew = m.policy_lag;
-    if (ok && parts.size() == 2) ok = absl::SimpleAtoi(parts[1], &m.clock_skew);
-    if (!ok || m.policy_lag < 0 || m.policy_lag > 1024 || m.clock_skew < 0 ||
-        m.clock_skew > 1024) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--modes: '", text,
-          "': expected fused+stalesync[:s[:k]] (policy lag s, clock skew k, "
-          "each in 0..1024; k = s when omitted)"));
-    }
-    return m;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--modes: unknown mode '", text,
-                   "' (colocated-sync, fused, fused+stalesync[:s[:k]])"));
+  return ParseModeSpec(text, ModeGrammar::kSimulate);
 }
+
+namespace {
+
+// The job the controller runs: one super node's job (`per_node`) scaled to
+// the run's super nodes (weak scaling: N x its prompt groups), on the
+// run's cluster, in the run's mode, on the c10d data plane.
+JobConfig SimulatedJob(const SimRunSpec& spec, const JobConfig& per_node) {
+  JobConfig job = per_node;
+  job.placement.super_nodes = spec.super_nodes;
+  job.placement.cards_per_super_node = spec.cards_per_super_node;
+  job.rollout.prompts_per_step =
+      per_node.rollout.prompts_per_step * spec.super_nodes;
+  ApplyModeSpec(spec.mode, job);
+  job.run.data_plane = DataPlane::kC10d;
+  job.output_dir = spec.output_dir;
+  return job;
+}
+
+}  // namespace
 
 absl::StatusOr<SimRunResult> RunSimulation(const SimRunSpec& spec) {
   if (spec.super_nodes < 1 || spec.cards_per_super_node < 1) {
@@ -213,7 +185,7 @@ absl::StatusOr<SimRunResult> RunSimulation(const SimRunSpec& spec) {
         "of one super node (", per_node, ") must be a multiple of its ",
         spec.cards_per_super_node, " cards"));
   }
-  Simulation sim(spec, job);
+  Simulation sim(spec, SimulatedJob(spec, job));
   return sim.Run();
 }
 

@@ -24,21 +24,18 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/mode_spec.h"
 #include "fusionrl/config.h"
 #include "sim/cost_model.h"
 
 namespace fusionrl::sim {
 
-// colocated-sync | fused | fused+stalesync[:s[:k]]: s is
-// stalesync.max_policy_lag, k stalesync.max_clock_skew (both 2 when
-// omitted, k = s when only s is given; fused+stalesync:2:1 is the
-// issue's s = 2, k = 1).
-struct SimMode {
-  std::string name;
-  PlacementMode placement = PlacementMode::kColocatedSync;
-  int policy_lag = 0;
-  int clock_skew = 0;
-};
+// `fusionrl simulate`'s modes: colocated-sync | fused |
+// fused+stalesync[:s[:k]], s stalesync.max_policy_lag and k
+// stalesync.max_clock_skew (both 2 when omitted, k = s when only s is
+// given; fused+stalesync:2:1 is the s = 2, k = 1). The grammar
+// ModeGrammar::kSimulate of core/mode_spec.h.
+using SimMode = ModeSpec;
 
 // InvalidArgument "--modes: ..." naming the bad mode.
 absl::StatusOr<SimMode> ParseSimMode(const std::string& text);

@@ -20,99 +20,14 @@
 #include "cli/bench/bench_common.h"
 #include "cli/common/child_process.h"
 #include "cli/common/exit_codes.h"
+#include "core/mode_spec.h"
+#include "core/status_macros.h"
 #include "fusionrl/config.h"
 #include "fusionrl/job.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 
 namespace fusionrl::cli {
-namespace {
-
-struct Mode {
-  std::string name;  // as given
-  PlacementMode placement = PlacementMode::kColocatedSync;
-  int lag = 0;
-  int partial = 0;                       // stalesync.partial_rollout_tokens
-  int shared = 1;                        // stalesync.steps_per_version
-  FusedTurns turns = FusedTurns::kAuto;  // placement.fused_turns
-  // stalesync.rollout_version; unset: the config's.
-  std::optional<RolloutVersion> version;
-};
-
-absl::StatusOr<Mode> ParseMode(const std::string& full) {
-  Mode m;
-  m.name = full;
-  // Suffixes, in this order: "+turns:T" pins placement.fused_turns;
-  // "+partial:N" turns on partial rollout with N tokens a segment;
-  // "+version:V" sets stalesync.rollout_version; "+shared:M" sets
-  // stalesync.steps_per_version.
-  std::string text = full;
-  for (const std::string suffix :
-       {"+shared", "+version", "+partial", "+turns"}) {
-    const size_t at = text.find(suffix);
-    if (at == std::string::npos) continue;
-    std::string value = text.substr(at + suffix.size());
-    text = text.substr(0, at);
-    const bool partial = suffix == "+partial";
-    const bool version = suffix == "+version";
-    const bool shared = suffix == "+shared";
-    bool ok = value.size() >= 2 && value[0] == ':';
-    if (ok && shared) {
-      ok = absl::SimpleAtoi(value.substr(1), &m.shared) && m.shared >= 1;
-    } else if (ok && version) {
-      absl::StatusOr<RolloutVersion> v = ParseRolloutVersion(value.substr(1));
-      ok = v.ok();
-      if (ok) m.version = *v;
-    } else if (ok && partial) {
-      ok = absl::SimpleAtoi(value.substr(1), &m.partial) && m.partial >= 1;
-    } else if (ok) {
-      absl::StatusOr<FusedTurns> turns = ParseFusedTurns(value.substr(1));
-      ok = turns.ok();
-      if (ok) m.turns = *turns;
-    }
-    if (!ok) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--modes: '", full, "': expected <mode>",
-          shared    ? "+shared:M, M >= 1 (stalesync.steps_per_version)"
-          : version ? "+version:V, V one of lagged, newest, jit "
-                      "(stalesync.rollout_version)"
-          : partial ? "+partial:N, N >= 1 (stalesync.partial_rollout_tokens)"
-                    : "+turns:T, T one of auto, concurrent, interleaved, "
-                      "probe (placement.fused_turns)",
-          "; suffixes come in the order +turns, +partial, +version, "
-          "+shared"));
-    }
-  }
-  if (text == "colocated-sync" || text == "fused") {
-    m.placement =
-        text == "fused" ? PlacementMode::kFused : PlacementMode::kColocatedSync;
-    return m;
-  }
-  // <prefix>[:s]: fused+stalesync (s = 2 by default), disaggregated (s = 0:
-  // OpenRLHF-style synchronous; s > 0: AReaL-style asynchronous).
-  for (const auto& [prefix, placement, lag] :
-       {std::tuple<std::string, PlacementMode, int>{"fused+stalesync",
-                                                    PlacementMode::kFused, 2},
-        {"disaggregated", PlacementMode::kDisaggregated, 0}}) {
-    if (text.rfind(prefix, 0) != 0) continue;
-    m.placement = placement;
-    m.lag = lag;
-    const std::string rest = text.substr(prefix.size());
-    if (!rest.empty() &&
-        (rest[0] != ':' || !absl::SimpleAtoi(rest.substr(1), &m.lag) ||
-         m.lag < 0 || m.lag > 1024)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--modes: '", text, "': expected ", prefix, "[:s], s in 0..1024"));
-    }
-    return m;
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--modes: unknown mode '", text,
-      "' (colocated-sync, fused, fused+stalesync[:s], disaggregated[:s], "
-      "each optionally +turns:T, +partial:N, +version:V and +shared:M)"));
-}
-
-}  // namespace
 
 CLI::App* AddBenchCommand(CLI::App& app, BenchArgs& args) {
   CLI::App* bench = app.add_subcommand(
@@ -168,24 +83,11 @@ CLI::App* AddBenchCommand(CLI::App& app, BenchArgs& args) {
 namespace {
 
 // The config of `mode`'s run number `r`.
-JobConfig RunConfig(const JobConfig& base, const Mode& mode,
+JobConfig RunConfig(const JobConfig& base, const ModeSpec& mode,
                     const std::string& init, const std::string& work, int r) {
   JobConfig c = base;
   c.init_checkpoint = init;
-  c.placement.mode = mode.placement;
-  if (mode.placement == PlacementMode::kDisaggregated) {
-    // One rollout card next to each training card, sharing the same
-    // threads: the same compute, split by role instead of fused.
-    c.placement.rollout_cards_per_super_node =
-        base.placement.cards_per_super_node;
-    c.placement.cards_per_super_node = 2 * base.placement.cards_per_super_node;
-  }
-  c.stalesync.max_policy_lag = mode.lag;
-  if (mode.lag > 0) c.algorithm.decoupled_loss = true;
-  c.stalesync.partial_rollout_tokens = mode.partial;
-  c.placement.fused_turns = mode.turns;
-  if (mode.version) c.stalesync.rollout_version = *mode.version;
-  c.stalesync.steps_per_version = mode.shared;
+  ApplyModeSpec(mode, c);
   std::string dir_name = mode.name;
   std::replace(dir_name.begin(), dir_name.end(), ':', '_');
   c.output_dir = absl::StrCat(work, "/", dir_name, "-", r);
@@ -195,7 +97,8 @@ JobConfig RunConfig(const JobConfig& base, const Mode& mode,
 // One run in this process: its JSON line on stdout.
 int RunOneHere(const BenchArgs& args, const JobConfig& base) {
   LogToStderr();
-  absl::StatusOr<Mode> mode = ParseMode(args.modes);
+  absl::StatusOr<ModeSpec> mode =
+      ParseModeSpec(args.modes, ModeGrammar::kBench);
   if (!mode.ok()) return Fail(mode.status());
   if (args.init_checkpoint.empty() || args.work_dir.empty()) {
     return Fail(absl::InvalidArgumentError(
@@ -299,6 +202,215 @@ int RunOneHere(const BenchArgs& args, const JobConfig& base) {
   return kExitOk;
 }
 
+// Every run of one mode, as the runs' JSON lines report them.
+struct ModeRuns {
+  std::vector<double> tps, tps_with_evals, acc, trainer_busy, rollout_busy;
+  std::vector<double> trainer_only, rollout_only, both, idle;
+  std::vector<double> staleness;  // samples by staleness, over the runs
+  int64_t max_staleness = 0;
+  nlohmann::ordered_json runs = nlohmann::ordered_json::array();
+
+  void Add(const nlohmann::ordered_json& run) {
+    tps.push_back(run.value("tokens_per_second", 0.0));
+    tps_with_evals.push_back(run.value("tokens_per_second_with_evals", 0.0));
+    acc.push_back(run.value("final_eval_accuracy", 0.0));
+    trainer_busy.push_back(run.value("trainer_busy_fraction", 0.0));
+    rollout_busy.push_back(run.value("rollout_busy_fraction", 0.0));
+    max_staleness =
+        std::max<int64_t>(max_staleness, run.value("max_staleness", 0));
+    if (const auto split = run.find("time_split"); split != run.end()) {
+      trainer_only.push_back(split->value("trainer_only", 0.0));
+      rollout_only.push_back(split->value("rollout_only", 0.0));
+      both.push_back(split->value("both", 0.0));
+      idle.push_back(split->value("idle", 0.0));
+    }
+    if (const auto h = run.find("staleness_histogram");
+        h != run.end() && h->is_array()) {
+      if (staleness.size() < h->size()) staleness.resize(h->size(), 0);
+      for (size_t k = 0; k < h->size(); ++k) {
+        staleness[k] += (*h)[k].get<double>();
+      }
+    }
+    runs.push_back(run);
+  }
+};
+
+absl::StatusOr<std::vector<ModeSpec>> ParseModes(const std::string& text) {
+  std::vector<ModeSpec> modes;
+  for (const absl::string_view part : absl::StrSplit(text, ',')) {
+    absl::StatusOr<ModeSpec> m =
+        ParseModeSpec(std::string(part), ModeGrammar::kBench);
+    if (!m.ok()) return m.status();
+    modes.push_back(*m);
+  }
+  return modes;
+}
+
+// --init-checkpoint, or the checkpoint of an SFT warm start run now into
+// `work`/sft.
+absl::StatusOr<std::string> InitCheckpoint(const BenchArgs& args,
+                                           const JobConfig& base,
+                                           const std::string& work) {
+  if (!args.init_checkpoint.empty()) return args.init_checkpoint;
+  JobConfig sft = base;
+  sft.output_dir = work + "/sft";
+  spdlog::info("bench: SFT warm start into {}", sft.output_dir);
+  FUSIONRL_ASSIGN_OR_RETURN(JobSummary s, RunSftJob(sft));
+  return s.checkpoint_dir;
+}
+
+// The command line of run `r` of `mode` in a fresh process (--run-one).
+std::vector<std::string> RunOneArgv(const BenchArgs& args,
+                                    const std::string& self,
+                                    const ModeSpec& mode, int r,
+                                    const std::string& init,
+                                    const std::string& work) {
+  std::vector<std::string> argv = {self,
+                                   "bench",
+                                   args.config_path,
+                                   "--modes",
+                                   mode.name,
+                                   "--run-one",
+                                   std::to_string(r),
+                                   "--init-checkpoint",
+                                   init,
+                                   "--work-dir",
+                                   work};
+  if (args.steps > 0) {
+    argv.push_back("--steps");
+    argv.push_back(std::to_string(args.steps));
+  }
+  argv.push_back("--eval-every");
+  argv.push_back(std::to_string(args.eval_every));
+  for (const auto& o : args.overrides) {
+    argv.push_back("--set");
+    argv.push_back(o);
+  }
+  return argv;
+}
+
+// args.repeats rounds, each mode once a round (interleaved, so that a
+// drift of the machine touches every mode alike).
+absl::StatusOr<std::vector<ModeRuns>> RunModes(
+    const BenchArgs& args, const std::vector<ModeSpec>& modes,
+    const std::string& self, const std::string& init, const std::string& work) {
+  std::vector<ModeRuns> acc(modes.size());
+  for (int r = 1; r <= args.repeats; ++r) {
+    for (size_t i = 0; i < modes.size(); ++i) {
+      spdlog::info("bench: {} run {}/{}", modes[i].name, r, args.repeats);
+      absl::StatusOr<nlohmann::ordered_json> run =
+          RunJsonChild(RunOneArgv(args, self, modes[i], r, init, work),
+                       args.timeout_seconds);
+      if (!run.ok()) {
+        return absl::Status(run.status().code(),
+                            absl::StrCat("bench: ", modes[i].name, " run ", r,
+                                         ": ", run.status().message()));
+      }
+      acc[i].Add(*run);
+    }
+  }
+  return acc;
+}
+
+// colocated-sync's medians, the yardstick of the ratios.
+struct Baseline {
+  double tps = 0, tps_with_evals = 0;
+  std::optional<double> target;  // time to accuracy's
+  std::optional<double> tta;
+};
+
+// Per run: the seconds of its first evaluation at or above `target`
+// (written into the run as time_to_accuracy_seconds); their median, a run
+// that never reached it counting as slower than every run that did
+// (unset when half or more never did).
+std::optional<double> TimeToAccuracy(ModeRuns& a, double target) {
+  std::vector<double> secs;
+  for (nlohmann::ordered_json& run : a.runs) {
+    std::optional<double> reached;
+    for (const auto& e : run.value("evals", nlohmann::ordered_json::array())) {
+      if (e.value("accuracy", 0.0) >= target - 1e-12) {
+        reached = e.value("seconds", 0.0);
+        break;
+      }
+    }
+    run["time_to_accuracy_seconds"] = reached ? nlohmann::ordered_json(*reached)
+                                              : nlohmann::ordered_json(nullptr);
+    secs.push_back(reached ? *reached
+                           : std::numeric_limits<double>::infinity());
+  }
+  const double m = Median(secs);
+  if (std::isfinite(m)) return m;
+  return std::nullopt;
+}
+
+nlohmann::ordered_json NullOr(std::optional<double> v) {
+  return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json(nullptr);
+}
+
+// One mode's medians, ratios and runs.
+nlohmann::ordered_json ModeResult(const ModeSpec& mode, const ModeRuns& a,
+                                  std::optional<double> tta,
+                                  const Baseline& base) {
+  nlohmann::ordered_json m = {
+      {"placement", PlacementModeName(mode.placement)},
+      {"max_policy_lag", mode.policy_lag},
+      {"median_tokens_per_second", Median(a.tps)},
+      {"median_final_eval_accuracy", Median(a.acc)},
+      {"median_trainer_busy_fraction", Median(a.trainer_busy)},
+      {"median_rollout_busy_fraction", Median(a.rollout_busy)},
+      {"median_time_split",
+       {{"trainer_only", Median(a.trainer_only)},
+        {"rollout_only", Median(a.rollout_only)},
+        {"both", Median(a.both)},
+        {"idle", Median(a.idle)}}},
+      {"staleness_histogram", a.staleness},
+      {"max_staleness", a.max_staleness},
+      {"runs", a.runs}};
+  m["ratio_to_colocated_sync"] =
+      base.tps > 0 ? nlohmann::ordered_json(Median(a.tps) / base.tps)
+                   : nlohmann::ordered_json(nullptr);
+  m["median_tokens_per_second_with_evals"] = Median(a.tps_with_evals);
+  m["ratio_to_colocated_sync_with_evals"] =
+      base.tps_with_evals > 0
+          ? nlohmann::ordered_json(Median(a.tps_with_evals) /
+                                   base.tps_with_evals)
+          : nlohmann::ordered_json(nullptr);
+  m["median_time_to_accuracy_seconds"] = NullOr(tta);
+  m["time_to_accuracy_ratio"] = base.tta && tta && *base.tta > 0
+                                    ? nlohmann::ordered_json(*tta / *base.tta)
+                                    : nlohmann::ordered_json(nullptr);
+  return m;
+}
+
+// The "modes" member: time to accuracy against colocated-sync's median
+// final accuracy minus the margin, then each mode's figures.
+nlohmann::ordered_json ModesResult(const BenchArgs& args,
+                                   const std::vector<ModeSpec>& modes,
+                                   std::vector<ModeRuns>& acc,
+                                   nlohmann::ordered_json& result) {
+  Baseline base;
+  for (size_t i = 0; i < modes.size(); ++i) {
+    if (modes[i].name == "colocated-sync") {
+      base.tps = Median(acc[i].tps);
+      base.tps_with_evals = Median(acc[i].tps_with_evals);
+      base.target = Median(acc[i].acc) - args.accuracy_margin;
+    }
+  }
+  result["accuracy_target"] = NullOr(base.target);
+  std::vector<std::optional<double>> tta(modes.size());
+  for (size_t i = 0; i < modes.size() && base.target; ++i) {
+    tta[i] = TimeToAccuracy(acc[i], *base.target);
+  }
+  for (size_t i = 0; i < modes.size(); ++i) {
+    if (modes[i].name == "colocated-sync") base.tta = tta[i];
+  }
+  nlohmann::ordered_json out_modes = nlohmann::ordered_json::object();
+  for (size_t i = 0; i < modes.size(); ++i) {
+    out_modes[modes[i].name] = ModeResult(modes[i], acc[i], tta[i], base);
+  }
+  return out_modes;
+}
+
 }  // namespace
 
 int RunBench(const BenchArgs& args) {
@@ -307,12 +419,8 @@ int RunBench(const BenchArgs& args) {
   // colocated-sync and for fused alike (docs/BENCHMARKS.md); forcing
   // OMP_WAIT_POLICY=PASSIVE slows colocated-sync by ~25% here and so
   // inflates every ratio.
-  std::vector<Mode> modes;
-  for (const absl::string_view part : absl::StrSplit(args.modes, ',')) {
-    absl::StatusOr<Mode> m = ParseMode(std::string(part));
-    if (!m.ok()) return Fail(m.status());
-    modes.push_back(*m);
-  }
+  absl::StatusOr<std::vector<ModeSpec>> modes = ParseModes(args.modes);
+  if (!modes.ok()) return Fail(modes.status());
   absl::StatusOr<JobConfig> base =
       LoadBenchConfig(args.config_path, args.overrides);
   if (!base.ok()) return Fail(base.status());
@@ -321,167 +429,25 @@ int RunBench(const BenchArgs& args) {
   if (args.run_one > 0) return RunOneHere(args, *base);
   const std::string work =
       args.work_dir.empty() ? "runs/bench-" + base->name : args.work_dir;
-  std::string init = args.init_checkpoint;
-  if (init.empty()) {
-    JobConfig sft = *base;
-    sft.output_dir = work + "/sft";
-    spdlog::info("bench: SFT warm start into {}", sft.output_dir);
-    absl::StatusOr<JobSummary> s = RunSftJob(sft);
-    if (!s.ok()) return Fail(s.status());
-    init = s->checkpoint_dir;
-  }
+  absl::StatusOr<std::string> init = InitCheckpoint(args, *base, work);
+  if (!init.ok()) return Fail(init.status());
   absl::StatusOr<std::string> self = SelfExecutable();
   if (!self.ok()) return Fail(self.status());
   nlohmann::ordered_json result;
   result["config"] = args.config_path;
   result["steps"] = base->run.total_steps;
   result["repeats"] = args.repeats;
-  result["init_checkpoint"] = init;
+  result["init_checkpoint"] = *init;
   result["fresh_process_per_run"] = true;
   result["omp_wait_policy"] = std::getenv("OMP_WAIT_POLICY")
                                   ? std::getenv("OMP_WAIT_POLICY")
                                   : "default";
-  struct Acc {
-    std::vector<double> tps, tps_with_evals, acc, trainer_busy, rollout_busy;
-    std::vector<double> trainer_only, rollout_only, both, idle;
-    std::vector<double> staleness;  // samples by staleness, over the runs
-    int64_t max_staleness = 0;
-    nlohmann::ordered_json runs = nlohmann::ordered_json::array();
-  };
-  std::vector<Acc> acc(modes.size());
-  for (int r = 1; r <= args.repeats; ++r) {
-    for (size_t i = 0; i < modes.size(); ++i) {
-      spdlog::info("bench: {} run {}/{}", modes[i].name, r, args.repeats);
-      std::vector<std::string> argv = {*self,
-                                       "bench",
-                                       args.config_path,
-                                       "--modes",
-                                       modes[i].name,
-                                       "--run-one",
-                                       std::to_string(r),
-                                       "--init-checkpoint",
-                                       init,
-                                       "--work-dir",
-                                       work};
-      if (args.steps > 0) {
-        argv.push_back("--steps");
-        argv.push_back(std::to_string(args.steps));
-      }
-      argv.push_back("--eval-every");
-      argv.push_back(std::to_string(args.eval_every));
-      for (const auto& o : args.overrides) {
-        argv.push_back("--set");
-        argv.push_back(o);
-      }
-      absl::StatusOr<nlohmann::ordered_json> run =
-          RunJsonChild(argv, args.timeout_seconds);
-      if (!run.ok()) {
-        return Fail(
-            absl::Status(run.status().code(),
-                         absl::StrCat("bench: ", modes[i].name, " run ", r,
-                                      ": ", run.status().message())));
-      }
-      Acc& a = acc[i];
-      a.tps.push_back(run->value("tokens_per_second", 0.0));
-      a.tps_with_evals.push_back(
-          run->value("tokens_per_second_with_evals", 0.0));
-      a.acc.push_back(run->value("final_eval_accuracy", 0.0));
-      a.trainer_busy.push_back(run->value("trainer_busy_fraction", 0.0));
-      a.rollout_busy.push_back(run->value("rollout_busy_fraction", 0.0));
-      a.max_staleness =
-          std::max<int64_t>(a.max_staleness, run->value("max_staleness", 0));
-      if (const auto split = run->find("time_split"); split != run->end()) {
-        a.trainer_only.push_back(split->value("trainer_only", 0.0));
-        a.rollout_only.push_back(split->value("rollout_only", 0.0));
-        a.both.push_back(split->value("both", 0.0));
-        a.idle.push_back(split->value("idle", 0.0));
-      }
-      if (const auto h = run->find("staleness_histogram");
-          h != run->end() && h->is_array()) {
-        if (a.staleness.size() < h->size()) a.staleness.resize(h->size(), 0);
-        for (size_t k = 0; k < h->size(); ++k) {
-          a.staleness[k] += (*h)[k].get<double>();
-        }
-      }
-      a.runs.push_back(*run);
-    }
-  }
-  double base_tps = 0, base_tps_with_evals = 0;
-  std::optional<double> target;  // time to accuracy's
-  for (size_t i = 0; i < modes.size(); ++i) {
-    if (modes[i].name == "colocated-sync") {
-      base_tps = Median(acc[i].tps);
-      base_tps_with_evals = Median(acc[i].tps_with_evals);
-      target = Median(acc[i].acc) - args.accuracy_margin;
-    }
-  }
-  result["accuracy_target"] = target ? nlohmann::ordered_json(*target)
-                                     : nlohmann::ordered_json(nullptr);
-  // Per run: the seconds of its first evaluation at or above the target;
-  // per mode: their median, a run that never reached it counting as
-  // slower than every run that did (null when half or more never did).
-  std::vector<std::optional<double>> tta(modes.size());
-  for (size_t i = 0; i < modes.size() && target; ++i) {
-    std::vector<double> secs;
-    for (nlohmann::ordered_json& run : acc[i].runs) {
-      std::optional<double> reached;
-      for (const auto& e :
-           run.value("evals", nlohmann::ordered_json::array())) {
-        if (e.value("accuracy", 0.0) >= *target - 1e-12) {
-          reached = e.value("seconds", 0.0);
-          break;
-        }
-      }
-      run["time_to_accuracy_seconds"] = reached
-                                            ? nlohmann::ordered_json(*reached)
-                                            : nlohmann::ordered_json(nullptr);
-      secs.push_back(reached ? *reached
-                             : std::numeric_limits<double>::infinity());
-    }
-    const double m = Median(secs);
-    if (std::isfinite(m)) tta[i] = m;
-  }
-  std::optional<double> base_tta;
-  for (size_t i = 0; i < modes.size(); ++i) {
-    if (modes[i].name == "colocated-sync") base_tta = tta[i];
-  }
-  nlohmann::ordered_json out_modes = nlohmann::ordered_json::object();
-  for (size_t i = 0; i < modes.size(); ++i) {
-    const Acc& a = acc[i];
-    nlohmann::ordered_json m = {
-        {"placement", PlacementModeName(modes[i].placement)},
-        {"max_policy_lag", modes[i].lag},
-        {"median_tokens_per_second", Median(a.tps)},
-        {"median_final_eval_accuracy", Median(a.acc)},
-        {"median_trainer_busy_fraction", Median(a.trainer_busy)},
-        {"median_rollout_busy_fraction", Median(a.rollout_busy)},
-        {"median_time_split",
-         {{"trainer_only", Median(a.trainer_only)},
-          {"rollout_only", Median(a.rollout_only)},
-          {"both", Median(a.both)},
-          {"idle", Median(a.idle)}}},
-        {"staleness_histogram", a.staleness},
-        {"max_staleness", a.max_staleness},
-        {"runs", a.runs}};
-    m["ratio_to_colocated_sync"] =
-        base_tps > 0 ? nlohmann::ordered_json(Median(a.tps) / base_tps)
-                     : nlohmann::ordered_json(nullptr);
-    m["median_tokens_per_second_with_evals"] = Median(a.tps_with_evals);
-    m["ratio_to_colocated_sync_with_evals"] =
-        base_tps_with_evals > 0
-            ? nlohmann::ordered_json(Median(a.tps_with_evals) /
-                                     base_tps_with_evals)
-            : nlohmann::ordered_json(nullptr);
-    m["median_time_to_accuracy_seconds"] =
-        tta[i] ? nlohmann::ordered_json(*tta[i])
-               : nlohmann::ordered_json(nullptr);
-    m["time_to_accuracy_ratio"] =
-        base_tta && tta[i] && *base_tta > 0
-            ? nlohmann::ordered_json(*tta[i] / *base_tta)
-            : nlohmann::ordered_json(nullptr);
-    out_modes[modes[i].name] = m;
-  }
-  result["modes"] = out_modes;
+  absl::StatusOr<std::vector<ModeRuns>> acc =
+      RunModes(args, *modes, *self, *init, work);
+  if (!acc.ok()) return Fail(acc.status());
+  const nlohmann::ordered_json by_mode =
+      ModesResult(args, *modes, *acc, result);
+  result["modes"] = by_mode;
   return WriteBenchResult(result, args.out);
 }
 

@@ -192,136 +192,169 @@ CLI::App* AddBenchLogitsCommand(CLI::App& app, BenchLogitsArgs& args) {
   return cmd;
 }
 
-int RunBenchLogits(const BenchLogitsArgs& args) {
-  absl::StatusOr<std::vector<int64_t>> chunks = ParseChunks(args.chunks);
-  if (!chunks.ok()) return Fail(chunks.status());
-  absl::StatusOr<JobConfig> config =
-      LoadBenchConfig(args.config_path, args.overrides);
-  if (!config.ok()) return Fail(config.status());
-  const int batch_size = config->optim.micro_batch_size;
-  const int response_len = config->rollout.max_new_tokens;
-  const double temperature = config->rollout.temperature;
+namespace {
 
-  absl::StatusOr<JobContext> ctx = PrepareJob(*config, std::string());
-  if (!ctx.ok()) return Fail(ctx.status());
-  PolicyModel& policy = *ctx->policy;
-  policy.set_training(true);
-  absl::StatusOr<CollatedBatch> batch =
-      RlShapedBatch(*ctx, batch_size, response_len);
-  if (!batch.ok()) return Fail(batch.status());
-  const int64_t seq_len = batch->input_ids.size(1);
-  if (seq_len > config->model.max_seq_len) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        args.config_path, ": model.max_seq_len: ", config->model.max_seq_len,
-        " is shorter than the prompt (", batch->prompt_len,
-        " tokens) + rollout.max_new_tokens (", response_len, ")")));
+// The policy and the RL-shaped micro-batch every setting's steps run on.
+struct LogitsBench {
+  JobConfig config;
+  JobContext ctx;
+  CollatedBatch batch;
+  int batch_size = 0;
+  int response_len = 0;
+  double temperature = 0;
+  int64_t seq_len = 0;
+};
+
+absl::StatusOr<LogitsBench> PrepareLogitsBench(const BenchLogitsArgs& args) {
+  LogitsBench b;
+  FUSIONRL_ASSIGN_OR_RETURN(b.config,
+                            LoadBenchConfig(args.config_path, args.overrides));
+  b.batch_size = b.config.optim.micro_batch_size;
+  b.response_len = b.config.rollout.max_new_tokens;
+  b.temperature = b.config.rollout.temperature;
+  FUSIONRL_ASSIGN_OR_RETURN(b.ctx, PrepareJob(b.config, std::string()));
+  b.ctx.policy->set_training(true);
+  FUSIONRL_ASSIGN_OR_RETURN(b.batch,
+                            RlShapedBatch(b.ctx, b.batch_size, b.response_len));
+  b.seq_len = b.batch.input_ids.size(1);
+  if (b.seq_len > b.config.model.max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        args.config_path, ": model.max_seq_len: ", b.config.model.max_seq_len,
+        " is shorter than the prompt (", b.batch.prompt_len,
+        " tokens) + rollout.max_new_tokens (", b.response_len, ")"));
   }
+  return b;
+}
 
-  // A warm-up step per setting (gradients and log-probs kept for the
-  // differences; it also creates the gradient buffers, so every timed step
-  // allocates the same), then the timed repeats interleaved across the
-  // settings so each ratio compares steps taken side by side.
-  std::vector<ChunkRun> runs(chunks->size());
-  for (size_t i = 0; i < chunks->size(); ++i) {
-    runs[i].chunk = (*chunks)[i];
+// A warm-up step per setting (gradients and log-probs kept for the
+// differences; it also creates the gradient buffers, so every timed step
+// allocates the same), then the timed repeats interleaved across the
+// settings so each ratio compares steps taken side by side.
+absl::StatusOr<std::vector<ChunkRun>> RunChunks(
+    const std::vector<int64_t>& chunks, int repeats, LogitsBench& b) {
+  PolicyModel& policy = *b.ctx.policy;
+  std::vector<ChunkRun> runs(chunks.size());
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    runs[i].chunk = chunks[i];
     spdlog::info("bench-logits: warm-up, chunk {}", runs[i].chunk);
-    absl::StatusOr<StepResult> s =
-        Step(policy, *batch, temperature, runs[i].chunk);
-    if (!s.ok()) return Fail(s.status());
-    runs[i].logp = s->logp;
+    FUSIONRL_ASSIGN_OR_RETURN(
+        StepResult s, Step(policy, b.batch, b.temperature, runs[i].chunk));
+    runs[i].logp = s.logp;
     for (const at::Tensor& p : policy.parameters()) {
       runs[i].grads.push_back(p.grad().defined() ? p.grad().clone()
                                                  : at::zeros_like(p));
     }
   }
-  for (int r = 0; r < args.repeats; ++r) {
+  for (int r = 0; r < repeats; ++r) {
     for (ChunkRun& run : runs) {
-      absl::StatusOr<StepResult> s =
-          Step(policy, *batch, temperature, run.chunk);
-      if (!s.ok()) return Fail(s.status());
-      s->logp = at::Tensor();
+      FUSIONRL_ASSIGN_OR_RETURN(
+          StepResult s, Step(policy, b.batch, b.temperature, run.chunk));
+      s.logp = at::Tensor();
       spdlog::info(
           "bench-logits: repeat {} chunk {}: peak {:.1f} MiB, {:.3f} s", r,
-          run.chunk, s->peak_bytes / 1048576.0,
-          s->forward_seconds + s->backward_seconds);
-      run.steps.push_back(*std::move(s));
+          run.chunk, s.peak_bytes / 1048576.0,
+          s.forward_seconds + s.backward_seconds);
+      run.steps.push_back(std::move(s));
     }
   }
+  return runs;
+}
 
-  const int64_t n_tokens = batch->response_mask.sum().item<int64_t>();
-  const int64_t vocab = policy.vocab_size();
+double MedianStepSeconds(const ChunkRun& run) {
+  std::vector<double> t;
+  for (const StepResult& s : run.steps) {
+    t.push_back(s.forward_seconds + s.backward_seconds);
+  }
+  return Median(t);
+}
+
+// One setting's figures, next to the materialised head's (`ref`).
+nlohmann::ordered_json SettingJson(const ChunkRun& run, const ChunkRun& ref) {
+  const double t_ref = MedianStepSeconds(ref);
+  const int64_t peak_ref = ref.steps.front().peak_bytes;
+  std::vector<double> step_s, fwd_s, bwd_s;
+  std::vector<int64_t> peaks, helds;
+  for (const StepResult& s : run.steps) {
+    step_s.push_back(s.forward_seconds + s.backward_seconds);
+    fwd_s.push_back(s.forward_seconds);
+    bwd_s.push_back(s.backward_seconds);
+    peaks.push_back(s.peak_bytes);
+    helds.push_back(s.held_bytes);
+  }
+  const bool identical =
+      std::all_of(peaks.begin(), peaks.end(),
+                  [&](int64_t p) { return p == peaks.front(); }) &&
+      std::all_of(helds.begin(), helds.end(),
+                  [&](int64_t h) { return h == helds.front(); });
+  if (!identical) {
+    spdlog::warn(
+        "bench-logits: chunk {}: peak or held bytes differ across "
+        "repeats",
+        run.chunk);
+  }
+  const double t = Median(step_s);
+  nlohmann::ordered_json s = {
+      {"chunk_tokens", run.chunk},
+      {"peak_bytes", peaks.front()},
+      {"held_bytes", helds.front()},
+      {"bytes_identical_across_repeats", identical},
+      {"median_step_seconds", t},
+      {"median_forward_seconds", Median(fwd_s)},
+      {"median_backward_seconds", Median(bwd_s)},
+      {"step_seconds", step_s},
+      {"peak_ratio_to_chunk0",
+       peak_ref > 0 ? static_cast<double>(peaks.front()) / peak_ref : 0.0},
+      {"time_ratio_to_chunk0", t_ref > 0 ? t / t_ref : 0.0},
+      {"max_abs_logp_diff_vs_chunk0",
+       (run.logp - ref.logp).abs().max().item<double>()},
+      {"max_rel_grad_diff_vs_chunk0",
+       MaxRelativeGradDiff(run.grads, ref.grads)}};
+  if (!identical) {
+    s["peak_bytes_per_repeat"] = peaks;
+    s["held_bytes_per_repeat"] = helds;
+  }
+  return s;
+}
+
+// The shape of the benchmark: config, model and micro-batch.
+nlohmann::ordered_json LogitsBenchHeader(const BenchLogitsArgs& args,
+                                         const LogitsBench& b) {
+  const int64_t n_tokens = b.batch.response_mask.sum().item<int64_t>();
+  const int64_t vocab = b.ctx.policy->vocab_size();
   nlohmann::ordered_json result;
   result["config"] = args.config_path;
-  result["device"] = config->device;
-  result["num_threads"] = config->num_threads;
+  result["device"] = b.config.device;
+  result["num_threads"] = b.config.num_threads;
   result["vocab_size"] = vocab;
-  result["num_parameters"] = policy.num_parameters();
-  result["batch"] = {{"sequences", batch_size},
-                     {"prompt_tokens", batch->prompt_len},
-                     {"response_tokens", response_len},
-                     {"sequence_tokens", seq_len},
+  result["num_parameters"] = b.ctx.policy->num_parameters();
+  result["batch"] = {{"sequences", b.batch_size},
+                     {"prompt_tokens", b.batch.prompt_len},
+                     {"response_tokens", b.response_len},
+                     {"sequence_tokens", b.seq_len},
                      {"response_positions", n_tokens}};
   // What the materialised head's float logits take: over the response
   // positions, and over every position (what Forward() returns).
   result["logits_bytes_response"] = n_tokens * vocab * 4;
-  result["logits_bytes_all_positions"] = batch_size * seq_len * vocab * 4;
+  result["logits_bytes_all_positions"] = b.batch_size * b.seq_len * vocab * 4;
   result["repeats"] = args.repeats;
   result["entropy_coef"] = kEntropyCoef;
+  return result;
+}
 
-  const ChunkRun& ref = runs.front();
-  auto median_step = [](const ChunkRun& run) {
-    std::vector<double> t;
-    for (const StepResult& s : run.steps) {
-      t.push_back(s.forward_seconds + s.backward_seconds);
-    }
-    return Median(t);
-  };
-  const double t_ref = median_step(ref);
-  const int64_t peak_ref = ref.steps.front().peak_bytes;
+}  // namespace
+
+int RunBenchLogits(const BenchLogitsArgs& args) {
+  absl::StatusOr<std::vector<int64_t>> chunks = ParseChunks(args.chunks);
+  if (!chunks.ok()) return Fail(chunks.status());
+  absl::StatusOr<LogitsBench> bench = PrepareLogitsBench(args);
+  if (!bench.ok()) return Fail(bench.status());
+  absl::StatusOr<std::vector<ChunkRun>> runs =
+      RunChunks(*chunks, args.repeats, *bench);
+  if (!runs.ok()) return Fail(runs.status());
+  nlohmann::ordered_json result = LogitsBenchHeader(args, *bench);
   nlohmann::ordered_json settings = nlohmann::ordered_json::object();
-  for (const ChunkRun& run : runs) {
-    std::vector<double> step_s, fwd_s, bwd_s;
-    std::vector<int64_t> peaks, helds;
-    for (const StepResult& s : run.steps) {
-      step_s.push_back(s.forward_seconds + s.backward_seconds);
-      fwd_s.push_back(s.forward_seconds);
-      bwd_s.push_back(s.backward_seconds);
-      peaks.push_back(s.peak_bytes);
-      helds.push_back(s.held_bytes);
-    }
-    const bool identical =
-        std::all_of(peaks.begin(), peaks.end(),
-                    [&](int64_t p) { return p == peaks.front(); }) &&
-        std::all_of(helds.begin(), helds.end(),
-                    [&](int64_t h) { return h == helds.front(); });
-    if (!identical) {
-      spdlog::warn(
-          "bench-logits: chunk {}: peak or held bytes differ across "
-          "repeats",
-          run.chunk);
-    }
-    const double t = Median(step_s);
-    nlohmann::ordered_json s = {
-        {"chunk_tokens", run.chunk},
-        {"peak_bytes", peaks.front()},
-        {"held_bytes", helds.front()},
-        {"bytes_identical_across_repeats", identical},
-        {"median_step_seconds", t},
-        {"median_forward_seconds", Median(fwd_s)},
-        {"median_backward_seconds", Median(bwd_s)},
-        {"step_seconds", step_s},
-        {"peak_ratio_to_chunk0",
-         peak_ref > 0 ? static_cast<double>(peaks.front()) / peak_ref : 0.0},
-        {"time_ratio_to_chunk0", t_ref > 0 ? t / t_ref : 0.0},
-        {"max_abs_logp_diff_vs_chunk0",
-         (run.logp - ref.logp).abs().max().item<double>()},
-        {"max_rel_grad_diff_vs_chunk0",
-         MaxRelativeGradDiff(run.grads, ref.grads)}};
-    if (!identical) {
-      s["peak_bytes_per_repeat"] = peaks;
-      s["held_bytes_per_repeat"] = helds;
-    }
-    settings[std::to_string(run.chunk)] = s;
+  for (const ChunkRun& run : *runs) {
+    settings[std::to_string(run.chunk)] = SettingJson(run, runs->front());
   }
   result["settings"] = settings;
   return WriteBenchResult(result, args.out);

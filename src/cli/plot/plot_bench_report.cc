@@ -85,12 +85,12 @@ std::string Basename(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
-std::string RenderBench(const BenchReportInput& in) {
-  const json& r = in.result;
-  std::vector<std::string> notes = in.notes;
-  const auto modes = Entries(*Member(r, "modes"));
-  const std::string config = Text(r, "config");
-  std::vector<std::string> facts = {absl::StrCat("result ", in.source)};
+using ModeEntries = std::vector<std::pair<std::string, const json*>>;
+
+// The header's lines: where the result came from and how it was run.
+std::vector<std::string> BenchFacts(const json& r, const std::string& source,
+                                    const std::string& config) {
+  std::vector<std::string> facts = {absl::StrCat("result ", source)};
   facts.push_back(absl::StrCat(
       "config ", config.empty() ? "-" : config, " · ", Text(r, "steps"),
       " steps × ", Text(r, "repeats"), " repeat(s) per mode, interleaved"));
@@ -98,7 +98,11 @@ std::string RenderBench(const BenchReportInput& in) {
   if (!init.empty()) facts.push_back(absl::StrCat("init_checkpoint ", init));
   const std::string omp = Text(r, "omp_wait_policy");
   if (!omp.empty()) facts.push_back(absl::StrCat("OMP_WAIT_POLICY ", omp));
+  return facts;
+}
 
+// The header's tiles: the mode count, the fastest mode, steps x repeats.
+std::vector<Tile> BenchTiles(const json& r, const ModeEntries& modes) {
   std::vector<Tile> tiles;
   tiles.push_back({"modes", absl::StrCat(modes.size()), ""});
   double best = -1;
@@ -117,7 +121,13 @@ std::string RenderBench(const BenchReportInput& in) {
   tiles.push_back({"steps × repeats",
                    absl::StrCat(Text(r, "steps"), " × ", Text(r, "repeats")),
                    "per mode"});
+  return tiles;
+}
 
+// "Modes side by side": four bar charts over the modes; appends one row a
+// mode to `table` ("Every figure").
+std::string ModesSideBySide(const ModeEntries& modes,
+                            std::vector<std::vector<Cell>>& table) {
   BarChartSpec tps;
   tps.title = "Tokens / s by mode";
   tps.y_label = "tokens / s";
@@ -135,7 +145,6 @@ std::string RenderBench(const BenchReportInput& in) {
   ratio.title = "Tokens / s vs colocated-sync";
   ratio.y_label = "ratio (median)";
   BarSeries ratio_s{"ratio", {}, {}};
-  std::vector<std::vector<Cell>> table;
   for (const auto& [name, m] : modes) {
     tps.categories.push_back(name);
     busy.categories.push_back(name);
@@ -163,10 +172,8 @@ std::string RenderBench(const BenchReportInput& in) {
   busy.series = {trainer, rollout};
   acc.series = {acc_s};
   ratio.series = {ratio_s};
-  std::string body = HeaderHtml(
-      absl::StrCat("fusionrl bench · ", Basename(config)), facts, tiles);
-  absl::StrAppend(
-      &body, SectionHtml("Modes side by side"),
+  return absl::StrCat(
+      SectionHtml("Modes side by side"),
       GridHtml(
           {FigureHtml(BarChartSvg(tps),
                       "Bars: the median over the repeats of each run's "
@@ -185,13 +192,18 @@ std::string RenderBench(const BenchReportInput& in) {
            FigureHtml(BarChartSvg(acc),
                       "Greedy accuracy on the held-out split after the "
                       "last step; dots: each repeat.")}));
+}
 
-  // Per-step curves of each mode's first run, when their metrics were read.
-  struct ModeRows {
-    std::string name;
-    int color;  // the mode's place in the JSON: the same colour everywhere
-    const std::vector<MetricRow>* rows;
-  };
+// The metrics of one mode's first run, as read from its output_dir.
+struct ModeRows {
+  std::string name;
+  int color;  // the mode's place in the JSON: the same colour everywhere
+  const std::vector<MetricRow>* rows;
+};
+
+// The modes whose first run's metrics.jsonl was read.
+std::vector<ModeRows> ModesWithRows(const BenchReportInput& in,
+                                    const ModeEntries& modes) {
   std::vector<ModeRows> curves;
   int index = -1;
   for (const auto& [name, m] : modes) {
@@ -202,60 +214,82 @@ std::string RenderBench(const BenchReportInput& in) {
     auto it = in.run_rows.find(dir);
     if (it != in.run_rows.end()) curves.push_back({name, index, &it->second});
   }
-  if (!curves.empty()) {
-    struct Curve {
-      const char* title;
-      const char* y_label;
-      const char* field;  // or "" for the trainer's busy fraction
-      bool integer;
-    };
-    const Curve kCurves[] = {
-        {"Tokens / s per step", "tokens / s", "tokens_per_second", false},
-        {"Reward per step", "reward_mean", "reward_mean", false},
-        {"Trainer busy per step", "train_seconds / step_seconds", "", false},
-        {"Max staleness per step", "policy versions", "max_staleness", true}};
-    std::vector<std::string> figures;
-    for (const Curve& cv : kCurves) {
-      LineChartSpec c;
-      c.title = cv.title;
-      c.x_label = "step";
-      c.y_label = cv.y_label;
-      c.y_integer = cv.integer;
-      for (const ModeRows& mode : curves) {
-        LineSeries s{mode.name, {}};
-        s.color = mode.color;
-        for (const MetricRow& row : *mode.rows) {
-          auto step = row.find("step");
-          if (step == row.end()) continue;
-          if (*cv.field != '\0') {
-            auto v = row.find(cv.field);
-            if (v != row.end()) s.points.push_back({step->second, v->second});
-          } else {
-            auto t = row.find("train_seconds");
-            auto st = row.find("step_seconds");
-            if (t != row.end() && st != row.end() && st->second > 0) {
-              s.points.push_back({step->second, t->second / st->second});
-            }
-          }
+  return curves;
+}
+
+// One per-step chart: a line a mode of `field` (`field` empty: the trainer's
+// busy fraction, train_seconds / step_seconds).
+std::string PerStepFigure(const std::vector<ModeRows>& curves,
+                          const char* title, const char* y_label,
+                          const char* field, bool integer) {
+  LineChartSpec c;
+  c.title = title;
+  c.x_label = "step";
+  c.y_label = y_label;
+  c.y_integer = integer;
+  for (const ModeRows& mode : curves) {
+    LineSeries s{mode.name, {}};
+    s.color = mode.color;
+    for (const MetricRow& row : *mode.rows) {
+      auto step = row.find("step");
+      if (step == row.end()) continue;
+      if (*field != '\0') {
+        auto v = row.find(field);
+        if (v != row.end()) s.points.push_back({step->second, v->second});
+      } else {
+        auto t = row.find("train_seconds");
+        auto st = row.find("step_seconds");
+        if (t != row.end() && st != row.end() && st->second > 0) {
+          s.points.push_back({step->second, t->second / st->second});
         }
-        c.series.push_back(std::move(s));
       }
-      figures.push_back(FigureHtml(LineChartSvg(c), ""));
     }
-    absl::StrAppend(&body,
-                    SectionHtml("Per step (the first run of each mode, from "
-                                "its metrics.jsonl)"),
-                    GridHtml(figures));
-    if (curves.size() < modes.size()) {
-      notes.push_back(absl::StrCat(
-          "Per-step curves of ", modes.size() - curves.size(),
-          " mode(s) are missing: their run's metrics.jsonl was not found."));
-    }
-  } else {
+    c.series.push_back(std::move(s));
+  }
+  return FigureHtml(LineChartSvg(c), "");
+}
+
+// Per-step curves of each mode's first run, when their metrics were read;
+// a note in `notes` for the modes without.
+std::string PerStepSection(const BenchReportInput& in, const ModeEntries& modes,
+                           std::vector<std::string>& notes) {
+  const std::vector<ModeRows> curves = ModesWithRows(in, modes);
+  if (curves.empty()) {
     notes.push_back(
         "No per-step curves: the runs' output_dir (in the JSON) holds no "
         "readable metrics.jsonl from here.");
+    return "";
   }
+  const std::vector<std::string> figures = {
+      PerStepFigure(curves, "Tokens / s per step", "tokens / s",
+                    "tokens_per_second", false),
+      PerStepFigure(curves, "Reward per step", "reward_mean", "reward_mean",
+                    false),
+      PerStepFigure(curves, "Trainer busy per step",
+                    "train_seconds / step_seconds", "", false),
+      PerStepFigure(curves, "Max staleness per step", "policy versions",
+                    "max_staleness", true)};
+  if (curves.size() < modes.size()) {
+    notes.push_back(absl::StrCat(
+        "Per-step curves of ", modes.size() - curves.size(),
+        " mode(s) are missing: their run's metrics.jsonl was not found."));
+  }
+  return absl::StrCat(SectionHtml("Per step (the first run of each mode, from "
+                                  "its metrics.jsonl)"),
+                      GridHtml(figures));
+}
+
+std::string RenderBench(const BenchReportInput& in) {
+  const json& r = in.result;
+  std::vector<std::string> notes = in.notes;
+  const ModeEntries modes = Entries(*Member(r, "modes"));
+  const std::string config = Text(r, "config");
+  std::vector<std::vector<Cell>> table;
+  std::string body =
+      HeaderHtml(absl::StrCat("fusionrl bench · ", Basename(config)),
+                 BenchFacts(r, in.source, config), BenchTiles(r, modes));
+  absl::StrAppend(&body, ModesSideBySide(modes, table));
+  absl::StrAppend(&body, PerStepSection(in, modes, notes));
   absl::StrAppend(&body, SectionHtml("Every figure"),
                   TableHtml({"mode", "placement", "max_policy_lag",
                              "median tokens/s", "vs colocated-sync",

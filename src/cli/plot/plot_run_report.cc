@@ -225,6 +225,310 @@ std::vector<std::string> Facts(const RunReportInput& in) {
   return facts;
 }
 
+// What the run report's charts share: the run, its records by step, and
+// the fields that have no chart (listed in the notes).
+struct RunCharts {
+  const RunReportInput& in;
+  const std::vector<MetricRow>& rows;
+  std::vector<std::string> absent;
+
+  bool Has(const std::string& key) const {
+    return std::any_of(rows.begin(), rows.end(), [&](const MetricRow& r) {
+      return Field(r, key).has_value();
+    });
+  }
+  void Missing(const std::string& what) { absent.push_back(what); }
+};
+
+// A section of figures, or "" when it has none.
+std::string Section(const std::string& title,
+                    const std::vector<std::string>& figures) {
+  if (figures.empty()) return "";
+  return absl::StrCat(SectionHtml(title), GridHtml(figures));
+}
+
+void RewardFigure(RunCharts& rc, std::vector<std::string>& figures) {
+  if (!rc.Has("reward_mean")) {
+    rc.Missing("reward_mean (an SFT run has none)");
+    return;
+  }
+  LineChartSpec c;
+  c.title = "Reward";
+  c.x_label = "step";
+  c.y_label = "reward_mean";
+  c.series.push_back({"reward_mean", Series(rc.rows, "reward_mean")});
+  figures.push_back(FigureHtml(
+      LineChartSvg(c),
+      absl::StrCat(Code("reward_mean"),
+                   ": mean reward of the samples trained at the step.")));
+}
+
+void AccuracyFigure(RunCharts& rc, std::vector<std::string>& figures) {
+  Points evals = Series(rc.rows, "eval_accuracy");
+  const double initial = SummaryNumber(rc.in.summary, "initial_eval_accuracy");
+  if (initial >= 0 && std::isfinite(initial)) {
+    evals.insert(evals.begin(), {0.0, initial});
+  }
+  if (!rc.Has("train_accuracy") && evals.empty()) {
+    rc.Missing("train_accuracy or eval_accuracy");
+    return;
+  }
+  LineChartSpec c;
+  c.title = "Accuracy";
+  c.x_label = "step";
+  c.y_label = "accuracy";
+  c.y_max = 1;
+  if (rc.Has("train_accuracy")) {
+    c.series.push_back({"train_accuracy", Series(rc.rows, "train_accuracy")});
+  }
+  if (!evals.empty()) {
+    LineSeries eval{"eval_accuracy", evals};
+    eval.markers = true;
+    c.series.push_back(eval);
+  }
+  figures.push_back(FigureHtml(
+      LineChartSvg(c),
+      absl::StrCat(
+          Code("train_accuracy"),
+          ": share of the step's rollout samples graded correct. ",
+          Code("eval_accuracy"),
+          ": greedy accuracy on the held-out split (every run.eval_every "
+          "steps and after the last step",
+          evals.empty() ? "; none yet" : "", ")",
+          initial >= 0 && std::isfinite(initial)
+              ? absl::StrCat("; step 0 is summary.json's ",
+                             Code("initial_eval_accuracy"))
+              : "",
+          ".")));
+}
+
+void ThroughputFigure(RunCharts& rc, std::vector<std::string>& figures) {
+  if (!rc.Has("tokens_per_second")) {
+    rc.Missing("tokens_per_second");
+    return;
+  }
+  LineChartSpec c;
+  c.title = "Throughput";
+  c.x_label = "step";
+  c.y_label = "tokens / s";
+  c.series.push_back(
+      {"tokens_per_second", Series(rc.rows, "tokens_per_second")});
+  figures.push_back(FigureHtml(
+      LineChartSvg(c),
+      absl::StrCat(Code("tokens_per_second"),
+                   ": response tokens sampled so far over the run's rollout "
+                   "+ training "
+                   "seconds (cumulative, as the controller reports it).")));
+}
+
+void LossFigure(RunCharts& rc, std::vector<std::string>& figures) {
+  if (!rc.Has("loss")) {
+    rc.Missing("loss");
+    return;
+  }
+  LineChartSpec c;
+  c.title = "Loss";
+  c.x_label = "step";
+  c.y_label = "loss";
+  c.y_from_zero = false;
+  c.series.push_back({"loss", Series(rc.rows, "loss")});
+  figures.push_back(FigureHtml(
+      LineChartSvg(c),
+      absl::StrCat(Code("loss"), ": the trainer's loss at the step.")));
+}
+
+std::string LearningSection(RunCharts& rc) {
+  std::vector<std::string> figures;
+  RewardFigure(rc, figures);
+  AccuracyFigure(rc, figures);
+  ThroughputFigure(rc, figures);
+  LossFigure(rc, figures);
+  return Section("Learning", figures);
+}
+
+// The staleness_<k> sample counts, summed over the records.
+std::map<int, double> StalenessHistogram(const std::vector<MetricRow>& rows) {
+  std::map<int, double> hist;
+  for (const MetricRow& r : rows) {
+    for (const auto& [k, v] : r) {
+      int lag = 0;
+      if (absl::StartsWith(k, "staleness_") &&
+          absl::SimpleAtoi(k.substr(10), &lag) && lag >= 0 && lag < 10000 &&
+          std::isfinite(v)) {
+        hist[lag] += v;
+      }
+    }
+  }
+  return hist;
+}
+
+void StalenessHistogramFigure(RunCharts& rc,
+                              std::vector<std::string>& figures) {
+  std::map<int, double> hist = StalenessHistogram(rc.rows);
+  if (hist.empty()) {
+    rc.Missing("staleness_k sample counts");
+    return;
+  }
+  const std::string lag_cfg =
+      ConfigValue(rc.in.config, "stalesync.max_policy_lag");
+  BarChartSpec c;
+  c.title = "Samples by staleness (whole run)";
+  c.x_label = "staleness (policy versions behind)";
+  c.y_label = "samples";
+  BarSeries counts{"samples", {}, {}};
+  double total = 0;
+  for (int k = 0; k <= hist.rbegin()->first; ++k) {
+    c.categories.push_back(absl::StrCat(k));
+    counts.values.push_back(hist.count(k) ? hist[k] : 0.0);
+    total += counts.values.back();
+  }
+  c.series.push_back(counts);
+  double over = 0;
+  for (const MetricRow& r : rc.rows) {
+    over += Field(r, "over_stale_samples").value_or(0);
+  }
+  figures.push_back(FigureHtml(
+      BarChartSvg(c),
+      absl::StrCat(
+          "Samples trained, summed over the steps (", Code("staleness_k"),
+          " fields; ", FormatNumber(total),
+          " in all), by how many policy versions older than the trained "
+          "policy the sampling policy was: 0 is on-policy. StaleSync "
+          "bounds it by ",
+          Code("stalesync.max_policy_lag"),
+          lag_cfg.empty() ? "" : absl::StrCat(" (", lag_cfg, " here)"), "; ",
+          Code("over_stale_samples"), " over the run: ", FormatNumber(over),
+          ".")));
+}
+
+void MaxStalenessFigure(RunCharts& rc, std::vector<std::string>& figures) {
+  if (!rc.Has("max_staleness")) {
+    rc.Missing("max_staleness");
+    return;
+  }
+  LineChartSpec c;
+  c.title = "Max staleness per step";
+  c.x_label = "step";
+  c.y_label = "policy versions";
+  c.y_integer = true;
+  c.series.push_back({"max_staleness", Series(rc.rows, "max_staleness")});
+  figures.push_back(
+      FigureHtml(LineChartSvg(c),
+                 absl::StrCat(Code("max_staleness"),
+                              ": the stalest sample trained at the step.")));
+}
+
+std::string StalenessSection(RunCharts& rc) {
+  std::vector<std::string> figures;
+  StalenessHistogramFigure(rc, figures);
+  MaxStalenessFigure(rc, figures);
+  return Section("Staleness", figures);
+}
+
+// The busy chart: each phase's seconds over the step's. Phases that are
+// zero at every step are named in `zero` instead of drawn.
+LineChartSpec BusyChart(const std::vector<MetricRow>& rows,
+                        const std::vector<std::string>& phases,
+                        std::vector<std::string>& zero) {
+  LineChartSpec c;
+  c.title = "Card busy: share of each step's time";
+  c.x_label = "step";
+  c.y_label = "fraction of step_seconds";
+  c.y_max = 1;
+  c.width = 1120;
+  c.height = 320;
+  for (const std::string& f : phases) {
+    LineSeries s{f, {}};
+    bool nonzero = false;
+    for (const MetricRow& r : rows) {
+      const std::optional<double> step = Field(r, "step_seconds");
+      const std::optional<double> v = Field(r, f);
+      if (!step || !v || *step <= 0) continue;
+      s.points.push_back({r.at("step"), *v / *step});
+      nonzero = nonzero || *v != 0;
+    }
+    if (nonzero) {
+      c.series.push_back(std::move(s));
+    } else {
+      zero.push_back(f);
+    }
+  }
+  return c;
+}
+
+// "Where the time went".
+std::string TimeSection(RunCharts& rc) {
+  const std::vector<std::string> phases = PhaseFields(rc.rows);
+  if (!rc.Has("step_seconds") || phases.empty()) {
+    rc.Missing("step_seconds and its phases (*_seconds), for the busy chart");
+    return "";
+  }
+  std::vector<std::string> zero;
+  const LineChartSpec c = BusyChart(rc.rows, phases, zero);
+  return Section(
+      "Where the time went",
+      {FigureHtml(
+          LineChartSvg(c),
+          absl::StrCat(
+              "Each line is a phase's seconds divided by the same step's ",
+              Code("step_seconds"),
+              " (the lead card's wall time of the step, from taking its "
+              "batch "
+              "to the end of the weight sync; evals come after it). ",
+              Code("train_seconds"),
+              " / step is the trainer's busy fraction (1: it never waited; "
+              "what ",
+              Code("fusionrl bench"), " reports as trainer_busy_fraction). ",
+              Code("rollout_wait_seconds"),
+              ": the trainer idle, waiting for the batch (rollout behind); ",
+              Code("rollout_gate_wait_seconds"),
+              ": the rollout thread waiting for the policy version StaleSync "
+              "admits (trainer behind). In colocated-sync the phases run one "
+              "after another on the card and add up to at most 1; in fused "
+              "and disaggregated modes the rollout runs beside training, so "
+              "the lines can add up to more than 1.",
+              zero.empty() ? ""
+                           : absl::StrCat(" Zero at every step, not drawn: ",
+                                          absl::StrJoin(zero, ", "), ".")),
+          /*wide=*/true)});
+}
+
+// "Memory": every memory field in MiB; a note instead when there is none.
+std::string MemorySection(const std::vector<MetricRow>& rows,
+                          std::vector<std::string>& notes) {
+  std::set<std::string> memory_fields;
+  for (const MetricRow& r : rows) {
+    for (const auto& [k, v] : r) {
+      if (IsMemoryField(k)) memory_fields.insert(k);
+    }
+  }
+  if (memory_fields.empty()) {
+    notes.push_back(
+        "Memory: no memory fields in this run's records (no key that names "
+        "memory and ends in _bytes or _mib), so no memory chart.");
+    return "";
+  }
+  LineChartSpec c;
+  c.title = "Memory by category";
+  c.x_label = "step";
+  c.y_label = "MiB";
+  c.width = 1120;
+  for (const std::string& f : memory_fields) {
+    Points p = Series(rows, f);
+    if (absl::EndsWith(f, "_bytes")) {
+      for (auto& xy : p) xy.second /= 1024.0 * 1024.0;
+    }
+    c.series.push_back({f, std::move(p)});
+  }
+  return absl::StrCat(
+      SectionHtml("Memory"),
+      GridHtml({FigureHtml(
+          LineChartSvg(c),
+          "The memory fields of the records, in MiB (bytes fields divided by "
+          "2<sup>20</sup>).",
+          /*wide=*/true)}));
+}
+
 }  // namespace
 
 std::string RenderRunReport(const RunReportInput& in) {
@@ -243,258 +547,15 @@ std::string RenderRunReport(const RunReportInput& in) {
     absl::StrAppend(&body, NotesHtml("Notes", notes));
     return HtmlPage(absl::StrCat(in.name, " · fusionrl run report"), body);
   }
-  auto has = [&](const std::string& key) {
-    return std::any_of(rows.begin(), rows.end(), [&](const MetricRow& r) {
-      return Field(r, key).has_value();
-    });
-  };
-  std::vector<std::string> absent;  // fields without a chart
-  auto missing = [&](const std::string& what) { absent.push_back(what); };
-
-  // Learning.
-  std::vector<std::string> learning;
-  if (has("reward_mean")) {
-    LineChartSpec c;
-    c.title = "Reward";
-    c.x_label = "step";
-    c.y_label = "reward_mean";
-    c.series.push_back({"reward_mean", Series(rows, "reward_mean")});
-    learning.push_back(FigureHtml(
-        LineChartSvg(c),
-        absl::StrCat(Code("reward_mean"),
-                     ": mean reward of the samples trained at the step.")));
-  } else {
-    missing("reward_mean (an SFT run has none)");
-  }
-  Points evals = Series(rows, "eval_accuracy");
-  const double initial = SummaryNumber(in.summary, "initial_eval_accuracy");
-  if (initial >= 0 && std::isfinite(initial)) {
-    evals.insert(evals.begin(), {0.0, initial});
-  }
-  if (has("train_accuracy") || !evals.empty()) {
-    LineChartSpec c;
-    c.title = "Accuracy";
-    c.x_label = "step";
-    c.y_label = "accuracy";
-    c.y_max = 1;
-    if (has("train_accuracy")) {
-      c.series.push_back({"train_accuracy", Series(rows, "train_accuracy")});
-    }
-    if (!evals.empty()) {
-      LineSeries eval{"eval_accuracy", evals};
-      eval.markers = true;
-      c.series.push_back(eval);
-    }
-    learning.push_back(FigureHtml(
-        LineChartSvg(c),
-        absl::StrCat(
-            Code("train_accuracy"),
-            ": share of the step's rollout samples graded correct. ",
-            Code("eval_accuracy"),
-            ": greedy accuracy on the held-out split (every run.eval_every "
-            "steps and after the last step",
-            evals.empty() ? "; none yet" : "", ")",
-            initial >= 0 && std::isfinite(initial)
-                ? absl::StrCat("; step 0 is summary.json's ",
-                               Code("initial_eval_accuracy"))
-                : "",
-            ".")));
-  } else {
-    missing("train_accuracy or eval_accuracy");
-  }
-  if (has("tokens_per_second")) {
-    LineChartSpec c;
-    c.title = "Throughput";
-    c.x_label = "step";
-    c.y_label = "tokens / s";
-    c.series.push_back(
-        {"tokens_per_second", Series(rows, "tokens_per_second")});
-    learning.push_back(FigureHtml(
-        LineChartSvg(c),
-        absl::StrCat(Code("tokens_per_second"),
-                     ": response tokens sampled so far over the run's rollout "
-                     "+ training "
-                     "seconds (cumulative, as the controller reports it).")));
-  } else {
-    missing("tokens_per_second");
-  }
-  if (has("loss")) {
-    LineChartSpec c;
-    c.title = "Loss";
-    c.x_label = "step";
-    c.y_label = "loss";
-    c.y_from_zero = false;
-    c.series.push_back({"loss", Series(rows, "loss")});
-    learning.push_back(FigureHtml(
-        LineChartSvg(c),
-        absl::StrCat(Code("loss"), ": the trainer's loss at the step.")));
-  } else {
-    missing("loss");
-  }
-  if (!learning.empty()) {
-    absl::StrAppend(&body, SectionHtml("Learning"), GridHtml(learning));
-  }
-
-  // Staleness.
-  std::map<int, double> hist;
-  for (const MetricRow& r : rows) {
-    for (const auto& [k, v] : r) {
-      int lag = 0;
-      if (absl::StartsWith(k, "staleness_") &&
-          absl::SimpleAtoi(k.substr(10), &lag) && lag >= 0 && lag < 10000 &&
-          std::isfinite(v)) {
-        hist[lag] += v;
-      }
-    }
-  }
-  std::vector<std::string> staleness;
-  const std::string lag_cfg =
-      ConfigValue(in.config, "stalesync.max_policy_lag");
-  if (!hist.empty()) {
-    BarChartSpec c;
-    c.title = "Samples by staleness (whole run)";
-    c.x_label = "staleness (policy versions behind)";
-    c.y_label = "samples";
-    BarSeries counts{"samples", {}, {}};
-    double total = 0;
-    for (int k = 0; k <= hist.rbegin()->first; ++k) {
-      c.categories.push_back(absl::StrCat(k));
-      counts.values.push_back(hist.count(k) ? hist[k] : 0.0);
-      total += counts.values.back();
-    }
-    c.series.push_back(counts);
-    double over = 0;
-    for (const MetricRow& r : rows) {
-      over += Field(r, "over_stale_samples").value_or(0);
-    }
-    staleness.push_back(FigureHtml(
-        BarChartSvg(c),
-        absl::StrCat(
-            "Samples trained, summed over the steps (", Code("staleness_k"),
-            " fields; ", FormatNumber(total),
-            " in all), by how many policy versions older than the trained "
-            "policy the sampling policy was: 0 is on-policy. StaleSync "
-            "bounds it by ",
-            Code("stalesync.max_policy_lag"),
-            lag_cfg.empty() ? "" : absl::StrCat(" (", lag_cfg, " here)"), "; ",
-            Code("over_stale_samples"), " over the run: ", FormatNumber(over),
-            ".")));
-  } else {
-    missing("staleness_k sample counts");
-  }
-  if (has("max_staleness")) {
-    LineChartSpec c;
-    c.title = "Max staleness per step";
-    c.x_label = "step";
-    c.y_label = "policy versions";
-    c.y_integer = true;
-    c.series.push_back({"max_staleness", Series(rows, "max_staleness")});
-    staleness.push_back(
-        FigureHtml(LineChartSvg(c),
-                   absl::StrCat(Code("max_staleness"),
-                                ": the stalest sample trained at the step.")));
-  } else {
-    missing("max_staleness");
-  }
-  if (!staleness.empty()) {
-    absl::StrAppend(&body, SectionHtml("Staleness"), GridHtml(staleness));
-  }
-
-  // Where the step's time went.
-  std::vector<std::string> time;
-  const std::vector<std::string> phases = PhaseFields(rows);
-  if (has("step_seconds") && !phases.empty()) {
-    LineChartSpec c;
-    c.title = "Card busy: share of each step's time";
-    c.x_label = "step";
-    c.y_label = "fraction of step_seconds";
-    c.y_max = 1;
-    c.width = 1120;
-    c.height = 320;
-    std::vector<std::string> zero;
-    for (const std::string& f : phases) {
-      LineSeries s{f, {}};
-      bool nonzero = false;
-      for (const MetricRow& r : rows) {
-        const std::optional<double> step = Field(r, "step_seconds");
-        const std::optional<double> v = Field(r, f);
-        if (!step || !v || *step <= 0) continue;
-        s.points.push_back({r.at("step"), *v / *step});
-        nonzero = nonzero || *v != 0;
-      }
-      if (nonzero) {
-        c.series.push_back(std::move(s));
-      } else {
-        zero.push_back(f);
-      }
-    }
-    time.push_back(FigureHtml(
-        LineChartSvg(c),
-        absl::StrCat(
-            "Each line is a phase's seconds divided by the same step's ",
-            Code("step_seconds"),
-            " (the lead card's wall time of the step, from taking its batch "
-            "to the end of the weight sync; evals come after it). ",
-            Code("train_seconds"),
-            " / step is the trainer's busy fraction (1: it never waited; "
-            "what ",
-            Code("fusionrl bench"), " reports as trainer_busy_fraction). ",
-            Code("rollout_wait_seconds"),
-            ": the trainer idle, waiting for the batch (rollout behind); ",
-            Code("rollout_gate_wait_seconds"),
-            ": the rollout thread waiting for the policy version StaleSync "
-            "admits (trainer behind). In colocated-sync the phases run one "
-            "after another on the card and add up to at most 1; in fused "
-            "and disaggregated modes the rollout runs beside training, so "
-            "the lines can add up to more than 1.",
-            zero.empty() ? ""
-                         : absl::StrCat(" Zero at every step, not drawn: ",
-                                        absl::StrJoin(zero, ", "), ".")),
-        /*wide=*/true));
-  } else {
-    missing("step_seconds and its phases (*_seconds), for the busy chart");
-  }
-
-  if (!time.empty()) {
-    absl::StrAppend(&body, SectionHtml("Where the time went"), GridHtml(time));
-  }
-
-  // Memory.
-  std::set<std::string> memory_fields;
-  for (const MetricRow& r : rows) {
-    for (const auto& [k, v] : r) {
-      if (IsMemoryField(k)) memory_fields.insert(k);
-    }
-  }
-  if (!memory_fields.empty()) {
-    LineChartSpec c;
-    c.title = "Memory by category";
-    c.x_label = "step";
-    c.y_label = "MiB";
-    c.width = 1120;
-    for (const std::string& f : memory_fields) {
-      Points p = Series(rows, f);
-      if (absl::EndsWith(f, "_bytes")) {
-        for (auto& xy : p) xy.second /= 1024.0 * 1024.0;
-      }
-      c.series.push_back({f, std::move(p)});
-    }
-    absl::StrAppend(
-        &body, SectionHtml("Memory"),
-        GridHtml({FigureHtml(
-            LineChartSvg(c),
-            "The memory fields of the records, in MiB (bytes fields divided by "
-            "2<sup>20</sup>).",
-            /*wide=*/true)}));
-  } else {
-    notes.push_back(
-        "Memory: no memory fields in this run's records (no key that names "
-        "memory and ends in _bytes or _mib), so no memory chart.");
-  }
-  if (!absent.empty()) {
+  RunCharts rc{in, rows, {}};
+  absl::StrAppend(&body, LearningSection(rc));
+  absl::StrAppend(&body, StalenessSection(rc));
+  absl::StrAppend(&body, TimeSection(rc));
+  absl::StrAppend(&body, MemorySection(rows, notes));
+  if (!rc.absent.empty()) {
     notes.insert(notes.begin(),
                  absl::StrCat("Not in this run's records, so not drawn: ",
-                              absl::StrJoin(absent, "; "), "."));
+                              absl::StrJoin(rc.absent, "; "), "."));
   }
   absl::StrAppend(&body, NotesHtml("Notes", notes));
   return HtmlPage(absl::StrCat(in.name, " · fusionrl run report"), body);

@@ -395,11 +395,30 @@ std::string LineChartSvg(const LineChartSpec& spec) {
   return out;
 }
 
-std::string BarChartSvg(const BarChartSpec& spec) {
-  const size_t n = spec.categories.size();
-  const size_t m = spec.series.size();
+namespace {
+
+// Where a bar chart's parts go: the plot area, the bars' width, the
+// category labels (slanted when they do not fit their group) and the
+// legend below.
+struct BarLayout {
+  size_t n = 0;  // categories
+  size_t m = 0;  // series
+  std::vector<double> yt;
+  double ylo = 0, yhi = 0;
+  double left = 0, right = 0, pw = 0, group_w = 0;
+  bool slant = false;
+  double label_h = 0;
+  Legend legend;
+  double top = 36, axis_h = 0, ph = 0, height = 0;
+  double bar_w = 0;
+  bool labels = false;  // values above the bars
+
+  double Py(double y) const { return top + ph - (y - ylo) / (yhi - ylo) * ph; }
+};
+
+// The y range: the values and the dots, with 0 in it.
+void BarYTicks(const BarChartSpec& spec, BarLayout& l, bool& any_dots) {
   double y0 = 0, y1 = 0;
-  bool any_dots = false;
   for (const BarSeries& s : spec.series) {
     for (const double v : s.values) {
       if (Finite(v)) y0 = std::min(y0, v), y1 = std::max(y1, v);
@@ -412,134 +431,161 @@ std::string BarChartSvg(const BarChartSpec& spec) {
       }
     }
   }
-  const std::vector<double> yt =
-      YTicks(y0, y1 * (spec.value_labels ? 1.08 : 1), false);
-  const double ylo = yt.front(), yhi = yt.back();
-  const double left = 30 + YTickWidth(yt) + (spec.y_label.empty() ? 0 : 8);
-  const double right = spec.width - 18;
-  const double pw = right - left;
-  const double group_w = n > 0 ? pw / static_cast<double>(n) : pw;
+  l.yt = YTicks(y0, y1 * (spec.value_labels ? 1.08 : 1), false);
+  l.ylo = l.yt.front();
+  l.yhi = l.yt.back();
+}
+
+BarLayout LayOutBars(const BarChartSpec& spec) {
+  BarLayout l;
+  l.n = spec.categories.size();
+  l.m = spec.series.size();
+  bool any_dots = false;
+  BarYTicks(spec, l, any_dots);
+  l.left = 30 + YTickWidth(l.yt) + (spec.y_label.empty() ? 0 : 8);
+  l.right = spec.width - 18;
+  l.pw = l.right - l.left;
+  l.group_w = l.n > 0 ? l.pw / static_cast<double>(l.n) : l.pw;
   double label_w = 0;
   for (const std::string& c : spec.categories) {
     label_w = std::max(label_w, TextWidth(c, kTickFont));
   }
-  const bool slant = label_w > group_w - 6;
+  l.slant = label_w > l.group_w - 6;
   // A label slanted by 30 degrees drops by half its width.
-  const double label_h = slant ? label_w * 0.5 + 14 : 18;
-  Legend legend;
-  if (m > 1) {
-    for (size_t i = 0; i < m; ++i) {
-      legend.items.push_back(
+  l.label_h = l.slant ? label_w * 0.5 + 14 : 18;
+  if (l.m > 1) {
+    for (size_t i = 0; i < l.m; ++i) {
+      l.legend.items.push_back(
           {spec.series[i].name, ChartColor(i), false, false, /*box=*/true});
     }
   }
   if (any_dots) {
-    legend.items.push_back({"each run", kInk, false, /*dot=*/true});
+    l.legend.items.push_back({"each run", kInk, false, /*dot=*/true});
   }
-  legend.Layout(left, right);
-  const double top = 36;
-  const double axis_h = 6 + label_h + (spec.x_label.empty() ? 0 : 18);
-  const double ph = spec.height - top - 40 - 14;
-  const double height = spec.height + (axis_h - 40) +
-                        (legend.rows > 0 ? legend.rows * kLegendRow + 4 : 0);
-  auto py = [&](double y) { return top + ph - (y - ylo) / (yhi - ylo) * ph; };
-
-  std::string out = SvgOpen(spec.width, height, spec.title);
-  absl::StrAppend(&out, YAxis(yt, left, right, top, ph, spec.y_label));
-  const double inner = group_w * 0.78;
-  const double bar_w =
-      m > 0 ? std::min(64.0, inner / static_cast<double>(m)) : inner;
+  l.legend.Layout(l.left, l.right);
+  l.axis_h = 6 + l.label_h + (spec.x_label.empty() ? 0 : 18);
+  l.ph = spec.height - l.top - 40 - 14;
+  l.height = spec.height + (l.axis_h - 40) +
+             (l.legend.rows > 0 ? l.legend.rows * kLegendRow + 4 : 0);
+  const double inner = l.group_w * 0.78;
+  l.bar_w = l.m > 0 ? std::min(64.0, inner / static_cast<double>(l.m)) : inner;
   // Values above the bars only when every one of them fits its bar.
-  bool labels = spec.value_labels;
+  l.labels = spec.value_labels;
   for (const BarSeries& s : spec.series) {
     for (const double v : s.values) {
-      if (Finite(v) && TextWidth(FormatNumber(v), kTickFont) > bar_w - 2) {
-        labels = false;
+      if (Finite(v) && TextWidth(FormatNumber(v), kTickFont) > l.bar_w - 2) {
+        l.labels = false;
       }
     }
   }
-  for (size_t c = 0; c < n; ++c) {
-    const double gx = left + group_w * (static_cast<double>(c) + 0.5);
-    const double first = gx - bar_w * static_cast<double>(m) / 2;
-    for (size_t i = 0; i < m; ++i) {
-      const BarSeries& s = spec.series[i];
-      const double bx = first + bar_w * static_cast<double>(i);
-      const double cx = bx + bar_w / 2;
-      if (c < s.values.size() && Finite(s.values[c])) {
-        const double v = s.values[c];
-        const double ya = py(std::max(v, 0.0)), yb = py(std::min(v, 0.0));
-        absl::StrAppend(
-            &out, "<rect data-series=\"", EscapeXml(s.name), "\" x=\"",
-            Px(bx + 1), "\" y=\"", Px(ya), "\" width=\"",
-            Px(std::max(1.0, bar_w - 2)), "\" height=\"",
-            Px(std::max(0.5, yb - ya)), "\" fill=\"", ChartColor(i),
-            "\" fill-opacity=\"0.85\"><title>",
-            EscapeXml(absl::StrCat(spec.categories[c], m > 1 ? " / " : "",
-                                   m > 1 ? s.name : "", ": ", FormatNumber(v))),
-            "</title></rect>");
-        const std::string label = FormatNumber(v);
-        if (labels) {
-          // Above the bar and above its dots.
-          double top_y = ya;
-          if (c < s.dots.size()) {
-            for (const double d : s.dots[c]) {
-              if (Finite(d)) top_y = std::min(top_y, py(d) - 4);
-            }
-          }
-          absl::StrAppend(&out, "<text x=\"", Px(cx), "\" y=\"", Px(top_y - 5),
-                          "\" font-size=\"", kTickFont, "\" fill=\"", kInk,
-                          "\" text-anchor=\"middle\">", EscapeXml(label),
-                          "</text>");
-        }
-      }
-      if (c < s.dots.size()) {
-        const std::vector<double>& ds = s.dots[c];
-        for (size_t k = 0; k < ds.size(); ++k) {
-          if (!Finite(ds[k])) continue;
-          const double spread = ds.size() > 1 ? bar_w * 0.5 : 0;
-          const double dx =
-              ds.size() > 1
-                  ? -spread / 2 + spread * static_cast<double>(k) /
-                                      static_cast<double>(ds.size() - 1)
-                  : 0;
-          absl::StrAppend(
-              &out, "<circle class=\"repeat\" cx=\"", Px(cx + dx), "\" cy=\"",
-              Px(py(ds[k])), "\" r=\"3.5\" fill=\"#ffffff\" stroke=\"", kInk,
-              "\" stroke-width=\"1.5\"><title>",
-              EscapeXml(absl::StrCat(spec.categories[c], " run ", k + 1, ": ",
-                                     FormatNumber(ds[k]))),
-              "</title></circle>");
-        }
+  return l;
+}
+
+// Series i's bar of category c (at x `bx`, centre `cx`), with its value
+// above it (and above its dots) when the layout has labels.
+std::string BarSvg(const BarChartSpec& spec, const BarLayout& l, size_t c,
+                   size_t i, double bx, double cx) {
+  const BarSeries& s = spec.series[i];
+  if (c >= s.values.size() || !Finite(s.values[c])) return "";
+  const double v = s.values[c];
+  const double ya = l.Py(std::max(v, 0.0)), yb = l.Py(std::min(v, 0.0));
+  std::string out = absl::StrCat(
+      "<rect data-series=\"", EscapeXml(s.name), "\" x=\"", Px(bx + 1),
+      "\" y=\"", Px(ya), "\" width=\"", Px(std::max(1.0, l.bar_w - 2)),
+      "\" height=\"", Px(std::max(0.5, yb - ya)), "\" fill=\"", ChartColor(i),
+      "\" fill-opacity=\"0.85\"><title>",
+      EscapeXml(absl::StrCat(spec.categories[c], l.m > 1 ? " / " : "",
+                             l.m > 1 ? s.name : "", ": ", FormatNumber(v))),
+      "</title></rect>");
+  const std::string label = FormatNumber(v);
+  if (l.labels) {
+    // Above the bar and above its dots.
+    double top_y = ya;
+    if (c < s.dots.size()) {
+      for (const double d : s.dots[c]) {
+        if (Finite(d)) top_y = std::min(top_y, l.Py(d) - 4);
       }
     }
-    const double ly = top + ph + 16;
-    if (slant) {
-      absl::StrAppend(&out, "<text x=\"", Px(gx), "\" y=\"", Px(ly),
-                      "\" font-size=\"", kTickFont, "\" fill=\"", kInk,
-                      "\" text-anchor=\"end\" transform=\"rotate(-30 ", Px(gx),
-                      " ", Px(ly), ")\">", EscapeXml(spec.categories[c]),
-                      "</text>");
-    } else {
-      absl::StrAppend(&out, "<text x=\"", Px(gx), "\" y=\"", Px(ly),
+    absl::StrAppend(&out, "<text x=\"", Px(cx), "\" y=\"", Px(top_y - 5),
+                    "\" font-size=\"", kTickFont, "\" fill=\"", kInk,
+                    "\" text-anchor=\"middle\">", EscapeXml(label), "</text>");
+  }
+  return out;
+}
+
+// Series i's repeats of category c: dots spread across half the bar.
+std::string DotsSvg(const BarChartSpec& spec, const BarLayout& l, size_t c,
+                    size_t i, double cx) {
+  const BarSeries& s = spec.series[i];
+  if (c >= s.dots.size()) return "";
+  std::string out;
+  const std::vector<double>& ds = s.dots[c];
+  for (size_t k = 0; k < ds.size(); ++k) {
+    if (!Finite(ds[k])) continue;
+    const double spread = ds.size() > 1 ? l.bar_w * 0.5 : 0;
+    const double dx = ds.size() > 1
+                          ? -spread / 2 + spread * static_cast<double>(k) /
+                                              static_cast<double>(ds.size() - 1)
+                          : 0;
+    absl::StrAppend(&out, "<circle class=\"repeat\" cx=\"", Px(cx + dx),
+                    "\" cy=\"", Px(l.Py(ds[k])),
+                    "\" r=\"3.5\" fill=\"#ffffff\" stroke=\"", kInk,
+                    "\" stroke-width=\"1.5\"><title>",
+                    EscapeXml(absl::StrCat(spec.categories[c], " run ", k + 1,
+                                           ": ", FormatNumber(ds[k]))),
+                    "</title></circle>");
+  }
+  return out;
+}
+
+// Category c's label under its group (centred at `gx`).
+std::string CategoryLabelSvg(const BarChartSpec& spec, const BarLayout& l,
+                             size_t c, double gx) {
+  const double ly = l.top + l.ph + 16;
+  if (l.slant) {
+    return absl::StrCat(
+        "<text x=\"", Px(gx), "\" y=\"", Px(ly), "\" font-size=\"", kTickFont,
+        "\" fill=\"", kInk, "\" text-anchor=\"end\" transform=\"rotate(-30 ",
+        Px(gx), " ", Px(ly), ")\">", EscapeXml(spec.categories[c]), "</text>");
+  }
+  return absl::StrCat("<text x=\"", Px(gx), "\" y=\"", Px(ly),
                       "\" font-size=\"", kTickFont, "\" fill=\"", kInk,
                       "\" text-anchor=\"middle\">",
                       EscapeXml(spec.categories[c]), "</text>");
+}
+
+}  // namespace
+
+std::string BarChartSvg(const BarChartSpec& spec) {
+  const BarLayout l = LayOutBars(spec);
+  std::string out = SvgOpen(spec.width, l.height, spec.title);
+  absl::StrAppend(&out,
+                  YAxis(l.yt, l.left, l.right, l.top, l.ph, spec.y_label));
+  for (size_t c = 0; c < l.n; ++c) {
+    const double gx = l.left + l.group_w * (static_cast<double>(c) + 0.5);
+    const double first = gx - l.bar_w * static_cast<double>(l.m) / 2;
+    for (size_t i = 0; i < l.m; ++i) {
+      const double bx = first + l.bar_w * static_cast<double>(i);
+      const double cx = bx + l.bar_w / 2;
+      absl::StrAppend(&out, BarSvg(spec, l, c, i, bx, cx),
+                      DotsSvg(spec, l, c, i, cx));
     }
+    absl::StrAppend(&out, CategoryLabelSvg(spec, l, c, gx));
   }
   if (!spec.x_label.empty()) {
-    absl::StrAppend(&out, "<text x=\"", Px(left + pw / 2), "\" y=\"",
-                    Px(top + ph + 6 + label_h + 14), "\" font-size=\"",
+    absl::StrAppend(&out, "<text x=\"", Px(l.left + l.pw / 2), "\" y=\"",
+                    Px(l.top + l.ph + 6 + l.label_h + 14), "\" font-size=\"",
                     kLabelFont, "\" fill=\"", kMuted,
                     "\" text-anchor=\"middle\">", EscapeXml(spec.x_label),
                     "</text>");
   }
-  if (n == 0) {
-    absl::StrAppend(&out, "<text x=\"", Px(left + pw / 2), "\" y=\"",
-                    Px(top + ph / 2), "\" font-size=\"", kLabelFont,
+  if (l.n == 0) {
+    absl::StrAppend(&out, "<text x=\"", Px(l.left + l.pw / 2), "\" y=\"",
+                    Px(l.top + l.ph / 2), "\" font-size=\"", kLabelFont,
                     "\" fill=\"", kMuted,
                     "\" text-anchor=\"middle\">no data</text>");
   }
-  absl::StrAppend(&out, legend.Svg(top + ph + axis_h + 12), "</svg>");
+  absl::StrAppend(&out, l.legend.Svg(l.top + l.ph + l.axis_h + 12), "</svg>");
   return out;
 }
 
