@@ -18,8 +18,9 @@ namespace fusionrl {
 absl::StatusOr<const JobManager::Attempt*> JobManager::SkewedAttemptLocked(
     Job& job, int index, int64_t want) {
   const Job::Part& part = job.parts[index];
+  SkewedProtocol& skew = *job.skew;
   if (want != part.clock + 1) {
-    if (job.skew->epoch == 0) {
+    if (skew.epoch == 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "step: ", part.node_id, " finished step ", part.clock,
           " and may ask only for step ", part.clock + 1, ", got ", want));
@@ -31,7 +32,6 @@ absl::StatusOr<const JobManager::Attempt*> JobManager::SkewedAttemptLocked(
     want = part.clock + 1;
   }
   if (job.current && job.current->step == want) return job.current.get();
-  SkewedProtocol& skew = *job.skew;
   if (auto it = skew.ahead.find(want); it != skew.ahead.end()) {
     return it->second.get();
   }

@@ -180,22 +180,6 @@ int64_t ClockSkewGate::Clock(const std::string& name) const {
   return it == nodes_.end() ? -1 : it->second.clock;
 }
 
-int64_t ClockSkewGate::MinClock() const {
-  int64_t lo = -1;
-  for (const auto& [name, node] : nodes_) {
-    if (node.live && (lo < 0 || node.clock < lo)) lo = node.clock;
-  }
-  return lo;
-}
-
-std::vector<std::string> ClockSkewGate::LiveNodes() const {
-  std::vector<std::string> out;
-  for (const auto& [name, node] : nodes_) {
-    if (node.live) out.push_back(name);
-  }
-  return out;
-}
-
 std::string ClockSkewGate::DebugString() const {
   std::string out = absl::StrCat("clock skew k=", max_clock_skew_, ":");
   for (const auto& [name, node] : nodes_) {

@@ -169,14 +169,6 @@ class ClockSkewGate {
   // construction). Never exceeds k + 1.
   int64_t MaxSkewSeen() const { return max_skew_seen_; }
 
-  // Smallest clock among live nodes, or -1 if none is live.
-  int64_t MinClock() const;
-
-  // Names of the live super nodes, sorted.
-  std::vector<std::string> LiveNodes() const;
-
-  int64_t max_clock_skew() const { return max_clock_skew_; }
-
   // "clock skew k=1: sn-a=3 sn-b=2 sn-c=2(removed); max skew seen 1".
   std::string DebugString() const;
 
