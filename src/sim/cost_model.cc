@@ -102,14 +102,9 @@ absl::Status ReadMap(const YAML::Node& node, const std::string& path,
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<CostModel> ParseCostModel(const YAML::Node& node,
-                                         const std::string& source,
-                                         const CostModel& defaults) {
-  CostModel m = defaults;
-  if (!node.IsDefined() || node.IsNull()) return m;
-  std::map<std::string, Setter> keys = {
+// The top-level keys of cost_model (response_length is a map of its own).
+std::map<std::string, Setter> CostModelKeys() {
+  return {
       {"timing",
        [](const YAML::Node& v, CostModel& c) -> absl::Status {
          const std::string t = v.IsScalar() ? v.Scalar() : "";
@@ -162,7 +157,11 @@ absl::StatusOr<CostModel> ParseCostModel(const YAML::Node& node,
          return absl::OkStatus();
        }},
   };
-  const std::map<std::string, Setter> length_keys = {
+}
+
+// The keys of cost_model.response_length.
+std::map<std::string, Setter> ResponseLengthKeys() {
+  return {
       {"median",
        [](const YAML::Node& x, CostModel& c) -> absl::Status {
          FUSIONRL_ASSIGN_OR_RETURN(c.response_length.median, Number(x));
@@ -183,6 +182,55 @@ absl::StatusOr<CostModel> ParseCostModel(const YAML::Node& node,
          return absl::OkStatus();
        }},
   };
+}
+
+// A key of the other timing would be silently unused: names what the
+// timing in force reads instead. `given`: the keys of the section, in order.
+absl::Status CheckTimingKeys(const CostModel& m,
+                             const std::vector<std::string>& given,
+                             const std::string& source) {
+  static const char* const kLinearKeys[] = {
+      "decode_seconds_per_step_base", "decode_seconds_per_token",
+      "prefill_seconds_per_token", "train_seconds_per_token",
+      "train_seconds_per_step_base"};
+  static const char* const kRooflineKeys[] = {
+      "peak_tflops",       "hbm_gbps",           "mfu",
+      "hbm_utilization",   "kv_bytes_per_token", "train_flops_per_param_token",
+      "train_hbm_fraction"};
+  for (const std::string& key : given) {
+    if (m.timing == Timing::kRoofline &&
+        std::find(std::begin(kLinearKeys), std::end(kLinearKeys), key) !=
+            std::end(kLinearKeys)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": cost_model.", key,
+          ": a key of timing: linear (measured seconds), but this cost "
+          "model is timing: roofline (the default): decode and training "
+          "times come from peak_tflops, hbm_gbps, mfu, hbm_utilization, "
+          "kv_bytes_per_token and model_params (docs/simulate.md, "
+          "\"Co-location\"); set timing: linear to keep measured seconds"));
+    }
+    if (m.timing == Timing::kLinear &&
+        std::find(std::begin(kRooflineKeys), std::end(kRooflineKeys), key) !=
+            std::end(kRooflineKeys)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": cost_model.", key,
+          ": a key of timing: roofline, but this cost model is timing: "
+          "linear (measured seconds, e.g. from --calibrate-from), which "
+          "does not read it"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<CostModel> ParseCostModel(const YAML::Node& node,
+                                         const std::string& source,
+                                         const CostModel& defaults) {
+  CostModel m = defaults;
+  if (!node.IsDefined() || node.IsNull()) return m;
+  std::map<std::string, Setter> keys = CostModelKeys();
+  const std::map<std::string, Setter> length_keys = ResponseLengthKeys();
   if (!node.IsMap()) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": cost_model: must be a map"));
@@ -216,38 +264,7 @@ absl::StatusOr<CostModel> ParseCostModel(const YAML::Node& node,
           absl::StrCat(source, ": cost_model.", key, ": ", s.message()));
     }
   }
-  // A key of the other timing would be silently unused: name what the
-  // timing in force reads instead.
-  static const char* const kLinearKeys[] = {
-      "decode_seconds_per_step_base", "decode_seconds_per_token",
-      "prefill_seconds_per_token", "train_seconds_per_token",
-      "train_seconds_per_step_base"};
-  static const char* const kRooflineKeys[] = {
-      "peak_tflops",       "hbm_gbps",           "mfu",
-      "hbm_utilization",   "kv_bytes_per_token", "train_flops_per_param_token",
-      "train_hbm_fraction"};
-  for (const std::string& key : given) {
-    if (m.timing == Timing::kRoofline &&
-        std::find(std::begin(kLinearKeys), std::end(kLinearKeys), key) !=
-            std::end(kLinearKeys)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source, ": cost_model.", key,
-          ": a key of timing: linear (measured seconds), but this cost "
-          "model is timing: roofline (the default): decode and training "
-          "times come from peak_tflops, hbm_gbps, mfu, hbm_utilization, "
-          "kv_bytes_per_token and model_params (docs/simulate.md, "
-          "\"Co-location\"); set timing: linear to keep measured seconds"));
-    }
-    if (m.timing == Timing::kLinear &&
-        std::find(std::begin(kRooflineKeys), std::end(kRooflineKeys), key) !=
-            std::end(kRooflineKeys)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source, ": cost_model.", key,
-          ": a key of timing: roofline, but this cost model is timing: "
-          "linear (measured seconds, e.g. from --calibrate-from), which "
-          "does not read it"));
-    }
-  }
+  if (absl::Status s = CheckTimingKeys(m, given, source); !s.ok()) return s;
   absl::Status valid = ValidateCostModel(m);
   if (!valid.ok()) {
     return absl::InvalidArgumentError(
