@@ -36,8 +36,9 @@ Controller::Controller(const ControllerOptions& options)
       clock_(options.clock != nullptr ? *options.clock : RealClock()),
       started_(clock_.Now()) {}
 
-absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(
-    const ControllerOptions& options) {
+namespace {
+
+absl::Status CheckOptions(const ControllerOptions& options) {
   if (options.heartbeat_interval <= absl::ZeroDuration() ||
       options.heartbeat_timeout <= options.heartbeat_interval) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -49,23 +50,61 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(
     return absl::InvalidArgumentError(
         "TLS needs both a certificate file and a key file");
   }
+  return absl::OkStatus();
+}
+
+// Insecure, or TLS from the options' key and certificate files.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
+    const ControllerOptions& options) {
+  if (options.tls_cert_file.empty()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions ssl;
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  auto key = ReadTextFile(options.tls_key_file, "TLS key");
+  if (!key.ok()) return key.status();
+  auto cert = ReadTextFile(options.tls_cert_file, "TLS certificate");
+  if (!cert.ok()) return cert.status();
+  pair.private_key = *key;
+  pair.cert_chain = *cert;
+  ssl.pem_key_cert_pairs.push_back(pair);
+  return grpc::SslServerCredentials(ssl);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(
+    const ControllerOptions& options) {
+  if (absl::Status s = CheckOptions(options); !s.ok()) return s;
   std::unique_ptr<Controller> c(new Controller(options));
-  c->registry_ =
-      std::make_unique<NodeRegistry>(c->clock_, options.heartbeat_timeout);
-  c->jobs_ = std::make_unique<JobManager>(*c->registry_, c->clock_);
-  if (!options.state_dir.empty()) {
-    absl::StatusOr<std::unique_ptr<ControllerState>> state =
-        ControllerState::Open(options.state_dir, *c->registry_, *c->jobs_);
-    if (!state.ok()) return state.status();
-    c->state_ = *std::move(state);
-  }
-  c->services_ = std::make_unique<Services>();
-  Services& s = *c->services_;
-  s.node = std::make_unique<rpc::NodeServiceImpl>(*c->registry_,
-                                                  options.heartbeat_interval);
+  if (absl::Status s = c->OpenManagers(); !s.ok()) return s;
+  c->MakeServices();
+  if (absl::Status s = c->StartGrpcServer(); !s.ok()) return s;
+  if (absl::Status s = c->StartHttpServer(); !s.ok()) return s;
   Controller* self = c.get();
+  c->sweeper_ = std::thread([self] { self->SweepLoop(); });
+  return c;
+}
+
+absl::Status Controller::OpenManagers() {
+  registry_ =
+      std::make_unique<NodeRegistry>(clock_, options_.heartbeat_timeout);
+  jobs_ = std::make_unique<JobManager>(*registry_, clock_);
+  if (!options_.state_dir.empty()) {
+    absl::StatusOr<std::unique_ptr<ControllerState>> state =
+        ControllerState::Open(options_.state_dir, *registry_, *jobs_);
+    if (!state.ok()) return state.status();
+    state_ = *std::move(state);
+  }
+  return absl::OkStatus();
+}
+
+void Controller::MakeServices() {
+  Controller* self = this;
+  services_ = std::make_unique<Services>();
+  Services& s = *services_;
+  s.node = std::make_unique<rpc::NodeServiceImpl>(*registry_,
+                                                  options_.heartbeat_interval);
   rpc::NodeServiceImpl::Hooks hooks;
-  hooks.auth_token = options.auth_token;
+  hooks.auth_token = options_.auth_token;
   hooks.on_register = [self](const std::string& node_id) {
     if (self->state_ != nullptr) self->state_->NodeChanged(node_id);
     self->jobs_->Schedule();
@@ -85,87 +124,80 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Start(
   };
   s.node->set_hooks(std::move(hooks));
   s.weight_store =
-      std::make_unique<WeightStore>(c->clock_, /*keep_versions_per_job=*/4);
+      std::make_unique<WeightStore>(clock_, /*keep_versions_per_job=*/4);
   rpc::WeightServiceOptions weight_options;
-  weight_options.auth_token = options.auth_token;
+  weight_options.auth_token = options_.auth_token;
   s.weight =
       std::make_unique<rpc::WeightServiceImpl>(*s.weight_store, weight_options);
   // A job's weight bytes through the WeightService are controller bytes too
   // (0 for jobs on the c10d data plane, which sync by broadcast).
-  c->jobs_->SetWeightBytesSource(
+  jobs_->SetWeightBytesSource(
       [store = s.weight_store.get()](const std::string& job_id) {
         return store->job_bytes(job_id);
       });
   s.job = std::make_unique<JobServiceImpl>(
-      *c->jobs_, options.auth_token, [self] { return self->ClusterStatus(); });
-  s.work = std::make_unique<WorkServiceImpl>(*c->jobs_, options.auth_token);
+      *jobs_, options_.auth_token, [self] { return self->ClusterStatus(); });
+  s.work = std::make_unique<WorkServiceImpl>(*jobs_, options_.auth_token);
+}
 
+absl::Status Controller::StartGrpcServer() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  if (!options.listen_address.empty()) {
-    std::shared_ptr<grpc::ServerCredentials> credentials =
-        grpc::InsecureServerCredentials();
-    if (!options.tls_cert_file.empty()) {
-      grpc::SslServerCredentialsOptions ssl;
-      grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-      auto key = ReadTextFile(options.tls_key_file, "TLS key");
-      if (!key.ok()) return key.status();
-      auto cert = ReadTextFile(options.tls_cert_file, "TLS certificate");
-      if (!cert.ok()) return cert.status();
-      pair.private_key = *key;
-      pair.cert_chain = *cert;
-      ssl.pem_key_cert_pairs.push_back(pair);
-      credentials = grpc::SslServerCredentials(ssl);
-    }
-    builder.AddListeningPort(options.listen_address, credentials, &c->port_);
+  if (!options_.listen_address.empty()) {
+    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+        ServerCredentials(options_);
+    if (!credentials.ok()) return credentials.status();
+    builder.AddListeningPort(options_.listen_address, *credentials, &port_);
   }
-  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
-  builder.SetMaxSendMessageSize(options.max_message_bytes);
-  builder.RegisterService(s.node.get());
-  builder.RegisterService(s.weight.get());
-  builder.RegisterService(s.job.get());
-  builder.RegisterService(s.work.get());
+  builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
+  builder.SetMaxSendMessageSize(options_.max_message_bytes);
+  builder.RegisterService(services_->node.get());
+  builder.RegisterService(services_->weight.get());
+  builder.RegisterService(services_->job.get());
+  builder.RegisterService(services_->work.get());
   std::vector<
       std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
       interceptors;
-  interceptors.push_back(RpcStats::MakeInterceptorFactory(c->rpc_stats_));
+  interceptors.push_back(RpcStats::MakeInterceptorFactory(rpc_stats_));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
-  c->server_ = builder.BuildAndStart();
-  if (c->server_ == nullptr ||
-      (!options.listen_address.empty() && c->port_ == 0)) {
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || (!options_.listen_address.empty() && port_ == 0)) {
     return absl::UnavailableError(
-        absl::StrCat("controller: cannot listen on '", options.listen_address,
+        absl::StrCat("controller: cannot listen on '", options_.listen_address,
                      "' (address in use, or not a valid host:port)"));
   }
-  if (!options.http_address.empty()) {
-    HttpSources sources;
-    sources.cluster = [self] { return self->ClusterStatus(); };
-    sources.history = [self](
-                          const std::string& job_id,
-                          int64_t after_seq) -> absl::StatusOr<v1::JobHistory> {
-      absl::StatusOr<JobHistory> history =
-          self->jobs_->History(job_id, after_seq);
-      if (!history.ok()) return history.status();
-      return rpc::JobHistoryToProto(*history);
-    };
-    sources.rpc = [self] { return self->rpc_stats_.Get(); };
-    sources.grpc_address =
-        options.listen_address.empty()
-            ? std::string("in-process")
-            : absl::StrCat(options.listen_address.substr(
-                               0, options.listen_address.rfind(':')),
-                           ":", c->port_);
-    absl::StatusOr<std::unique_ptr<HttpServer>> http = HttpServer::Start(
-        options.http_address, options.auth_token, std::move(sources));
-    if (!http.ok()) {
-      c->server_->Shutdown();
-      return http.status();
-    }
-    c->http_ = *std::move(http);
+  return absl::OkStatus();
+}
+
+absl::Status Controller::StartHttpServer() {
+  if (options_.http_address.empty()) return absl::OkStatus();
+  Controller* self = this;
+  HttpSources sources;
+  sources.cluster = [self] { return self->ClusterStatus(); };
+  sources.history = [self](
+                        const std::string& job_id,
+                        int64_t after_seq) -> absl::StatusOr<v1::JobHistory> {
+    absl::StatusOr<JobHistory> history =
+        self->jobs_->History(job_id, after_seq);
+    if (!history.ok()) return history.status();
+    return rpc::JobHistoryToProto(*history);
+  };
+  sources.rpc = [self] { return self->rpc_stats_.Get(); };
+  sources.grpc_address =
+      options_.listen_address.empty()
+          ? std::string("in-process")
+          : absl::StrCat(options_.listen_address.substr(
+                             0, options_.listen_address.rfind(':')),
+                         ":", port_);
+  absl::StatusOr<std::unique_ptr<HttpServer>> http = HttpServer::Start(
+      options_.http_address, options_.auth_token, std::move(sources));
+  if (!http.ok()) {
+    server_->Shutdown();
+    return http.status();
   }
-  c->sweeper_ = std::thread([self] { self->SweepLoop(); });
-  return c;
+  http_ = *std::move(http);
+  return absl::OkStatus();
 }
 
 Controller::~Controller() { Shutdown(); }

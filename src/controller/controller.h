@@ -109,6 +109,14 @@ class Controller {
 
  private:
   explicit Controller(const ControllerOptions& options);
+  // The steps of Start(), in order: the node registry, job manager and
+  // persisted state; the gRPC services; the gRPC server; the HTTP server
+  // (when options_.http_address is set; on failure it stops the gRPC
+  // server).
+  absl::Status OpenManagers();
+  void MakeServices();
+  absl::Status StartGrpcServer();
+  absl::Status StartHttpServer();
   void SweepLoop();
   // Waits one sweep period on the jobs' clock; false once Shutdown() began.
   bool WaitSweepTick(absl::Duration period) ABSL_LOCKS_EXCLUDED(sweeper_mu_);

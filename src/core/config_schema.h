@@ -365,6 +365,10 @@ std::string FormatDouble(double v);
 // the first error, if any.
 std::optional<FieldError> Validate(const JobConfig& config);
 
+// The checks across fields (config_cross_field.cc), for a config whose
+// fields each pass their rule: the first error, if any.
+std::optional<FieldError> CheckCrossField(const JobConfig& config);
+
 }  // namespace fusionrl::config_internal
 
 #endif  // FUSIONRL_CORE_CONFIG_SCHEMA_H_

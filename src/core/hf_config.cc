@@ -316,20 +316,6 @@ absl::Status ReadMoe(const Json& j, const Fields& f, const std::string& arch,
   return absl::OkStatus();
 }
 
-}  // namespace
-
-bool IsMoeArchitecture(const std::string& architecture) {
-  return architecture == "Qwen3MoeForCausalLM" ||
-         architecture == "MixtralForCausalLM";
-}
-
-bool HasQkNorm(const std::string& architecture) {
-  return architecture == "Qwen3ForCausalLM" ||
-         architecture == "Qwen3MoeForCausalLM";
-}
-
-namespace {
-
 // config.json's one architecture, which must be one FusionRL builds.
 absl::Status ReadArchitecture(const Json& j, const Fields& f, ModelConfig* m) {
   if (!j.contains("architectures") || !j["architectures"].is_array() ||
@@ -445,8 +431,7 @@ absl::Status RefuseUnsupportedLayers(const Fields& f, const std::string& arch) {
   return absl::OkStatus();
 }
 
-// The eos ids of config.json, replaced by generation_config.json's list
-// (and its bos id) where that file has them.
+// config.json's eos ids; generation_config.json's list and bos id win.
 absl::Status ReadSpecialTokens(const Json& j, const Fields& f,
                                const std::filesystem::path& dir,
                                HfModelInfo* info) {
@@ -469,12 +454,20 @@ absl::Status ReadSpecialTokens(const Json& j, const Fields& f,
 
 }  // namespace
 
+bool IsMoeArchitecture(const std::string& architecture) {
+  return architecture == "Qwen3MoeForCausalLM" ||
+         architecture == "MixtralForCausalLM";
+}
+
+bool HasQkNorm(const std::string& architecture) {
+  return architecture == "Qwen3ForCausalLM" ||
+         architecture == "Qwen3MoeForCausalLM";
+}
+
 absl::StatusOr<HfModelInfo> ReadHfModelConfig(const std::string& dir) {
   namespace fs = std::filesystem;
   const fs::path path = fs::path(dir) / "config.json";
-  auto json = ReadJsonFile(path);
-  if (!json.ok()) return json.status();
-  const Json& j = *json;
+  FUSIONRL_ASSIGN_OR_RETURN(const Json j, ReadJsonFile(path));
   const Fields f(j, path.string());
   HfModelInfo info;
   ModelConfig& m = info.model;

@@ -52,11 +52,16 @@ Fit FitLine(const std::vector<double>& x, const std::vector<double>& y) {
   return f;
 }
 
-}  // namespace
+// The run's config.yaml: the keys calibration needs (the rest stay in `cfg`).
+struct RunShape {
+  YAML::Node cfg;
+  int threads = 0;
+  int super_nodes = 0;
+  int cards_per_super_node = 0;
+  int max_new_tokens = 0;
+};
 
-absl::StatusOr<Calibration> CalibrateFromRun(const std::string& run_dir,
-                                             const CostModel& base) {
-  const std::string config_path = run_dir + "/config.yaml";
+absl::StatusOr<RunShape> ReadRunConfig(const std::string& config_path) {
   std::ifstream file(config_path, std::ios::binary);
   if (!file) {
     return absl::NotFoundError(
@@ -67,19 +72,20 @@ absl::StatusOr<Calibration> CalibrateFromRun(const std::string& run_dir,
   }
   std::ostringstream text;
   text << file.rdbuf();
-  YAML::Node cfg;
+  RunShape shape;
   try {
-    cfg = LoadYaml(text.str());
+    shape.cfg = LoadYaml(text.str());
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("--calibrate-from: ", config_path, ": ", e.what()));
   }
-  int threads = 0, super_nodes = 0, cards_per = 0, max_new = 0;
+  YAML::Node& cfg = shape.cfg;
   try {
-    threads = cfg["num_threads"].as<int>();
-    super_nodes = cfg["placement"]["super_nodes"].as<int>();
-    cards_per = cfg["placement"]["cards_per_super_node"].as<int>();
-    max_new = cfg["rollout"]["max_new_tokens"].as<int>();
+    shape.threads = cfg["num_threads"].as<int>();
+    shape.super_nodes = cfg["placement"]["super_nodes"].as<int>();
+    shape.cards_per_super_node =
+        cfg["placement"]["cards_per_super_node"].as<int>();
+    shape.max_new_tokens = cfg["rollout"]["max_new_tokens"].as<int>();
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--calibrate-from: ", config_path,
@@ -87,23 +93,30 @@ absl::StatusOr<Calibration> CalibrateFromRun(const std::string& run_dir,
         "placement.cards_per_super_node and rollout.max_new_tokens: ",
         e.what()));
   }
-  if (threads < 1 || super_nodes < 1 || cards_per < 1 || max_new < 1) {
+  if (shape.threads < 1 || shape.super_nodes < 1 ||
+      shape.cards_per_super_node < 1 || shape.max_new_tokens < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--calibrate-from: ", config_path,
                      ": num_threads, super_nodes, "
                      "cards_per_super_node and max_new_tokens must be >= 1"));
   }
-  Calibration cal;
-  cal.cards = super_nodes * cards_per;
-  cal.threads_per_card = std::max(1, threads / super_nodes / cards_per);
+  return shape;
+}
 
-  const std::string metrics_path = run_dir + "/metrics.jsonl";
+// metrics.jsonl's step records after the warm-up step, one entry a step.
+struct StepSeries {
+  std::vector<double> tokens;  // rollout tokens per card
+  std::vector<double> rollout, train, overhead, step;  // seconds
+};
+
+absl::StatusOr<StepSeries> ReadStepRecords(const std::string& metrics_path,
+                                           int cards) {
   std::ifstream in(metrics_path);
   if (!in) {
     return absl::NotFoundError(absl::StrCat("--calibrate-from: ", metrics_path,
                                             ": cannot open the file"));
   }
-  std::vector<double> tokens, rollout, train, overhead, step;
+  StepSeries s;
   std::string line;
   int line_no = 0;
   while (std::getline(in, line)) {
@@ -125,32 +138,76 @@ absl::StatusOr<Calibration> CalibrateFromRun(const std::string& run_dir,
       }
     }
     if (j["step"].get<double>() <= 1) continue;  // warm-up
-    const double per_card = j["rollout_tokens"].get<double>() / cal.cards;
-    tokens.push_back(per_card);
-    rollout.push_back(j["rollout_seconds"].get<double>());
-    train.push_back(j["train_seconds"].get<double>());
-    step.push_back(j["step_seconds"].get<double>());
-    overhead.push_back(
-        std::max(0.0, step.back() - rollout.back() - train.back()));
+    s.tokens.push_back(j["rollout_tokens"].get<double>() / cards);
+    s.rollout.push_back(j["rollout_seconds"].get<double>());
+    s.train.push_back(j["train_seconds"].get<double>());
+    s.step.push_back(j["step_seconds"].get<double>());
+    s.overhead.push_back(
+        std::max(0.0, s.step.back() - s.rollout.back() - s.train.back()));
   }
-  if (tokens.size() < 3) {
+  if (s.tokens.size() < 3) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--calibrate-from: ", metrics_path, ": ", tokens.size(),
+        absl::StrCat("--calibrate-from: ", metrics_path, ": ", s.tokens.size(),
                      " step records after the first; need at least 3"));
   }
-  const double n = static_cast<double>(tokens.size());
-  auto mean = [n](const std::vector<double>& v) {
-    double s = 0;
-    for (double x : v) s += x;
-    return s / n;
-  };
-  cal.steps_used = static_cast<int>(tokens.size());
-  cal.tokens_per_card = mean(tokens);
-  cal.mean_step_seconds = mean(step);
-  cal.mean_rollout_seconds = mean(rollout);
-  cal.mean_train_seconds = mean(train);
+  return s;
+}
+
+double Mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return s / static_cast<double>(v.size());
+}
+
+// The linear cost model of this host (its roles share its cores): a
+// response length fixed at the run's mean, decode and train seconds fitted
+// to the tokens per card.
+void FitLinearCosts(const StepSeries& s, double len_mean, int max_new_tokens,
+                    Calibration& cal) {
+  CostModel& m = cal.cost;
+  m.timing = Timing::kLinear;
+  m.response_length.median = std::max(1.0, len_mean);
+  m.response_length.sigma = 0;
+  m.response_length.max = max_new_tokens;
+  m.prompt_length = 0;
+  m.prefill_seconds_per_token = 0;
+  const Fit r = FitLine(s.tokens, s.rollout);
+  // With sigma 0 the batch decodes ceil(mean) steps (stochastic rounding).
+  const double decode_steps = std::ceil(m.response_length.median);
+  m.decode_seconds_per_token = r.slope;
+  m.decode_seconds_per_step_base = r.intercept / decode_steps;
+  const Fit t = FitLine(s.tokens, s.train);
+  m.train_seconds_per_token = t.slope;
+  m.train_seconds_per_step_base = t.intercept;
+  m.step_overhead_seconds = Mean(s.overhead);
+  m.calibration_threads = cal.threads_per_card;
+  cal.rollout_fit = r.method;
+  cal.train_fit = t.method;
+}
+
+}  // namespace
+
+absl::StatusOr<Calibration> CalibrateFromRun(const std::string& run_dir,
+                                             const CostModel& base) {
+  const std::string config_path = run_dir + "/config.yaml";
+  absl::StatusOr<RunShape> shape = ReadRunConfig(config_path);
+  if (!shape.ok()) return shape.status();
+  Calibration cal;
+  cal.cards = shape->super_nodes * shape->cards_per_super_node;
+  cal.threads_per_card = std::max(
+      1, shape->threads / shape->super_nodes / shape->cards_per_super_node);
+
+  absl::StatusOr<StepSeries> steps =
+      ReadStepRecords(run_dir + "/metrics.jsonl", cal.cards);
+  if (!steps.ok()) return steps.status();
+  cal.steps_used = static_cast<int>(steps->tokens.size());
+  cal.tokens_per_card = Mean(steps->tokens);
+  cal.mean_step_seconds = Mean(steps->step);
+  cal.mean_rollout_seconds = Mean(steps->rollout);
+  cal.mean_train_seconds = Mean(steps->train);
 
   // Responses per card and step, from the run's shape.
+  YAML::Node& cfg = shape->cfg;
   const int prompts = cfg["rollout"]["prompts_per_step"].as<int>(0);
   const int group = cfg["rollout"]["group_size"].as<int>(0);
   const double rows = cal.cards > 0 && prompts > 0 && group > 0
@@ -161,28 +218,9 @@ absl::StatusOr<Calibration> CalibrateFromRun(const std::string& run_dir,
         absl::StrCat("--calibrate-from: ", config_path,
                      ": rollout.prompts_per_step and group_size must be > 0"));
   }
-  const double len_mean = cal.tokens_per_card / rows;
-  CostModel& m = cal.cost;
-  m = base;
-  // Measured seconds of this host, whose roles share its cores.
-  m.timing = Timing::kLinear;
-  m.response_length.median = std::max(1.0, len_mean);
-  m.response_length.sigma = 0;
-  m.response_length.max = max_new;
-  m.prompt_length = 0;
-  m.prefill_seconds_per_token = 0;
-  const Fit r = FitLine(tokens, rollout);
-  // With sigma 0 the batch decodes ceil(mean) steps (stochastic rounding).
-  const double decode_steps = std::ceil(m.response_length.median);
-  m.decode_seconds_per_token = r.slope;
-  m.decode_seconds_per_step_base = r.intercept / decode_steps;
-  const Fit t = FitLine(tokens, train);
-  m.train_seconds_per_token = t.slope;
-  m.train_seconds_per_step_base = t.intercept;
-  m.step_overhead_seconds = mean(overhead);
-  m.calibration_threads = cal.threads_per_card;
-  cal.rollout_fit = r.method;
-  cal.train_fit = t.method;
+  cal.cost = base;
+  FitLinearCosts(*steps, cal.tokens_per_card / rows, shape->max_new_tokens,
+                 cal);
   return cal;
 }
 

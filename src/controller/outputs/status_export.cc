@@ -176,121 +176,130 @@ void JobCurves::Add(const v1::JobHistory& history, size_t limit) {
   }
 }
 
-std::string PrometheusText(const v1::ClusterStatus& status,
-                           const RpcStats::Snapshot& rpc) {
-  std::string out;
+namespace {
+
+// The controller's build and uptime.
+void AppendControllerFamilies(const v1::ClusterStatus& status,
+                              std::string& out) {
   Family(out, "fusionrl_build_info", "gauge",
          "FusionRL version of the controller (always 1).")
       .Add({{"version", status.version()}}, 1);
   Family(out, "fusionrl_controller_uptime_seconds", "gauge",
          "Seconds since the controller started.")
       .Add({}, status.uptime_seconds());
+}
 
-  // Nodes and cards.
-  {
-    std::map<std::string, int> by_state = {{"alive", 0}, {"lost", 0}};
-    for (const v1::NodeStatus& n : status.nodes()) ++by_state[n.state()];
-    Family f(out, "fusionrl_nodes", "gauge", "Worker nodes by state.");
-    for (const auto& [state, count] : by_state)
-      f.Add({{"state", state}}, count);
-  }
-  {
-    Family up(out, "fusionrl_node_up", "gauge",
-              "1 while the node heartbeats, 0 once declared lost.");
-    for (const v1::NodeStatus& n : status.nodes()) {
-      up.Add({{"node", n.node_id()},
-              {"host", n.host()},
-              {"super_node", n.super_node()},
-              {"version", n.version()}},
-             n.state() == "alive" ? 1 : 0);
-    }
-    Family age(out, "fusionrl_node_heartbeat_age_seconds", "gauge",
-               "Seconds since the node's last heartbeat.");
-    for (const v1::NodeStatus& n : status.nodes()) {
-      age.Add({{"node", n.node_id()}}, n.heartbeat_age_ms() / 1000.0);
-    }
-    Family clock(out, "fusionrl_node_clock", "gauge",
-                 "StaleSync across super nodes: the last step the node "
-                 "finished (jobs with max_clock_skew > 0).");
-    for (const v1::JobStatus& job : status.jobs()) {
-      if (job.max_clock_skew() <= 0) continue;
-      for (const v1::NodeStatus& n : job.nodes()) {
-        clock.Add({{"job", job.job_id()},
-                   {"node", n.node_id()},
-                   {"super_node", n.super_node()}},
-                  n.clock());
-      }
-    }
-  }
-  {
-    Family busy(out, "fusionrl_card_busy_fraction", "gauge",
-                "Fraction of the last heartbeat interval the card was busy, "
-                "labelled with the role it plays.");
-    Family mem(out, "fusionrl_card_memory_bytes", "gauge",
-               "Bytes in use on the card, by category.");
-    Family peak(out, "fusionrl_card_memory_peak_bytes", "gauge",
-                "Most bytes the card has held, by category (total: of the "
-                "sum).");
-    Family budget(out, "fusionrl_card_memory_budget_bytes", "gauge",
-                  "The card's memory budget (memory.card_budget_mib).");
-    Family act(out, "fusionrl_card_activity_seconds", "gauge",
-               "How long the card has been doing what it reports doing.");
-    for (const v1::NodeStatus& n : status.nodes()) {
-      if (n.state() != "alive") continue;
-      for (const v1::CardState& c : n.cards()) {
-        const std::string card = absl::StrCat(c.index());
-        busy.Add({{"node", n.node_id()},
-                  {"card", card},
-                  {"role", CardRoleLabel(c.role())}},
-                 c.busy_fraction());
-        const CardMemory m = SplitMemory(c);
-        for (const auto& [category, bytes] : m.current) {
-          mem.Add(
-              {{"node", n.node_id()}, {"card", card}, {"category", category}},
-              static_cast<double>(bytes));
-        }
-        for (const auto& [category, bytes] : m.peak) {
-          peak.Add(
-              {{"node", n.node_id()}, {"card", card}, {"category", category}},
-              static_cast<double>(bytes));
-        }
-        if (m.budget > 0) {
-          budget.Add({{"node", n.node_id()}, {"card", card}},
-                     static_cast<double>(m.budget));
-        }
-        act.Add({{"node", n.node_id()}, {"card", card}}, c.activity_seconds());
-      }
-    }
-  }
+// Worker nodes by state.
+void AppendNodeCounts(const v1::ClusterStatus& status, std::string& out) {
+  std::map<std::string, int> by_state = {{"alive", 0}, {"lost", 0}};
+  for (const v1::NodeStatus& n : status.nodes()) ++by_state[n.state()];
+  Family f(out, "fusionrl_nodes", "gauge", "Worker nodes by state.");
+  for (const auto& [state, count] : by_state) f.Add({{"state", state}}, count);
+}
 
-  // Jobs.
-  {
-    std::map<std::string, int> by_phase;
-    for (const char* p : kPhases) by_phase[p] = 0;
-    for (const v1::JobStatus& j : status.jobs())
-      ++by_phase[JobPhaseLabel(j.phase())];
-    Family f(out, "fusionrl_jobs", "gauge", "Jobs by phase.");
-    for (const auto& [phase, count] : by_phase)
-      f.Add({{"phase", phase}}, count);
+// Each node's liveness and heartbeat age, and its StaleSync clock in
+// the jobs that keep one.
+void AppendNodeFamilies(const v1::ClusterStatus& status, std::string& out) {
+  Family up(out, "fusionrl_node_up", "gauge",
+            "1 while the node heartbeats, 0 once declared lost.");
+  for (const v1::NodeStatus& n : status.nodes()) {
+    up.Add({{"node", n.node_id()},
+            {"host", n.host()},
+            {"super_node", n.super_node()},
+            {"version", n.version()}},
+           n.state() == "alive" ? 1 : 0);
   }
-  {
-    Family info(out, "fusionrl_job_info", "gauge",
-                "A job's name and placement (always 1).");
-    for (const v1::JobStatus& j : status.jobs()) {
-      info.Add({{"job", j.job_id()},
-                {"name", j.name()},
-                {"placement", j.placement()}},
-               1);
+  Family age(out, "fusionrl_node_heartbeat_age_seconds", "gauge",
+             "Seconds since the node's last heartbeat.");
+  for (const v1::NodeStatus& n : status.nodes()) {
+    age.Add({{"node", n.node_id()}}, n.heartbeat_age_ms() / 1000.0);
+  }
+  Family clock(out, "fusionrl_node_clock", "gauge",
+               "StaleSync across super nodes: the last step the node "
+               "finished (jobs with max_clock_skew > 0).");
+  for (const v1::JobStatus& job : status.jobs()) {
+    if (job.max_clock_skew() <= 0) continue;
+    for (const v1::NodeStatus& n : job.nodes()) {
+      clock.Add({{"job", job.job_id()},
+                 {"node", n.node_id()},
+                 {"super_node", n.super_node()}},
+                n.clock());
     }
-    Family phase(out, "fusionrl_job_phase", "gauge",
-                 "1 for the job's current phase, 0 for the others.");
-    for (const v1::JobStatus& j : status.jobs()) {
-      for (const char* p : kPhases) {
-        phase.Add({{"job", j.job_id()}, {"phase", p}},
-                  JobPhaseLabel(j.phase()) == std::string(p) ? 1 : 0);
+  }
+}
+
+// Each live node's cards: busy fraction, memory and activity.
+void AppendCardFamilies(const v1::ClusterStatus& status, std::string& out) {
+  Family busy(out, "fusionrl_card_busy_fraction", "gauge",
+              "Fraction of the last heartbeat interval the card was busy, "
+              "labelled with the role it plays.");
+  Family mem(out, "fusionrl_card_memory_bytes", "gauge",
+             "Bytes in use on the card, by category.");
+  Family peak(out, "fusionrl_card_memory_peak_bytes", "gauge",
+              "Most bytes the card has held, by category (total: of the "
+              "sum).");
+  Family budget(out, "fusionrl_card_memory_budget_bytes", "gauge",
+                "The card's memory budget (memory.card_budget_mib).");
+  Family act(out, "fusionrl_card_activity_seconds", "gauge",
+             "How long the card has been doing what it reports doing.");
+  for (const v1::NodeStatus& n : status.nodes()) {
+    if (n.state() != "alive") continue;
+    for (const v1::CardState& c : n.cards()) {
+      const std::string card = absl::StrCat(c.index());
+      busy.Add({{"node", n.node_id()},
+                {"card", card},
+                {"role", CardRoleLabel(c.role())}},
+               c.busy_fraction());
+      const CardMemory m = SplitMemory(c);
+      for (const auto& [category, bytes] : m.current) {
+        mem.Add({{"node", n.node_id()}, {"card", card}, {"category", category}},
+                static_cast<double>(bytes));
       }
+      for (const auto& [category, bytes] : m.peak) {
+        peak.Add(
+            {{"node", n.node_id()}, {"card", card}, {"category", category}},
+            static_cast<double>(bytes));
+      }
+      if (m.budget > 0) {
+        budget.Add({{"node", n.node_id()}, {"card", card}},
+                   static_cast<double>(m.budget));
+      }
+      act.Add({{"node", n.node_id()}, {"card", card}}, c.activity_seconds());
     }
   }
+}
+
+// Jobs by phase.
+void AppendJobCounts(const v1::ClusterStatus& status, std::string& out) {
+  std::map<std::string, int> by_phase;
+  for (const char* p : kPhases) by_phase[p] = 0;
+  for (const v1::JobStatus& j : status.jobs())
+    ++by_phase[JobPhaseLabel(j.phase())];
+  Family f(out, "fusionrl_jobs", "gauge", "Jobs by phase.");
+  for (const auto& [phase, count] : by_phase) f.Add({{"phase", phase}}, count);
+}
+
+// Each job's name and placement, and its phase.
+void AppendJobPhaseFamilies(const v1::ClusterStatus& status, std::string& out) {
+  Family info(out, "fusionrl_job_info", "gauge",
+              "A job's name and placement (always 1).");
+  for (const v1::JobStatus& j : status.jobs()) {
+    info.Add(
+        {{"job", j.job_id()}, {"name", j.name()}, {"placement", j.placement()}},
+        1);
+  }
+  Family phase(out, "fusionrl_job_phase", "gauge",
+               "1 for the job's current phase, 0 for the others.");
+  for (const v1::JobStatus& j : status.jobs()) {
+    for (const char* p : kPhases) {
+      phase.Add({{"job", j.job_id()}, {"phase", p}},
+                JobPhaseLabel(j.phase()) == std::string(p) ? 1 : 0);
+    }
+  }
+}
+
+// One family per job gauge or counter, a sample per job that reports it.
+void AppendJobGauges(const v1::ClusterStatus& status, std::string& out) {
   struct Gauge {
     const char* name;
     const char* type;
@@ -355,33 +364,47 @@ std::string PrometheusText(const v1::ClusterStatus& status,
       f.Add({{"job", j.job_id()}}, v);
     }
   }
+}
 
-  // The controller's own RPCs.
-  {
-    Family calls(out, "fusionrl_rpc_requests_total", "counter",
-                 "RPCs the controller answered, by method and status code.");
-    for (const auto& [method, m] : rpc) {
-      for (const auto& [code, n] : m.calls_by_code) {
-        calls.Add({{"method", method}, {"code", code}}, double(n));
-      }
-    }
-    Family lat(out, "fusionrl_rpc_latency_seconds", "histogram",
-               "Time from a call's arrival to its status, by method (long "
-               "polls count their wait).");
-    for (const auto& [method, m] : rpc) {
-      int64_t cumulative = 0;
-      for (size_t b = 0; b < m.buckets.size(); ++b) {
-        cumulative += m.buckets[b];
-        const std::string le = b < RpcStats::kLatencyBuckets.size()
-                                   ? Number(RpcStats::kLatencyBuckets[b])
-                                   : "+Inf";
-        lat.Add({{"method", method}, {"le", le}}, double(cumulative),
-                "_bucket");
-      }
-      lat.Add({{"method", method}}, m.latency_sum_seconds, "_sum");
-      lat.Add({{"method", method}}, double(m.count), "_count");
+// The controller's own RPCs: calls by code and the latency histogram.
+void AppendRpcFamilies(const RpcStats::Snapshot& rpc, std::string& out) {
+  Family calls(out, "fusionrl_rpc_requests_total", "counter",
+               "RPCs the controller answered, by method and status code.");
+  for (const auto& [method, m] : rpc) {
+    for (const auto& [code, n] : m.calls_by_code) {
+      calls.Add({{"method", method}, {"code", code}}, double(n));
     }
   }
+  Family lat(out, "fusionrl_rpc_latency_seconds", "histogram",
+             "Time from a call's arrival to its status, by method (long "
+             "polls count their wait).");
+  for (const auto& [method, m] : rpc) {
+    int64_t cumulative = 0;
+    for (size_t b = 0; b < m.buckets.size(); ++b) {
+      cumulative += m.buckets[b];
+      const std::string le = b < RpcStats::kLatencyBuckets.size()
+                                 ? Number(RpcStats::kLatencyBuckets[b])
+                                 : "+Inf";
+      lat.Add({{"method", method}, {"le", le}}, double(cumulative), "_bucket");
+    }
+    lat.Add({{"method", method}}, m.latency_sum_seconds, "_sum");
+    lat.Add({{"method", method}}, double(m.count), "_count");
+  }
+}
+
+}  // namespace
+
+std::string PrometheusText(const v1::ClusterStatus& status,
+                           const RpcStats::Snapshot& rpc) {
+  std::string out;
+  AppendControllerFamilies(status, out);
+  AppendNodeCounts(status, out);
+  AppendNodeFamilies(status, out);
+  AppendCardFamilies(status, out);
+  AppendJobCounts(status, out);
+  AppendJobPhaseFamilies(status, out);
+  AppendJobGauges(status, out);
+  AppendRpcFamilies(rpc, out);
   return out;
 }
 
