@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cli/common/exit_codes.h"
+#include "core/clock.h"
 #include "nlohmann/json.hpp"
 #include "template/chat_template.h"
 #include "template/jinja.h"
@@ -100,7 +101,7 @@ CLI::App* AddChatTemplateCommand(CLI::App& app, ChatTemplateArgs& args) {
 
 int RunChatTemplate(const ChatTemplateArgs& args, std::istream& in,
                     std::ostream& out) {
-  absl::Time now = absl::Now();
+  absl::Time now = RealClock().Now();
   std::string error;
   if (!args.now.empty() &&
       !absl::ParseTime(absl::RFC3339_full, args.now, &now, &error)) {

@@ -18,6 +18,7 @@
 #include "cli/cluster_status_text.h"
 #include "cli/common/exit_codes.h"
 #include "controller/controller.h"
+#include "core/clock.h"
 #include "core/config_override.h"
 #include "core/memory_manager.h"
 #include "core/metrics.h"
@@ -70,8 +71,7 @@ absl::StatusOr<std::string> Token(const ClusterArgs& args,
 
 void Prepare(grpc::ClientContext& ctx, const std::string& token,
              absl::Duration timeout) {
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   absl::ToChronoMilliseconds(timeout));
+  ctx.set_deadline(absl::ToChronoTime(RealClock().Now() + timeout));
   rpc::AttachToken(ctx, token);
 }
 
@@ -108,7 +108,7 @@ int RunController(const ClusterArgs& args, const std::atomic<bool>& stop) {
     std::cout << "http on " << args.http.substr(0, args.http.rfind(':')) << ":"
               << (*controller)->http_port() << std::endl;
   }
-  while (!stop.load()) absl::SleepFor(absl::Milliseconds(100));
+  while (!stop.load()) SleepOnClock(RealClock(), absl::Milliseconds(100));
   spdlog::info(
       "controller: stopping: running jobs end after their current step "
       "with a checkpoint");
@@ -233,7 +233,7 @@ int RunStatus(const ClusterArgs& args, const std::atomic<bool>& stop) {
     } else if (tty) {
       // Refresh in place: home, clear the screen, draw.
       std::cout << "\x1b[H\x1b[2J"
-                << absl::FormatTime("%H:%M:%S", absl::Now(),
+                << absl::FormatTime("%H:%M:%S", RealClock().Now(),
                                     absl::LocalTimeZone())
                 << "  (every " << args.watch_interval_s
                 << " s; Ctrl-C to stop)\n"
@@ -242,10 +242,11 @@ int RunStatus(const ClusterArgs& args, const std::atomic<bool>& stop) {
       std::cout << (first ? "" : "\n") << text << std::flush;
     }
     if (ended) return kExitOk;
-    const absl::Time next = absl::Now() + absl::Seconds(args.watch_interval_s);
-    while (absl::Now() < next) {
+    const absl::Time next =
+        RealClock().Now() + absl::Seconds(args.watch_interval_s);
+    while (RealClock().Now() < next) {
       if (stop.load()) return kExitOk;
-      absl::SleepFor(absl::Milliseconds(50));
+      SleepOnClock(RealClock(), absl::Milliseconds(50));
     }
   }
 }

@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "cli/bench/bench_common.h"
 #include "cli/common/exit_codes.h"
+#include "core/clock.h"
 #include "core/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "sim/calibration.h"
@@ -265,14 +266,12 @@ absl::StatusOr<nlohmann::ordered_json> RunSimulations(
     double base_tps = 0;
     for (int n : run_counts) {
       const sim::SimRunSpec spec = RunSpec(args, plan, mode, n);
-      const auto t0 = std::chrono::steady_clock::now();
+      const absl::Time t0 = RealClock().MonotonicNow();
       // The controller's per-step progress lines would drown the runs'.
       spdlog::set_level(spdlog::level::warn);
       absl::StatusOr<sim::SimRunResult> r = sim::RunSimulation(spec);
       spdlog::set_level(level);
-      const double wall =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-              .count();
+      const double wall = RealClock().SecondsSince(t0);
       if (!r.ok()) {
         return absl::Status(r.status().code(),
                             absl::StrCat(mode.name, ", ", n, " super nodes: ",

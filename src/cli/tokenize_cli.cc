@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "cli/common/exit_codes.h"
+#include "core/clock.h"
 #include "fusionrl/tokenizer.h"
 #include "nlohmann/json.hpp"
 
@@ -22,9 +23,9 @@ namespace {
 
 using nlohmann::json;
 
-double SecondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-      .count();
+// Seconds from `start` (a RealClock().MonotonicNow()) to now.
+double SecondsSince(absl::Time start) {
+  return RealClock().SecondsSince(start);
 }
 
 absl::Status LineError(int line_number, absl::string_view message) {
@@ -143,7 +144,7 @@ int Bench(const TokenizeArgs& args, double load_seconds, const Tokenizer& tok,
   size_t tokens = 0;
   std::vector<std::vector<int>> encoded(texts.size());
   for (int r = 0; r < args.repeats; ++r) {
-    auto start = std::chrono::steady_clock::now();
+    auto start = RealClock().MonotonicNow();
     tokens = 0;
     for (size_t i = 0; i < texts.size(); ++i) {
       auto ids = tok.Encode(*texts[i]);
@@ -152,7 +153,7 @@ int Bench(const TokenizeArgs& args, double load_seconds, const Tokenizer& tok,
       encoded[i] = *std::move(ids);
     }
     encode_mb_s.push_back(bytes / 1e6 / SecondsSince(start));
-    start = std::chrono::steady_clock::now();
+    start = RealClock().MonotonicNow();
     size_t decoded_bytes = 0;
     for (const auto& ids : encoded) {
       decoded_bytes += tok.DecodeWithSpecial(ids).size();
@@ -200,7 +201,7 @@ CLI::App* AddTokenizeCommand(CLI::App& app, TokenizeArgs& args) {
 }
 
 int RunTokenize(const TokenizeArgs& args, std::istream& in, std::ostream& out) {
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = RealClock().MonotonicNow();
   auto tok = LoadTokenizer(args.tokenizer_dir);
   if (!tok.ok()) return Fail(tok.status());
   const double load_seconds = SecondsSince(start);

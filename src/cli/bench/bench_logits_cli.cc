@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "cli/bench/bench_common.h"
 #include "cli/common/exit_codes.h"
+#include "core/clock.h"
 #include "core/status_macros.h"
 #include "engine/jobs/job_setup.h"
 #include "engine/train/memory_accounting.h"
@@ -118,7 +119,7 @@ absl::StatusOr<StepResult> Step(PolicyModel& policy, const CollatedBatch& batch,
     }
     at::AutoGradMode grad_on(true);
     ScopedAllocationCounter counter(policy.device());
-    const absl::Time start = absl::Now();
+    const absl::Time start = RealClock().MonotonicNow();
     ResponseTokenStats tok =
         ResponseTokenLogProbs(policy, batch, temperature, chunk_tokens,
                               /*with_entropy=*/true);
@@ -127,11 +128,11 @@ absl::StatusOr<StepResult> Step(PolicyModel& policy, const CollatedBatch& batch,
     at::Tensor loss = -(tok.logp * mask).sum() / denom -
                       kEntropyCoef * (tok.entropy * mask).sum() / denom;
     loss.item<double>();  // waits for the device
-    r.forward_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    r.forward_seconds = RealClock().SecondsSince(start);
     r.held_bytes = counter.current_bytes();
     r.logp = tok.logp.detach();
     tok = ResponseTokenStats();
-    const absl::Time back = absl::Now();
+    const absl::Time back = RealClock().MonotonicNow();
     loss.backward();
     if (!policy.device().is_cpu()) {
       // Wait for the backward kernels (a host read syncs the stream).
@@ -139,7 +140,7 @@ absl::StatusOr<StepResult> Step(PolicyModel& policy, const CollatedBatch& batch,
         if (p.grad().defined()) p.grad().sum().item<double>();
       }
     }
-    r.backward_seconds = absl::ToDoubleSeconds(absl::Now() - back);
+    r.backward_seconds = RealClock().SecondsSince(back);
     r.peak_bytes = counter.peak_bytes();
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("bench-logits: chunk ",

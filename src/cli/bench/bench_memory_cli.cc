@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "cli/bench/bench_common.h"
 #include "cli/common/exit_codes.h"
+#include "core/clock.h"
 #include "core/status_macros.h"
 #include "engine/train/activation_memory.h"
 #include "engine/train/activation_planner.h"
@@ -202,10 +203,10 @@ absl::StatusOr<std::vector<PolicyRun>> RunPolicies(
         opts.budget_bytes = static_cast<int64_t>(
             none.held_bytes * policies[i].budget_mib / 100.0);
       }
-      const absl::Time start = absl::Now();
+      const absl::Time start = RealClock().MonotonicNow();
       absl::StatusOr<ActivationPlanReport> plan =
           PlanActivations(*runs[i].ctx.policy, runs[i].batch, opts);
-      runs[i].plan_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+      runs[i].plan_seconds = RealClock().SecondsSince(start);
       if (absl::IsFailedPrecondition(plan.status())) {
         runs[i].error = std::string(plan.status().message());
       } else if (!plan.ok()) {

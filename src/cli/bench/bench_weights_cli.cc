@@ -40,15 +40,16 @@
 namespace fusionrl::cli {
 namespace {
 
-using Steady = std::chrono::steady_clock;
-
 // Deadline of every collective and call: generous (a GiB over a slow
 // loopback), never infinite.
 constexpr absl::Duration kTimeout = absl::Minutes(5);
 constexpr int64_t kMaxSizeMib = 4096;
 
-double Seconds(Steady::time_point a, Steady::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
+// Now on the monotonic clock, for the measured intervals.
+absl::Time Now() { return RealClock().MonotonicNow(); }
+
+double Seconds(absl::Time a, absl::Time b) {
+  return absl::ToDoubleSeconds(b - a);
 }
 
 absl::StatusOr<std::vector<int64_t>> ParseSizes(const std::string& text) {
@@ -84,9 +85,9 @@ std::string Payload(size_t n) {
 absl::StatusOr<double> TimeMemcpy(const std::string& payload,
                                   std::string& dst) {
   dst.assign(payload.size(), '\1');
-  const Steady::time_point t0 = Steady::now();
+  const absl::Time t0 = Now();
   std::memcpy(dst.data(), payload.data(), payload.size());
-  const Steady::time_point t1 = Steady::now();
+  const absl::Time t1 = Now();
   if (dst != payload) return absl::DataLossError("memcpy: bytes differ");
   return Seconds(t0, t1);
 }
@@ -95,9 +96,9 @@ absl::StatusOr<double> TimeMemcpy(const std::string& payload,
 // per byte, more than once), with `extend`.
 template <typename Extend>
 absl::StatusOr<double> TimeCrc(const std::string& payload, Extend extend) {
-  const Steady::time_point t0 = Steady::now();
+  const absl::Time t0 = Now();
   const uint32_t crc = extend(0, payload.data(), payload.size());
-  const Steady::time_point t1 = Steady::now();
+  const absl::Time t1 = Now();
   if (crc !=
       internal::Crc32cExtendPortable(0, payload.data(), payload.size())) {
     return absl::InternalError("CRC-32C paths disagree");
@@ -112,7 +113,7 @@ absl::StatusOr<double> TimeOnEveryRank(
     const std::function<absl::Status(int rank)>& op) {
   struct Times {
     absl::Status status;
-    Steady::time_point start, end;
+    absl::Time start, end;
   };
   std::vector<std::future<Times>> done;
   for (int r = 0; r < static_cast<int>(group.size()); ++r) {
@@ -120,14 +121,14 @@ absl::StatusOr<double> TimeOnEveryRank(
       Times t;
       std::vector<at::Tensor> barrier = {at::ones({1})};
       t.status = group[r]->AllReduceSum(barrier);
-      t.start = Steady::now();
+      t.start = Now();
       if (t.status.ok()) t.status = op(r);
-      t.end = Steady::now();
+      t.end = Now();
       return t;
     }));
   }
-  Steady::time_point start = Steady::time_point::max();
-  Steady::time_point end = Steady::time_point::min();
+  absl::Time start = absl::InfiniteFuture();
+  absl::Time end = absl::InfinitePast();
   absl::Status status;
   for (auto& f : done) {
     Times t = f.get();
@@ -200,8 +201,8 @@ class LoopbackWeightServer {
   }
   ~LoopbackWeightServer() {
     if (server_ != nullptr) {
-      server_->Shutdown(std::chrono::system_clock::now() +
-                        std::chrono::seconds(5));
+      server_->Shutdown(
+          absl::ToChronoTime(RealClock().Now() + absl::Seconds(5)));
     }
   }
   bool ok() const { return server_ != nullptr && port_ > 0; }
@@ -238,11 +239,11 @@ absl::StatusOr<ServiceTimes> TimeWeightService(
     std::vector<std::unique_ptr<v1::WeightService::Stub>>& fetchers,
     const std::string& payload, int64_t version) {
   ServiceTimes out;
-  const Steady::time_point t0 = Steady::now();
+  const absl::Time t0 = Now();
   FUSIONRL_RETURN_IF_ERROR(
       rpc::PublishWeights(publisher, "bench", version, "sn-0", payload,
                           rpc::kDefaultWeightChunkBytes, kTimeout));
-  const Steady::time_point t1 = Steady::now();
+  const absl::Time t1 = Now();
   std::vector<std::future<absl::StatusOr<std::string>>> got;
   for (auto& stub : fetchers) {
     got.push_back(std::async(std::launch::async, [&stub, version] {
@@ -259,7 +260,7 @@ absl::StatusOr<ServiceTimes> TimeWeightService(
     }
     bytes.push_back(*std::move(b));
   }
-  const Steady::time_point t2 = Steady::now();
+  const absl::Time t2 = Now();
   FUSIONRL_RETURN_IF_ERROR(status);
   for (const std::string& b : bytes) {
     if (b != payload) {
