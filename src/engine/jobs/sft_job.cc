@@ -27,6 +27,117 @@
 namespace fusionrl {
 using Clock = std::chrono::steady_clock;
 
+namespace {
+
+// One SFT batch of sft.batch_size training problems from `cursor` on:
+// a demonstrated episode where the environment has one, else the reference
+// solution. Adds the response tokens to `tokens`.
+absl::StatusOr<std::vector<Sample>> SftBatch(const JobConfig& config,
+                                             JobContext& ctx, uint64_t& cursor,
+                                             int64_t& tokens) {
+  const int max_new = config.rollout.max_new_tokens;
+  std::vector<Sample> batch;
+  for (int i = 0; i < config.sft.batch_size; ++i) {
+    const Problem p = ctx.task->TrainProblem(cursor++);
+    if (ctx.environment != nullptr) {
+      // Multi-turn: a demonstrated episode (its environment tokens masked
+      // out of the loss), where the environment has demonstrations.
+      absl::StatusOr<Sample> demo = DemonstrationSample(ctx, p, cursor);
+      if (demo.ok()) {
+        tokens += static_cast<int64_t>(demo->response_ids.size());
+        batch.push_back(*std::move(demo));
+        continue;
+      }
+      if (!absl::IsNotFound(demo.status())) return demo.status();
+    }
+    FUSIONRL_ASSIGN_OR_RETURN(Sample s, SolutionSample(ctx, p));
+    if (static_cast<int>(s.response_ids.size()) > max_new) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rollout.max_new_tokens: the reference solution of '",
+                       p.prompt, "' needs ", s.response_ids.size(),
+                       " tokens (eos included), more "
+                       "than ",
+                       max_new));
+    }
+    tokens += static_cast<int64_t>(s.response_ids.size());
+    batch.push_back(std::move(s));
+  }
+  return batch;
+}
+
+// One optimizer step of SFT: its loss (the likelihood term), the MoE
+// auxiliary loss (undefined for a dense policy), pre-clip norm and rate.
+struct SftStep {
+  at::Tensor loss;
+  at::Tensor aux;
+  double grad_norm = 0;
+  double lr = 0;
+};
+
+SftStep TrainSftBatch(PolicyModel& policy, MasterWeightAdamW& adamw,
+                      const JobConfig& config, const OptimConfig& schedule,
+                      const CollatedBatch& cb, int step) {
+  const auto& o = config.optim;
+  SftStep r;
+  policy.set_training(true);
+  adamw.ZeroGrad();
+  auto logp = ResponseTokenLogProbs(policy, cb, 1.0,
+                                    config.optim.logits_chunk_tokens, false)
+                  .logp;
+  r.loss = -(logp * cb.response_mask).sum() / cb.response_mask.sum();
+  // MoE: the router's load-balancing and z losses join the objective, as
+  // in RL training (the logged "loss" stays the likelihood term).
+  r.aux = policy.AuxLoss();
+  (r.aux.defined() ? r.loss + r.aux : r.loss).backward();
+  adamw.GradientsToMasters();
+  r.grad_norm = o.grad_clip > 0
+                    ? InvariantClipGradNorm(adamw.stepped(), o.grad_clip)
+                    : 0.0;
+  r.lr = LearningRateAt(schedule, step - 1);
+  adamw.SetLearningRate(r.lr);
+  adamw.Step();
+  return r;
+}
+
+// A step's metrics line (without the eval accuracy).
+MetricRecord SftMetrics(int step, double loss_v, const SftStep& r,
+                        PolicyModel& policy) {
+  MetricRecord rec = {{"step", step},
+                      {"loss", loss_v},
+                      {"grad_norm", r.grad_norm},
+                      {"lr", r.lr}};
+  if (!r.aux.defined()) return rec;
+  const MoeStats ms = policy.moe_stats();
+  rec.push_back({"moe_aux_loss", ms.aux_loss});
+  rec.push_back({"moe_z_loss", ms.z_loss});
+  rec.push_back({"moe_dropped_frac", ms.dropped_frac});
+  for (size_t i = 0; i < ms.expert_load.size(); ++i) {
+    rec.push_back({absl::StrCat("moe_load_", i), ms.expert_load[i]});
+  }
+  for (size_t g = 0; ms.group_load.size() > 1 && g < ms.group_load.size();
+       ++g) {
+    rec.push_back({absl::StrCat("moe_group_load_", g), ms.group_load[g]});
+  }
+  return rec;
+}
+
+// The final checkpoint into summary.checkpoint_dir (and the HF export).
+absl::Status WriteFinalSftCheckpoint(const JobConfig& config, JobContext& ctx,
+                                     uint64_t cursor, JobSummary& summary) {
+  summary.checkpoint_dir = config.output_dir + "/checkpoints/final";
+  FUSIONRL_RETURN_IF_ERROR(
+      WriteCheckpoint(summary.checkpoint_dir, *ctx.policy, nullptr,
+                      CheckpointMeta{"sft", config.name, config.sft.steps, 0,
+                                     cursor, LoraBaseModel(config)}));
+  if (config.run.export_final) {
+    FUSIONRL_RETURN_IF_ERROR(
+        ExportJobPolicy(config, ctx, *ctx.policy, config.output_dir + "/hf"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config) {
   const auto job_start = Clock::now();
   FUSIONRL_RETURN_IF_ERROR(ValidateJobConfig(config));
@@ -63,72 +174,18 @@ absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config) {
   int64_t tokens = 0;
   for (int step = 1; step <= sc.steps; ++step) {
     const auto t0 = Clock::now();
-    std::vector<Sample> batch;
-    for (int i = 0; i < sc.batch_size; ++i) {
-      const Problem p = ctx.task->TrainProblem(cursor++);
-      if (ctx.environment != nullptr) {
-        // Multi-turn: a demonstrated episode (its environment tokens masked
-        // out of the loss), where the environment has demonstrations.
-        absl::StatusOr<Sample> demo = DemonstrationSample(ctx, p, cursor);
-        if (demo.ok()) {
-          tokens += static_cast<int64_t>(demo->response_ids.size());
-          batch.push_back(*std::move(demo));
-          continue;
-        }
-        if (!absl::IsNotFound(demo.status())) return demo.status();
-      }
-      FUSIONRL_ASSIGN_OR_RETURN(Sample s, SolutionSample(ctx, p));
-      if (static_cast<int>(s.response_ids.size()) > max_new) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("rollout.max_new_tokens: the reference solution of '",
-                         p.prompt, "' needs ", s.response_ids.size(),
-                         " tokens (eos included), more "
-                         "than ",
-                         max_new));
-      }
-      tokens += static_cast<int64_t>(s.response_ids.size());
-      batch.push_back(std::move(s));
-    }
+    FUSIONRL_ASSIGN_OR_RETURN(std::vector<Sample> batch,
+                              SftBatch(config, ctx, cursor, tokens));
     const CollatedBatch cb =
         Collate(batch, ctx.tokenizer->pad_id(), ctx.device);
-    policy.set_training(true);
-    adamw.ZeroGrad();
-    auto logp = ResponseTokenLogProbs(policy, cb, 1.0,
-                                      config.optim.logits_chunk_tokens, false)
-                    .logp;
-    auto loss = -(logp * cb.response_mask).sum() / cb.response_mask.sum();
-    // MoE: the router's load-balancing and z losses join the objective, as
-    // in RL training (the logged "loss" stays the likelihood term).
-    const at::Tensor aux = policy.AuxLoss();
-    (aux.defined() ? loss + aux : loss).backward();
-    adamw.GradientsToMasters();
-    const double grad_norm =
-        o.grad_clip > 0 ? InvariantClipGradNorm(adamw.stepped(), o.grad_clip)
-                        : 0.0;
-    const double lr = LearningRateAt(schedule, step - 1);
-    adamw.SetLearningRate(lr);
-    adamw.Step();
+    const SftStep r = TrainSftBatch(policy, adamw, config, schedule, cb, step);
     train_seconds += SecondsSince(t0);
-    const double loss_v = loss.item<double>();
+    const double loss_v = r.loss.item<double>();
     if (!std::isfinite(loss_v)) {
       return absl::InternalError(absl::StrCat(
           "sft: loss became non-finite at step ", step, "; lower sft.lr"));
     }
-    MetricRecord rec = {
-        {"step", step}, {"loss", loss_v}, {"grad_norm", grad_norm}, {"lr", lr}};
-    if (aux.defined()) {
-      const MoeStats ms = policy.moe_stats();
-      rec.push_back({"moe_aux_loss", ms.aux_loss});
-      rec.push_back({"moe_z_loss", ms.z_loss});
-      rec.push_back({"moe_dropped_frac", ms.dropped_frac});
-      for (size_t i = 0; i < ms.expert_load.size(); ++i) {
-        rec.push_back({absl::StrCat("moe_load_", i), ms.expert_load[i]});
-      }
-      for (size_t g = 0; ms.group_load.size() > 1 && g < ms.group_load.size();
-           ++g) {
-        rec.push_back({absl::StrCat("moe_group_load_", g), ms.group_load[g]});
-      }
-    }
+    MetricRecord rec = SftMetrics(step, loss_v, r, policy);
     const bool eval_now =
         (sc.eval_every > 0 && step % sc.eval_every == 0) || step == sc.steps;
     if (eval_now) {
@@ -142,14 +199,8 @@ absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config) {
     }
     FUSIONRL_RETURN_IF_ERROR(metrics->Append(rec));
   }
-  summary.checkpoint_dir = out + "/checkpoints/final";
   FUSIONRL_RETURN_IF_ERROR(
-      WriteCheckpoint(summary.checkpoint_dir, policy, nullptr,
-                      CheckpointMeta{"sft", config.name, sc.steps, 0, cursor,
-                                     LoraBaseModel(config)}));
-  if (config.run.export_final) {
-    FUSIONRL_RETURN_IF_ERROR(ExportJobPolicy(config, ctx, policy, out + "/hf"));
-  }
+      WriteFinalSftCheckpoint(config, ctx, cursor, summary));
   summary.final_eval_accuracy = last_eval;
   summary.steps = sc.steps;
   summary.tokens_per_second = train_seconds > 0 ? tokens / train_seconds : 0;

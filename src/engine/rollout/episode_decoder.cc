@@ -15,11 +15,15 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
-#include "engine/rollout/cpu_decoder.h"
 #include "engine/model/expert_parallel.h"
+#include "engine/rollout/cpu_decoder.h"
+#include "engine/rollout/rollout_batch.h"
 
 namespace fusionrl {
 namespace {
+
+using rollout_internal::DistinctPrompts;
+using rollout_internal::FindDistinctPrompts;
 
 using Clock = std::chrono::steady_clock;
 double Since(Clock::time_point t0) {
@@ -215,6 +219,235 @@ class CompositeBackend final : public Backend {
   std::map<int64_t, std::vector<int8_t>> routes_;   // by episode
 };
 
+// One RunOnce call's episodes as they move between the states of a
+// multi-turn decode: in a slot (fed, then sampling), parked on the
+// environment's answer, ready for a slot, or finished.
+class EpisodeRun {
+ public:
+  struct Setup {
+    const DistinctPrompts* prompts;
+    int64_t budget;  // tokens an episode may hold (model's and env's)
+    int64_t slots;
+    const std::vector<SequenceKey>* keys;
+    const SamplingParams* params;
+    const EpisodeLimits* limits;
+    const std::vector<int>* stop_ids;
+  };
+  EpisodeRun(const Setup& setup, TurnDriver& driver, Backend& backend,
+             EpisodeDecodeStats& stats)
+      : s_(setup),
+        driver_(driver),
+        backend_(backend),
+        stats_(stats),
+        n_(static_cast<int64_t>(setup.prompts->prompt_of.size())),
+        out_(n_),
+        first_(n_),
+        first_logp_(n_),
+        feed_(n_),
+        turn_(n_),
+        sampled_(n_, 0),
+        slot_episode_(setup.slots, -1),
+        step_tokens_(setup.slots),
+        u_(at::empty({setup.slots}, at::TensorOptions().dtype(at::kFloat))) {}
+
+  // Every episode's first token, from its prompt's prefill logits.
+  void SampleFirstTokens() {
+    const at::Tensor prefill_logits = backend_.Prefill(s_.prompts->unique);
+    auto u = at::empty({n_}, at::TensorOptions().dtype(at::kFloat));
+    const std::vector<SequenceKey>& keys = *s_.keys;
+    for (int64_t i = 0; i < n_; ++i) {
+      u.data_ptr<float>()[i] = RowUniform(keys[i].seed, keys[i].index, 0);
+    }
+    auto rows =
+        at::tensor(s_.prompts->prompt_of, at::TensorOptions().dtype(at::kLong))
+            .to(prefill_logits.device());
+    auto [tok, lp] =
+        SampleTokens(prefill_logits.index_select(0, rows), u, *s_.params);
+    tok = tok.to(at::kCPU).contiguous();
+    lp = lp.to(at::kCPU).to(at::kFloat).contiguous();
+    for (int64_t i = 0; i < n_; ++i) {
+      first_[i] = tok.data_ptr<int64_t>()[i];
+      first_logp_[i] = lp.data_ptr<float>()[i];
+    }
+  }
+
+  // Decodes until every episode has finished.
+  void Decode() {
+    while (true) {
+      TakeDueAnswers();
+      FillSlots();
+      if (live_ == 0) {
+        if (parked_.empty()) return;
+        // Everyone waits on the environment: on to the next admission.
+        step_ = std::max(step_, parked_.begin()->first);
+        continue;
+      }
+      StepSlots();
+    }
+  }
+
+  // The episodes' tokens, with the routes the backend recorded.
+  std::vector<EpisodeTokens> Finish() {
+    for (int64_t e = 0; e < n_; ++e) out_[e].routes = backend_.TakeRoutes(e);
+    return std::move(out_);
+  }
+
+ private:
+  bool IsStop(int id) const {
+    return std::find(s_.stop_ids->begin(), s_.stop_ids->end(), id) !=
+           s_.stop_ids->end();
+  }
+
+  // Answers due at this step, in (step, episode) order: appended to their
+  // episodes to be fed, or the episode ends (done, full, or out of turns).
+  void TakeDueAnswers() {
+    while (!parked_.empty() && parked_.begin()->first <= step_) {
+      const int64_t e = parked_.begin()->second;
+      parked_.erase(parked_.begin());
+      const auto t_wait = Clock::now();
+      TurnDriver::Answer answer = driver_.Await(e);
+      stats_.wait_seconds += Since(t_wait);
+      EpisodeTokens& ep = out_[e];
+      const bool fits = static_cast<int64_t>(ep.tokens.size() +
+                                             answer.tokens.size()) < s_.budget;
+      if (answer.done || !fits || ep.turns >= s_.limits->max_turns) {
+        ep.done = answer.done;
+        if (!answer.done) {
+          driver_.EpisodeCut(e, {}, ep.turns >= s_.limits->max_turns);
+        }
+        backend_.Drop(e);
+        continue;
+      }
+      for (const int id : answer.tokens) {
+        ep.tokens.push_back(id);
+        ep.logp.push_back(0.0f);
+        ep.model.push_back(0);
+        feed_[e].push_back(id);
+      }
+      stats_.env_tokens_fed += static_cast<int64_t>(answer.tokens.size());
+      ready_.push_back(e);
+    }
+  }
+
+  // Free slots: continued episodes first, then new ones.
+  void FillSlots() {
+    while (live_ < s_.slots && (!ready_.empty() || next_new_ < n_)) {
+      const int64_t s = live_;
+      if (!ready_.empty()) {
+        const int64_t e = ready_.front();
+        ready_.pop_front();
+        backend_.Resume(e, s);
+        slot_episode_[s] = e;
+        ++live_;
+        continue;
+      }
+      const int64_t e = next_new_++;
+      backend_.Start(s_.prompts->prompt_of[e], s, e);
+      slot_episode_[s] = e;
+      ++live_;
+      const size_t parked_before = parked_.size();
+      if (Record(e, first_[e], first_logp_[e])) {
+        Vacate(s, /*park=*/parked_.size() > parked_before);
+      }
+    }
+  }
+
+  // One decode step of the live slots: each fed its next token, and those
+  // done feeding record the token they sample.
+  void StepSlots() {
+    for (int64_t s = 0; s < live_; ++s) {
+      std::deque<int64_t>& f = feed_[slot_episode_[s]];
+      step_tokens_[s] = f.front();
+      f.pop_front();
+    }
+    const at::Tensor logits = backend_.Step(step_tokens_.data(), live_);
+    ++step_;
+    ++stats_.decode_steps;
+    stats_.rows_computed += live_;
+    float* ud = u_.data_ptr<float>();
+    const std::vector<SequenceKey>& keys = *s_.keys;
+    for (int64_t s = 0; s < live_; ++s) {
+      const int64_t e = slot_episode_[s];
+      ud[s] = RowUniform(keys[e].seed, keys[e].index, sampled_[e]);
+    }
+    auto [tok, lp] = SampleTokens(logits, u_.narrow(0, 0, live_), *s_.params);
+    tok = tok.to(at::kCPU).contiguous();
+    lp = lp.to(at::kCPU).to(at::kFloat).contiguous();
+    const int64_t* td = tok.data_ptr<int64_t>();
+    const float* ld = lp.data_ptr<float>();
+    // From the last slot down: a vacated slot takes one already handled.
+    for (int64_t s = live_ - 1; s >= 0; --s) {
+      const int64_t e = slot_episode_[s];
+      if (!feed_[e].empty()) continue;  // still feeding the answer
+      const size_t parked_before = parked_.size();
+      if (Record(e, td[s], ld[s])) Vacate(s, parked_.size() > parked_before);
+    }
+  }
+
+  // Records a sampled token. Returns true when the episode left its slot
+  // (its turn ended, or the token limit cut it).
+  bool Record(int64_t e, int64_t token, float logp) {
+    EpisodeTokens& ep = out_[e];
+    ep.tokens.push_back(static_cast<int>(token));
+    ep.logp.push_back(logp);
+    ep.model.push_back(1);
+    turn_[e].push_back(static_cast<int>(token));
+    ++sampled_[e];
+    feed_[e].assign(1, token);
+    const bool stopped = IsStop(static_cast<int>(token));
+    if (stopped ||
+        static_cast<int64_t>(turn_[e].size()) >= s_.params->max_new_tokens) {
+      ++ep.turns;
+      driver_.TurnEnded(e, turn_[e], stopped);
+      turn_[e].clear();
+      parked_.emplace(step_ + s_.limits->admit_after_steps, e);
+      return true;
+    }
+    if (static_cast<int64_t>(ep.tokens.size()) >= s_.budget) {
+      ++ep.turns;  // cut inside a turn: the episode ends, not done
+      driver_.EpisodeCut(e, turn_[e], /*max_turns=*/false);
+      return true;
+    }
+    return false;
+  }
+
+  // Slot `s` leaves the batch (its episode parked or finished): the last
+  // live slot moves into it.
+  void Vacate(int64_t s, bool park) {
+    const int64_t e = slot_episode_[s];
+    if (park) {
+      backend_.Park(s, e);
+    } else {
+      backend_.Drop(e);
+    }
+    const int64_t last = live_ - 1;
+    if (s != last) {
+      backend_.Move(last, s);
+      slot_episode_[s] = slot_episode_[last];
+    }
+    slot_episode_[last] = -1;
+    --live_;
+  }
+
+  const Setup s_;
+  TurnDriver& driver_;
+  Backend& backend_;
+  EpisodeDecodeStats& stats_;
+  const int64_t n_;
+  std::vector<EpisodeTokens> out_;
+  std::vector<int64_t> first_;  // each episode's first token
+  std::vector<float> first_logp_;
+  std::vector<std::deque<int64_t>> feed_;         // tokens to feed, in order
+  std::vector<std::vector<int>> turn_;            // the current turn's tokens
+  std::vector<int64_t> sampled_;                  // model tokens so far
+  std::set<std::pair<int64_t, int64_t>> parked_;  // (admit step, episode)
+  std::deque<int64_t> ready_;  // answered, waiting for a slot
+  std::vector<int64_t> slot_episode_;
+  int64_t live_ = 0, next_new_ = 0, step_ = 0;
+  std::vector<int64_t> step_tokens_;
+  at::Tensor u_;
+};
+
 }  // namespace
 
 EpisodeDecoder::EpisodeDecoder(PolicyModel& model, int pad_id,
@@ -259,24 +492,17 @@ absl::StatusOr<std::vector<EpisodeTokens>> EpisodeDecoder::RunOnce(
   const auto t_start = Clock::now();
   stats_ = EpisodeDecodeStats{};
   const int64_t n = static_cast<int64_t>(prompts.size());
-  std::vector<EpisodeTokens> out(n);
-  if (n == 0) return out;
-  // Distinct prompts are prefilled once (a GRPO group shares its prompt).
-  std::map<std::vector<int>, int64_t> index;
-  std::vector<const std::vector<int>*> unique;
-  std::vector<int64_t> prompt_of(n);
+  if (n == 0) return std::vector<EpisodeTokens>();
   int64_t longest = 0;
   for (int64_t i = 0; i < n; ++i) {
     if (prompts[i].empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("episode ", i, ": empty prompt"));
     }
-    auto [it, added] =
-        index.emplace(prompts[i], static_cast<int64_t>(unique.size()));
-    if (added) unique.push_back(&prompts[i]);
-    prompt_of[i] = it->second;
     longest = std::max<int64_t>(longest, prompts[i].size());
   }
+  // Distinct prompts are prefilled once (a GRPO group shares its prompt).
+  const DistinctPrompts distinct = FindDistinctPrompts(prompts);
   const int64_t max_seq = model_.config().max_seq_len;
   const int64_t budget = limits.max_episode_tokens > 0
                              ? limits.max_episode_tokens
@@ -297,167 +523,12 @@ absl::StatusOr<std::vector<EpisodeTokens>> EpisodeDecoder::RunOnce(
     backend =
         std::make_unique<CompositeBackend>(model_, slots, capacity, lockstep_);
   }
-  const int64_t turn_budget = params.max_new_tokens;
-  auto is_stop = [&](int id) {
-    return std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end();
-  };
-
-  // Every episode's first token, from its prompt's prefill logits.
-  const at::Tensor prefill_logits = backend->Prefill(unique);
-  std::vector<int64_t> first(n);
-  std::vector<float> first_logp(n);
-  {
-    auto u = at::empty({n}, at::TensorOptions().dtype(at::kFloat));
-    for (int64_t i = 0; i < n; ++i) {
-      u.data_ptr<float>()[i] = RowUniform(keys[i].seed, keys[i].index, 0);
-    }
-    auto rows = at::tensor(prompt_of, at::TensorOptions().dtype(at::kLong))
-                    .to(prefill_logits.device());
-    auto [tok, lp] =
-        SampleTokens(prefill_logits.index_select(0, rows), u, params);
-    tok = tok.to(at::kCPU).contiguous();
-    lp = lp.to(at::kCPU).to(at::kFloat).contiguous();
-    for (int64_t i = 0; i < n; ++i) {
-      first[i] = tok.data_ptr<int64_t>()[i];
-      first_logp[i] = lp.data_ptr<float>()[i];
-    }
-  }
-
-  std::vector<std::deque<int64_t>> feed(n);      // tokens to feed, in order
-  std::vector<std::vector<int>> turn(n);         // the current turn's tokens
-  std::vector<int64_t> sampled(n, 0);            // model tokens so far
-  std::set<std::pair<int64_t, int64_t>> parked;  // (admit step, episode)
-  std::deque<int64_t> ready;                     // answered, waiting for a slot
-  std::vector<int64_t> slot_episode(slots, -1);
-  int64_t live = 0, next_new = 0, step = 0;
-
-  // Records a sampled token. Returns true when the episode left its slot
-  // (its turn ended, or the token limit cut it).
-  auto record = [&](int64_t e, int64_t token, float logp) {
-    EpisodeTokens& ep = out[e];
-    ep.tokens.push_back(static_cast<int>(token));
-    ep.logp.push_back(logp);
-    ep.model.push_back(1);
-    turn[e].push_back(static_cast<int>(token));
-    ++sampled[e];
-    feed[e].assign(1, token);
-    const bool stopped = is_stop(static_cast<int>(token));
-    if (stopped || static_cast<int64_t>(turn[e].size()) >= turn_budget) {
-      ++ep.turns;
-      driver.TurnEnded(e, turn[e], stopped);
-      turn[e].clear();
-      parked.emplace(step + limits.admit_after_steps, e);
-      return true;
-    }
-    if (static_cast<int64_t>(ep.tokens.size()) >= budget) {
-      ++ep.turns;  // cut inside a turn: the episode ends, not done
-      driver.EpisodeCut(e, turn[e], /*max_turns=*/false);
-      return true;
-    }
-    return false;
-  };
-  // Slot `s` leaves the batch (its episode parked or finished): the last
-  // live slot moves into it.
-  auto vacate = [&](int64_t s, bool park) {
-    const int64_t e = slot_episode[s];
-    if (park) {
-      backend->Park(s, e);
-    } else {
-      backend->Drop(e);
-    }
-    const int64_t last = live - 1;
-    if (s != last) {
-      backend->Move(last, s);
-      slot_episode[s] = slot_episode[last];
-    }
-    slot_episode[last] = -1;
-    --live;
-  };
-
-  std::vector<int64_t> step_tokens(slots);
-  auto u = at::empty({slots}, at::TensorOptions().dtype(at::kFloat));
-  while (true) {
-    // Answers due at this step, in (step, episode) order.
-    while (!parked.empty() && parked.begin()->first <= step) {
-      const int64_t e = parked.begin()->second;
-      parked.erase(parked.begin());
-      const auto t_wait = Clock::now();
-      TurnDriver::Answer answer = driver.Await(e);
-      stats_.wait_seconds += Since(t_wait);
-      EpisodeTokens& ep = out[e];
-      const bool fits = static_cast<int64_t>(ep.tokens.size() +
-                                             answer.tokens.size()) < budget;
-      if (answer.done || !fits || ep.turns >= limits.max_turns) {
-        ep.done = answer.done;
-        if (!answer.done) {
-          driver.EpisodeCut(e, {}, ep.turns >= limits.max_turns);
-        }
-        backend->Drop(e);
-        continue;
-      }
-      for (const int id : answer.tokens) {
-        ep.tokens.push_back(id);
-        ep.logp.push_back(0.0f);
-        ep.model.push_back(0);
-        feed[e].push_back(id);
-      }
-      stats_.env_tokens_fed += static_cast<int64_t>(answer.tokens.size());
-      ready.push_back(e);
-    }
-    // Free slots: continued episodes first, then new ones.
-    while (live < slots && (!ready.empty() || next_new < n)) {
-      const int64_t s = live;
-      if (!ready.empty()) {
-        const int64_t e = ready.front();
-        ready.pop_front();
-        backend->Resume(e, s);
-        slot_episode[s] = e;
-        ++live;
-        continue;
-      }
-      const int64_t e = next_new++;
-      backend->Start(prompt_of[e], s, e);
-      slot_episode[s] = e;
-      ++live;
-      const size_t parked_before = parked.size();
-      if (record(e, first[e], first_logp[e])) {
-        vacate(s, /*park=*/parked.size() > parked_before);
-      }
-    }
-    if (live == 0) {
-      if (parked.empty()) break;
-      // Everyone waits on the environment: on to the next admission.
-      step = std::max(step, parked.begin()->first);
-      continue;
-    }
-    for (int64_t s = 0; s < live; ++s) {
-      std::deque<int64_t>& f = feed[slot_episode[s]];
-      step_tokens[s] = f.front();
-      f.pop_front();
-    }
-    const at::Tensor logits = backend->Step(step_tokens.data(), live);
-    ++step;
-    ++stats_.decode_steps;
-    stats_.rows_computed += live;
-    float* ud = u.data_ptr<float>();
-    for (int64_t s = 0; s < live; ++s) {
-      const int64_t e = slot_episode[s];
-      ud[s] = RowUniform(keys[e].seed, keys[e].index, sampled[e]);
-    }
-    auto [tok, lp] = SampleTokens(logits, u.narrow(0, 0, live), params);
-    tok = tok.to(at::kCPU).contiguous();
-    lp = lp.to(at::kCPU).to(at::kFloat).contiguous();
-    const int64_t* td = tok.data_ptr<int64_t>();
-    const float* ld = lp.data_ptr<float>();
-    // From the last slot down: a vacated slot takes one already handled.
-    for (int64_t s = live - 1; s >= 0; --s) {
-      const int64_t e = slot_episode[s];
-      if (!feed[e].empty()) continue;  // still feeding the answer
-      const size_t parked_before = parked.size();
-      if (record(e, td[s], ld[s])) vacate(s, parked.size() > parked_before);
-    }
-  }
-  for (int64_t e = 0; e < n; ++e) out[e].routes = backend->TakeRoutes(e);
+  EpisodeRun run(
+      {&distinct, budget, slots, &keys, &params, &limits, &stop_ids_}, driver,
+      *backend, stats_);
+  run.SampleFirstTokens();
+  run.Decode();
+  std::vector<EpisodeTokens> out = run.Finish();
   stats_.total_seconds = Since(t_start);
   return out;
 }

@@ -14,11 +14,17 @@
 #include "absl/strings/str_cat.h"
 #include "core/seed.h"
 #include "core/status_macros.h"
-#include "engine/rollout/cpu_decoder.h"
-#include "engine/model/expert_parallel.h"
 #include "engine/kernels/vocab_kernels.h"
+#include "engine/model/expert_parallel.h"
+#include "engine/rollout/cpu_decoder.h"
+#include "engine/rollout/rollout_batch.h"
 
 namespace fusionrl {
+
+using rollout_internal::DistinctPrompts;
+using rollout_internal::FindDistinctPrompts;
+using rollout_internal::LeftPadded;
+using rollout_internal::TokenCap;
 
 at::Tensor FilterLogits(const at::Tensor& logits, int top_k, double top_p) {
   const double neg_inf = -std::numeric_limits<double>::infinity();
@@ -106,49 +112,6 @@ std::pair<at::Tensor, at::Tensor> SampleNext(const at::Tensor& logits,
   return SampleTokens(logits, u, params);
 }
 
-// Left-padded batch of `prompts` [n, len] and its validity [n, len + extra]
-// (the prompt part set), on `device`.
-std::pair<at::Tensor, at::Tensor> LeftPadded(
-    const std::vector<const std::vector<int>*>& prompts, int64_t len,
-    int64_t extra, int pad_id, c10::Device device) {
-  const int64_t n = static_cast<int64_t>(prompts.size());
-  const auto long_opts = at::TensorOptions().dtype(at::kLong);
-  auto tokens = at::full({n, len}, pad_id, long_opts);
-  auto valid = at::zeros({n, len + extra}, long_opts.dtype(at::kBool));
-  auto tok_acc = tokens.accessor<int64_t, 2>();
-  auto valid_acc = valid.accessor<bool, 2>();
-  for (int64_t b = 0; b < n; ++b) {
-    const auto& p = *prompts[b];
-    const int64_t offset = len - static_cast<int64_t>(p.size());
-    for (size_t j = 0; j < p.size(); ++j) {
-      tok_acc[b][offset + j] = p[j];
-      valid_acc[b][offset + j] = true;
-    }
-  }
-  return {tokens.to(device), valid.to(device)};
-}
-
-// Prefix sharing: the distinct prompts of a batch, in first-seen order,
-// and for each sequence the index of its prompt among them.
-struct DistinctPrompts {
-  std::vector<const std::vector<int>*> unique;
-  std::vector<int64_t> prompt_of;
-};
-
-DistinctPrompts FindDistinctPrompts(
-    const std::vector<std::vector<int>>& prompts) {
-  DistinctPrompts d;
-  std::map<std::vector<int>, int64_t> index;
-  d.prompt_of.resize(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    auto [it, added] =
-        index.emplace(prompts[i], static_cast<int64_t>(d.unique.size()));
-    if (added) d.unique.push_back(&prompts[i]);
-    d.prompt_of[i] = it->second;
-  }
-  return d;
-}
-
 }  // namespace
 
 float RowUniform(uint64_t seed, int64_t i, int64_t t) {
@@ -157,15 +120,6 @@ float RowUniform(uint64_t seed, int64_t i, int64_t t) {
   // 24 random bits: a float in (0, 1].
   return 1.0f - static_cast<float>(bits >> 40) * (1.0f / 16777216.0f);
 }
-
-namespace {
-// How many tokens a call may sample for the sequence of `key`.
-int64_t TokenCap(const SequenceKey& key, const SamplingParams& params) {
-  return key.max_tokens > 0
-             ? std::min<int64_t>(key.max_tokens, params.max_new_tokens)
-             : params.max_new_tokens;
-}
-}  // namespace
 
 void RolloutEngine::Configure(const RolloutConfig& config) {
   path_ = config.decode == DecodeMode::kComposite ? DecodePath::kComposite
@@ -269,342 +223,173 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateOnce(
   return out;
 }
 
+// The fused decode of one call (GenerateFused): sequences wait, then take a
+// decoder slot until they finish; outputs are kept by sequence.
+struct RolloutEngine::FusedDecode {
+  FusedDecode(const std::vector<std::vector<int>>& p, const SamplingParams& s,
+              const std::vector<SequenceKey>& k, const FinishedFn& f)
+      : prompts(p), params(s), keys(k), on_finished(f) {}
+  const std::vector<std::vector<int>>& prompts;
+  const SamplingParams& params;
+  const std::vector<SequenceKey>& keys;
+  const FinishedFn& on_finished;
+  int64_t batch = 0, prompt_len = 0;
+  // Prefix sharing: each distinct prompt is prefilled once.
+  DistinctPrompts distinct;
+  KvCache prefill;
+  std::vector<Completion> completions;
+  std::vector<int64_t> cap;  // a slot holds its prompt and at most its cap
+  int64_t capacity = 0;      // the longest prompt plus cap
+  std::vector<char> done;
+  // Slots [0, live) hold sequences slot_seq, each to be fed `pending`.
+  std::vector<int64_t> slot_seq, pending;
+  int64_t live = 0;
+  int64_t next = 0;  // the next sequence to admit
+  at::Tensor step_u;
+};
+
 absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateFused(
     const std::vector<std::vector<int>>& prompts, const SamplingParams& params,
     const std::vector<SequenceKey>& keys, const FinishedFn& on_finished) {
-  const int64_t batch = static_cast<int64_t>(prompts.size());
+  FusedDecode d(prompts, params, keys, on_finished);
+  d.batch = static_cast<int64_t>(prompts.size());
   stats_.fused = true;
   auto t = Clock::now();
+  auto [first, first_logp] = PrefillFused(d);
+  stats_.prefill_seconds = Since(t);
 
-  // Prefix sharing: each distinct prompt is prefilled once.
-  const auto [unique, prompt_of] = FindDistinctPrompts(prompts);
-  int64_t prompt_len = 0;
-  for (const auto& p : prompts) {
-    prompt_len = std::max<int64_t>(prompt_len, p.size());
+  d.completions.resize(d.batch);
+  d.cap.resize(d.batch);
+  for (int64_t i = 0; i < d.batch; ++i) {
+    d.cap[i] = TokenCap(keys[i], params);
+    d.capacity = std::max<int64_t>(d.capacity, prompts[i].size() + d.cap[i]);
   }
-  const int64_t n_unique = static_cast<int64_t>(unique.size());
+  d.done.assign(d.batch, 0);
+  for (int64_t i = 0; i < d.batch; ++i) {
+    d.done[i] = RecordToken(d, i, first.data_ptr<int64_t>()[i],
+                            first_logp.data_ptr<float>()[i]);
+    if (d.done[i] && on_finished) on_finished(i, d.completions[i]);
+  }
+  DecodeFused(d);
+  return std::move(d.completions);
+}
+
+// Prefills each distinct prompt once; every sequence's first token (and
+// its log-prob) comes from its prompt's prefill logits.
+std::pair<at::Tensor, at::Tensor> RolloutEngine::PrefillFused(FusedDecode& d) {
+  d.distinct = FindDistinctPrompts(d.prompts);
+  for (const auto& p : d.prompts) {
+    d.prompt_len = std::max<int64_t>(d.prompt_len, p.size());
+  }
+  const int64_t n_unique = static_cast<int64_t>(d.distinct.unique.size());
   auto [prompt_tokens, prompt_valid] =
-      LeftPadded(unique, prompt_len, 0, pad_id_, model_.device());
+      LeftPadded(d.distinct.unique, d.prompt_len, 0, pad_id_, model_.device());
   // The prefill is a step of the card's work like a decode step (its
   // threads, its turn; a continued response's prefill is long).
   if (step_hook_) step_hook_();
-  KvCache prefill = model_.NewCache(n_unique, prompt_len);
+  d.prefill = model_.NewCache(n_unique, d.prompt_len);
   at::Tensor prefill_logits =
       model_
           .ForwardCached(prompt_tokens, PositionsFromValid(prompt_valid),
-                         prompt_valid, prefill, /*last_only=*/true)
+                         prompt_valid, d.prefill, /*last_only=*/true)
           .select(1, 0);
-  // Every sequence's first token comes from its prompt's prefill logits.
-  auto u = at::empty({batch}, at::TensorOptions().dtype(at::kFloat));
+  auto u = at::empty({d.batch}, at::TensorOptions().dtype(at::kFloat));
   float* u_data = u.data_ptr<float>();
-  for (int64_t i = 0; i < batch; ++i) {
-    u_data[i] = RowUniform(keys[i].seed, keys[i].index, keys[i].first_token);
+  for (int64_t i = 0; i < d.batch; ++i) {
+    u_data[i] =
+        RowUniform(d.keys[i].seed, d.keys[i].index, d.keys[i].first_token);
   }
-  auto rows = at::tensor(prompt_of, at::TensorOptions().dtype(at::kLong));
+  auto rows =
+      at::tensor(d.distinct.prompt_of, at::TensorOptions().dtype(at::kLong));
   auto [first, first_logp] =
-      SampleNext(prefill_logits.index_select(0, rows), u, params);
-  first = first.contiguous();
-  first_logp = first_logp.to(at::kFloat).contiguous();
+      SampleNext(prefill_logits.index_select(0, rows), u, d.params);
   stats_.prefill_rows = n_unique;
-  stats_.prefill_seconds = Since(t);
-
-  std::vector<Completion> completions(batch);
-  // A slot holds its prompt and at most its cap of tokens.
-  std::vector<int64_t> cap(batch);
-  int64_t capacity = 0;
-  for (int64_t i = 0; i < batch; ++i) {
-    cap[i] = TokenCap(keys[i], params);
-    capacity = std::max<int64_t>(capacity, prompts[i].size() + cap[i]);
-  }
-  auto record = [&](int64_t seq, int64_t token, float logp) {
-    Completion& c = completions[seq];
-    c.tokens.push_back(static_cast<int>(token));
-    c.logp.push_back(logp);
-    c.finished = IsStop(static_cast<int>(token));
-    return c.finished || static_cast<int64_t>(c.tokens.size()) == cap[seq];
-  };
-  std::vector<char> done(batch, 0);
-  for (int64_t i = 0; i < batch; ++i) {
-    done[i] = record(i, first.data_ptr<int64_t>()[i],
-                     first_logp.data_ptr<float>()[i]);
-    if (done[i] && on_finished) on_finished(i, completions[i]);
-  }
-
-  const int64_t slots = max_batch_ > 0 ? std::min(max_batch_, batch) : batch;
-  CpuDecoder decoder(model_, slots, capacity);
-  if (row_blocks_ > 0) decoder.set_row_blocks(row_blocks_);
-  std::vector<int64_t> slot_seq(slots, -1), pending(slots, 0);
-  int64_t live = 0, next = 0;
-  auto step_u = at::empty({slots}, at::TensorOptions().dtype(at::kFloat));
-  while (true) {
-    // Admit waiting sequences into free slots (they are the last ones).
-    while (live < slots && next < batch) {
-      const int64_t seq = next++;
-      if (done[seq]) continue;
-      const auto& p = *unique[prompt_of[seq]];
-      const int64_t len = static_cast<int64_t>(p.size());
-      decoder.LoadPrefill(prefill, prompt_of[seq], prompt_len - len, len, live);
-      slot_seq[live] = seq;
-      pending[live] = completions[seq].tokens.back();
-      ++live;
-    }
-    if (live == 0) break;
-    if (step_hook_) step_hook_();
-    t = Clock::now();
-    const at::Tensor& logits = decoder.Step(pending.data(), live);
-    stats_.model_seconds += Since(t);
-    ++stats_.decode_steps;
-    stats_.rows_computed += live;
-    t = Clock::now();
-    float* su = step_u.data_ptr<float>();
-    for (int64_t s = 0; s < live; ++s) {
-      const int64_t seq = slot_seq[s];
-      su[s] =
-          RowUniform(keys[seq].seed, keys[seq].index,
-                     keys[seq].first_token +
-                         static_cast<int64_t>(completions[seq].tokens.size()));
-    }
-    auto [tokens, logp] = SampleNext(logits, step_u.narrow(0, 0, live), params);
-    tokens = tokens.contiguous();
-    logp = logp.to(at::kFloat).contiguous();
-    stats_.sample_seconds += Since(t);
-    const int64_t* tok = tokens.data_ptr<int64_t>();
-    const float* lp = logp.data_ptr<float>();
-    // From the last slot down, so that a finished slot is filled by a slot
-    // already handled this step.
-    for (int64_t s = live - 1; s >= 0; --s) {
-      const int64_t seq = slot_seq[s];
-      if (!record(seq, tok[s], lp[s])) {
-        pending[s] = tok[s];
-        continue;
-      }
-      done[seq] = 1;
-      if (on_finished) on_finished(seq, completions[seq]);
-      const int64_t last = live - 1;
-      if (s != last) {
-        decoder.MoveSlot(last, s);
-        slot_seq[s] = slot_seq[last];
-        pending[s] = pending[last];
-      }
-      --live;
-    }
-  }
-  return completions;
+  return {first.contiguous(), first_logp.to(at::kFloat).contiguous()};
 }
 
-absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateComposite(
-    const std::vector<std::vector<int>>& prompts, const SamplingParams& params,
-    const std::vector<SequenceKey>& keys) {
-  // kComposite shares prefixes and drops finished rows; kStatic is the
-  // reference loop: every row prefilled, every row computed to the end.
-  const bool batching = path_ != DecodePath::kStatic;
-  std::vector<Completion> completions(prompts.size());
-  const int64_t batch = static_cast<int64_t>(prompts.size());
-  int64_t prompt_len = 0;
-  std::vector<const std::vector<int>*> all;
-  for (const auto& p : prompts) {
-    all.push_back(&p);
-    prompt_len = std::max<int64_t>(prompt_len, p.size());
-  }
-  // Sequences capped below max_new_tokens (partial rollout) stop there.
-  std::vector<int64_t> cap(batch);
-  int64_t max_new = 0;
-  for (int64_t b = 0; b < batch; ++b) {
-    cap[b] = TokenCap(keys[b], params);
-    max_new = std::max(max_new, cap[b]);
-  }
-  const bool capped = std::any_of(cap.begin(), cap.end(),
-                                  [&](int64_t c) { return c < max_new; });
-  const int64_t total = prompt_len + max_new;
-  const auto device = model_.device();
-  const auto long_opts = at::TensorOptions().dtype(at::kLong);
-  // Each sequence's cap, by sequence, on the device (rows index it through
-  // row_seq_dev).
-  const at::Tensor cap_dev =
-      capped ? at::tensor(cap, long_opts).to(device) : at::Tensor();
-  auto t = Clock::now();
-  auto [prompt_tokens, valid] =
-      LeftPadded(all, prompt_len, max_new, pad_id_, device);
-  auto prompt_valid = valid.narrow(1, 0, prompt_len);
-  auto next_pos = prompt_valid.sum(1, /*keepdim=*/true);  // [B, 1]
+bool RolloutEngine::RecordToken(FusedDecode& d, int64_t seq, int64_t token,
+                                float logp) const {
+  Completion& c = d.completions[seq];
+  c.tokens.push_back(static_cast<int>(token));
+  c.logp.push_back(logp);
+  c.finished = IsStop(static_cast<int>(token));
+  return c.finished || static_cast<int64_t>(c.tokens.size()) == d.cap[seq];
+}
 
-  KvCache cache = model_.NewCache(batch, total);
-  // MoE: the experts each fed token was routed to, by sequence and column
-  // ([B, total, n_layers, top_k]; router replay, docs/models.md).
-  const ModelConfig& mc = model_.config();
-  const bool record = mc.moe_experts > 0;
-  at::Tensor routes;
-  if (record) {
-    model_.set_record_routes(true);
-    routes = at::full({batch, total, mc.n_layers, mc.moe_top_k}, -1,
-                      long_opts.device(device));
-  }
-  at::Tensor logits;
-  if (batching) {
-    // Prefix sharing: each distinct prompt is prefilled once (its own left
-    // padding is the batch's: every prompt is padded to prompt_len) and its
-    // keys and values copied to every row of it.
-    const auto [unique, prompt_of] = FindDistinctPrompts(prompts);
-    auto [unique_tokens, unique_valid] =
-        LeftPadded(unique, prompt_len, 0, pad_id_, device);
-    KvCache prefill =
-        model_.NewCache(static_cast<int64_t>(unique.size()), prompt_len);
-    if (lockstep_ != nullptr) FUSIONRL_RETURN_IF_ERROR(lockstep_->Announce());
-    at::Tensor unique_logits =
-        model_
-            .ForwardCached(unique_tokens, PositionsFromValid(unique_valid),
-                           unique_valid, prefill, /*last_only=*/true)
-            .select(1, 0);
-    const at::Tensor rows = at::tensor(prompt_of, long_opts).to(device);
-    for (size_t l = 0; l < cache.keys.size(); ++l) {
-      cache.keys[l]
-          .narrow(2, 0, prompt_len)
-          .copy_(prefill.keys[l].index_select(0, rows));
-      cache.values[l]
-          .narrow(2, 0, prompt_len)
-          .copy_(prefill.values[l].index_select(0, rows));
+void RolloutEngine::DecodeFused(FusedDecode& d) {
+  const int64_t slots =
+      max_batch_ > 0 ? std::min(max_batch_, d.batch) : d.batch;
+  CpuDecoder decoder(model_, slots, d.capacity);
+  if (row_blocks_ > 0) decoder.set_row_blocks(row_blocks_);
+  d.slot_seq.assign(slots, -1);
+  d.pending.assign(slots, 0);
+  d.step_u = at::empty({slots}, at::TensorOptions().dtype(at::kFloat));
+  while (true) {
+    // Admit waiting sequences into free slots (they are the last ones).
+    while (d.live < slots && d.next < d.batch) {
+      const int64_t seq = d.next++;
+      if (d.done[seq]) continue;
+      const int64_t prompt = d.distinct.prompt_of[seq];
+      const int64_t len =
+          static_cast<int64_t>(d.distinct.unique[prompt]->size());
+      decoder.LoadPrefill(d.prefill, prompt, d.prompt_len - len, len, d.live);
+      d.slot_seq[d.live] = seq;
+      d.pending[d.live] = d.completions[seq].tokens.back();
+      ++d.live;
     }
-    cache.length = prompt_len;
-    logits = unique_logits.index_select(0, rows);
-    if (record) {
-      routes.narrow(1, 0, prompt_len)
-          .copy_(model_.last_routes().index_select(0, rows));
-    }
-    stats_.prefill_rows = static_cast<int64_t>(unique.size());
-  } else {
-    if (lockstep_ != nullptr) FUSIONRL_RETURN_IF_ERROR(lockstep_->Announce());
-    logits = model_
-                 .ForwardCached(prompt_tokens, PositionsFromValid(prompt_valid),
-                                prompt_valid, cache, /*last_only=*/true)
-                 .select(1, 0);
-    if (record) routes.narrow(1, 0, prompt_len).copy_(model_.last_routes());
-    stats_.prefill_rows = batch;
-  }
-  stats_.prefill_seconds = Since(t);
-
-  // Outputs by sequence; the batch's rows are the sequences in row_seq.
-  auto out_tokens =
-      at::full({batch, max_new}, pad_id_, long_opts.device(device));
-  auto out_logp = at::zeros(
-      {batch, max_new}, at::TensorOptions().dtype(at::kFloat).device(device));
-  std::vector<int64_t> row_seq(batch);
-  for (int64_t b = 0; b < batch; ++b) row_seq[b] = b;
-  at::Tensor row_seq_dev = at::arange(batch, long_opts.device(device));
-  int64_t rows = batch;
-  auto alive = at::ones({batch}, long_opts.dtype(at::kBool).device(device));
-  auto u = at::empty({batch}, at::TensorOptions().dtype(at::kFloat));
-  int64_t steps = 0;
-  for (int64_t step = 0; step < max_new; ++step) {
-    t = Clock::now();
-    float* ud = u.data_ptr<float>();
-    for (int64_t r = 0; r < rows; ++r) {
-      const SequenceKey& key = keys[row_seq[r]];
-      ud[r] = RowUniform(key.seed, key.index, key.first_token + step);
-    }
-    auto [next, token_logp] = SampleNext(logits, u.narrow(0, 0, rows), params);
-    next = at::where(alive, next, at::full_like(next, pad_id_));
-    out_tokens.select(1, step).index_copy_(0, row_seq_dev, next);
-    out_logp.select(1, step).index_copy_(
-        0, row_seq_dev,
-        at::where(alive, token_logp, at::zeros_like(token_logp))
-            .to(at::kFloat));
-    valid.select(1, prompt_len + step).copy_(alive);
-    for (int id : stop_ids_) alive = alive & (next != id);
-    if (capped) {
-      alive = alive & (cap_dev.index_select(0, row_seq_dev) > step + 1);
-    }
-    steps = step + 1;
-    const int64_t live = alive.sum().item<int64_t>();
-    const bool last = step + 1 == max_new || live == 0;
-    stats_.sample_seconds += Since(t);
-    if (last) break;
-    t = Clock::now();
-    // Compaction: the live rows are gathered into a smaller batch (their
-    // cache rows, masks and positions) and the finished ones are no longer
-    // computed. Each gather copies the live rows' cache once: on a CPU
-    // gathering at every finish measured faster than waiting for a quarter
-    // of the rows; elsewhere (a GPU, where a decode step's cost depends
-    // little on its row count) a quarter bounds the gathers at
-    // log_{4/3}(rows) a call (set_compaction_fraction).
-    const double fraction = compaction_fraction_ >= 0
-                                ? compaction_fraction_
-                                : (device.is_cpu() ? 0.0 : 0.25);
-    const int64_t compact_at = std::max<int64_t>(
-        1,
-        static_cast<int64_t>(std::ceil(fraction * static_cast<double>(rows))));
-    if (batching && rows - live >= compact_at) {
-      const at::Tensor keep = alive.nonzero().squeeze(1);
-      // In place: the live rows' filled columns move to the front rows of
-      // the same storage (through a gathered copy of those columns only),
-      // and the cache becomes a view of its first `live` rows. Nothing of
-      // the cache's size is allocated, and unfilled columns are not copied.
-      auto gather = [&](at::Tensor& t) {
-        t.narrow(0, 0, live)
-            .narrow(2, 0, cache.length)
-            .copy_(t.narrow(2, 0, cache.length).index_select(0, keep));
-        t = t.narrow(0, 0, live);
-      };
-      for (size_t l = 0; l < cache.keys.size(); ++l) {
-        gather(cache.keys[l]);
-        gather(cache.values[l]);
-      }
-      valid = valid.index_select(0, keep);
-      next_pos = next_pos.index_select(0, keep);
-      next = next.index_select(0, keep);
-      row_seq_dev = row_seq_dev.index_select(0, keep);
-      const at::Tensor keep_cpu = keep.to(at::kCPU);
-      const int64_t* k = keep_cpu.data_ptr<int64_t>();
-      for (int64_t r = 0; r < live; ++r) row_seq[r] = row_seq[k[r]];
-      rows = live;
-      alive = at::ones({rows}, long_opts.dtype(at::kBool).device(device));
-    }
-    if (lockstep_ != nullptr) FUSIONRL_RETURN_IF_ERROR(lockstep_->Announce());
-    logits =
-        model_
-            .ForwardCached(next.unsqueeze(1), next_pos,
-                           valid.narrow(1, 0, prompt_len + step + 1), cache)
-            .select(1, 0);
-    if (record) {
-      routes.select(1, prompt_len + step)
-          .index_copy_(0, row_seq_dev, model_.last_routes().select(1, 0));
-    }
-    next_pos = next_pos + 1;
+    if (d.live == 0) break;
+    if (step_hook_) step_hook_();
+    auto t = Clock::now();
+    const at::Tensor& logits = decoder.Step(d.pending.data(), d.live);
     stats_.model_seconds += Since(t);
     ++stats_.decode_steps;
-    stats_.rows_computed += rows;
+    stats_.rows_computed += d.live;
+    t = Clock::now();
+    auto [tokens, logp] = SampleSlots(d, logits);
+    stats_.sample_seconds += Since(t);
+    RetireFinished(d, decoder, tokens, logp);
   }
+}
 
-  auto tokens_cpu = out_tokens.narrow(1, 0, steps).to(at::kCPU).contiguous();
-  auto logp_cpu = out_logp.narrow(1, 0, steps).to(at::kCPU).contiguous();
-  auto tok_acc = tokens_cpu.accessor<int64_t, 2>();
-  auto logp_acc = logp_cpu.accessor<float, 2>();
-  for (int64_t b = 0; b < batch; ++b) {
-    Completion& c = completions[b];
-    for (int64_t s = 0; s < std::min(steps, cap[b]); ++s) {
-      const int tok = static_cast<int>(tok_acc[b][s]);
-      c.tokens.push_back(tok);
-      c.logp.push_back(logp_acc[b][s]);
-      if (IsStop(tok)) {
-        c.finished = true;
-        break;
-      }
-    }
+std::pair<at::Tensor, at::Tensor> RolloutEngine::SampleSlots(
+    FusedDecode& d, const at::Tensor& logits) const {
+  float* su = d.step_u.data_ptr<float>();
+  for (int64_t s = 0; s < d.live; ++s) {
+    const SequenceKey& key = d.keys[d.slot_seq[s]];
+    su[s] = RowUniform(
+        key.seed, key.index,
+        key.first_token +
+            static_cast<int64_t>(d.completions[d.slot_seq[s]].tokens.size()));
   }
-  if (record) {
-    // Every token the call fed: the prompt's and the response's but the
-    // last (never fed).
-    const auto host = routes.to(at::kCPU).to(at::kChar).contiguous();
-    const int64_t per_token = mc.n_layers * mc.moe_top_k;
-    for (int64_t b = 0; b < batch; ++b) {
-      Completion& c = completions[b];
-      const int64_t p = static_cast<int64_t>(prompts[b].size());
-      const int64_t fed = p + static_cast<int64_t>(c.tokens.size()) - 1;
-      const int8_t* row = host[b].data_ptr<int8_t>();
-      c.routes.assign(row + (prompt_len - p) * per_token,
-                      row + (prompt_len - p + fed) * per_token);
+  auto [tokens, logp] =
+      SampleNext(logits, d.step_u.narrow(0, 0, d.live), d.params);
+  return {tokens.contiguous(), logp.to(at::kFloat).contiguous()};
+}
+
+// Records each slot's token; a finished sequence leaves its slot, which the
+// last live slot fills. From the last slot down, so that a finished slot is
+// filled by a slot already handled this step.
+void RolloutEngine::RetireFinished(FusedDecode& d, CpuDecoder& decoder,
+                                   const at::Tensor& tokens,
+                                   const at::Tensor& logp) const {
+  const int64_t* tok = tokens.data_ptr<int64_t>();
+  const float* lp = logp.data_ptr<float>();
+  for (int64_t s = d.live - 1; s >= 0; --s) {
+    const int64_t seq = d.slot_seq[s];
+    if (!RecordToken(d, seq, tok[s], lp[s])) {
+      d.pending[s] = tok[s];
+      continue;
     }
+    d.done[seq] = 1;
+    if (d.on_finished) d.on_finished(seq, d.completions[seq]);
+    const int64_t last = d.live - 1;
+    if (s != last) {
+      decoder.MoveSlot(last, s);
+      d.slot_seq[s] = d.slot_seq[last];
+      d.pending[s] = d.pending[last];
+    }
+    --d.live;
   }
-  return completions;
 }
 
 }  // namespace fusionrl

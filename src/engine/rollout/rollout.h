@@ -110,6 +110,7 @@ struct SequenceKey {
   int64_t max_tokens = 0;
 };
 
+class CpuDecoder;
 class ExpertLockstep;
 
 class RolloutEngine {
@@ -212,6 +213,31 @@ class RolloutEngine {
       const std::vector<std::vector<int>>& prompts,
       const SamplingParams& params, const std::vector<SequenceKey>& keys,
       const FinishedFn& on_finished);
+
+  // The fused path's state and steps (rollout.cc): prefill each distinct
+  // prompt once, then decode in CpuDecoder slots.
+  struct FusedDecode;
+  // Returns the first tokens and their log-probs.
+  std::pair<at::Tensor, at::Tensor> PrefillFused(FusedDecode& d);
+  // Records a token of sequence `seq`; true when the sequence is done.
+  bool RecordToken(FusedDecode& d, int64_t seq, int64_t token,
+                   float logp) const;
+  void DecodeFused(FusedDecode& d);
+  std::pair<at::Tensor, at::Tensor> SampleSlots(FusedDecode& d,
+                                                const at::Tensor& logits) const;
+  void RetireFinished(FusedDecode& d, CpuDecoder& decoder,
+                      const at::Tensor& tokens, const at::Tensor& logp) const;
+
+  // The composite and static paths' state and steps (composite_decode.cc).
+  struct CompositeDecode;
+  absl::Status PrefillComposite(CompositeDecode& d);
+  absl::Status PrefillSharedPrompts(CompositeDecode& d);
+  void StartCompositeRows(CompositeDecode& d) const;
+  int64_t SampleCompositeStep(CompositeDecode& d, int64_t step) const;
+  int64_t CompactAt(const CompositeDecode& d) const;
+  void CompactRows(CompositeDecode& d, int64_t live) const;
+  absl::Status DecodeCompositeStep(CompositeDecode& d, int64_t step);
+  std::vector<Completion> CompositeCompletions(const CompositeDecode& d) const;
 
   PolicyModel& model_;
   int pad_id_;

@@ -150,6 +150,127 @@ std::string FormatActivationPlan(const std::vector<LayerActivationPlan>& plan) {
   return absl::StrJoin(layers, "; ");
 }
 
+namespace {
+
+// Step 2: every sub-block's candidates (recompute; swap where it frees
+// device memory), each measured alone against the all-keep plan, that free
+// anything, most efficient first. Fills report.sub_blocks.
+absl::StatusOr<std::vector<Candidate>> MeasureCandidates(
+    PolicyModel& model, const CollatedBatch& batch,
+    const std::vector<LayerActivationPlan>& keep, const TimedProfile& timed,
+    bool swap_frees, const TimedProfile& swapped,
+    ActivationPlanReport& report) {
+  std::vector<Candidate> candidates;
+  for (size_t l = 0; l < keep.size(); ++l) {
+    for (int k = 0; k < kUnits; ++k) {
+      SubBlockProfile p;
+      p.layer = static_cast<int>(l);
+      p.sub_block = kSubBlockNames[k];
+      p.forward_seconds = timed.sub_block_seconds[l][k];
+      std::vector<LayerActivationPlan> one = keep;
+      one[l].*kMembers[k] = ActivationAction::kRecompute;
+      FUSIONRL_ASSIGN_OR_RETURN(
+          int64_t held, HeldUnder(model, batch, one, &report.measurements));
+      p.recompute_freed_bytes = report.keep_held_bytes - held;
+      p.recompute_extra_seconds = p.forward_seconds;
+      candidates.push_back({l * kUnits + k, ActivationAction::kRecompute,
+                            p.recompute_freed_bytes,
+                            p.recompute_extra_seconds});
+      if (swap_frees && !IsFinerUnit(k)) {  // keep or recompute only
+        one[l].*kMembers[k] = ActivationAction::kSwap;
+        FUSIONRL_ASSIGN_OR_RETURN(
+            held, HeldUnder(model, batch, one, &report.measurements));
+        p.swap_candidate = true;
+        p.swap_freed_bytes = report.keep_held_bytes - held;
+        p.swap_extra_seconds =
+            2 *
+            std::max(0.0, swapped.sub_block_seconds[l][k] - p.forward_seconds);
+        candidates.push_back({l * kUnits + k, ActivationAction::kSwap,
+                              p.swap_freed_bytes, p.swap_extra_seconds});
+      }
+      report.sub_blocks.push_back(std::move(p));
+    }
+  }
+  candidates.erase(
+      std::remove_if(candidates.begin(), candidates.end(),
+                     [](const Candidate& c) { return c.freed <= 0; }),
+      candidates.end());
+  std::sort(candidates.begin(), candidates.end(), Better);
+  return candidates;
+}
+
+// A plan under construction: the actions, the bytes it holds for backward
+// (measured), and the candidates picked into it.
+struct PlanSearch {
+  std::vector<LayerActivationPlan> plan;
+  int64_t held = 0;
+  std::vector<Candidate> chosen;
+};
+
+// Step 3: greedy by bytes freed per second, measuring the plan after each
+// pick, until it fits the budget (or the candidates run out).
+absl::Status PickGreedily(PolicyModel& model, const CollatedBatch& batch,
+                          const std::vector<Candidate>& candidates,
+                          int64_t budget, ActivationPlanReport& report,
+                          PlanSearch& search) {
+  std::vector<bool> taken(search.plan.size() * kUnits, false);
+  for (const Candidate& c : candidates) {
+    if (search.held <= budget) break;
+    if (taken[c.unit]) continue;
+    taken[c.unit] = true;
+    search.plan[c.unit / kUnits].*kMembers[c.unit % kUnits] = c.action;
+    FUSIONRL_ASSIGN_OR_RETURN(search.held, HeldUnder(model, batch, search.plan,
+                                                     &report.measurements));
+    search.chosen.push_back(c);
+  }
+  return absl::OkStatus();
+}
+
+// Pruning: drop the least efficient picks while the plan still fits.
+absl::Status PrunePicks(PolicyModel& model, const CollatedBatch& batch,
+                        int64_t budget, ActivationPlanReport& report,
+                        PlanSearch& search) {
+  for (auto it = search.chosen.rbegin(); it != search.chosen.rend(); ++it) {
+    ActivationAction& slot =
+        search.plan[it->unit / kUnits].*kMembers[it->unit % kUnits];
+    slot = ActivationAction::kKeep;
+    FUSIONRL_ASSIGN_OR_RETURN(
+        int64_t without,
+        HeldUnder(model, batch, search.plan, &report.measurements));
+    if (without <= budget) {
+      search.held = without;
+    } else {
+      slot = it->action;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Step 4's report: the chosen actions and their estimated extra time.
+void ReportPlan(PlanSearch& search, ActivationPlanReport& report) {
+  report.planned_held_bytes = search.held;
+  for (const Candidate& c : search.chosen) {
+    const LayerActivationPlan& layer = search.plan[c.unit / kUnits];
+    if (layer.*kMembers[c.unit % kUnits] != c.action) continue;
+    report.sub_blocks[c.unit].chosen = c.action;
+    // A finer unit inside a recomputed sub-block costs nothing more.
+    const int k = static_cast<int>(c.unit % kUnits);
+    if (IsFinerUnit(k) &&
+        layer.*kMembers[OuterUnit(k)] == ActivationAction::kRecompute) {
+      continue;
+    }
+    report.estimated_extra_seconds += c.extra;
+  }
+  report.estimated_step_time_ratio =
+      report.keep_step_seconds > 0
+          ? (report.keep_step_seconds + report.estimated_extra_seconds) /
+                report.keep_step_seconds
+          : 1;
+  report.plan = std::move(search.plan);
+}
+
+}  // namespace
+
 absl::StatusOr<ActivationPlanReport> PlanActivations(
     PolicyModel& model, const CollatedBatch& batch,
     const PlannerOptions& options) {
@@ -185,58 +306,15 @@ absl::StatusOr<ActivationPlanReport> PlanActivations(
   }
 
   // 2. Candidates, each measured alone.
-  std::vector<Candidate> candidates;
-  for (size_t l = 0; l < layers; ++l) {
-    for (int k = 0; k < kUnits; ++k) {
-      SubBlockProfile p;
-      p.layer = static_cast<int>(l);
-      p.sub_block = kSubBlockNames[k];
-      p.forward_seconds = timed.sub_block_seconds[l][k];
-      std::vector<LayerActivationPlan> one = keep;
-      one[l].*kMembers[k] = ActivationAction::kRecompute;
-      FUSIONRL_ASSIGN_OR_RETURN(
-          int64_t held, HeldUnder(model, batch, one, &report.measurements));
-      p.recompute_freed_bytes = report.keep_held_bytes - held;
-      p.recompute_extra_seconds = p.forward_seconds;
-      candidates.push_back({l * kUnits + k, ActivationAction::kRecompute,
-                            p.recompute_freed_bytes,
-                            p.recompute_extra_seconds});
-      if (swap_frees && !IsFinerUnit(k)) {  // keep or recompute only
-        one[l].*kMembers[k] = ActivationAction::kSwap;
-        FUSIONRL_ASSIGN_OR_RETURN(
-            held, HeldUnder(model, batch, one, &report.measurements));
-        p.swap_candidate = true;
-        p.swap_freed_bytes = report.keep_held_bytes - held;
-        p.swap_extra_seconds =
-            2 *
-            std::max(0.0, swapped.sub_block_seconds[l][k] - p.forward_seconds);
-        candidates.push_back({l * kUnits + k, ActivationAction::kSwap,
-                              p.swap_freed_bytes, p.swap_extra_seconds});
-      }
-      report.sub_blocks.push_back(std::move(p));
-    }
-  }
-  candidates.erase(
-      std::remove_if(candidates.begin(), candidates.end(),
-                     [](const Candidate& c) { return c.freed <= 0; }),
-      candidates.end());
-  std::sort(candidates.begin(), candidates.end(), Better);
+  FUSIONRL_ASSIGN_OR_RETURN(const std::vector<Candidate> candidates,
+                            MeasureCandidates(model, batch, keep, timed,
+                                              swap_frees, swapped, report));
 
-  // 3. Greedy by bytes freed per second, measuring the plan after each pick.
-  std::vector<LayerActivationPlan> plan = keep;
-  int64_t held = report.keep_held_bytes;
-  std::vector<Candidate> chosen;
-  std::vector<bool> taken(layers * kUnits, false);
-  for (const Candidate& c : candidates) {
-    if (held <= options.budget_bytes) break;
-    if (taken[c.unit]) continue;
-    taken[c.unit] = true;
-    plan[c.unit / kUnits].*kMembers[c.unit % kUnits] = c.action;
-    FUSIONRL_ASSIGN_OR_RETURN(
-        held, HeldUnder(model, batch, plan, &report.measurements));
-    chosen.push_back(c);
-  }
-  if (held > options.budget_bytes) {
+  // 3. Greedy picks until the budget is met, then pruning.
+  PlanSearch search{keep, report.keep_held_bytes, {}};
+  FUSIONRL_RETURN_IF_ERROR(PickGreedily(model, batch, candidates,
+                                        options.budget_bytes, report, search));
+  if (search.held > options.budget_bytes) {
     // Leave the model as configured (keep) rather than half-planned.
     FUSIONRL_RETURN_IF_ERROR(model.SetActivationPlan(keep));
     return absl::FailedPreconditionError(absl::StrCat(
@@ -244,44 +322,15 @@ absl::StatusOr<ActivationPlanReport> PlanActivations(
         " MiB cannot be met: every sub-block kept holds ",
         report.keep_held_bytes / 1048576.0,
         " MiB for backward and the best plan the planner found still holds ",
-        held / 1048576.0, " MiB (batch of ", batch.input_ids.size(0), " x ",
-        batch.input_ids.size(1), " tokens)"));
+        search.held / 1048576.0, " MiB (batch of ", batch.input_ids.size(0),
+        " x ", batch.input_ids.size(1), " tokens)"));
   }
-  // Pruning: drop the least efficient picks while the plan still fits.
-  for (auto it = chosen.rbegin(); it != chosen.rend(); ++it) {
-    ActivationAction& slot =
-        plan[it->unit / kUnits].*kMembers[it->unit % kUnits];
-    slot = ActivationAction::kKeep;
-    FUSIONRL_ASSIGN_OR_RETURN(
-        int64_t without, HeldUnder(model, batch, plan, &report.measurements));
-    if (without <= options.budget_bytes) {
-      held = without;
-    } else {
-      slot = it->action;
-    }
-  }
+  FUSIONRL_RETURN_IF_ERROR(
+      PrunePicks(model, batch, options.budget_bytes, report, search));
 
   // 4. Install and report.
-  FUSIONRL_RETURN_IF_ERROR(model.SetActivationPlan(plan));
-  report.planned_held_bytes = held;
-  for (const Candidate& c : chosen) {
-    const LayerActivationPlan& layer = plan[c.unit / kUnits];
-    if (layer.*kMembers[c.unit % kUnits] != c.action) continue;
-    report.sub_blocks[c.unit].chosen = c.action;
-    // A finer unit inside a recomputed sub-block costs nothing more.
-    const int k = static_cast<int>(c.unit % kUnits);
-    if (IsFinerUnit(k) &&
-        layer.*kMembers[OuterUnit(k)] == ActivationAction::kRecompute) {
-      continue;
-    }
-    report.estimated_extra_seconds += c.extra;
-  }
-  report.estimated_step_time_ratio =
-      report.keep_step_seconds > 0
-          ? (report.keep_step_seconds + report.estimated_extra_seconds) /
-                report.keep_step_seconds
-          : 1;
-  report.plan = std::move(plan);
+  FUSIONRL_RETURN_IF_ERROR(model.SetActivationPlan(search.plan));
+  ReportPlan(search, report);
   return report;
 }
 

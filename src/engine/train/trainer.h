@@ -212,6 +212,46 @@ class Trainer {
   Trainer(PolicyModel& policy, PolicyModel* reference, const JobConfig& config,
           int pad_id, GradientSync* sync);
   struct Optim;
+  // Step()'s state (trainer.cc): the batch as trained, one mini-batch, and
+  // the running sums behind TrainStats.
+  struct StepBatch;
+  struct MiniBatch;
+  struct StepTally;
+
+  // Step() in the order of the header's steps. InvalidArgument for a batch
+  // Step() refuses (also when data-parallel shards differ in size).
+  absl::Status CheckBatch(const std::vector<Sample>& samples);
+  // Steps 1 and 2: collation, rewards, reference and proximal log-probs,
+  // advantages; sets the stats measured before training.
+  absl::StatusOr<StepBatch> PrepareBatch(const std::vector<Sample>& samples,
+                                         TrainStats& stats);
+  at::Tensor ReferenceLogProbs(const CollatedBatch& batch);
+  void RecomputeProximal(StepBatch& b, TrainStats& stats);
+  void BucketByLength(StepBatch& b) const;
+  // Steps 3 and 4 for the mini-batch at row m0 of one epoch.
+  absl::Status TrainMiniBatch(const StepBatch& b, int epoch, int64_t m0,
+                              StepTally& tally, TrainStats& stats);
+  // Forward and backward of rows [u0, u0 + u_n): gradients accumulate.
+  void AccumulateMicroBatch(const StepBatch& b, int64_t u0, int64_t u_n,
+                            MiniBatch& mini, StepTally& tally,
+                            TrainStats& stats);
+  ResponseTokenStats PolicyLogProbs(const CollatedBatch& b, bool with_entropy,
+                                    bool replay);
+  void TallyRolloutMismatch(const CollatedBatch& mb, const at::Tensor& logp,
+                            StepTally& tally, TrainStats& stats);
+  at::Tensor AddRouterLoss(const CollatedBatch& mb, int64_t u_n,
+                           const MiniBatch& mini, at::Tensor loss,
+                           StepTally& tally);
+  // Sums gradients over the data-parallel ranks when the sync exchanges
+  // them. False when this rank trained no token and the sum is zero too
+  // (no optimizer step).
+  absl::StatusOr<bool> ReduceGradients(bool trained);
+  // Step 4: clip, warm-up schedule, AdamW step.
+  absl::Status ApplyUpdate(const MiniBatch& mini, StepTally& tally,
+                           TrainStats& stats);
+  void FinishStats(const StepBatch& b, StepTally& tally,
+                   TrainStats& stats) const;
+
   PolicyModel& policy_;
   PolicyModel* reference_;
   AlgorithmConfig algo_;
