@@ -8,10 +8,10 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "cli/common/exit_codes.h"
-#include "engine/model/hf_model.h"
-#include "engine/kernels/intra_op_threads.h"
 #include "engine/jobs/job_setup.h"
 #include "engine/jobs/model_dir.h"
+#include "engine/kernels/intra_op_threads.h"
+#include "engine/model/hf_model.h"
 #include "engine/rollout/rollout.h"
 #include "nlohmann/json.hpp"
 

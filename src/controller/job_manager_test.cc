@@ -23,9 +23,9 @@
 #include "core/metrics.h"
 #include "core/node_registry.h"
 #include "core/status_macros.h"
-#include "tests/support/wait_watch.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/wait_watch.h"
 
 namespace fusionrl {
 namespace {

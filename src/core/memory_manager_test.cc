@@ -10,9 +10,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/fake_clock.h"
-#include "tests/support/wait_watch.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/wait_watch.h"
 
 namespace fusionrl {
 namespace {

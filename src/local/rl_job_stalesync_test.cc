@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/crc32c.h"
-#include "engine/train/checkpoint.h"
 #include "engine/model/test_util.h"
+#include "engine/train/checkpoint.h"
 #include "fusionrl/job.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -15,9 +15,9 @@
 #include "fusionrl/task.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "template/chat_format.h"
 #include "tasks/jsonl_task.h"
 #include "tasks/rewards.h"
+#include "template/chat_format.h"
 
 namespace fusionrl::tasks {
 namespace {

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "template/chat_template.h"
 #include "tasks/tool_calls.h"
+#include "template/chat_template.h"
 
 namespace fusionrl {
 namespace {

@@ -6,9 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
-#include "engine/train/checkpoint.h"
 #include "engine/collectives/grad_sync.h"
 #include "engine/model/model.h"
+#include "engine/train/checkpoint.h"
 #include "engine/train/trainer.h"
 #include "spdlog/spdlog.h"
 #include "worker/card_runner_impl.h"

@@ -14,10 +14,10 @@
 #include "engine/train/trainer.h"
 #include "spdlog/spdlog.h"
 #include "worker/card_runner_impl.h"
-#include "worker/step/card_turns.h"
 #include "worker/fused_rollout.h"
-#include "worker/step/group_sampler.h"
 #include "worker/hier_sync.h"
+#include "worker/step/card_turns.h"
+#include "worker/step/group_sampler.h"
 
 namespace fusionrl {
 

@@ -27,9 +27,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "worker/step/role_overlap.h"
 #include "engine/jobs/evaluate.h"
 #include "worker/card_runner.h"
+#include "worker/step/role_overlap.h"
 #include "worker/step/step_snapshot.h"
 
 namespace fusionrl {

@@ -13,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/stalesync.h"
 #include "engine/kernels/intra_op_threads.h"
-#include "engine/rollout/job_context.h"
 #include "engine/model/model.h"
+#include "engine/rollout/job_context.h"
 #include "engine/rollout/rollout.h"
 
 namespace fusionrl {

@@ -6,9 +6,9 @@
 #include "absl/strings/str_cat.h"
 #include "core/hf_config.h"
 #include "core/status_macros.h"
-#include "engine/train/checkpoint.h"
-#include "engine/model/hf_model.h"
 #include "engine/jobs/job_setup.h"
+#include "engine/model/hf_model.h"
+#include "engine/train/checkpoint.h"
 
 namespace fusionrl {
 namespace fs = std::filesystem;

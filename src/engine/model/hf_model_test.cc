@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "core/hf_config.h"
-#include "engine/model/model.h"
 #include "engine/jobs/model_dir.h"
+#include "engine/model/model.h"
 #include "engine/rollout/rollout.h"
 #include "engine/train/trainer.h"
 #include "hf/safetensors.h"

@@ -13,12 +13,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "engine/train/activation_memory.h"
 #include "engine/model/hf_model.h"
-#include "engine/train/memory_accounting.h"
 #include "engine/model/lora.h"
 #include "engine/model/model.h"
 #include "engine/model/test_util.h"
+#include "engine/train/activation_memory.h"
+#include "engine/train/memory_accounting.h"
 #include "engine/train/trainer.h"
 #include "gtest/gtest.h"
 #include "hf/safetensors.h"

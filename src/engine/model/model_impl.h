@@ -17,10 +17,10 @@
 #include <utility>
 #include <vector>
 
+#include "engine/kernels/invariant_ops.h"
 #include "engine/model/activation_swap.h"
 #include "engine/model/attention.h"
 #include "engine/model/decoder_block.h"
-#include "engine/kernels/invariant_ops.h"
 #include "engine/model/lora.h"
 #include "engine/model/model.h"
 #include "engine/model/moe_module.h"

@@ -11,15 +11,15 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "engine/train/activation_planner.h"
-#include "engine/model/expert_parallel.h"
 #include "engine/collectives/grad_sync.h"
+#include "engine/model/expert_parallel.h"
 #include "engine/model/model.h"
 #include "engine/model/moe.h"
 #include "engine/model/moe_module.h"
 #include "engine/model/moe_test_util.h"
-#include "engine/rollout/rollout.h"
 #include "engine/model/test_util.h"
+#include "engine/rollout/rollout.h"
+#include "engine/train/activation_planner.h"
 #include "gtest/gtest.h"
 
 namespace fusionrl {

@@ -18,9 +18,9 @@
 #include "core/seed.h"
 #include "core/status_macros.h"
 #include "spdlog/spdlog.h"
-#include "template/chat_format.h"
 #include "tasks/rewards.h"
 #include "tasks/tool_calls.h"
+#include "template/chat_format.h"
 
 namespace fusionrl {
 namespace {

@@ -9,8 +9,8 @@
 #include <string>
 #include <utility>
 
-#include "engine/model/attention.h"
 #include "engine/kernels/intra_op_threads.h"
+#include "engine/model/attention.h"
 
 namespace fusionrl {
 

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "engine/kernels/intra_op_threads.h"
-#include "engine/rollout/rollout.h"
 #include "engine/model/test_util.h"
+#include "engine/rollout/rollout.h"
 #include "gtest/gtest.h"
 
 namespace fusionrl {

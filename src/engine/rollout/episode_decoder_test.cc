@@ -9,10 +9,10 @@
 #include <thread>
 #include <vector>
 
-#include "engine/rollout/cpu_decoder.h"
-#include "engine/model/expert_parallel.h"
 #include "engine/collectives/grad_sync.h"
+#include "engine/model/expert_parallel.h"
 #include "engine/model/test_util.h"
+#include "engine/rollout/cpu_decoder.h"
 
 namespace fusionrl {
 namespace {

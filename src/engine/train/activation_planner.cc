@@ -13,9 +13,9 @@
 #include "absl/strings/str_join.h"
 #include "core/metrics.h"
 #include "core/status_macros.h"
-#include "engine/train/activation_memory.h"
 #include "engine/collectives/grad_sync.h"
 #include "engine/model/model.h"
+#include "engine/train/activation_memory.h"
 #include "engine/train/trainer.h"
 #include "spdlog/spdlog.h"
 

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "engine/train/master_weights.h"
 #include "engine/model/model.h"
+#include "engine/train/master_weights.h"
 #include "engine/train/trainer.h"
 
 namespace fusionrl {

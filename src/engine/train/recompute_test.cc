@@ -13,13 +13,13 @@
 #include <utility>
 #include <vector>
 
+#include "engine/model/model.h"
+#include "engine/model/swiglu.h"
+#include "engine/model/test_util.h"
+#include "engine/rollout/sample.h"
 #include "engine/train/activation_memory.h"
 #include "engine/train/activation_planner.h"
 #include "engine/train/memory_accounting.h"
-#include "engine/model/model.h"
-#include "engine/rollout/sample.h"
-#include "engine/model/swiglu.h"
-#include "engine/model/test_util.h"
 #include "engine/train/trainer.h"
 
 namespace fusionrl {

@@ -25,8 +25,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/train/algorithms.h"
 #include "engine/rollout/sample.h"
+#include "engine/train/algorithms.h"
 #include "fusionrl/config.h"
 
 namespace fusionrl::algo {

@@ -13,15 +13,15 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "engine/kernels/invariant_ops.h"
+#include "engine/kernels/vocab_kernels.h"
+#include "engine/model/expert_parallel.h"
+#include "engine/model/moe.h"
 #include "engine/train/activation_planner.h"
 #include "engine/train/algorithms.h"
-#include "engine/model/expert_parallel.h"
-#include "engine/kernels/invariant_ops.h"
 #include "engine/train/master_weights.h"
-#include "engine/model/moe.h"
 #include "engine/train/step_math.h"
 #include "engine/train/trainer_batch.h"
-#include "engine/kernels/vocab_kernels.h"
 
 namespace fusionrl {
 

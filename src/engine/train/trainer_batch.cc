@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "engine/train/algorithms.h"
 #include "engine/kernels/invariant_ops.h"
 #include "engine/kernels/vocab_kernels.h"
+#include "engine/train/algorithms.h"
 
 namespace fusionrl {
 

@@ -5,8 +5,8 @@
 #include <utility>
 #include <vector>
 
-#include "engine/rollout/sample.h"
 #include "engine/model/test_util.h"
+#include "engine/rollout/sample.h"
 #include "engine/train/trainer.h"
 #include "fusionrl/config.h"
 

@@ -7,10 +7,10 @@
 #include <thread>
 #include <vector>
 
-#include "engine/train/algorithms.h"
 #include "engine/collectives/grad_sync.h"
-#include "engine/train/master_weights.h"
 #include "engine/model/test_util.h"
+#include "engine/train/algorithms.h"
+#include "engine/train/master_weights.h"
 #include "engine/train/trainer.h"
 #include "engine/train/trainer_test_util.h"
 #include "gtest/gtest.h"

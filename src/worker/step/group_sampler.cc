@@ -11,8 +11,8 @@
 #include "core/status_macros.h"
 #include "engine/rollout/agent_loop.h"
 #include "engine/rollout/job_context.h"
-#include "engine/train/memory_accounting.h"
 #include "engine/rollout/rollout.h"
+#include "engine/train/memory_accounting.h"
 
 namespace fusionrl {
 namespace {

@@ -11,8 +11,8 @@
 #include <map>
 #include <string>
 
-#include "worker/step/role_overlap.h"
 #include "core/step_protocol.h"
+#include "worker/step/role_overlap.h"
 #include "worker/step/step_totals.h"
 
 namespace fusionrl {
