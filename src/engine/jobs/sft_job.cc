@@ -11,6 +11,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "core/clock.h"
 #include "core/metrics.h"
 #include "core/status_macros.h"
 #include "engine/jobs/evaluate.h"
@@ -25,7 +26,6 @@
 #include "spdlog/spdlog.h"
 
 namespace fusionrl {
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -139,7 +139,7 @@ absl::Status WriteFinalSftCheckpoint(const JobConfig& config, JobContext& ctx,
 }  // namespace
 
 absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config) {
-  const auto job_start = Clock::now();
+  const auto job_start = RealClock().MonotonicNow();
   FUSIONRL_RETURN_IF_ERROR(ValidateJobConfig(config));
   const std::string& out = config.output_dir;
   FUSIONRL_ASSIGN_OR_RETURN(JobContext ctx, PrepareJob(config, out));
@@ -173,13 +173,13 @@ absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config) {
   double train_seconds = 0;
   int64_t tokens = 0;
   for (int step = 1; step <= sc.steps; ++step) {
-    const auto t0 = Clock::now();
+    const auto t0 = RealClock().MonotonicNow();
     FUSIONRL_ASSIGN_OR_RETURN(std::vector<Sample> batch,
                               SftBatch(config, ctx, cursor, tokens));
     const CollatedBatch cb =
         Collate(batch, ctx.tokenizer->pad_id(), ctx.device);
     const SftStep r = TrainSftBatch(policy, adamw, config, schedule, cb, step);
-    train_seconds += SecondsSince(t0);
+    train_seconds += RealClock().SecondsSince(t0);
     const double loss_v = r.loss.item<double>();
     if (!std::isfinite(loss_v)) {
       return absl::InternalError(absl::StrCat(
@@ -204,7 +204,7 @@ absl::StatusOr<JobSummary> RunSftJob(const JobConfig& config) {
   summary.final_eval_accuracy = last_eval;
   summary.steps = sc.steps;
   summary.tokens_per_second = train_seconds > 0 ? tokens / train_seconds : 0;
-  summary.wall_seconds = SecondsSince(job_start);
+  summary.wall_seconds = RealClock().SecondsSince(job_start);
   FUSIONRL_RETURN_IF_ERROR(WriteSummary(summary));
   spdlog::info(
       "[{}] sft done: eval accuracy {:.3f} -> {:.3f} in {}; "

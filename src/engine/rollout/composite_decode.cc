@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/clock.h"
 #include "core/status_macros.h"
 #include "engine/model/expert_parallel.h"
 #include "engine/rollout/rollout.h"
@@ -21,10 +22,9 @@ using rollout_internal::TokenCap;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double Since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+// Decode timings read the monotonic time of the process's Clock.
+absl::Time MonotonicNow() { return RealClock().MonotonicNow(); }
+double Since(absl::Time t0) { return RealClock().SecondsSince(t0); }
 
 std::pair<at::Tensor, at::Tensor> SampleNext(const at::Tensor& logits,
                                              const at::Tensor& u,
@@ -89,17 +89,17 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateComposite(
         at::tensor(d.cap, at::TensorOptions().dtype(at::kLong)).to(d.device);
   }
   d.total = d.prompt_len + d.max_new;
-  auto t = Clock::now();
+  auto t = MonotonicNow();
   FUSIONRL_RETURN_IF_ERROR(PrefillComposite(d));
   stats_.prefill_seconds = Since(t);
   StartCompositeRows(d);
   for (int64_t step = 0; step < d.max_new; ++step) {
-    t = Clock::now();
+    t = MonotonicNow();
     const int64_t live = SampleCompositeStep(d, step);
     const bool last = step + 1 == d.max_new || live == 0;
     stats_.sample_seconds += Since(t);
     if (last) break;
-    t = Clock::now();
+    t = MonotonicNow();
     if (d.batching && d.rows - live >= CompactAt(d)) CompactRows(d, live);
     FUSIONRL_RETURN_IF_ERROR(DecodeCompositeStep(d, step));
     stats_.model_seconds += Since(t);

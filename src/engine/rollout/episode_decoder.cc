@@ -14,6 +14,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "core/clock.h"
 #include "core/status_macros.h"
 #include "engine/model/expert_parallel.h"
 #include "engine/rollout/cpu_decoder.h"
@@ -25,10 +26,9 @@ namespace {
 using rollout_internal::DistinctPrompts;
 using rollout_internal::FindDistinctPrompts;
 
-using Clock = std::chrono::steady_clock;
-double Since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+// Decode timings read the monotonic time of the process's Clock.
+absl::Time MonotonicNow() { return RealClock().MonotonicNow(); }
+double Since(absl::Time t0) { return RealClock().SecondsSince(t0); }
 
 // Where the live episodes' KV caches are and how a step computes them.
 // Slots [0, n) of a step are the live episodes; a parked episode keeps its
@@ -304,7 +304,7 @@ class EpisodeRun {
     while (!parked_.empty() && parked_.begin()->first <= step_) {
       const int64_t e = parked_.begin()->second;
       parked_.erase(parked_.begin());
-      const auto t_wait = Clock::now();
+      const auto t_wait = MonotonicNow();
       TurnDriver::Answer answer = driver_.Await(e);
       stats_.wait_seconds += Since(t_wait);
       EpisodeTokens& ep = out_[e];
@@ -489,7 +489,7 @@ absl::StatusOr<std::vector<EpisodeTokens>> EpisodeDecoder::RunOnce(
     const std::vector<std::vector<int>>& prompts,
     const std::vector<SequenceKey>& keys, const SamplingParams& params,
     const EpisodeLimits& limits, TurnDriver& driver) {
-  const auto t_start = Clock::now();
+  const auto t_start = MonotonicNow();
   stats_ = EpisodeDecodeStats{};
   const int64_t n = static_cast<int64_t>(prompts.size());
   if (n == 0) return std::vector<EpisodeTokens>();

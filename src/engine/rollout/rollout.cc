@@ -12,6 +12,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "core/clock.h"
 #include "core/seed.h"
 #include "core/status_macros.h"
 #include "engine/kernels/vocab_kernels.h"
@@ -61,10 +62,9 @@ bool RolloutEngine::IsStop(int id) const {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double Since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+// Decode timings read the monotonic time of the process's Clock.
+absl::Time MonotonicNow() { return RealClock().MonotonicNow(); }
+double Since(absl::Time t0) { return RealClock().SecondsSince(t0); }
 
 }  // namespace
 
@@ -199,7 +199,7 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateOnce(
           model_.config().max_seq_len, ")"));
     }
   }
-  const auto t0 = Clock::now();
+  const auto t0 = MonotonicNow();
   c10::InferenceMode inference;
   model_.set_training(false);
   auto out = fused() ? GenerateFused(prompts, params, keys, on_finished)
@@ -254,7 +254,7 @@ absl::StatusOr<std::vector<Completion>> RolloutEngine::GenerateFused(
   FusedDecode d(prompts, params, keys, on_finished);
   d.batch = static_cast<int64_t>(prompts.size());
   stats_.fused = true;
-  auto t = Clock::now();
+  auto t = MonotonicNow();
   auto [first, first_logp] = PrefillFused(d);
   stats_.prefill_seconds = Since(t);
 
@@ -339,12 +339,12 @@ void RolloutEngine::DecodeFused(FusedDecode& d) {
     }
     if (d.live == 0) break;
     if (step_hook_) step_hook_();
-    auto t = Clock::now();
+    auto t = MonotonicNow();
     const at::Tensor& logits = decoder.Step(d.pending.data(), d.live);
     stats_.model_seconds += Since(t);
     ++stats_.decode_steps;
     stats_.rows_computed += d.live;
-    t = Clock::now();
+    t = MonotonicNow();
     auto [tokens, logp] = SampleSlots(d, logits);
     stats_.sample_seconds += Since(t);
     RetireFinished(d, decoder, tokens, logp);

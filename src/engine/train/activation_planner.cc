@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/clock.h"
 #include "core/metrics.h"
 #include "core/status_macros.h"
 #include "engine/collectives/grad_sync.h"
@@ -81,7 +82,7 @@ absl::StatusOr<TimedProfile> TimeSteps(PolicyModel& model,
       model.set_sub_block_timer(&timer);
       at::AutoGradMode grad_on(true);
       if (timer.sync) timer.sync();
-      const auto start = std::chrono::steady_clock::now();
+      const absl::Time start = RealClock().MonotonicNow();
       at::Tensor logits =
           model.Forward(batch.input_ids, batch.positions, batch.valid);
       model.set_sub_block_timer(nullptr);
@@ -91,9 +92,7 @@ absl::StatusOr<TimedProfile> TimeSteps(PolicyModel& model,
                             /*retain_graph=*/false, /*create_graph=*/false,
                             /*allow_unused=*/true);
       if (timer.sync) timer.sync();
-      const double seconds = std::chrono::duration<double>(
-                                 std::chrono::steady_clock::now() - start)
-                                 .count();
+      const double seconds = RealClock().SecondsSince(start);
       if (i == 0) continue;  // warm-up
       steps.push_back(seconds);
       for (size_t l = 0; l < layers; ++l) {
