@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/clock.h"
+#include "core/job_summary.h"
 #include "core/metrics.h"
 #include "core/status_macros.h"
 #include "engine/jobs/evaluate.h"
