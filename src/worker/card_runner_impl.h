@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "engine/jobs/evaluate.h"
+#include "engine/jobs/job_setup.h"
 #include "worker/card_runner.h"
 #include "worker/step/role_overlap.h"
 #include "worker/step/step_snapshot.h"
