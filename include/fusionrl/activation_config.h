@@ -14,7 +14,8 @@
 namespace fusionrl {
 
 // What a transformer block's sub-blocks do with the activations they save
-// for backward (model.activations; engine/train/activation_memory.h measures it).
+// for backward (model.activations; engine/train/activation_memory.h measures
+// it).
 //   keep:      autograd holds them until backward (the default).
 //   recompute: activation checkpointing: the sub-block's forward runs under
 //              no-grad and keeps only its inputs; backward runs it again.

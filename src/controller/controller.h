@@ -67,7 +67,8 @@ struct ControllerOptions {
   absl::Duration stall_timeout = absl::ZeroDuration();
   bool stall_fails = false;
   // "host:port" of the dashboard, /api/status and /metrics
-  // (controller/outputs/http_server.h; port 0 picks a free one, see http_port());
+  // (controller/outputs/http_server.h; port 0 picks a free one, see
+  // http_port());
   // "" = no HTTP server. The same auth_token protects it.
   std::string http_address;
   // The time source of the controller's registry, jobs, weight store and

@@ -41,7 +41,8 @@ const char* ActivationActionName(ActivationAction action) {
 absl::StatusOr<std::vector<LayerActivationPlan>> ResolveActivationPlan(
     const ActivationConfig& config, int n_layers) {
   if (config.policy == ActivationPolicy::kAuto) {
-    // The planner (engine/train/activation_planner.h) replaces it by measurement.
+    // The planner (engine/train/activation_planner.h) replaces it by
+    // measurement.
     return std::vector<LayerActivationPlan>(std::max(n_layers, 0));
   }
   const ActivationAction policy = config.policy == ActivationPolicy::kRecompute

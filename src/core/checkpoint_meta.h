@@ -71,9 +71,9 @@ absl::StatusOr<std::string> FindLatestCheckpoint(
     const std::string& checkpoints_dir, bool committed_only = false,
     std::vector<std::string>* skipped = nullptr);
 
-// <dir>/meta.json, parsed (the one reader of the file: engine/train/checkpoint.cc
-// checks its model section, this file its fields). NotFound when there is
-// no meta.json, DataLoss when it does not parse.
+// <dir>/meta.json, parsed (the one reader of the file:
+// engine/train/checkpoint.cc checks its model section, this file its fields).
+// NotFound when there is no meta.json, DataLoss when it does not parse.
 absl::StatusOr<nlohmann::json> ReadCheckpointMetaJson(const std::string& dir);
 
 // The fields above from <dir>/meta.json. NotFound when there is no

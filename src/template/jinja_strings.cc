@@ -1,13 +1,13 @@
 // Python's str operations for the chat-template interpreter: the helpers
 // filters and methods share (strip, splitlines, replace, argument checks)
 // and the safe str methods themselves (`s.split(...)`, `s.startswith(...)`).
+#include <utf8proc.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <utf8proc.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -322,11 +322,10 @@ bool IsPyLowerOrUpper(const std::string& s, bool lower) {
 
 bool IsStrMethod(absl::string_view name) {
   static constexpr absl::string_view kNames[] = {
-      "strip",      "lstrip",   "rstrip",  "split",   "rsplit", "splitlines",
-      "startswith", "endswith", "upper",   "lower",   "title",  "capitalize",
-      "replace",    "count",    "find",    "rfind",   "join",   "isdigit",
-      "isalpha",    "isalnum",  "isspace", "islower", "isupper",
-      "format"};
+      "strip",      "lstrip",   "rstrip",  "split",   "rsplit",  "splitlines",
+      "startswith", "endswith", "upper",   "lower",   "title",   "capitalize",
+      "replace",    "count",    "find",    "rfind",   "join",    "isdigit",
+      "isalpha",    "isalnum",  "isspace", "islower", "isupper", "format"};
   return std::find(std::begin(kNames), std::end(kNames), name) !=
          std::end(kNames);
 }

@@ -435,13 +435,13 @@ Value LoopAttribute(const LoopInfo& loop, absl::string_view name) {
   if (name == "depth0") return Value(0);
   if (name == "cycle") {
     const int64_t index0 = loop.index0;
-    return Value::MakeCallable("loop.cycle", [index0](Evaluator&,
-                                                      CallArgs& args) {
-      if (!args.keyword.empty() || args.positional.empty()) {
-        Fail("loop.cycle() takes one or more positional arguments");
-      }
-      return args.positional[index0 % args.positional.size()];
-    });
+    return Value::MakeCallable(
+        "loop.cycle", [index0](Evaluator&, CallArgs& args) {
+          if (!args.keyword.empty() || args.positional.empty()) {
+            Fail("loop.cycle() takes one or more positional arguments");
+          }
+          return args.positional[index0 % args.positional.size()];
+        });
   }
   if (name == "changed") Fail("unsupported: loop.changed");
   return Value();

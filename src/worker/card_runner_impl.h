@@ -198,8 +198,8 @@ class CardRunner {
   void RestorePrefetch(const StepPlan& plan);
   // Expert parallelism: the card of rank `rank` in the lead's group (the
   // lead is 0), for a checkpoint named `checkpoint` (none: "") of `step`:
-  // shards 1..E-1 write their optimizer state for it (engine/train/checkpoint.h),
-  // which the lead waits for and moves in.
+  // shards 1..E-1 write their optimizer state for it
+  // (engine/train/checkpoint.h), which the lead waits for and moves in.
   absl::Status SaveExpertShard(const std::string& checkpoint, int rank,
                                int64_t step);
   // The lead's checkpoint of a step (`dir` under output_dir/checkpoints).

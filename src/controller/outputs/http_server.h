@@ -1,6 +1,6 @@
 // The controller's HTTP endpoints (`fusionrl controller --http HOST:PORT`):
-//   /            the dashboard (controller/outputs/dashboard.html, self-contained)
-//   /api/status  the cluster, its jobs and their curves as JSON
+//   /            the dashboard (controller/outputs/dashboard.html,
+//   self-contained) /api/status  the cluster, its jobs and their curves as JSON
 //   /metrics     Prometheus text format (controller/outputs/status_export.h)
 //   /healthz     "ok"
 // Served by cpp-httplib (Debian's libcpp-httplib-dev) on a small thread

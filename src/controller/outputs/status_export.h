@@ -1,5 +1,6 @@
-// What the controller's HTTP endpoints serve (controller/outputs/http_server.h),
-// made from the same ClusterStatus the GetClusterStatus RPC returns:
+// What the controller's HTTP endpoints serve
+// (controller/outputs/http_server.h), made from the same ClusterStatus the
+// GetClusterStatus RPC returns:
 //   PrometheusText: /metrics, Prometheus text exposition format 0.0.4;
 //   StatusJson:     /api/status, the dashboard's data (shape in
 //                   docs/dashboard/api-status-example.json).

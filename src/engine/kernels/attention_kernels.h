@@ -10,9 +10,9 @@
 //    * scale; dK = dS^T Q * scale), so what the forward keeps for backward
 //    is q, k, v, the output and one float per query.
 //
-// The composite ATen path (engine/model/attention.cc, AttentionImpl::Core) is the
-// reference: matmul over batch x heads (which LibTorch's CPU bmm runs as one
-// select + addmm per matrix), masked_fill, softmax, matmul, and autograd
+// The composite ATen path (engine/model/attention.cc, AttentionImpl::Core) is
+// the reference: matmul over batch x heads (which LibTorch's CPU bmm runs as
+// one select + addmm per matrix), masked_fill, softmax, matmul, and autograd
 // saving the probabilities. Results agree to float rounding
 // (attention_kernels_test in engine_test).
 //

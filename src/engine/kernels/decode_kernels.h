@@ -1,8 +1,8 @@
-// Fused CPU kernels of one decode step (engine/rollout/cpu_decoder.h): the small ops
-// between the matmuls of a decoder layer, each one pass over raw float32
-// buffers with no tensor created, where the composite ATen path dispatches
-// four to twelve ops and allocates their temporaries. Rows are the batch's
-// live sequences (one new token each); every pointer is to contiguous
+// Fused CPU kernels of one decode step (engine/rollout/cpu_decoder.h): the
+// small ops between the matmuls of a decoder layer, each one pass over raw
+// float32 buffers with no tensor created, where the composite ATen path
+// dispatches four to twelve ops and allocates their temporaries. Rows are the
+// batch's live sequences (one new token each); every pointer is to contiguous
 // row-major float32 data.
 //
 //  * RmsNormRows: y = x * rsqrt(mean(x^2) + eps) * w, row by row.
@@ -15,8 +15,8 @@
 //    mask): what continuous batching and prefix sharing need.
 //  * SwiGluInPlace: g = silu(g) * u.
 //
-// The maths is the composite path's (engine/model/attention.cc, model.cc), summed
-// in another order: results agree to float rounding (tests in
+// The maths is the composite path's (engine/model/attention.cc, model.cc),
+// summed in another order: results agree to float rounding (tests in
 // cpu_decoder_test.cc). The inner loops are compiled for AVX2+FMA next to a
 // generic version and chosen at run time (engine/kernels/kernel_math.h).
 //

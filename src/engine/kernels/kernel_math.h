@@ -1,8 +1,8 @@
 // Scalar helpers shared by the engine's fused CPU kernels
-// (engine/kernels/decode_kernels.cc, engine/kernels/attention_kernels.cc): a vectorisable
-// exp, a dot product in independent partial sums, a work-sized grain for
-// at::parallel_for, and the run-time choice between an AVX2 + FMA build of
-// a hot loop and a generic one. Internal to those .cc files.
+// (engine/kernels/decode_kernels.cc, engine/kernels/attention_kernels.cc): a
+// vectorisable exp, a dot product in independent partial sums, a work-sized
+// grain for at::parallel_for, and the run-time choice between an AVX2 + FMA
+// build of a hot loop and a generic one. Internal to those .cc files.
 #ifndef FUSIONRL_ENGINE_KERNELS_KERNEL_MATH_H_
 #define FUSIONRL_ENGINE_KERNELS_KERNEL_MATH_H_
 

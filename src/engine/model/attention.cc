@@ -1,5 +1,6 @@
-// The attention sub-block of the policy's decoder layers (engine/model/attention.h):
-// RMSNorm, the attention mask, rotary tables and grouped-query attention.
+// The attention sub-block of the policy's decoder layers
+// (engine/model/attention.h): RMSNorm, the attention mask, rotary tables and
+// grouped-query attention.
 #include "engine/model/attention.h"
 
 #include <ATen/core/grad_mode.h>

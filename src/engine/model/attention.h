@@ -48,8 +48,8 @@ torch::Tensor AttentionMask(const torch::Tensor& key_valid, int64_t start,
 std::pair<torch::Tensor, torch::Tensor> RotaryTables(const ModelConfig& c);
 
 // softmax(q k^T / sqrt(Dh), masked) v through the fused CPU kernels
-// (engine/kernels/attention_kernels.h) as one autograd node, for q [B, H, T, Dh],
-// k and v [B, KvH, K, Dh] and a bool mask [B or 1, 1, T, K]; an undefined
+// (engine/kernels/attention_kernels.h) as one autograd node, for q [B, H, T,
+// Dh], k and v [B, KvH, K, Dh] and a bool mask [B or 1, 1, T, K]; an undefined
 // tensor where they do not apply (not float32 on CPU).
 torch::Tensor FusedAttentionCore(const torch::Tensor& q, const torch::Tensor& k,
                                  const torch::Tensor& v,

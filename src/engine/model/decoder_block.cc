@@ -1,5 +1,5 @@
-// One decoder layer of the policy (engine/model/decoder_block.h): its forward, and
-// the plan-driven training forward that keeps, recomputes or swaps each
+// One decoder layer of the policy (engine/model/decoder_block.h): its forward,
+// and the plan-driven training forward that keeps, recomputes or swaps each
 // sub-block's activations.
 #include "engine/model/decoder_block.h"
 

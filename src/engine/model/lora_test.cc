@@ -1,7 +1,9 @@
-// LoRA (engine/model/lora.h, PolicyModel's LoRA members, engine/model/hf_model.h's PEFT
-// adapters): merged and unmerged forwards agree, a step changes only the
-// adapters, PEFT export/import round-trips, the merged export is
-// base + (alpha / r) B A, and bad adapters are refused by name.
+// LoRA (engine/model/lora.h, PolicyModel's LoRA members,
+// engine/model/hf_model.h's PEFT adapters): merged and unmerged forwards agree,
+// a step changes only the adapters, PEFT export/import round-trips, the merged
+// export is base + (alpha / r) B A, and bad adapters are refused by name.
+#include "engine/model/lora.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/types.h>
 
@@ -14,7 +16,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/model/hf_model.h"
-#include "engine/model/lora.h"
 #include "engine/model/model.h"
 #include "engine/model/test_util.h"
 #include "engine/train/activation_memory.h"
@@ -345,16 +346,20 @@ TEST(LoraTest, Bf16RolloutSamplesFromTheTrainersPolicy) {
   // the base model's nearly everywhere, so its logits differ.
   const Batch b = MakeBatch();
   const at::Tensor trainer_logits = Logits(*policy, b).to(torch::kFloat);
-  const double now =
-      (Logits(*view, b).to(torch::kFloat) - trainer_logits).abs().max()
-          .item<double>();
+  const double now = (Logits(*view, b).to(torch::kFloat) - trainer_logits)
+                         .abs()
+                         .max()
+                         .item<double>();
   const double before =
-      (Logits(*old_merge, b).to(torch::kFloat) - trainer_logits).abs().max()
+      (Logits(*old_merge, b).to(torch::kFloat) - trainer_logits)
+          .abs()
+          .max()
           .item<double>();
-  std::printf("bf16 LoRA: the merge moves %lld of %lld weights; view-trainer "
-              "logit gap %g (the bfloat16 merge's: %g)\n",
-              static_cast<long long>(moved), static_cast<long long>(elements),
-              now, before);
+  std::printf(
+      "bf16 LoRA: the merge moves %lld of %lld weights; view-trainer "
+      "logit gap %g (the bfloat16 merge's: %g)\n",
+      static_cast<long long>(moved), static_cast<long long>(elements), now,
+      before);
   EXPECT_EQ(now, 0.0) << "the rollout's view is not the trainer's policy";
   EXPECT_GT(before, 0.0) << "the case does not tell the merge apart";
 }

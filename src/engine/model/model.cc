@@ -1,9 +1,9 @@
-// PolicyModel (engine/model/model.h): the decoder stack (embedding, layers, final
-// norm, LM head) and its creation, activation plans, routing, the full and
-// KV-cached forwards and their statistics. Copies, clones, expert shards,
+// PolicyModel (engine/model/model.h): the decoder stack (embedding, layers,
+// final norm, LM head) and its creation, activation plans, routing, the full
+// and KV-cached forwards and their statistics. Copies, clones, expert shards,
 // save and load: engine/model/model_weights.cc; the internals both share:
-// engine/model/model_impl.h. A layer is engine/model/decoder_block.h, its attention
-// engine/model/attention.h.
+// engine/model/model_impl.h. A layer is engine/model/decoder_block.h, its
+// attention engine/model/attention.h.
 #include "engine/model/model.h"
 
 #include <ATen/CPUGeneratorImpl.h>

@@ -154,8 +154,8 @@ class PolicyModel {
   // Router replay: while `routes` ([B, T, n_layers, top_k] int64 on the
   // model's device; -1 where a token is routed as usual) is set, every
   // forward without a cache of a [B, T] batch routes token (b, t) at layer l
-  // to routes[b, t, l] and computes only the gates (dropless; engine/model/moe.h).
-  // Undefined clears it. REQUIRES a MoE model (checked).
+  // to routes[b, t, l] and computes only the gates (dropless;
+  // engine/model/moe.h). Undefined clears it. REQUIRES a MoE model (checked).
   void SetRouteReplay(const at::Tensor& routes);
   // While on, each forward records the experts every token of it ran on:
   // last_routes() is [B, t, n_layers, top_k] int64 (the kept experts in
@@ -202,13 +202,14 @@ class PolicyModel {
   // FailedPrecondition unless the model is an expert shard with its group;
   // Internal when an exchange fails.
   absl::Status JoinExpertExchanges();
-  // Gathering, gradients and plans of the shards: engine/model/expert_parallel.h.
+  // Gathering, gradients and plans of the shards:
+  // engine/model/expert_parallel.h.
 
   // Selective recompute / swap (model.activations, resolved per layer at
-  // Create; engine/train/activation_memory.h). Applies to Forward() with autograd
-  // on; ForwardCached() and no-grad calls always keep (they save nothing).
-  // Replaces the plan; InvalidArgument unless it has one entry a layer.
-  // Create fails with Unimplemented for model.activations.policy auto.
+  // Create; engine/train/activation_memory.h). Applies to Forward() with
+  // autograd on; ForwardCached() and no-grad calls always keep (they save
+  // nothing). Replaces the plan; InvalidArgument unless it has one entry a
+  // layer. Create fails with Unimplemented for model.activations.policy auto.
   absl::Status SetActivationPlan(std::vector<LayerActivationPlan> plan);
   const std::vector<LayerActivationPlan>& activation_plan() const;
   // The host pool of swapped activations (owned by the model; its byte

@@ -2,7 +2,8 @@
 // per-expert capacity, and the Switch/GShard load-balancing and ST-MoE
 // router z auxiliary losses. Pure tensor functions, so each is tested on
 // hand-computed inputs; the feed-forward module that uses them (router,
-// experts, batched dispatch) is engine/model/moe_module.h, internal to the engine.
+// experts, batched dispatch) is engine/model/moe_module.h, internal to the
+// engine.
 //
 // Conventions (T tokens, N experts, k = top_k):
 //   * probabilities p = softmax(router logits), computed in float32 (float64

@@ -185,10 +185,10 @@ class Driver final : public TurnDriver {
     ep.content = t.content;
     ep.stopped = stopped;
     ep.conversation.push_back({"assistant", t.text});
-    StartCall(ep, "", [episode = ep.episode, turn = std::move(t)](
-                          absl::Time deadline) {
-      return episode->Step(turn, deadline);
-    });
+    StartCall(ep, "",
+              [episode = ep.episode, turn = std::move(t)](absl::Time deadline) {
+                return episode->Step(turn, deadline);
+              });
   }
 
   // Starts one environment call of `ep` on the pool, with the episode's
@@ -208,12 +208,12 @@ class Driver final : public TurnDriver {
                       0);
       return;
     }
-    pool_.Submit([pending = ep.pending, deadline = ep.deadline,
-                  call = std::move(call)] {
-      const auto t0 = Clock::now();
-      absl::StatusOr<Observation> r = call(deadline);
-      pending->Set(std::move(r), SecondsSince(t0));
-    });
+    pool_.Submit(
+        [pending = ep.pending, deadline = ep.deadline, call = std::move(call)] {
+          const auto t0 = Clock::now();
+          absl::StatusOr<Observation> r = call(deadline);
+          pending->Set(std::move(r), SecondsSince(t0));
+        });
   }
 
   Answer Await(int64_t i) override {
@@ -262,19 +262,20 @@ class Driver final : public TurnDriver {
                   bool max_turns) override {
     EpisodeState& ep = episodes_[index_[i]];
     Cut cut;
-    cut.reason = max_turns ? CutReason::kMaxTurns : CutReason::kMaxEpisodeTokens;
+    cut.reason =
+        max_turns ? CutReason::kMaxTurns : CutReason::kMaxEpisodeTokens;
     if (!turn.empty()) {
-      cut.turn = MakeTurn(ctx_, DecodeResponse(ctx_, turn), ep.tools,
-                          ep.stats.turns++, /*stopped=*/false,
-                          ep.opens_thinking);
+      cut.turn =
+          MakeTurn(ctx_, DecodeResponse(ctx_, turn), ep.tools, ep.stats.turns++,
+                   /*stopped=*/false, ep.opens_thinking);
       ep.content = cut.turn->content;  // the last turn's, for the default
     }
     ep.cut = true;
-    StartCall(ep, " before its truncation",
-              [episode = ep.episode, cut = std::move(cut)](
-                  absl::Time deadline) {
-                return episode->Truncate(cut, deadline);
-              });
+    StartCall(
+        ep, " before its truncation",
+        [episode = ep.episode, cut = std::move(cut)](absl::Time deadline) {
+          return episode->Truncate(cut, deadline);
+        });
   }
 
   // Every cut episode's verdict, waited for (each by its deadline).

@@ -77,8 +77,7 @@ class AgentLoop {
   absl::StatusOr<EpisodeBatch> RunOnce(
       PolicyModel& model, const std::vector<Problem>& problems,
       const std::vector<SequenceKey>& keys, const SamplingParams& params,
-      int64_t slots, int row_blocks, bool fused,
-      GradientSync* expert_lockstep,
+      int64_t slots, int row_blocks, bool fused, GradientSync* expert_lockstep,
       std::vector<std::string>* unreachable) const;
 
   const JobContext& ctx_;

@@ -385,9 +385,9 @@ class NegativeRewardEnvironment final : public Environment {
  public:
   struct Record {
     double reward = 0;
-    std::string how;   // "done", "cut turns", "cut tokens"
+    std::string how;        // "done", "cut turns", "cut tokens"
     bool cut_turn = false;  // the cut came inside a turn (Cut::turn)
-    int verdicts = 0;  // how many last words it gave (1 expected)
+    int verdicts = 0;       // how many last words it gave (1 expected)
   };
   class Ep final : public Episode {
    public:
@@ -395,8 +395,7 @@ class NegativeRewardEnvironment final : public Environment {
     absl::StatusOr<Observation> Step(const AssistantTurn& turn,
                                      absl::Time) override {
       Observation obs;
-      const bool right =
-          absl::StripAsciiWhitespace(turn.content) == p_.answer;
+      const bool right = absl::StripAsciiWhitespace(turn.content) == p_.answer;
       if (!right && !told_) {
         told_ = true;
         obs.messages.push_back({"user", "no"});
@@ -407,8 +406,7 @@ class NegativeRewardEnvironment final : public Environment {
       env_->Give(p_.prompt, *obs.reward, "done", false);
       return obs;
     }
-    absl::StatusOr<Observation> Truncate(const Cut& cut,
-                                         absl::Time) override {
+    absl::StatusOr<Observation> Truncate(const Cut& cut, absl::Time) override {
       Observation obs;
       const bool turns = cut.reason == CutReason::kMaxTurns;
       obs.reward = turns ? -0.75 : -0.5;
@@ -467,8 +465,8 @@ TEST(AgentLoopTest, AnEpisodeALimitCutsGetsItsEnvironmentsReward) {
     std::vector<Problem> problems;
     std::vector<SequenceKey> keys;
     for (int64_t i = 0; i < 8; ++i) {
-      problems.push_back(Problem{absl::StrCat(i + 2, "*1="),
-                                 std::to_string(i + 2)});
+      problems.push_back(
+          Problem{absl::StrCat(i + 2, "*1="), std::to_string(i + 2)});
       keys.push_back({5, i, 0, 0});
     }
     SamplingParams params;

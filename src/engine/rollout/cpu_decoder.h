@@ -7,8 +7,8 @@
 // creates no tensor storage. Per layer it dispatches seven matmuls into
 // those buffers (three projections, the output projection with the residual
 // added in place, w1, w3, and w2 with the residual) and runs the small ops
-// as fused kernels (engine/kernels/decode_kernels.h): 7 L + 2 ATen calls a step,
-// where the composite ForwardCached dispatches about 40 L + 20.
+// as fused kernels (engine/kernels/decode_kernels.h): 7 L + 2 ATen calls a
+// step, where the composite ForwardCached dispatches about 40 L + 20.
 //
 // The cache is per slot and unpadded: slot s holds its sequence's keys and
 // values at [0, length(s)) and its rotary position is its length. So slots
@@ -49,8 +49,8 @@ class CpuDecoder {
   // Moves slot `from` into slot `to` (its cache entries and length).
   void MoveSlot(int64_t from, int64_t to);
   // A slot's cache entries copied out: a multi-turn episode waiting on its
-  // environment parks its slot (engine/rollout/episode_decoder.h) and is restored
-  // into whichever slot is free when it continues.
+  // environment parks its slot (engine/rollout/episode_decoder.h) and is
+  // restored into whichever slot is free when it continues.
   struct ParkedSlot {
     std::vector<float> entries;  // per layer: keys then values, per head
     int64_t length = 0;

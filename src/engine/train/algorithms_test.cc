@@ -344,8 +344,7 @@ TEST(AlgorithmsTest, ReinforcePlusPlusPassesTheReturnThroughEnvironmentTokens) {
   const at::Tensor half =
       ReinforcePlusPlusAdvantages(rewards, tokens, episode, 0.5);
   ExpectTensorNear(
-      half,
-      ToVector(MaskedWhiten(Make({0.5, 0, 1, 1, 2, 0}, {2, 3}), tokens)),
+      half, ToVector(MaskedWhiten(Make({0.5, 0, 1, 1, 2, 0}, {2, 3}), tokens)),
       1e-12);
 }
 
@@ -358,7 +357,8 @@ TEST(AlgorithmsTest, ReinforcePlusPlusIsWhitenedOnRandomBatch) {
                                 1, 0, 0, 0, 0, 0, 0},
                                {4, 7});
   for (double gamma : {1.0, 0.9, 0.0}) {
-    ExpectWhitened(ReinforcePlusPlusAdvantages(rewards, mask, mask, gamma), mask);
+    ExpectWhitened(ReinforcePlusPlusAdvantages(rewards, mask, mask, gamma),
+                   mask);
   }
 }
 

@@ -49,10 +49,10 @@ int64_t GradientBytes(const PolicyModel& model);
 
 // Bytes of the trainer's AdamW state (exp_avg, exp_avg_sq and, with
 // amsgrad, max_exp_avg_sq), wherever it lives, and of the float32 master
-// weights of a low-precision policy (engine/train/master_weights.h). AdamW creates
-// its state at its first step: for a float32 policy 0 before, then
-// 2 x ParameterBytes; a bf16 policy's masters (2 x ParameterBytes) exist
-// from the start and its moments are float32 (4 x ParameterBytes).
+// weights of a low-precision policy (engine/train/master_weights.h). AdamW
+// creates its state at its first step: for a float32 policy 0 before, then 2 x
+// ParameterBytes; a bf16 policy's masters (2 x ParameterBytes) exist from the
+// start and its moments are float32 (4 x ParameterBytes).
 int64_t OptimizerStateBytes(const Trainer& trainer);
 
 // Bytes of a KV cache's key and value buffers (its whole capacity).

@@ -259,7 +259,7 @@ class Trainer {
   int group_size_;
   double temperature_;
   int pad_id_;
-  RolloutConfig rollout_;  // max_new_tokens and the overlong rule
+  RolloutConfig rollout_;        // max_new_tokens and the overlong rule
   int64_t logits_chunk_tokens_;  // optim.logits_chunk_tokens
   GradientSync* sync_;
   int64_t version_ = 0;

@@ -2,8 +2,8 @@
 //
 // Every card of the job counts what it trained; the cards' counts are summed
 // (SumAcrossRanks, one flat vector of doubles) and the lead card writes the
-// sums into the step's record (worker/step/step_record.h). The flat layout exists
-// only between Pack() and Unpack(), so no caller indexes it by position.
+// sums into the step's record (worker/step/step_record.h). The flat layout
+// exists only between Pack() and Unpack(), so no caller indexes it by position.
 //
 // Thread safety: a plain value.
 #ifndef FUSIONRL_WORKER_STEP_STEP_TOTALS_H_
